@@ -1,0 +1,262 @@
+"""Boxing: the collectives that turn one N-D SBP into another, and their cost.
+
+Per mesh axis of ``n`` devices, with ``T`` the bytes of the tensor held by the
+axis's group (the local tensor after the *other* axes' splits, unsplit on this
+axis), ring algorithms send per device (NCCL ring; Thakur et al. 2005):
+
+=============  ==================  ======================  ============
+from -> to     collective          bytes sent per device   steps
+=============  ==================  ======================  ============
+S -> B         all-gather          (n-1)/n * T             n-1
+P -> B         all-reduce          2(n-1)/n * T            2(n-1)
+P -> S         reduce-scatter      (n-1)/n * T             n-1
+S(i) -> S(j)   all-to-all          (n-1)/n^2 * T           n-1
+B -> S         local slice         0                       0
+B -> P, S -> P local zero-fill     0                       0
+=============  ==================  ======================  ============
+
+An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
+(OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
+Dijkstra over the N-D SBPs whose axis values come from the source, the target
+and ``B``.  A move that cannot happen (a split that does not divide, a
+``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from autopar.cluster import AxisLink, Mesh
+from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Split, local_shape
+
+__all__ = [
+    "INF",
+    "BoxingPlan",
+    "BoxingStep",
+    "Collective",
+    "all_gather_time",
+    "all_reduce_time",
+    "all_to_all_time",
+    "boxing_plan",
+    "boxing_time",
+    "collective_bytes",
+    "reduce_scatter_time",
+]
+
+INF = math.inf
+
+
+class Collective(str, Enum):
+    ALL_GATHER = "all-gather"
+    ALL_REDUCE = "all-reduce"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    LOCAL = "local"
+
+
+# ------------------------------------------------------------- 1-D costs (pure)
+
+
+def all_gather_time(total_bytes: float, link: AxisLink) -> float:
+    """Ring all-gather time, seconds: ``(n-1) * alpha + (n-1)/n * T / beta``.
+
+    ``T`` = bytes of the gathered tensor on the group; alpha = link latency (s),
+    beta = link bandwidth (bytes/s).  Source: Thakur, Rabenseifner, Gropp 2005.
+    """
+    n = link.size
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * total_bytes / link.bandwidth
+
+
+def reduce_scatter_time(total_bytes: float, link: AxisLink) -> float:
+    """Ring reduce-scatter time, seconds: ``(n-1) * alpha + (n-1)/n * T / beta``.
+
+    ``T`` = bytes of the full (unscattered) tensor.  Source: Thakur et al. 2005.
+    """
+    n = link.size
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * total_bytes / link.bandwidth
+
+
+def all_reduce_time(total_bytes: float, link: AxisLink) -> float:
+    """Ring all-reduce time, seconds: ``2(n-1) * alpha + 2(n-1)/n * T / beta``.
+
+    A reduce-scatter followed by an all-gather.  Source: Thakur et al. 2005;
+    NCCL's "bus bandwidth" definition.
+    """
+    n = link.size
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * total_bytes / link.bandwidth
+
+
+def all_to_all_time(total_bytes: float, link: AxisLink) -> float:
+    """Pairwise all-to-all time, seconds: ``(n-1) * alpha + (n-1)/n^2 * T / beta``.
+
+    ``T`` = bytes of the tensor on the group; each device keeps 1/n of its
+    ``T/n`` shard and sends the rest.  Source: Thakur et al. 2005.
+    """
+    n = link.size
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / (n * n) * total_bytes / link.bandwidth
+
+
+def collective_bytes(kind: Collective, total_bytes: float, n: int) -> float:
+    """Bytes each device sends for ``kind`` on a group of ``n`` (ring algorithms)."""
+    if n == 1 or kind is Collective.LOCAL:
+        return 0.0
+    if kind is Collective.ALL_REDUCE:
+        return 2 * (n - 1) / n * total_bytes
+    if kind is Collective.ALL_TO_ALL:
+        return (n - 1) / (n * n) * total_bytes
+    return (n - 1) / n * total_bytes
+
+
+_TIME = {
+    Collective.ALL_GATHER: all_gather_time,
+    Collective.ALL_REDUCE: all_reduce_time,
+    Collective.REDUCE_SCATTER: reduce_scatter_time,
+    Collective.ALL_TO_ALL: all_to_all_time,
+}
+
+
+def one_axis_collective(src: SbpValue, dst: SbpValue) -> Collective | None:
+    """The collective that turns ``src`` into ``dst`` on one axis; None if impossible."""
+    if src == dst:
+        return Collective.LOCAL
+    if isinstance(src, Split):
+        if isinstance(dst, Broadcast):
+            return Collective.ALL_GATHER
+        if isinstance(dst, Split):
+            return Collective.ALL_TO_ALL
+        return Collective.LOCAL  # S -> P: keep own shard, zero-fill the rest
+    if isinstance(src, Partial):
+        if isinstance(dst, Broadcast):
+            return Collective.ALL_REDUCE
+        return Collective.REDUCE_SCATTER  # P -> S
+    # src is B
+    return Collective.LOCAL  # B -> S slice, B -> P zero-fill on all but one device
+
+
+# ------------------------------------------------------------- N-D plans
+
+
+@dataclass(frozen=True, slots=True)
+class BoxingStep:
+    """One 1-D collective on ``axis`` moving ``bytes_per_device`` bytes."""
+
+    axis: int
+    collective: Collective
+    src: NdSbp
+    dst: NdSbp
+    bytes_per_device: float
+    time_s: float
+
+    def __str__(self) -> str:
+        return f"{self.collective.value} on axis {self.axis}: {self.src} -> {self.dst}"
+
+
+@dataclass(frozen=True, slots=True)
+class BoxingPlan:
+    """The cheapest sequence of steps from ``src`` to ``dst`` (empty when equal)."""
+
+    src: NdSbp
+    dst: NdSbp
+    steps: tuple[BoxingStep, ...]
+    time_s: float
+
+    @property
+    def feasible(self) -> bool:
+        return math.isfinite(self.time_s)
+
+
+def _group_bytes(
+    shape: Sequence[int], itemsize: int, sbp: NdSbp, axis: int, mesh_shape: Sequence[int]
+) -> float | None:
+    """Bytes of the tensor held by the group of ``axis``: local size ignoring ``axis``'s split."""
+    unsplit = sbp.replace(axis, B)
+    local = local_shape(shape, unsplit, mesh_shape)
+    if local is None:
+        return None
+    return float(math.prod(local) * itemsize)
+
+
+def _step(
+    shape: Sequence[int], itemsize: int, mesh: Mesh, cur: NdSbp, axis: int, value: SbpValue
+) -> BoxingStep | None:
+    nxt = cur.replace(axis, value)
+    if local_shape(shape, nxt, mesh.shape) is None:
+        return None
+    kind = one_axis_collective(cur[axis], value)
+    if kind is None:
+        return None
+    group = _group_bytes(shape, itemsize, cur, axis, mesh.shape)
+    if group is None:
+        return None
+    link = mesh.axes[axis]
+    if kind is Collective.LOCAL:
+        return BoxingStep(axis, kind, cur, nxt, 0.0, 0.0)
+    return BoxingStep(
+        axis, kind, cur, nxt, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+    )
+
+
+def boxing_plan(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
+) -> BoxingPlan:
+    """Cheapest sequence of 1-D collectives turning ``src`` into ``dst`` on ``mesh``."""
+    if src == dst:
+        return BoxingPlan(src, dst, (), 0.0)
+    if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
+        return BoxingPlan(src, dst, (), INF)
+    options = [
+        list(dict.fromkeys((src[a], dst[a], B))) for a in range(mesh.ndim)
+    ]
+    best: dict[NdSbp, float] = {src: 0.0}
+    back: dict[NdSbp, BoxingStep] = {}
+    heap: list[tuple[float, int, NdSbp]] = [(0.0, 0, src)]
+    counter = 1
+    while heap:
+        cost, _, cur = heapq.heappop(heap)
+        if cur == dst:
+            break
+        if cost > best.get(cur, INF):
+            continue
+        for axis in range(mesh.ndim):
+            for value in options[axis]:
+                if value == cur[axis]:
+                    continue
+                step = _step(shape, itemsize, mesh, cur, axis, value)
+                if step is None:
+                    continue
+                new_cost = cost + step.time_s
+                # prefer fewer steps on ties by a tiny epsilon
+                new_cost += 1e-15
+                if new_cost < best.get(step.dst, INF):
+                    best[step.dst] = new_cost
+                    back[step.dst] = step
+                    heapq.heappush(heap, (new_cost, counter, step.dst))
+                    counter += 1
+    if dst not in best:
+        return BoxingPlan(src, dst, (), INF)
+    steps: list[BoxingStep] = []
+    node = dst
+    while node != src:
+        step = back[node]
+        steps.append(step)
+        node = step.src
+    steps.reverse()
+    real_steps = tuple(s for s in steps if s.collective is not Collective.LOCAL)
+    return BoxingPlan(src, dst, real_steps, sum(s.time_s for s in steps))
+
+
+def boxing_time(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> float:
+    """Seconds to box ``src`` into ``dst`` (``inf`` when impossible)."""
+    return boxing_plan(shape, itemsize, src, dst, mesh).time_s

@@ -1,0 +1,76 @@
+"""Exceptions raised by autopar.  Each carries a stable ``code`` for APIs and scripts.
+
+::
+
+    AutoparError                 base; .code, .message, .details
+    ├── ConfigError              a cluster, mesh, budget or option is invalid
+    ├── GraphError               a graph is malformed (names the op or tensor)
+    ├── PlanError                a plan does not fit its graph or mesh
+    ├── InfeasibleError          no plan fits the memory budget (.min_feasible_bytes)
+    └── VerificationError        a solver result failed the independent re-check
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AutoparError",
+    "ConfigError",
+    "GraphError",
+    "InfeasibleError",
+    "PlanError",
+    "VerificationError",
+]
+
+
+class AutoparError(Exception):
+    """Base class: ``code`` is stable, ``message`` says what was wrong and what to do."""
+
+    default_code = "autopar_error"
+
+    def __init__(self, code: str | None, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code or self.default_code
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+class ConfigError(AutoparError, ValueError):
+    """Raised when a cluster, mesh, memory budget or solver option is invalid."""
+
+    default_code = "bad_config"
+
+
+class GraphError(AutoparError, ValueError):
+    """Raised when a graph is malformed: cycle, dangling tensor, bad shape or dtype."""
+
+    default_code = "invalid_graph"
+
+
+class PlanError(AutoparError, ValueError):
+    """Raised when a plan does not match its graph or mesh."""
+
+    default_code = "invalid_plan"
+
+
+class InfeasibleError(AutoparError):
+    """Raised when no plan fits the memory budget.
+
+    ``details["min_feasible_bytes"]`` is the smallest per-device memory for which
+    a plan was found (or a proven lower bound, flagged by ``details["proven"]``).
+    """
+
+    default_code = "infeasible_budget"
+
+
+class VerificationError(AutoparError):
+    """Raised when a solver result disagrees with the independent evaluator."""
+
+    default_code = "verification_failed"

@@ -1,0 +1,401 @@
+"""Graph IR of one training step, and its wire format ``autopar.graph/v1``.
+
+A :class:`Graph` holds
+
+* tensors: name -> :class:`TensorSpec` (logical shape, dtype);
+* ops: :class:`Op` with a type (OneFlow user-op names: ``matmul``,
+  ``broadcast_add`` ...), attrs, a role (forward / backward / optimizer) and
+  ordered ports mapping port names (OneFlow's ``a_0``, ``out_0`` ...) to tensors;
+* variables: :class:`Variable` linking a parameter's ``variable`` op and tensor
+  to its gradient tensor and the optimizer op that updates it.
+
+Each tensor has exactly one producer.  Port names are kept as given so a plan
+maps back to the framework.  See ``docs/graph-format.md`` for the JSON format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from typing import Any
+
+from autopar.errors import GraphError
+
+__all__ = [
+    "DTYPE_BYTES",
+    "FORMAT",
+    "Graph",
+    "Op",
+    "Role",
+    "TensorSpec",
+    "Variable",
+]
+
+FORMAT = "autopar.graph/v1"
+
+DTYPE_BYTES: dict[str, int] = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+}
+
+
+class Role(str, Enum):
+    """Where an op sits in the training step."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A logical tensor: name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(slots=True)
+class Op:
+    """One op: ``inputs`` / ``outputs`` map port name -> tensor name, in port order."""
+
+    name: str
+    type: str
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    role: Role = Role.FORWARD
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "type": self.type,
+            "role": self.role.value,
+            "inputs": dict(self.inputs),
+            "outputs": dict(self.outputs),
+        }
+        if self.attrs:
+            d["attrs"] = self.attrs
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """A trainable (or frozen) parameter.
+
+    ``op`` is the ``variable`` op producing ``tensor``; ``grad`` is the gradient
+    tensor the optimizer consumes (None when frozen); ``optimizer`` the op that
+    updates it (None when frozen).
+    """
+
+    op: str
+    tensor: str
+    grad: str | None = None
+    optimizer: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "tensor": self.tensor, "grad": self.grad, "optimizer": self.optimizer}
+
+
+class Graph:
+    """A training-step graph.  Build it, then call :meth:`validate`."""
+
+    def __init__(
+        self,
+        name: str,
+        tensors: Iterable[TensorSpec],
+        ops: Iterable[Op],
+        variables: Iterable[Variable] = (),
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.tensors: dict[str, TensorSpec] = {}
+        for t in tensors:
+            if t.name in self.tensors:
+                raise GraphError("duplicate_tensor", f"tensor {t.name!r} is declared twice", tensor=t.name)
+            self.tensors[t.name] = t
+        self.ops: list[Op] = list(ops)
+        self.variables: list[Variable] = list(variables)
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    # ------------------------------------------------------------ lookups
+
+    @cached_property
+    def op_by_name(self) -> dict[str, Op]:
+        table: dict[str, Op] = {}
+        for op in self.ops:
+            if op.name in table:
+                raise GraphError("duplicate_op", f"op {op.name!r} appears twice", op=op.name)
+            table[op.name] = op
+        return table
+
+    @cached_property
+    def producer(self) -> dict[str, tuple[str, str]]:
+        """tensor name -> (op name, output port)."""
+        table: dict[str, tuple[str, str]] = {}
+        for op in self.ops:
+            for port, tensor in op.outputs.items():
+                if tensor in table:
+                    raise GraphError(
+                        "two_producers",
+                        f"tensor {tensor!r} is produced by both {table[tensor][0]!r} and {op.name!r}",
+                        op=op.name,
+                        tensor=tensor,
+                    )
+                table[tensor] = (op.name, port)
+        return table
+
+    @cached_property
+    def consumers(self) -> dict[str, list[tuple[str, str]]]:
+        """tensor name -> [(op name, input port)]."""
+        table: dict[str, list[tuple[str, str]]] = {t: [] for t in self.tensors}
+        for op in self.ops:
+            for port, tensor in op.inputs.items():
+                table.setdefault(tensor, []).append((op.name, port))
+        return table
+
+    @cached_property
+    def variable_by_op(self) -> dict[str, Variable]:
+        return {v.op: v for v in self.variables}
+
+    def tensor(self, name: str) -> TensorSpec:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GraphError("unknown_tensor", f"tensor {name!r} is not declared", tensor=name) from None
+
+    def input_specs(self, op: Op) -> list[TensorSpec]:
+        return [self.tensors[t] for t in op.inputs.values()]
+
+    def output_specs(self, op: Op) -> list[TensorSpec]:
+        return [self.tensors[t] for t in op.outputs.values()]
+
+    # ------------------------------------------------------------ order
+
+    @cached_property
+    def topological_order(self) -> list[Op]:
+        """Ops in a topological order that keeps the given order where it can (Kahn)."""
+        producer = self.producer
+        index = {op.name: i for i, op in enumerate(self.ops)}
+        indegree = {op.name: 0 for op in self.ops}
+        succ: dict[str, list[str]] = {op.name: [] for op in self.ops}
+        for op in self.ops:
+            preds = {producer[t][0] for t in op.inputs.values() if t in producer}
+            for p in preds:
+                succ[p].append(op.name)
+                indegree[op.name] += 1
+        import heapq
+
+        ready = [index[n] for n, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
+        order: list[Op] = []
+        while ready:
+            i = heapq.heappop(ready)
+            op = self.ops[i]
+            order.append(op)
+            for s in succ[op.name]:
+                indegree[s] -= 1
+                if indegree[s] == 0:
+                    heapq.heappush(ready, index[s])
+        if len(order) != len(self.ops):
+            stuck = sorted((n for n, d in indegree.items() if d > 0), key=index.__getitem__)
+            raise GraphError(
+                "cycle",
+                f"the graph has a cycle through op {stuck[0]!r} ({len(stuck)} ops involved)",
+                op=stuck[0],
+            )
+        return order
+
+    # ------------------------------------------------------------ validation
+
+    def validate(self) -> Graph:
+        """Check the graph and return it; raise :class:`GraphError` naming the culprit."""
+        for t in self.tensors.values():
+            if t.dtype not in DTYPE_BYTES:
+                raise GraphError(
+                    "unknown_dtype",
+                    f"tensor {t.name!r} has unknown dtype {t.dtype!r}; use one of {sorted(DTYPE_BYTES)}",
+                    tensor=t.name,
+                )
+            if any((not isinstance(d, int)) or d < 0 for d in t.shape):
+                raise GraphError(
+                    "bad_shape", f"tensor {t.name!r} has invalid shape {list(t.shape)}", tensor=t.name
+                )
+        ops = self.op_by_name
+        producer = self.producer
+        for op in self.ops:
+            if not op.name or not op.type:
+                raise GraphError("bad_op", f"op {op.name!r} needs a name and a type", op=op.name)
+            for port, tensor in [*op.inputs.items(), *op.outputs.items()]:
+                if tensor not in self.tensors:
+                    raise GraphError(
+                        "dangling_tensor",
+                        f"op {op.name!r} port {port!r} names tensor {tensor!r}, which is not declared",
+                        op=op.name,
+                        tensor=tensor,
+                    )
+            for port, tensor in op.inputs.items():
+                if tensor not in producer:
+                    raise GraphError(
+                        "dangling_tensor",
+                        f"op {op.name!r} port {port!r} reads tensor {tensor!r}, which no op produces",
+                        op=op.name,
+                        tensor=tensor,
+                    )
+        for tname in self.tensors:
+            if tname not in producer:
+                raise GraphError(
+                    "dangling_tensor", f"tensor {tname!r} is declared but no op produces it", tensor=tname
+                )
+        for v in self.variables:
+            vop = ops.get(v.op)
+            if vop is None or v.tensor not in vop.outputs.values():
+                raise GraphError(
+                    "bad_variable", f"variable {v.op!r} must name an op that produces {v.tensor!r}", op=v.op
+                )
+            if v.grad is not None:
+                g = self.tensors.get(v.grad)
+                if g is None:
+                    raise GraphError(
+                        "bad_variable", f"variable {v.op!r} names unknown gradient {v.grad!r}", op=v.op
+                    )
+                if g.shape != self.tensors[v.tensor].shape:
+                    raise GraphError(
+                        "shape_mismatch",
+                        f"variable {v.op!r}: gradient {v.grad!r} has shape {list(g.shape)} but the "
+                        f"parameter has {list(self.tensors[v.tensor].shape)}",
+                        op=v.op,
+                    )
+            if v.optimizer is not None and v.optimizer not in ops:
+                raise GraphError(
+                    "bad_variable", f"variable {v.op!r} names unknown optimizer op {v.optimizer!r}", op=v.op
+                )
+        _ = self.topological_order
+        return self
+
+    # ------------------------------------------------------------ wire format
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "meta": self.meta,
+            "tensors": {t.name: {"shape": list(t.shape), "dtype": t.dtype} for t in self.tensors.values()},
+            "ops": [op.to_dict() for op in self.ops],
+            "variables": [v.to_dict() for v in self.variables],
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, separators=None if indent else (",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Graph:
+        if not isinstance(data, dict):
+            raise GraphError("bad_format", "a graph must be a JSON object")
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise GraphError("bad_format", f"unsupported graph format {fmt!r}; expected {FORMAT!r}")
+        try:
+            tensors = []
+            raw_tensors = data["tensors"]
+            if not isinstance(raw_tensors, dict):
+                raise TypeError("'tensors' must be an object")
+            for name, spec in raw_tensors.items():
+                shape = spec["shape"]
+                if not isinstance(shape, list) or not all(
+                    isinstance(d, int) and not isinstance(d, bool) for d in shape
+                ):
+                    raise GraphError("bad_shape", f"tensor {name!r} has invalid shape {shape!r}", tensor=name)
+                tensors.append(TensorSpec(str(name), tuple(shape), str(spec["dtype"])))
+            ops = []
+            for raw in data["ops"]:
+                try:
+                    role = Role(raw.get("role", "forward"))
+                except ValueError:
+                    raise GraphError(
+                        "bad_role",
+                        f"op {raw.get('name')!r} has role {raw.get('role')!r}; use forward, backward or optimizer",
+                        op=raw.get("name"),
+                    ) from None
+                inputs, outputs, attrs = raw.get("inputs", {}), raw.get("outputs", {}), raw.get("attrs", {})
+                if not all(isinstance(x, dict) for x in (inputs, outputs, attrs)):
+                    raise GraphError(
+                        "bad_op", f"op {raw.get('name')!r}: inputs, outputs and attrs must be objects"
+                    )
+                ops.append(
+                    Op(
+                        name=str(raw["name"]),
+                        type=str(raw["type"]),
+                        inputs={str(k): str(v) for k, v in inputs.items()},
+                        outputs={str(k): str(v) for k, v in outputs.items()},
+                        attrs=dict(attrs),
+                        role=role,
+                    )
+                )
+            variables = [
+                Variable(str(v["op"]), str(v["tensor"]), v.get("grad"), v.get("optimizer"))
+                for v in data.get("variables", [])
+            ]
+        except GraphError:
+            raise
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise GraphError("bad_format", f"malformed graph JSON: {exc!r}") from None
+        return cls(str(data.get("name", "graph")), tensors, ops, variables, data.get("meta") or {})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise GraphError("bad_json", f"graph is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str) -> Graph:
+        with open(path, "rb") as fh:
+            return cls.from_json(fh.read())
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(self.to_json())
+
+    def content_hash(self) -> str:
+        """Hash of the canonical graph: independent of op order and JSON whitespace."""
+        canonical = {
+            "tensors": sorted(
+                (n, list(t.shape), t.dtype) for n, t in self.tensors.items()
+            ),
+            "ops": sorted(
+                (json.dumps(op.to_dict(), sort_keys=True) for op in self.ops),
+            ),
+            "variables": sorted(json.dumps(v.to_dict(), sort_keys=True) for v in self.variables),
+        }
+        return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)}, variables={len(self.variables)})"

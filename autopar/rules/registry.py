@@ -1,0 +1,202 @@
+"""Op rules: which N-D SBP signatures an op accepts, and how much work it does.
+
+A rule is registered once per op family::
+
+    @register("relu", "gelu", "tanh", cost=CostKind.MEMORY)
+    def elementwise(ctx: RuleContext) -> list[OneDSignature]:
+        ...
+
+and returns the **1-D** signatures valid on one mesh axis: for each input port
+(in port order) and each output port, an SBP value.  For example ``matmul``
+(``C = A @ B``, no transposes) returns::
+
+    ((S(0), B), (S(0),))    # split rows of A            (S(0), B) -> S(0)
+    ((B, S(1)), (S(1),))    # split columns of B         (B, S(1)) -> S(1)
+    ((S(1), S(0)), (P,))    # split the contracted dim   (S(1), S(0)) -> P
+    ((P, B), (P,))          # linear in A                (P, B) -> P
+    ((B, P), (P,))          # linear in B                (B, P) -> P
+    ((B, B), (B,))          # replicate                  (B, B) -> B
+
+:func:`nd_signatures` takes the Cartesian product over mesh axes and keeps only
+products where every port's tensor divides evenly (a dim split on two axes must
+divide by both).  A rule may also return full N-D signatures by setting
+``nd=True`` at registration (used by optimizer ops whose layout depends on the
+variable's whole N-D SBP).
+
+An op type with no rule gets :func:`fallback_signatures` (every port ``B``) and is
+reported in the plan's diagnostics; planning never crashes on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from autopar.graph import DTYPE_BYTES, Op, TensorSpec
+from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
+
+__all__ = [
+    "CostKind",
+    "OneDSignature",
+    "Rule",
+    "RuleContext",
+    "RuleSet",
+    "default_rules",
+    "fallback_signatures",
+    "nd_signatures",
+    "register",
+]
+
+OneDSignature = tuple[tuple[SbpValue, ...], tuple[SbpValue, ...]]
+
+
+class CostKind(str, Enum):
+    """How an op's compute time is modelled."""
+
+    MATMUL = "matmul"  # FLOPs / (peak * matmul_efficiency)
+    MEMORY = "memory"  # bytes read + written / (memory bandwidth * memory_efficiency)
+    FREE = "free"  # views, variables, ticks: no time
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule sees: the op, its input and output tensors, the mesh shape, the ZeRO stage."""
+
+    op: Op
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    mesh_shape: tuple[int, ...]
+    zero_stage: int = 0
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.op.attrs
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.op.attrs.get(name, default)
+
+
+RuleFn = Callable[[RuleContext], Sequence[Any]]
+FlopsFn = Callable[[RuleContext], float]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One op family: its signature function, cost kind and optional FLOP count."""
+
+    name: str
+    fn: RuleFn
+    cost: CostKind
+    flops: FlopsFn | None = None
+    nd: bool = False
+
+
+@dataclass
+class RuleSet:
+    """op type -> :class:`Rule`.  Build with :func:`default_rules` or register your own."""
+
+    rules: dict[str, Rule] = field(default_factory=dict)
+
+    def register(
+        self,
+        *op_types: str,
+        cost: CostKind = CostKind.MEMORY,
+        flops: FlopsFn | None = None,
+        nd: bool = False,
+    ) -> Callable[[RuleFn], RuleFn]:
+        def deco(fn: RuleFn) -> RuleFn:
+            for t in op_types:
+                if t in self.rules:
+                    raise ValueError(f"op type {t!r} already has rule {self.rules[t].name!r}")
+                self.rules[t] = Rule(fn.__name__, fn, cost, flops, nd)
+            return fn
+
+        return deco
+
+    def get(self, op_type: str) -> Rule | None:
+        return self.rules.get(op_type)
+
+    def __contains__(self, op_type: str) -> bool:
+        return op_type in self.rules
+
+
+_DEFAULT: RuleSet | None = None
+
+
+def register(
+    *op_types: str, cost: CostKind = CostKind.MEMORY, flops: FlopsFn | None = None, nd: bool = False
+) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule in the default rule set (used by the modules in ``autopar.rules``)."""
+    return _registry().register(*op_types, cost=cost, flops=flops, nd=nd)
+
+
+def _registry() -> RuleSet:
+    # The default set is built once by importing the family modules; it is never
+    # mutated after default_rules() returns.
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = RuleSet()
+    return _DEFAULT
+
+
+def default_rules() -> RuleSet:
+    """The rule set covering OneFlow's MT5 / GPT / BERT training jobs."""
+    from autopar.rules import families  # noqa: F401  (registers on import)
+
+    return _registry()
+
+
+def fallback_signatures(ctx: RuleContext) -> list[Signature]:
+    """Safe rule for unknown ops: every port ``B`` on every axis."""
+    bcast = NdSbp(tuple(B for _ in ctx.mesh_shape))
+    return [Signature(tuple(bcast for _ in ctx.inputs), tuple(bcast for _ in ctx.outputs))]
+
+
+def _fits(ctx: RuleContext, sig: Signature) -> bool:
+    for spec, sbp in zip((*ctx.inputs, *ctx.outputs), (*sig.inputs, *sig.outputs)):
+        if local_shape(spec.shape, sbp, ctx.mesh_shape) is None:
+            return False
+    return True
+
+
+def nd_signatures(rule: Rule, ctx: RuleContext) -> list[Signature]:
+    """All valid N-D signatures of ``ctx.op`` under ``rule`` (deduplicated, ordered)."""
+    raw = rule.fn(ctx)
+    if rule.nd:
+        sigs = [s for s in raw if isinstance(s, Signature)]
+    else:
+        one_d: list[OneDSignature] = list(dict.fromkeys(raw))
+        n_in, n_out = len(ctx.inputs), len(ctx.outputs)
+        for ins, outs in one_d:
+            if len(ins) != n_in or len(outs) != n_out:
+                raise ValueError(
+                    f"rule {rule.name!r} gave {len(ins)} inputs / {len(outs)} outputs for op "
+                    f"{ctx.op.name!r} ({ctx.op.type}) with {n_in} / {n_out}"
+                )
+        sigs = []
+        for combo in itertools.product(one_d, repeat=len(ctx.mesh_shape)):
+            ins_nd = tuple(NdSbp(tuple(c[0][i] for c in combo)) for i in range(n_in))
+            outs_nd = tuple(NdSbp(tuple(c[1][i] for c in combo)) for i in range(n_out))
+            sigs.append(Signature(ins_nd, outs_nd))
+    out = [s for s in dict.fromkeys(sigs) if _fits(ctx, s)]
+    return out
+
+
+def work_share(sig: Signature, mesh_shape: Sequence[int]) -> int:
+    """Devices sharing an op's work: product of the sizes of axes on which some port is split.
+
+    An axis where every port is ``B`` or ``P`` repeats the full work on each device.
+    """
+    share = 1
+    for axis, size in enumerate(mesh_shape):
+        if any(isinstance(s[axis], Split) for s in (*sig.inputs, *sig.outputs)):
+            share *= size
+    return share
+
+
+def tensor_bytes(spec: TensorSpec) -> int:
+    return math.prod(spec.shape) * DTYPE_BYTES.get(spec.dtype, 4)
