@@ -1,0 +1,202 @@
+"""Per-device memory model: model states under ZeRO, and activation peak.
+
+Model states (ZeRO paper, Rajbhandari et al. 2020, section 3 and figure 1):
+mixed-precision Adam keeps, per parameter, an fp16 parameter (2 bytes), an
+fp16 gradient (2 bytes) and fp32 master weight, momentum and variance
+(4 + 4 + 4 = 12 bytes).  With ``Psi`` parameters on a device after tensor
+splitting and ``Nd`` data-parallel ranks:
+
+==========  ==============================
+ZeRO stage  bytes per device
+==========  ==============================
+0           2 Psi + 2 Psi + 12 Psi = 16 Psi
+1           2 Psi + 2 Psi + 12 Psi / Nd
+2           2 Psi + (2 Psi + 12 Psi) / Nd
+3           (2 Psi + 2 Psi + 12 Psi) / Nd
+==========  ==============================
+
+A variable's data-parallel axes are the mesh axes on which its SBP is ``B``:
+the parameter is replicated there, so ZeRO shards its gradients and optimizer
+states over them.  ``Nd`` is the product of those axes' sizes.
+
+Activations: a tensor occupies ``bytes / split_factor`` per device from the op
+that produces it to its last consumer in topological order (forward outputs
+used by backward ops therefore stay alive through the forward pass).  The
+activation peak is the maximum, over positions in the order, of the live bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from autopar.errors import ConfigError
+from autopar.graph import DTYPE_BYTES, Graph
+from autopar.sbp import Broadcast, NdSbp
+
+__all__ = [
+    "MIXED_PRECISION_ADAM",
+    "FP32_ADAM",
+    "MemoryBreakdown",
+    "Precision",
+    "StateBytes",
+    "activation_intervals",
+    "data_parallel_axes",
+    "model_state_bytes",
+    "model_state_tensors",
+]
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter element of each model state."""
+
+    param: int
+    grad: int
+    optimizer: int
+
+
+MIXED_PRECISION_ADAM = StateBytes(param=2, grad=2, optimizer=12)
+"""fp16 param + fp16 grad + fp32 (master, m, v): ZeRO paper's K = 12."""
+FP32_ADAM = StateBytes(param=4, grad=4, optimizer=8)
+"""fp32 param + fp32 grad + fp32 (m, v)."""
+
+
+class Precision(str, Enum):
+    MIXED = "mixed"
+    FP32 = "fp32"
+
+    @property
+    def state_bytes(self) -> StateBytes:
+        return MIXED_PRECISION_ADAM if self is Precision.MIXED else FP32_ADAM
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-device bytes."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def data_parallel_axes(sbp: NdSbp) -> tuple[int, ...]:
+    """Mesh axes on which a variable laid out as ``sbp`` is replicated (``B``)."""
+    return tuple(i for i, v in enumerate(sbp) if isinstance(v, Broadcast))
+
+
+def model_state_bytes(
+    local_numel: float, dp_size: int, zero_stage: int, states: StateBytes = MIXED_PRECISION_ADAM
+) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per device for one variable.
+
+    ``local_numel`` = Psi, the variable's elements on a device after its
+    splits; ``dp_size`` = Nd, the product of its data-parallel axes' sizes.
+    Formula: table in the module docstring (ZeRO paper, figure 1).
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ConfigError("bad_zero_stage", f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    nd = float(dp_size)
+    param = states.param * local_numel
+    grad = states.grad * local_numel
+    opt = states.optimizer * local_numel
+    if zero_stage >= 1:
+        opt /= nd
+    if zero_stage >= 2:
+        grad /= nd
+    if zero_stage >= 3:
+        param /= nd
+    return param, grad, opt
+
+
+def variable_state_bytes(
+    shape: Sequence[int],
+    sbp: NdSbp,
+    mesh_shape: Sequence[int],
+    zero_stage: int,
+    states: StateBytes = MIXED_PRECISION_ADAM,
+) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per device of a variable of ``shape`` laid out as ``sbp``."""
+    local = math.prod(shape) / sbp.split_factor(mesh_shape)
+    dp = math.prod(mesh_shape[a] for a in data_parallel_axes(sbp))
+    return model_state_bytes(local, dp, zero_stage, states)
+
+
+def model_state_tensors(graph: Graph) -> set[str]:
+    """Tensors accounted as model states rather than activations.
+
+    Variable tensors, their direct casts (the fp16 working copy is the
+    "2 Psi" of params), gradient tensors, and the fp16 gradient that is cast
+    into a gradient tensor.
+    """
+    out: set[str] = set()
+    var_tensors = {v.tensor for v in graph.variables}
+    grads = {v.grad for v in graph.variables if v.grad}
+    out |= var_tensors | grads
+    for op in graph.ops:
+        if op.type in ("cast", "amp_white_identity", "identity") and len(op.inputs) == 1:
+            (src,) = op.inputs.values()
+            if src in var_tensors:
+                out.update(op.outputs.values())
+            if any(t in grads for t in op.outputs.values()):
+                out.add(src)
+    return out
+
+
+def activation_intervals(graph: Graph) -> dict[str, tuple[int, int]]:
+    """Tensor -> (first, last) position in the topological order where it is live.
+
+    Live from its producer's position to its last consumer's (inclusive).
+    Model-state tensors (see :func:`model_state_tensors`) are excluded.
+    """
+    order = graph.topological_order
+    pos = {op.name: i for i, op in enumerate(order)}
+    excluded = model_state_tensors(graph)
+    intervals: dict[str, tuple[int, int]] = {}
+    for tname, (pname, _) in graph.producer.items():
+        if tname in excluded:
+            continue
+        start = pos[pname]
+        end = start
+        for cname, _ in graph.consumers.get(tname, []):
+            end = max(end, pos[cname])
+        intervals[tname] = (start, end)
+    return intervals
+
+
+def activation_profile(
+    graph: Graph,
+    tensor_sbp: Mapping[str, NdSbp],
+    mesh_shape: Sequence[int],
+) -> list[float]:
+    """Live activation bytes per device at each position of the topological order.
+
+    ``tensor_sbp`` maps every tensor to the N-D SBP its producer outputs.
+    Per tensor: ``nbytes / split_factor`` (``P`` and ``B`` hold the full size).
+    """
+    n = len(graph.ops)
+    delta = [0.0] * (n + 1)
+    for tname, (start, end) in activation_intervals(graph).items():
+        spec = graph.tensors[tname]
+        size = spec.numel * DTYPE_BYTES[spec.dtype] / tensor_sbp[tname].split_factor(mesh_shape)
+        delta[start] += size
+        delta[end + 1] -= size
+    profile: list[float] = []
+    running = 0.0
+    for i in range(n):
+        running += delta[i]
+        profile.append(running)
+    return profile

@@ -1,0 +1,223 @@
+"""Placement plans and their wire format ``autopar.plan/v1`` (see ``docs/plan-format.md``).
+
+A :class:`Plan` assigns one N-D SBP signature to every op of a graph on a mesh.
+Its JSON form lists, per op, the N-D SBP of every input and output port (by
+the graph's port names, so the plan maps back to the framework), per variable
+its layout and data-parallel axes, the predicted step time and memory with
+breakdowns, diagnostics and the solver's report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.cluster import Mesh
+from autopar.errors import PlanError
+from autopar.graph import Graph
+from autopar.memory import data_parallel_axes
+from autopar.sbp import Signature, parse_nd_sbp
+
+__all__ = ["FORMAT", "Plan"]
+
+FORMAT = "autopar.plan/v1"
+
+
+@dataclass
+class Plan:
+    """A full assignment plus what it is predicted to cost."""
+
+    graph_name: str
+    graph_hash: str
+    mesh: Mesh
+    zero_stage: int
+    signatures: dict[str, Signature]
+    ports: dict[str, tuple[list[str], list[str]]]
+    """op -> (input port names, output port names), in signature order."""
+    variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    solver: dict[str, Any] | None = None
+    source: str = "autopar"
+    memory_budget_bytes: int | None = None
+
+    # ------------------------------------------------------------ building
+
+    @classmethod
+    def from_assignment(
+        cls,
+        graph: Graph,
+        mesh: Mesh,
+        zero_stage: int,
+        signatures: dict[str, Signature],
+        *,
+        source: str = "autopar",
+        memory_budget_bytes: int | None = None,
+    ) -> Plan:
+        """Plan of ``signatures`` (op name -> signature) for ``graph``; fills the variable layouts."""
+        missing = [op.name for op in graph.ops if op.name not in signatures]
+        if missing:
+            raise PlanError("incomplete_plan", f"no signature for op {missing[0]!r} ({len(missing)} ops)")
+        ports = {op.name: (list(op.inputs), list(op.outputs)) for op in graph.ops}
+        plan = cls(
+            graph.name,
+            graph.content_hash(),
+            mesh,
+            zero_stage,
+            dict(signatures),
+            ports,
+            source=source,
+            memory_budget_bytes=memory_budget_bytes,
+        )
+        plan.variables = plan.variable_layouts(graph)
+        return plan
+
+    def variable_layouts(self, graph: Graph) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for v in graph.variables:
+            sbp = self.output_sbp(v.op, next(iter(graph.op_by_name[v.op].outputs)))
+            out[v.op] = {
+                "tensor": v.tensor,
+                "shape": list(graph.tensors[v.tensor].shape),
+                "sbp": str(sbp),
+                "dp_axes": list(data_parallel_axes(sbp)),
+                "split_factor": sbp.split_factor(self.mesh.shape),
+            }
+        return out
+
+    # ------------------------------------------------------------ lookups
+
+    def input_sbp(self, op: str, port: str):  # type: ignore[no-untyped-def]
+        ins, _ = self.ports[op]
+        return self.signatures[op].inputs[ins.index(port)]
+
+    def output_sbp(self, op: str, port: str):  # type: ignore[no-untyped-def]
+        _, outs = self.ports[op]
+        return self.signatures[op].outputs[outs.index(port)]
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.predicted.get("step_time_s", float("nan")))
+
+    @property
+    def memory_per_device_bytes(self) -> float:
+        return float(self.memory.get("per_device_bytes", float("nan")))
+
+    # ------------------------------------------------------------ wire format
+
+    def to_dict(self) -> dict[str, Any]:
+        ops: dict[str, Any] = {}
+        for name, sig in self.signatures.items():
+            ins, outs = self.ports[name]
+            ops[name] = {
+                "signature": str(sig),
+                "inputs": {p: str(s) for p, s in zip(ins, sig.inputs)},
+                "outputs": {p: str(s) for p, s in zip(outs, sig.outputs)},
+            }
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "graph": {"name": self.graph_name, "hash": self.graph_hash},
+            "mesh": self.mesh.to_dict(),
+            "zero_stage": self.zero_stage,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "predicted": self.predicted,
+            "memory": self.memory,
+            "variables": self.variables,
+            "diagnostics": self.diagnostics,
+            "solver": self.solver,
+            "ops": ops,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise PlanError(
+                "bad_format",
+                f"unsupported plan format {data.get('format') if isinstance(data, dict) else None!r}; "
+                f"expected {FORMAT!r}",
+            )
+        try:
+            mesh = Mesh.from_dict(data["mesh"])
+            signatures: dict[str, Signature] = {}
+            ports: dict[str, tuple[list[str], list[str]]] = {}
+            for name, entry in data["ops"].items():
+                ins = list(entry.get("inputs", {}))
+                outs = list(entry.get("outputs", {}))
+                signatures[name] = Signature(
+                    tuple(parse_nd_sbp(entry["inputs"][p]) for p in ins),
+                    tuple(parse_nd_sbp(entry["outputs"][p]) for p in outs),
+                )
+                ports[name] = (ins, outs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError("bad_format", f"malformed plan JSON: {exc!r}") from None
+        for name, sig in signatures.items():
+            for s in (*sig.inputs, *sig.outputs):
+                if len(s) != mesh.ndim:
+                    raise PlanError(
+                        "mesh_mismatch",
+                        f"op {name!r}: SBP {s} has {len(s)} axes but the mesh {list(mesh.shape)} has {mesh.ndim}",
+                        op=name,
+                    )
+        return cls(
+            graph_name=data.get("graph", {}).get("name", ""),
+            graph_hash=data.get("graph", {}).get("hash", ""),
+            mesh=mesh,
+            zero_stage=int(data.get("zero_stage", 0)),
+            signatures=signatures,
+            ports=ports,
+            variables=data.get("variables") or {},
+            predicted=data.get("predicted") or {},
+            memory=data.get("memory") or {},
+            diagnostics=data.get("diagnostics") or {},
+            solver=data.get("solver"),
+            source=data.get("source", "autopar"),
+            memory_budget_bytes=data.get("memory_budget_bytes"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise PlanError("bad_json", f"plan is not valid JSON: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str) -> Plan:
+        with open(path, "rb") as fh:
+            return cls.from_json(fh.read())
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(self.to_json(indent=1))
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        gib = 1024**3
+        pred, mem = self.predicted, self.memory
+        lines = [
+            f"plan for {self.graph_name} ({self.source}) on mesh {list(self.mesh.shape)} "
+            f"over {self.mesh.cluster}, ZeRO-{self.zero_stage}",
+            f"  step time   {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms "
+            f"(compute {pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, "
+            f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms)",
+            f"  memory/dev  {mem.get('per_device_bytes', float('nan')) / gib:10.2f} GiB "
+            f"(params {mem.get('params_bytes', 0) / gib:.2f}, grads {mem.get('grads_bytes', 0) / gib:.2f}, "
+            f"optimizer {mem.get('optimizer_bytes', 0) / gib:.2f}, "
+            f"activations {mem.get('activation_peak_bytes', 0) / gib:.2f})",
+        ]
+        if self.solver:
+            s = self.solver
+            lines.append(
+                f"  solver      {s.get('status')} gap {100 * float(s.get('gap') or 0):.2f}% "
+                f"in {float(s.get('wall_s') or 0):.1f} s"
+            )
+        fb = self.diagnostics.get("fallback_ops") or []
+        if fb:
+            lines.append(f"  fallback    {len(fb)} ops with no rule (all-B): {sorted(set(self.diagnostics.get('fallback_op_types', [])))}")
+        return "\n".join(lines)

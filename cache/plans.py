@@ -1,0 +1,125 @@
+"""Plan keys and the plan cache.
+
+A plan key is the SHA-256 of the canonical JSON of
+
+* the request's canonical form (``PlanRequest.to_key_dict()``: the graph by its
+  content hash, so op order and whitespace do not matter; cluster; mesh shape;
+  memory budget; ZeRO stage; solver options), and
+* the code versions that produce the plan (:func:`code_versions`: autopar's
+  version and a digest of its sources, OR-Tools' version).
+
+A plan record is stored as compressed JSON under ``plan:{key}`` with its
+predicted step time as the score: :meth:`PlanCache.put` only replaces a stored
+plan by a strictly cheaper one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cache import codec
+from cache.base import Store
+
+__all__ = [
+    "KEY_SCHEMA",
+    "PlanCache",
+    "PlanRecord",
+    "canonical_json",
+    "code_versions",
+    "plan_key",
+]
+
+KEY_SCHEMA = 1
+"""Bump when the meaning of a key's inputs changes."""
+
+_SOURCE_PACKAGES = ("autopar", "solver")
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted-key, whitespace-free UTF-8 JSON: equal values give equal bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _source_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for package in _SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def code_versions() -> dict[str, str]:
+    """Versions that change a plan: autopar (package + source digest) and OR-Tools.
+
+    Compute once per process (it reads the package sources, ~ms) and pass it on.
+    """
+    import autopar
+
+    root = Path(autopar.__file__).resolve().parent.parent
+    return {
+        "autopar": _package_version("autopar"),
+        "source": _source_digest(root),
+        "ortools": _package_version("ortools"),
+    }
+
+
+def plan_key(key_dict: Mapping[str, Any], versions: Mapping[str, str]) -> str:
+    """SHA-256 hex of the canonical request plus code versions."""
+    payload = {"schema": KEY_SCHEMA, "request": dict(key_dict), "versions": dict(versions)}
+    return hashlib.sha256(canonical_json(payload)).hexdigest()
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """A stored plan: ``body`` is the JSON the API returns for it."""
+
+    key: str
+    body: bytes
+    etag: str
+
+    def data(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.body)
+        return value
+
+
+class PlanCache:
+    """Plan records in a :class:`cache.base.Store` under ``plan:``."""
+
+    def __init__(self, store: Store, ttl_s: float | None = None) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    @staticmethod
+    def _key(key: str) -> str:
+        return f"plan:{key}"
+
+    def get(self, key: str) -> PlanRecord | None:
+        raw = self.store.get(self._key(key))
+        if raw is None:
+            return None
+        body = codec.inflate(raw)
+        etag = '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'
+        return PlanRecord(key, body, etag)
+
+    def put(self, key: str, record: Mapping[str, Any], step_time_s: float) -> bool:
+        """Store ``record`` unless a plan at least as cheap is stored; True when stored."""
+        value = codec.encode(dict(record))
+        return self.store.put_if_lower(self._key(key), value, step_time_s, self.ttl_s)
+
+    def delete(self, key: str) -> None:
+        self.store.delete(self._key(key))
+        self.store.delete(self._key(key) + "#score")

@@ -1,0 +1,136 @@
+"""Service settings: one pydantic-settings class, read from ``AUTOPAR_*`` variables.
+
+Every field can be set as ``AUTOPAR_<FIELD>`` (``AUTOPAR_REDIS_URL``,
+``AUTOPAR_API_KEYS`` as a comma list, ...).  :func:`load_settings` validates
+them once at start and turns a validation failure into a
+:class:`autopar.errors.ConfigError` that names the variable and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from autopar.errors import ConfigError
+
+__all__ = ["Settings", "load_settings"]
+
+MIB = 1024**2
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autopar"
+
+
+class Settings(BaseSettings):
+    """Configuration of the API, the local solver pool and the RQ workers."""
+
+    model_config = SettingsConfigDict(env_prefix="AUTOPAR_", extra="ignore", frozen=True)
+
+    redis_url: str | None = None
+    """Redis URL (``redis://host:6379/0``); unset = embedded cache and local solver processes."""
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    """Directory of the embedded cache (default ``$XDG_CACHE_HOME/autopar``)."""
+    cache_size_limit_bytes: int = Field(default=8 * 1024**3, gt=0)
+    """Size limit of the embedded cache, bytes (least recently stored evicted first)."""
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Accepted ``X-API-Key`` values (comma list); empty = no auth on write endpoints."""
+
+    max_body_bytes: int = Field(default=64 * MIB, gt=0)
+    """Largest request body after decompression, bytes (413 beyond)."""
+    max_compressed_body_bytes: int = Field(default=64 * MIB, gt=0)
+    """Largest request body as sent (compressed or not), bytes (413 beyond)."""
+
+    plan_ttl_s: float = Field(default=30 * 86400, gt=0)
+    """How long a plan stays cached, seconds."""
+    cost_ttl_s: float = Field(default=90 * 86400, gt=0)
+    """How long a cost-table entry stays cached, seconds."""
+    job_ttl_s: float = Field(default=86400, gt=0)
+    """How long job records, uploaded graphs and sweep records are kept, seconds."""
+
+    default_time_limit_s: float = Field(default=60.0, gt=0)
+    """Solver time limit when the request gives none, seconds."""
+    max_time_limit_s: float = Field(default=900.0, gt=0)
+    """Largest solver time limit a request may ask for, seconds (422 beyond)."""
+    job_timeout_margin_s: float = Field(default=120.0, ge=0)
+    """A job is killed this long after its solver time limit (cost tables, model building)."""
+    job_retries: int = Field(default=1, ge=0, le=5)
+    """Retries of a job whose worker died (SIGKILL, OOM, lost machine)."""
+
+    local_workers: int = Field(default=2, ge=1, le=64)
+    """Concurrent solves in the API process's local pool (no Redis)."""
+    solver_workers: int | None = Field(default=None, ge=1, le=256)
+    """CP-SAT / cost-table worker threads per solve (None = the solver's default)."""
+    queue_name: str = Field(default="autopar", min_length=1)
+    """RQ queue the API enqueues to and ``autopar worker`` serves."""
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    """How often a running job reports it is alive, seconds."""
+    worker_lost_after_s: float = Field(default=20.0, gt=0)
+    """A running job with no heartbeat for this long is retried or failed, seconds."""
+    janitor_interval_s: float = Field(default=5.0, gt=0)
+    """How often the API looks for jobs whose worker died, seconds."""
+
+    retry_after_s: int = Field(default=2, ge=1)
+    """``Retry-After`` sent with 202 and 503 answers, seconds."""
+    max_wait_s: float = Field(default=60.0, ge=0)
+    """Longest ``?wait=`` long-poll, seconds."""
+    max_sweep_points: int = Field(default=32, ge=1)
+    """Most plans one sweep may ask for."""
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _check_redis_url(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip() or None
+        if value is not None and not str(value).startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.default_time_limit_s > self.max_time_limit_s:
+            raise ValueError(
+                f"default_time_limit_s ({self.default_time_limit_s}) exceeds "
+                f"max_time_limit_s ({self.max_time_limit_s})"
+            )
+        if self.worker_lost_after_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                f"worker_lost_after_s ({self.worker_lost_after_s}) must exceed twice "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s})"
+            )
+        return self
+
+    @property
+    def uses_redis(self) -> bool:
+        return self.redis_url is not None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment (and ``overrides``), or a :class:`ConfigError`.
+
+    The error lists every bad field as ``AUTOPAR_<FIELD>: <problem> (got <value>)``.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            name = f"AUTOPAR_{field.upper()}" if err["loc"] else "settings"
+            shown = "" if err["type"] == "value_error" and not err["loc"] else f" (got {err['input']!r})"
+            problems.append(f"{name}: {err['msg']}{shown}")
+        raise ConfigError(
+            "bad_settings", "invalid service settings: " + "; ".join(problems), problems=problems
+        ) from None

@@ -1,0 +1,105 @@
+"""``autopar plan``: solve from the command line with a progress line and a summary table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TextIO
+
+from autopar.cluster import Cluster, parse_mesh_shape
+from autopar.graph import Graph
+from autopar.plan import Plan
+from solver.options import SolverOptions
+from solver.planner import PlanRequest, Progress, plan
+
+__all__ = ["run_plan_command", "summary_table"]
+
+GIB = 1024**3
+
+
+class ProgressLine:
+    """One self-overwriting status line on a terminal (or plain lines elsewhere)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last = 0.0
+
+    def __call__(self, p: Progress) -> None:
+        now = time.perf_counter()
+        if self.tty and now - self.last < 0.1 and p.phase != "done":
+            return
+        self.last = now
+        parts = [f"[{p.elapsed_s:6.1f} s] {p.phase:<22}"]
+        if "done" in p.detail and "total" in p.detail:
+            parts.append(f"{p.detail['done']}/{p.detail['total']}")
+        if p.objective is not None:
+            parts.append(f"objective {p.objective * 1e3:.3f} ms")
+        if p.bound is not None:
+            parts.append(f"bound {p.bound * 1e3:.3f} ms")
+        text = "  ".join(parts)
+        if self.tty:
+            self.stream.write("\r" + text.ljust(100))
+            if p.phase == "done":
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def summary_table(rows: list[tuple[str, Plan]]) -> str:
+    """Plain-text table: step time, memory per device, gap, ratio to the first row."""
+    base = rows[-1][1].step_time_s if rows else 1.0
+    lines = [f"{'plan':<22}{'step ms':>11}{'vs megatron':>13}{'mem GiB':>10}{'gap':>8}"]
+    for name, p in rows:
+        gap = p.solver.get("gap") if p.solver else None
+        lines.append(
+            f"{name:<22}{p.step_time_s * 1e3:>11.2f}{p.step_time_s / base:>12.3f}x"
+            f"{p.memory_per_device_bytes / GIB:>10.2f}{'' if gap is None else f'{100 * gap:.2f}%':>8}"
+        )
+    return "\n".join(lines)
+
+
+def run_plan_command(args: argparse.Namespace) -> int:
+    from autopar.baselines import baseline_plan, megatron_parameter_layout
+    from autopar.cli import parse_bytes
+    from autopar.cluster import Mesh
+    from autopar.evaluate import attach_evaluation, evaluate
+
+    graph = Graph.load(args.graph).validate()
+    cluster = Cluster.parse(args.cluster, args.preset)
+    budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
+    options = SolverOptions(
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        relative_gap=args.gap,
+        **({"workers": args.workers} if args.workers else {}),
+    )
+    shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
+    request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
+    hint = Plan.load(args.hint) if args.hint else None
+    progress = None if args.no_progress else ProgressLine(sys.stderr)
+    result = plan(request, progress=progress, hint=hint)
+    result.save(args.out)
+    sys.stdout.write(result.summary() + "\n")
+    rows: list[tuple[str, Plan]] = [("autopar", result)]
+    mesh = result.mesh
+    layout = megatron_parameter_layout(graph, mesh)
+    if any(str(s) != str(next(iter(layout.values()))) for s in layout.values()) or mesh.ndim == 1:
+        for kind in ("data-parallel", "inferred", "megatron"):
+            b = baseline_plan(kind, graph, Mesh(cluster, mesh.shape), args.zero)
+            attach_evaluation(b, evaluate(graph, b))
+            rows.append((kind, b))
+    sys.stdout.write(summary_table(rows) + "\n")
+    if result.diagnostics.get("mesh_search"):
+        sys.stdout.write("mesh search:\n")
+        for r in result.diagnostics["mesh_search"]:
+            t = r["step_time_s"]
+            sys.stdout.write(
+                f"  {r['shape']!s:<10} "
+                + (f"{t * 1e3:.2f} ms, {r['memory_per_device_bytes'] / GIB:.2f} GiB" if t else str(r["error"]))
+                + "\n"
+            )
+    sys.stdout.write(f"plan written to {args.out}\n")
+    return 0

@@ -1,0 +1,65 @@
+"""Solver options: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from autopar.errors import ConfigError
+
+__all__ = ["SolverOptions"]
+
+
+def _default_workers() -> int:
+    return min(8, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """How long and how hard to search.
+
+    Raises :class:`ConfigError` (code ``bad_solver_option``) on invalid values.
+    """
+
+    time_limit_s: float = 30.0
+    """Wall-clock limit for the whole solve (reductions, heuristic, CP-SAT), seconds."""
+    workers: int = field(default_factory=_default_workers)
+    """CP-SAT search workers (threads); default ``min(8, os.cpu_count())``."""
+    seed: int = 0
+    """CP-SAT random seed."""
+    relative_gap: float = 0.01
+    """Stop when ``(objective - bound) / objective`` is at most this; 0 proves optimality."""
+    deterministic: bool = False
+    """Reproducible runs: fixed seed, interleaved search, deterministic time limit
+    (``time_limit_s`` is then measured in CP-SAT's deterministic units, and wall time
+    is capped at four times that)."""
+    log: bool = False
+    """Send CP-SAT's search log to the ``solver.cpsat`` logger (level INFO)."""
+    use_hint: bool = True
+    """Give CP-SAT the heuristic (or caller's) assignment as a complete hint."""
+    reductions: bool = True
+    """Apply the exact reductions of :mod:`solver.reductions` before CP-SAT."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):
+            raise _bad(f"time_limit_s must be a finite number of seconds, got {self.time_limit_s!r}")
+        if self.time_limit_s <= 0:
+            raise _bad(f"time_limit_s must be > 0, got {self.time_limit_s}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise _bad(f"workers must be an integer >= 1, got {self.workers!r}")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not 0 <= self.seed < 2**31
+        ):
+            raise _bad(f"seed must be an integer in [0, 2**31), got {self.seed!r}")
+        if not isinstance(self.relative_gap, (int, float)) or not 0 <= self.relative_gap < 1:
+            raise _bad(f"relative_gap must be in [0, 1) (0.01 = stop within 1 %), got {self.relative_gap!r}")
+        for name in ("deterministic", "log", "use_hint", "reductions"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+
+def _bad(message: str) -> ConfigError:
+    return ConfigError("bad_solver_option", message)

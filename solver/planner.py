@@ -1,0 +1,460 @@
+"""Planner: graph + cluster + budget -> verified plan.
+
+::
+
+    Graph ──> cost tables (memo: KeyValueStore) ──> numeric Problem
+                                                     │  nodes = ops, choices = N-D signatures
+                                                     │  edges = boxing matrices
+                                                     │  memory rows = model states + live activations
+                                                     v
+            Plan <── independent evaluator <── solve (reductions, heuristic, CP-SAT)
+
+Memory is a hard constraint, added lazily: the problem is first solved with
+no memory rows (a relaxation); if that optimum fits the budget it is optimal
+for the constrained problem too.  Otherwise rows for the liveness points of the
+peak are added and the problem re-solved, until the evaluator's peak fits or
+the budget is proven infeasible.
+
+Every returned plan has been re-checked by :func:`autopar.evaluate.evaluate`:
+its step time equals the solver's objective and its memory fits the budget;
+a mismatch raises :class:`~autopar.errors.VerificationError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from multiprocessing import get_context
+from typing import Any
+
+import numpy as np
+
+from autopar import __version__ as autopar_version
+from autopar.cluster import Cluster, Mesh, candidate_mesh_shapes
+from autopar.costs import COST_MODEL_VERSION, CostTables, build_cost_tables
+from autopar.errors import ConfigError, InfeasibleError, VerificationError
+from autopar.evaluate import attach_evaluation, evaluate
+from autopar.graph import DTYPE_BYTES, Graph
+from autopar.memory import activation_intervals, variable_state_bytes
+from autopar.plan import Plan
+from autopar.sbp import Signature
+from autopar.store import KeyValueStore
+from solver.options import SolverOptions
+from solver.problem import MemoryRow, Problem, Solution
+
+__all__ = ["PlanRequest", "Progress", "build_problem", "plan", "solve_on_mesh"]
+
+log = logging.getLogger("autopar.planner")
+
+MAX_MEMORY_ROUNDS = 6
+VERIFY_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress report: phase, best objective and bound so far (seconds), elapsed seconds."""
+
+    phase: str
+    objective: float | None = None
+    bound: float | None = None
+    elapsed_s: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything that determines a plan."""
+
+    graph: Graph
+    cluster: Cluster
+    mesh_shape: tuple[int, ...] | None = None
+    memory_budget_bytes: int | None = None
+    zero_stage: int = 2
+    options: SolverOptions = field(default_factory=SolverOptions)
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError("bad_zero_stage", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            raise ConfigError("bad_memory", f"memory budget must be > 0 bytes, got {self.memory_budget_bytes}")
+        if self.mesh_shape is not None:
+            Mesh(self.cluster, tuple(self.mesh_shape))  # validates
+
+    def to_key_dict(self) -> dict[str, Any]:
+        """Canonical, JSON-able description (graph by content hash) for cache keys."""
+        try:
+            from ortools import __version__ as ortools_version
+        except ImportError:  # pragma: no cover - the solver needs ortools anyway
+            ortools_version = "none"
+        opts = self.options
+        return {
+            "graph": self.graph.content_hash(),
+            "cluster": self.cluster.to_dict(),
+            "mesh_shape": list(self.mesh_shape) if self.mesh_shape else None,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "zero_stage": self.zero_stage,
+            "options": {
+                "time_limit_s": opts.time_limit_s,
+                "relative_gap": opts.relative_gap,
+                "seed": opts.seed,
+                "deterministic": opts.deterministic,
+                "workers": opts.workers if opts.deterministic else None,
+            },
+            "versions": {"autopar": autopar_version, "cost_model": COST_MODEL_VERSION, "ortools": ortools_version},
+        }
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_key_dict(), sort_keys=True).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------ problem
+
+
+@dataclass
+class BuiltProblem:
+    """A numeric problem and how its nodes map back to the graph."""
+
+    problem: Problem
+    tables: CostTables
+    op_names: list[str]
+    positions: list[int] = field(default_factory=list)
+
+
+def _output_bytes(tables: CostTables, op_name: str, port_index: int, nbytes: float) -> np.ndarray:
+    mesh_shape = tables.mesh.shape
+    sigs = tables.ops[op_name].signatures
+    return np.array([nbytes / s.outputs[port_index].split_factor(mesh_shape) for s in sigs], dtype=np.float64)
+
+
+def build_problem(
+    tables: CostTables,
+    budget_bytes: float | None,
+    positions: list[int] | None = None,
+) -> BuiltProblem:
+    """Numeric problem of ``tables``: one node per op, one edge per producer->consumer port pair.
+
+    ``positions`` are topological positions whose live memory becomes a hard row
+    (model states of every variable + activations live there).
+    """
+    graph = tables.graph
+    order = graph.topological_order
+    index = {op.name: i for i, op in enumerate(order)}
+    node_costs = [tables.ops[op.name].compute_s for op in order]
+    labels = [[str(s) for s in tables.ops[op.name].signatures] for op in order]
+    edges = [
+        (index[e.producer], index[e.consumer], e.matrix)
+        for e in tables.edges
+    ]
+    rows: list[MemoryRow] = []
+    if positions:
+        state_terms: dict[int, np.ndarray] = {}
+        for v in graph.variables:
+            spec = graph.tensors[v.tensor]
+            sigs = tables.ops[v.op].signatures
+            port = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
+            state_terms[index[v.op]] = np.array(
+                [
+                    sum(variable_state_bytes(spec.shape, s.outputs[port], tables.mesh.shape, tables.zero_stage))
+                    for s in sigs
+                ],
+                dtype=np.float64,
+            )
+        intervals = activation_intervals(graph)
+        for pos in positions:
+            terms = {i: t.copy() for i, t in state_terms.items()}
+            for tname, (start, end) in intervals.items():
+                if start <= pos <= end:
+                    pname, port = graph.producer[tname]
+                    pop = graph.op_by_name[pname]
+                    k = list(pop.outputs).index(port)
+                    spec = graph.tensors[tname]
+                    vec = _output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype])
+                    i = index[pname]
+                    terms[i] = terms[i] + vec if i in terms else vec
+            rows.append(MemoryRow(f"live@{pos}:{order[pos].name}", 0.0, terms))
+    problem = Problem(
+        node_names=[op.name for op in order],
+        node_costs=node_costs,
+        edges=edges,
+        memory_rows=rows,
+        budget_bytes=budget_bytes if rows else None,
+        labels=labels,
+    )
+    return BuiltProblem(problem, tables, [op.name for op in order], list(positions or []))
+
+
+def _assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
+    return {
+        name: built.tables.ops[name].signatures[c] for name, c in zip(built.op_names, choices)
+    }
+
+
+def _peak_position(graph: Graph, plan: Plan) -> int:
+    from autopar.memory import activation_profile
+
+    tensor_sbp = {}
+    for op in graph.ops:
+        sig = plan.signatures[op.name]
+        for port, sbp in zip(op.outputs, sig.outputs):
+            tensor_sbp[op.outputs[port]] = sbp
+    prof = activation_profile(graph, tensor_sbp, plan.mesh.shape)
+    return int(np.argmax(prof)) if prof else 0
+
+
+# ------------------------------------------------------------------ solve
+
+
+def solve_on_mesh(
+    graph: Graph,
+    mesh: Mesh,
+    memory_budget_bytes: int | None,
+    zero_stage: int,
+    options: SolverOptions,
+    *,
+    store: KeyValueStore | None = None,
+    progress: ProgressFn | None = None,
+    hint: Plan | None = None,
+    tables: CostTables | None = None,
+) -> Plan:
+    """Best plan of ``graph`` on one mesh within the budget; verified by the evaluator."""
+    from solver.solve import solve
+
+    t0 = time.perf_counter()
+
+    def report(phase: str, objective: float | None = None, bound: float | None = None, **detail: Any) -> None:
+        if progress:
+            progress(Progress(phase, objective, bound, time.perf_counter() - t0, detail))
+
+    report("cost_tables")
+    if tables is None:
+        tables = build_cost_tables(
+            graph,
+            mesh,
+            zero_stage,
+            store=store,
+            workers=options.workers,
+            progress=(lambda phase, done, total: report(f"cost_tables:{phase}", done=done, total=total))
+            if progress
+            else None,
+        )
+    t_tables = time.perf_counter() - t0
+    positions: list[int] = []
+    rounds: list[dict[str, Any]] = []
+    hint_choices = _hint_choices(hint, tables) if hint is not None else None
+    solution: Solution | None = None
+    built: BuiltProblem | None = None
+    plan_obj: Plan | None = None
+    for round_no in range(MAX_MEMORY_ROUNDS):
+        built = build_problem(tables, memory_budget_bytes, positions)
+        report("solve", detail_round=round_no)
+
+        def relay(p: Any) -> None:
+            report(getattr(p, "phase", "solve"), getattr(p, "objective", None), getattr(p, "bound", None))
+
+        solution = solve(built.problem, options, progress=relay if progress else None, hint=hint_choices)
+        rounds.append({"memory_rows": len(positions), "status": solution.status, "wall_s": solution.wall_s})
+        if solution.status == "infeasible":
+            break
+        if not solution.ok:
+            raise VerificationError(
+                "solver_no_solution",
+                f"the solver found no plan within {options.time_limit_s} s (status {solution.status}); "
+                "raise the time limit",
+            )
+        plan_obj = Plan.from_assignment(
+            graph, mesh, zero_stage, _assignment(built, solution.choices), memory_budget_bytes=memory_budget_bytes
+        )
+        ev = evaluate(graph, plan_obj)
+        if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
+            break
+        peak = _peak_position(graph, plan_obj)
+        if peak in positions:
+            raise VerificationError(
+                "memory_mismatch",
+                f"plan uses {ev.memory.total:.0f} bytes at position {peak} although that row was constrained",
+            )
+        positions.append(peak)
+        hint_choices = solution.choices
+        plan_obj = None
+    assert solution is not None and built is not None
+    if solution.status == "infeasible" or plan_obj is None:
+        _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
+    assert plan_obj is not None
+    ev = evaluate(graph, plan_obj)
+    _verify(ev, solution, memory_budget_bytes)
+    attach_evaluation(plan_obj, ev)
+    stats = dict(solution.stats)
+    stats["rounds"] = rounds
+    stats["time_cost_tables_s"] = t_tables
+    stats["cost_tables"] = {k: v for k, v in tables.stats.items() if k != "fallback_ops"}
+    plan_obj.solver = {
+        "objective": solution.objective,
+        "bound": solution.bound,
+        "gap": solution.gap,
+        "status": solution.status,
+        "wall_s": time.perf_counter() - t0,
+        "memory_rows": len(positions),
+        "stats": _jsonable(stats),
+    }
+    report("done", solution.objective, solution.bound)
+    return plan_obj
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def _verify(ev: Any, solution: Solution, budget: int | None) -> None:
+    if not ev.valid:
+        raise VerificationError(
+            "invalid_plan", f"the evaluator rejected the solver's plan: {ev.errors[:3]}", errors=ev.errors[:20]
+        )
+    if not math.isclose(ev.step_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+        raise VerificationError(
+            "cost_mismatch",
+            f"evaluator step time {ev.step_time_s!r} s != solver objective {solution.objective!r} s",
+        )
+    if budget is not None and ev.memory.total > budget:
+        raise VerificationError(
+            "memory_mismatch", f"plan needs {ev.memory.total:.0f} bytes per device > budget {budget}"
+        )
+
+
+def _hint_choices(hint: Plan, tables: CostTables) -> list[int] | None:
+    """Choices of ``hint`` in topological op order, or None if it does not fit these tables."""
+    if tuple(hint.mesh.shape) != tuple(tables.mesh.shape):
+        return None
+    choices = []
+    for op in tables.graph.topological_order:
+        sig = hint.signatures.get(op.name)
+        sigs = tables.ops[op.name].signatures
+        if sig is None or sig not in sigs:
+            choices.append(-1)
+        else:
+            choices.append(sigs.index(sig))
+    if all(c < 0 for c in choices):
+        return None
+    return choices
+
+
+def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[int], mesh: Mesh) -> None:
+    from solver.cpsat import min_feasible_memory
+
+    built = build_problem(tables, budget, positions or [0])
+    try:
+        min_bytes, proven = min_feasible_memory(built.problem)
+    except Exception as exc:  # noqa: BLE001 - reporting must not hide the infeasibility
+        log.warning("could not compute the smallest feasible memory: %s", exc)
+        min_bytes, proven = float("nan"), False
+    gib = 1024**3
+    raise InfeasibleError(
+        None,
+        f"no plan on mesh {list(mesh.shape)} fits {budget / gib if budget else 0:.2f} GiB per device; "
+        f"the smallest memory found feasible is {min_bytes / gib:.2f} GiB"
+        + (" (proven)" if proven else " (lower bound at the constrained liveness points)")
+        + ": raise the budget, use a higher ZeRO stage, or add devices",
+        min_feasible_bytes=min_bytes,
+        proven=proven,
+        mesh_shape=list(mesh.shape),
+    )
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def _solve_shape(args: tuple[str, dict[str, Any], tuple[int, ...], int | None, int, SolverOptions]) -> dict[str, Any]:
+    graph_json, cluster_dict, shape, budget, zero, options = args
+    graph = Graph.from_json(graph_json)
+    mesh = Mesh(Cluster.from_dict(cluster_dict), shape)
+    try:
+        p = solve_on_mesh(graph, mesh, budget, zero, options)
+    except InfeasibleError as exc:
+        return {"shape": list(shape), "error": exc.to_dict()}
+    return {"shape": list(shape), "plan": p.to_dict()}
+
+
+def plan(
+    request: PlanRequest,
+    *,
+    store: KeyValueStore | None = None,
+    progress: ProgressFn | None = None,
+    hint: Plan | None = None,
+) -> Plan:
+    """Solve ``request``; search the logical mesh shapes when none is given."""
+    graph = request.graph.validate()
+    if request.mesh_shape is not None:
+        mesh = Mesh(request.cluster, tuple(request.mesh_shape))
+        return solve_on_mesh(
+            graph,
+            mesh,
+            request.memory_budget_bytes,
+            request.zero_stage,
+            request.options,
+            store=store,
+            progress=progress,
+            hint=hint,
+        )
+    return _mesh_search(request, store=store, progress=progress, hint=hint)
+
+
+def _mesh_search(
+    request: PlanRequest,
+    *,
+    store: KeyValueStore | None,
+    progress: ProgressFn | None,
+    hint: Plan | None,
+) -> Plan:
+    t0 = time.perf_counter()
+    shapes = candidate_mesh_shapes(request.cluster)
+    graph_json = request.graph.to_json()
+    # each shape gets its share of the workers
+    per = max(1, request.options.workers // len(shapes))
+    opts = replace(request.options, workers=per)
+    jobs = [
+        (graph_json, request.cluster.to_dict(), shape, request.memory_budget_bytes, request.zero_stage, opts)
+        for shape in shapes
+    ]
+    if progress:
+        progress(Progress("mesh_search", elapsed_s=0.0, detail={"shapes": [list(s) for s in shapes]}))
+    results: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=min(len(shapes), request.options.workers), mp_context=get_context("spawn")) as pool:
+        for res in pool.map(_solve_shape, jobs):
+            results.append(res)
+            if progress:
+                obj = res.get("plan", {}).get("solver", {}).get("objective") if "plan" in res else None
+                progress(Progress(f"mesh_search:{res['shape']}", obj, None, time.perf_counter() - t0))
+    feasible = [r for r in results if "plan" in r]
+    if not feasible:
+        best_err = min(
+            (r["error"] for r in results), key=lambda e: e.get("min_feasible_bytes", math.inf) or math.inf
+        )
+        raise InfeasibleError(
+            None,
+            "no mesh shape fits the budget: " + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
+            min_feasible_bytes=best_err.get("min_feasible_bytes"),
+            proven=best_err.get("proven", False),
+        )
+    best = min(feasible, key=lambda r: r["plan"]["predicted"]["step_time_s"])
+    chosen = Plan.from_dict(best["plan"])
+    chosen.diagnostics["mesh_search"] = [
+        {
+            "shape": r["shape"],
+            "step_time_s": r["plan"]["predicted"]["step_time_s"] if "plan" in r else None,
+            "memory_per_device_bytes": r["plan"]["memory"]["per_device_bytes"] if "plan" in r else None,
+            "gap": r["plan"]["solver"]["gap"] if "plan" in r else None,
+            "error": r.get("error", {}).get("message"),
+        }
+        for r in results
+    ]
+    if chosen.solver is not None:
+        chosen.solver["mesh_search_wall_s"] = time.perf_counter() - t0
+    return chosen
