@@ -57,6 +57,8 @@ LOSS_OPS = frozenset(
 )
 MATMUL_OPS = frozenset({"matmul", "broadcast_matmul", "fused_matmul_bias", "batch_matmul"})
 EMBEDDING_OPS = frozenset({"gather", "embedding"})
+VOCAB_PARALLEL_RATIO = 8
+"""An embedding table with at least this many rows per column is a vocabulary (vocab-parallel)."""
 
 
 @dataclass(frozen=True)
@@ -77,30 +79,21 @@ def _structure(graph: Graph) -> _Structure:
             if t in source:
                 for o in op.outputs.values():
                     source[o] = source[t]
-    # weight-gradient path: tensors whose every consumer chain ends in a variable's gradient
-    grads = {v.grad for v in graph.variables if v.grad}
-    path: set[str] = set(grads)
-    for op in reversed(graph.topological_order):
-        outs = list(op.outputs.values())
-        if outs and all(o in path for o in outs) and op.type in (
-            "cast",
-            "identity",
-            "add_n",
-            "reduce_sum",
-            "reduce_sum_like",
-            "scalar_mul",
-            "broadcast_matmul_grad_b",
-            "matmul",
-            "unsorted_segment_sum_like",
-            "unsorted_segment_sum",
-            "rms_norm_param_grad",
-            "layer_norm_param_grad",
-            "broadcast_add",
-            "bias_add",
-        ):
-            for t in op.inputs.values():
-                if t not in source and len(graph.consumers.get(t, [])) == 1:
-                    path.add(t)
+    # weight-gradient path: from each variable's gradient back through its producers
+    # while the tensor keeps the parameter's shape (casts, clipping, add_n of uses)
+    path: set[str] = set()
+    for v in graph.variables:
+        if not v.grad:
+            continue
+        shape = graph.tensors[v.grad].shape
+        stack = [v.grad]
+        while stack:
+            t = stack.pop()
+            if t in path or t in source or graph.tensors[t].shape != shape:
+                continue
+            path.add(t)
+            prod = graph.op_by_name[graph.producer[t][0]]
+            stack.extend(prod.inputs.values())
     # only the tensors produced by ops whose outputs are all gradients count
     return _Structure(var_tensor, source, frozenset(path))
 
@@ -139,6 +132,25 @@ def _forward_reach(graph: Graph, start: str, st: _Structure) -> tuple[bool, bool
     return hit_matmul, hit_loss
 
 
+def _forward_region(graph: Graph, start: str, st: _Structure) -> set[str]:
+    """Tensors reachable from ``start`` through forward ops other than norms and weight matmuls."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        t = stack.pop()
+        for cname, _ in graph.consumers.get(t, []):
+            cop = graph.op_by_name[cname]
+            if cop.role is not Role.FORWARD or cop.type in NORM_OPS or cop.type in LOSS_OPS:
+                continue
+            if cop.type in MATMUL_OPS and _weight_input(cop, st) is not None:
+                continue
+            for o in cop.outputs.values():
+                if o not in seen:
+                    seen.add(o)
+                    stack.append(o)
+    return seen
+
+
 def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
     """Variable op -> Megatron N-D SBP (dp axes ``B``, tp axis per the layer's role).
 
@@ -163,6 +175,7 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
         return replicated.replace(tp, S(dim))
 
     column_outputs: set[str] = set()
+    region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
     for op in graph.topological_order:
         if op.role is not Role.FORWARD:
             continue
@@ -172,13 +185,19 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
         var = st.param_source[op.inputs[wport]]
         wshape = graph.tensors[op.inputs[wport]].shape
         if op.type in EMBEDDING_OPS and len(wshape) == 2:
-            if mesh.shape[tp] and wshape[0] % mesh.shape[tp] == 0:
+            # vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated
+            if wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] and wshape[0] % mesh.shape[tp] == 0:
                 layout[var] = tp_split(0)
             continue
         if op.type not in MATMUL_OPS or len(wshape) != 2:
             continue
         (out,) = list(op.outputs.values())[:1]
-        hit_matmul, hit_loss = _forward_reach(graph, out, st)
+        activation = [t for p, t in op.inputs.items() if p != wport]
+        if any(t in region for t in activation):
+            column = False  # the second matmul of a Megatron pair
+        else:
+            hit_matmul, hit_loss = _forward_reach(graph, out, st)
+            column = hit_matmul or hit_loss
         weight_is_b = wport.startswith("b")
         transposed = bool(op.attrs.get("transpose_b" if weight_is_b else "transpose_a", False))
         # weight as b: [in, out] unless transposed ([out, in]); as a: [out, in] unless transposed
@@ -186,15 +205,15 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
             out_dim, in_dim = (0, 1) if transposed else (1, 0)
         else:
             out_dim, in_dim = (1, 0) if transposed else (0, 1)
-        column = hit_matmul or hit_loss
         dim = out_dim if column else in_dim
         if wshape[dim] % mesh.shape[tp] != 0:
             continue
-        if var in layout and layout[var] != replicated and layout[var] != tp_split(dim):
+        if layout[var] != replicated and layout[var] != tp_split(dim):
             continue  # tied weight already laid out (vocab-parallel embedding)
         layout[var] = tp_split(dim)
         if column:
             column_outputs.add(out)
+            region |= _forward_region(graph, out, st)
     # biases added to column-parallel outputs are split with them
     for op in graph.ops:
         if op.role is not Role.FORWARD or op.type not in ("bias_add", "broadcast_add", "fused_matmul_bias"):
@@ -263,12 +282,27 @@ def baseline_plan(
             for axis, v in enumerate(out):
                 if not isinstance(v, Partial):
                     continue
+                if graph.tensors[t].numel <= 1:
+                    continue
                 if t in st.grad_path:
+                    # gradients are reduced once (ZeRO reduce-scatter) before clipping reads them
+                    if len(graph.consumers.get(t, [])) > 1:
+                        return False
                     continue
                 if axis == tp_axis and (
                     (op.type in MATMUL_OPS or op.type in EMBEDDING_OPS) and _weight_input(op, st) is not None
                 ):
                     continue
+                return False
+        return True
+
+    def resolves_partial(op: Op, sig: Signature) -> bool:
+        """Megatron all-reduces a tensor-parallel partial sum to ``B`` (never scatters it)."""
+        if tp_axis is None:
+            return True
+        for port, dst in zip(op.inputs, sig.inputs):
+            src = tensor_sbp[op.inputs[port]]
+            if isinstance(src[tp_axis], Partial) and not isinstance(dst[tp_axis], (Partial, type(B))):
                 return False
         return True
 
@@ -296,22 +330,31 @@ def baseline_plan(
                     matching = [s for s in sigs if s.inputs[i] == want]
                     candidates = matching or sigs
             elif kind is not BaselineKind.INFERRED:
-                filtered = [s for s in candidates if allowed_partial(op, s)]
+                filtered = [s for s in candidates if allowed_partial(op, s) and resolves_partial(op, s)]
                 candidates = filtered or candidates
             rule = rules.get(op.type)
-            best = math.inf
+            # Megatron keeps every layout it receives unless it must change it: score by
+            # (boxing time, inputs whose layout changes, compute); OneFlow's inference by
+            # boxing time alone, first signature on ties.
+            best: tuple[float, ...] = (math.inf,)
             for cand in candidates:
-                cost = 0.0
+                boxing = 0.0
+                changed = 0
                 for port, dst in zip(op.inputs, cand.inputs):
                     t = op.inputs[port]
-                    spec = graph.tensors[t]
-                    cost += box(spec.shape, DTYPE_BYTES[spec.dtype], tensor_sbp[t], dst)
-                    if cost >= best:
+                    src = tensor_sbp[t]
+                    if src != dst:
+                        changed += 1
+                        spec = graph.tensors[t]
+                        boxing += box(spec.shape, DTYPE_BYTES[spec.dtype], src, dst)
+                    if boxing > best[0]:
                         break
-                if kind is not BaselineKind.INFERRED and cost < best:
-                    cost += op_compute_time(rule, ctx, cand, mesh)
-                if cost < best:
-                    best, sig = cost, cand
+                if kind is BaselineKind.INFERRED:
+                    score: tuple[float, ...] = (boxing,)
+                else:
+                    score = (boxing, changed, op_compute_time(rule, ctx, cand, mesh))
+                if score < best:
+                    best, sig = score, cand
             if sig is None:
                 sig = candidates[0]
         chosen[op.name] = sig

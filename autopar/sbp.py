@@ -257,6 +257,8 @@ def parse_signature(text: str, ndim: int | None = None) -> Signature:
     several = len(parts) > 1 and (
         ndim == 1 or all(_strip_parens(p) is not None for p in parts)
     )
+    if right_inner is not None and not right_inner.strip():
+        return Signature(inputs, ())
     if several:
         outputs = tuple(parse_nd_sbp(p) for p in parts)
     else:

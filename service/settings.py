@@ -129,7 +129,11 @@ def load_settings(**overrides: Any) -> Settings:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "settings"
             name = f"AUTOPAR_{field.upper()}" if err["loc"] else "settings"
-            shown = "" if err["type"] == "value_error" and not err["loc"] else f" (got {err['input']!r})"
+            shown = (
+                ""
+                if err["type"] == "value_error" and not err["loc"]
+                else f" (got {err['input']!r})"
+            )
             problems.append(f"{name}: {err['msg']}{shown}")
         raise ConfigError(
             "bad_settings", "invalid service settings: " + "; ".join(problems), problems=problems

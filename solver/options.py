@@ -1,14 +1,18 @@
-"""Solver options: one frozen dataclass, validated on construction."""
+"""Solver options (one frozen dataclass, validated on construction) and progress reports."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
 
-__all__ = ["SolverOptions"]
+__all__ = ["PHASES", "Progress", "ProgressFn", "SolverOptions"]
+
+PHASES = ("reduce", "heuristic", "build", "solve", "expand", "done")
+"""Values of :attr:`Progress.phase`, in the order a solve goes through them."""
 
 
 def _default_workers() -> int:
@@ -43,7 +47,9 @@ class SolverOptions:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):
-            raise _bad(f"time_limit_s must be a finite number of seconds, got {self.time_limit_s!r}")
+            raise _bad(
+                f"time_limit_s must be a finite number of seconds, got {self.time_limit_s!r}"
+            )
         if self.time_limit_s <= 0:
             raise _bad(f"time_limit_s must be > 0, got {self.time_limit_s}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -55,7 +61,10 @@ class SolverOptions:
         ):
             raise _bad(f"seed must be an integer in [0, 2**31), got {self.seed!r}")
         if not isinstance(self.relative_gap, (int, float)) or not 0 <= self.relative_gap < 1:
-            raise _bad(f"relative_gap must be in [0, 1) (0.01 = stop within 1 %), got {self.relative_gap!r}")
+            raise _bad(
+                "relative_gap must be in [0, 1) (0.01 = stop within 1 %), "
+                f"got {self.relative_gap!r}"
+            )
         for name in ("deterministic", "log", "use_hint", "reductions"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -63,3 +72,22 @@ class SolverOptions:
 
 def _bad(message: str) -> ConfigError:
     return ConfigError("bad_solver_option", message)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report.  Objective and bound are seconds on the original problem."""
+
+    phase: str
+    """One of :data:`PHASES`."""
+    objective: float | None
+    """Best assignment so far, seconds (None before the first one)."""
+    bound: float | None
+    """Proven lower bound so far, seconds (None before the solver has one)."""
+    elapsed_s: float
+    """Seconds since the solve started."""
+
+
+ProgressFn = Callable[[Progress], None]
+"""Progress callback.  During the CP-SAT phase it is called from a solver thread,
+one call at a time; it must return quickly and not raise."""

@@ -38,6 +38,7 @@ __all__ = [
     "Solution",
     "evaluate",
     "is_feasible",
+    "memory_fits",
 ]
 
 STATUSES = ("optimal", "feasible", "infeasible", "unknown")
@@ -108,12 +109,20 @@ class Problem:
         """Check shapes and values; raise :class:`ConfigError` naming the bad part."""
         n = len(self.node_costs)
         if len(self.node_names) != n:
-            raise _bad(f"{len(self.node_names)} node names for {n} node cost vectors; give one name per node")
+            raise _bad(
+                f"{len(self.node_names)} node names for {n} node cost vectors; "
+                "give one name per node"
+            )
         for i, costs in enumerate(self.node_costs):
             if costs.ndim != 1 or costs.size == 0:
-                raise _bad(f"node {self._name(i)}: costs must be a non-empty 1-D array, got shape {costs.shape}")
+                raise _bad(
+                    f"node {self._name(i)}: costs must be a non-empty 1-D array, "
+                    f"got shape {costs.shape}"
+                )
             if np.isnan(costs).any() or (costs == -np.inf).any():
-                raise _bad(f"node {self._name(i)}: costs contain NaN or -inf; use +inf to forbid a choice")
+                raise _bad(
+                    f"node {self._name(i)}: costs contain NaN or -inf; use +inf to forbid a choice"
+                )
         for e, (u, v, matrix) in enumerate(self.edges):
             if not (0 <= u < n and 0 <= v < n):
                 raise _bad(f"edge {e}: endpoints ({u}, {v}) out of range for {n} nodes")
@@ -128,7 +137,9 @@ class Problem:
         if self.budget_bytes is not None and not (
             math.isfinite(self.budget_bytes) and self.budget_bytes >= 0
         ):
-            raise _bad(f"budget_bytes must be a finite number >= 0 or None, got {self.budget_bytes}")
+            raise _bad(
+                f"budget_bytes must be a finite number >= 0 or None, got {self.budget_bytes}"
+            )
         for r, row in enumerate(self.memory_rows):
             if not math.isfinite(row.constant):
                 raise _bad(f"memory row {row.name!r}: constant must be finite, got {row.constant}")
@@ -139,19 +150,23 @@ class Problem:
                         f"expected a node index < {n} and one value per choice"
                     )
                 if not np.isfinite(t).all() or (t < 0).any():
-                    raise _bad(f"memory row {row.name!r}: node {self._name(i)} term must be finite and >= 0")
+                    raise _bad(
+                        f"memory row {row.name!r}: node {self._name(i)} term "
+                        "must be finite and >= 0"
+                    )
             for e, t in row.edge_terms.items():
                 if not 0 <= e < len(self.edges) or t.shape != self.edges[e][2].shape:
                     raise _bad(
-                        f"memory row {row.name!r}: edge term {e} must name an edge and match its matrix shape"
+                        f"memory row {row.name!r}: edge term {e} must name an edge "
+                        "and match its matrix shape"
                     )
                 if not np.isfinite(t).all() or (t < 0).any():
                     raise _bad(f"memory row {row.name!r}: edge {e} term must be finite and >= 0")
-        if self.labels is not None:
-            if len(self.labels) != n or any(
-                len(lab) != len(c) for lab, c in zip(self.labels, self.node_costs)
-            ):
-                raise _bad("labels must give one string per choice of every node")
+        if self.labels is not None and (
+            len(self.labels) != n
+            or any(len(lab) != len(c) for lab, c in zip(self.labels, self.node_costs, strict=True))
+        ):
+            raise _bad("labels must give one string per choice of every node")
 
     def _name(self, i: int) -> str:
         return repr(self.node_names[i]) if i < len(self.node_names) else f"#{i}"
@@ -195,7 +210,9 @@ def evaluate(problem: Problem, choices: Sequence[int]) -> tuple[float, list[floa
     """
     n = problem.num_nodes
     if len(choices) != n:
-        raise PlanError("bad_choices", f"{len(choices)} choices for {n} nodes; give one choice per node")
+        raise PlanError(
+            "bad_choices", f"{len(choices)} choices for {n} nodes; give one choice per node"
+        )
     for i, c in enumerate(choices):
         if not 0 <= c < len(problem.node_costs[i]):
             raise PlanError(

@@ -159,7 +159,9 @@ def reduce_problem(problem: Problem, enabled: Iterable[str] | None = None) -> Re
     names = ALL_REDUCTIONS if enabled is None else frozenset(enabled)
     unknown = names - ALL_REDUCTIONS
     if unknown:
-        raise ValueError(f"unknown reductions {sorted(unknown)}; choose from {sorted(ALL_REDUCTIONS)}")
+        raise ValueError(
+            f"unknown reductions {sorted(unknown)}; choose from {sorted(ALL_REDUCTIONS)}"
+        )
     work = _Work(problem, names)
     work.run()
     return work.result()
@@ -251,7 +253,11 @@ class _Work:
         if existing is not None:
             eu, _, em = self.edges[existing]
             flip = eu != u
-            self.edges[existing] = (eu, self.edges[existing][1], em + (matrix.T if flip else matrix))
+            self.edges[existing] = (
+                eu,
+                self.edges[existing][1],
+                em + (matrix.T if flip else matrix),
+            )
             for r, t in mems.items():
                 t = t.T if flip else t
                 row = self.rows[r]
@@ -398,7 +404,7 @@ class _Work:
         # identical twin with a lower index, so one of each twin group survives).
         dominates = le & (~eq | (index[:, None] < index[None, :]))
         np.fill_diagonal(dominates, False)
-        dominated = dominates.any(axis=0)
+        dominated: np.ndarray = np.asarray(dominates.any(axis=0))
         if dominated.any():
             self.counts["choices_dominated"] += int(dominated.sum())
             self._restrict(x, ~dominated)
@@ -467,7 +473,7 @@ class _Work:
         table[self.choices[u]] = self.choices[x][best]
         self.undo.append(_Leaf(x, u, table))
         self._remove_node(x)
-        for r, values in zip(rows, folded):
+        for r, values in zip(rows, folded, strict=True):
             if values.any() or r in self.node_rows[u]:
                 self._add_node_term(r, u, values)
         self.counts["nodes_leaf"] += 1
@@ -484,7 +490,7 @@ class _Work:
         row = self.rows[r]
         base = row.terms.get(x, np.zeros(len(self.cost[x])))
         if len(edges) == 1:
-            (e, nbr), = edges
+            ((e, nbr),) = edges
             out = np.broadcast_to(base[None, :], (len(self.cost[nbr]), len(base))).copy()
             if e in row.edge_terms:
                 out = out + self._oriented_mem(e, r, nbr)
@@ -520,7 +526,7 @@ class _Work:
         ia, ic = np.meshgrid(np.arange(nu), np.arange(nw), indexing="ij")
         matrix = np.where(needed, total[ia, best, ic], np.inf)
         new_mems = {
-            r: np.where(needed, m[ia, best, ic], 0.0) for r, m in zip(rows, mems)
+            r: np.where(needed, m[ia, best, ic], 0.0) for r, m in zip(rows, mems, strict=True)
         }
         new_mems = {r: t for r, t in new_mems.items() if t.any()}
         table = np.zeros(
@@ -621,7 +627,9 @@ class _Work:
         before = problem_size(problem)
         node_ids = sorted(self.cost)
         index = {node: j for j, node in enumerate(node_ids)}
-        edge_ids = sorted(self.edges, key=lambda e: (index[self.edges[e][0]], index[self.edges[e][1]]))
+        edge_ids = sorted(
+            self.edges, key=lambda e: (index[self.edges[e][0]], index[self.edges[e][1]])
+        )
         edge_index = {e: k for k, e in enumerate(edge_ids)}
         edges = [
             (index[self.edges[e][0]], index[self.edges[e][1]], self.edges[e][2]) for e in edge_ids
@@ -631,7 +639,10 @@ class _Work:
                 row.name,
                 row.constant,
                 {index[i]: t for i, t in sorted(row.terms.items(), key=lambda kv: index[kv[0]])},
-                {edge_index[e]: t for e, t in sorted(row.edge_terms.items(), key=lambda kv: edge_index[kv[0]])},
+                {
+                    edge_index[e]: t
+                    for e, t in sorted(row.edge_terms.items(), key=lambda kv: edge_index[kv[0]])
+                },
             )
             for _, row in sorted(self.rows.items())
         ]
@@ -649,7 +660,11 @@ class _Work:
             labels=labels,
         )
         after = problem_size(reduced)
-        stats: dict[str, Any] = {"before": before, "after": after, "removed": dict(sorted(self.counts.items()))}
+        stats: dict[str, Any] = {
+            "before": before,
+            "after": after,
+            "removed": dict(sorted(self.counts.items())),
+        }
         return Reduction(
             original=problem,
             reduced=reduced,

@@ -1,1 +1,40 @@
-"""Op families; importing this package registers every rule."""
+"""Op families; importing this package registers every rule in the default rule set.
+
+One module per family (see ``docs/op-rules.md`` for the table of op types):
+
+=============  ===============================================================
+elementwise    unary ops, broadcasting binary ops, their gradients
+matmul         matmul, batch_matmul, broadcast_matmul(_grad_b), fused_matmul_bias
+reduce         reduce_*, reduce_sum_like, broadcast_like, square_sum
+views          reshape-like views, transpose, expand, slice, concat
+nn             softmax (plain and fused), dropout, bias_add, layer_norm, rms_norm
+embedding      gather / embedding, unsorted_segment_sum(_like), one_hot
+loss           sparse softmax cross entropy (and _ms), nll
+optimizer      adam_update, sgd_update ... (full N-D rules, ZeRO-aware)
+system         variable, input, output, ticks, schedules, constants, fills
+=============  ===============================================================
+"""
+
+from autopar.rules.families import (  # imported to register their rules
+    elementwise,
+    embedding,
+    loss,
+    matmul,
+    nn,
+    optimizer,
+    reduce,
+    system,
+    views,
+)
+
+__all__ = [
+    "elementwise",
+    "embedding",
+    "loss",
+    "matmul",
+    "nn",
+    "optimizer",
+    "reduce",
+    "system",
+    "views",
+]

@@ -80,14 +80,14 @@ class PortMap:
 
     def input(self, name: str) -> TensorSpec | None:
         """Spec of the first input port called ``name`` (base name), or None if absent."""
-        for base, spec in zip(self.inputs, self.input_specs):
+        for base, spec in zip(self.inputs, self.input_specs, strict=True):
             if base == name:
                 return spec
         return None
 
     def output(self, name: str) -> TensorSpec | None:
         """Spec of the first output port called ``name`` (base name), or None if absent."""
-        for base, spec in zip(self.outputs, self.output_specs):
+        for base, spec in zip(self.outputs, self.output_specs, strict=True):
             if base == name:
                 return spec
         return None
@@ -126,19 +126,19 @@ def sig(
     inputs: Mapping[str, SbpValue],
     outputs: Mapping[str, SbpValue],
     default: SbpValue = B,
+    out_default: SbpValue | None = None,
 ) -> OneDSignature:
     """A 1-D signature in the op's port order.
 
     ``inputs`` / ``outputs`` map a full port name (``in_1``) or a base name
     (``in``, covering every ``in_*`` port) to an SBP value; ports not named get
-    ``default``.
+    ``default`` (outputs: ``out_default`` when given).
     """
-    ins = tuple(
-        _lookup(inputs, full, base, default) for full, base in zip(pm.input_ports, pm.inputs)
-    )
-    outs = tuple(
-        _lookup(outputs, full, base, default) for full, base in zip(pm.output_ports, pm.outputs)
-    )
+    out_fill = default if out_default is None else out_default
+    in_pairs = zip(pm.input_ports, pm.inputs, strict=True)
+    out_pairs = zip(pm.output_ports, pm.outputs, strict=True)
+    ins = tuple(_lookup(inputs, full, base, default) for full, base in in_pairs)
+    outs = tuple(_lookup(outputs, full, base, out_fill) for full, base in out_pairs)
     return ins, outs
 
 

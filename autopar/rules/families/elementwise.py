@@ -23,7 +23,8 @@ offered only on floating-point tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from autopar.rules.families._common import (
     broadcast_dim_map,
@@ -68,7 +69,7 @@ LINEAR_UNARY_OPS: tuple[str, ...] = (
 )  # fmt: skip
 """Unary ops linear in their input: also ``(P) -> P`` (``cast`` only between float dtypes)."""
 
-UNARY_GRAD_OPS: dict[str, tuple[str, str]] = {
+UNARY_GRAD_OPS: Mapping[str, tuple[str, str]] = MappingProxyType({
     **{
         f"{name}_grad": ("x", "dy")
         for name in (
@@ -89,10 +90,10 @@ UNARY_GRAD_OPS: dict[str, tuple[str, str]] = {
     )},
     "dropout_grad": ("dy", "mask"),
     "fused_relu_dropout_grad": ("dy", "mask"),
-}  # fmt: skip
+})  # fmt: skip
 """``(x or y, dy) -> dx`` gradients (OneFlow's declared input order); linear in ``dy``."""
 
-BROADCAST_OPS: dict[str, tuple[tuple[str, ...], str]] = {
+BROADCAST_OPS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType({
     **{name: (("x", "y"), "all") for name in ("broadcast_add", "broadcast_sub")},
     **{name: (("x", "y"), "any") for name in ("broadcast_mul", "multiply")},
     "broadcast_div": (("x", "y"), "x"),
@@ -115,14 +116,14 @@ BROADCAST_OPS: dict[str, tuple[tuple[str, ...], str]] = {
     "masked_fill": (("x", "mask"), "none"),
     "where_scalar_x": (("condition", "y"), "none"),
     "where_scalar_y": (("condition", "x"), "none"),
-}  # fmt: skip
+})  # fmt: skip
 """Broadcasting n-ary ops: declared inputs and which inputs may be ``P`` together.
 
 ``all``: every input ``P``; ``any``: one input ``P`` and the rest ``B``; a port
 name (or ``a+b``): those ports ``P``, the rest ``B``; ``none``: no ``P``.
 """
 
-BINARY_GRAD_OPS: dict[str, tuple[str, ...]] = {
+BINARY_GRAD_OPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "broadcast_div_grad": ("y", "z", "dz"),
     "broadcast_pow_x_grad": ("x", "y", "z", "dz"),
     "broadcast_pow_y_grad": ("x", "y", "z", "dz"),
@@ -132,7 +133,7 @@ BINARY_GRAD_OPS: dict[str, tuple[str, ...]] = {
     )},
     "elementwise_minimum_backward": ("dz", "x", "y"),
     "elementwise_maximum_backward": ("dz", "x", "y"),
-}  # fmt: skip
+})  # fmt: skip
 """Gradients of binary ops, linear in ``dz``; outputs smaller than ``dz`` sum (``P``)."""
 
 

@@ -1,0 +1,305 @@
+"""``autopar serve | worker | submit``: the service's command line.
+
+::
+
+    autopar serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--workers N]
+    autopar worker --redis-url URL [--name NAME] [--burst]
+    autopar submit GRAPH --server URL [--cluster 2x4] [--mesh-shape 4,2] [--memory 30GiB]
+                   [--zero 2] [--time-limit 60] [--wait] [--out plan.json]
+    autopar submit mt5-base --serve --wait --out plan.json     # one-shot local server
+
+``GRAPH`` is a graph JSON file or the name of a bundled model (``mt5-base``,
+``tiny-gpt`` ...).  ``submit --wait`` draws a progress line from the job's
+server-sent events and writes the ``autopar.plan/v1`` plan to ``--out``.
+``serve`` and ``worker`` need ``autopar[service]``; ``submit`` only the
+standard library (it runs beside OneFlow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from autopar.client import PlanClient, ServiceError
+from autopar.cluster import PRESETS, parse_mesh_shape
+from autopar.errors import ConfigError
+
+__all__ = ["ProgressLine", "add_service_commands", "serve", "submit", "worker"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# ------------------------------------------------------------------ serve / worker
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    try:
+        from service.settings import load_settings
+    except ImportError as exc:
+        raise ConfigError(
+            "service_missing",
+            f"the service needs autopar[service]: {exc}; pip install 'autopar[service]'",
+        ) from None
+    overrides: dict[str, Any] = {}
+    for name in ("redis_url", "cache_dir", "local_workers"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    return load_settings(**overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the API (uvicorn) with the embedded cache, or Redis when configured."""
+    settings = _settings(args)
+    import uvicorn
+
+    from service.app import create_app
+
+    backend = "redis" if settings.uses_redis else f"embedded cache at {settings.cache_dir}"
+    sys.stderr.write(f"autopar serve: http://{args.host}:{args.port} ({backend})\n")
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Run an RQ worker that solves jobs from the shared Redis."""
+    settings = _settings(args)
+    if not settings.uses_redis:
+        raise ConfigError(
+            "bad_settings",
+            "autopar worker needs Redis: pass --redis-url or set AUTOPAR_REDIS_URL "
+            "(without Redis, `autopar serve` solves in local processes)",
+        )
+    from service.rq_jobs import make_worker
+
+    w = make_worker(settings, name=args.name)
+    sys.stderr.write(f"autopar worker {w.name}: queue {settings.queue_name!r}\n")
+    w.work(burst=args.burst, logging_level=args.log_level.upper())
+    return 0
+
+
+# ------------------------------------------------------------------ submit
+
+
+class ProgressLine:
+    """A self-overwriting progress line (plain lines, at most one a second, off a terminal)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last = 0.0
+
+    def __call__(self, job: dict[str, Any]) -> None:
+        now = time.monotonic()
+        final = job.get("status") in ("succeeded", "failed", "canceled")
+        if not final and now - self.last < (0.1 if self.tty else 1.0):
+            return
+        self.last = now
+        parts = [
+            f"[{job.get('elapsed_s') or 0.0:7.1f} s] {job.get('status', '?'):<9} "
+            f"{job.get('phase') or '':<20}"
+        ]
+        if job.get("objective") is not None:
+            parts.append(f"objective {job['objective'] * 1e3:.3f} ms")
+        if job.get("bound") is not None:
+            parts.append(f"bound {job['bound'] * 1e3:.3f} ms")
+        if job.get("gap") is not None:
+            parts.append(f"gap {100 * job['gap']:.2f}%")
+        text = "  ".join(parts)
+        if self.tty:
+            self.stream.write("\r" + text.ljust(110) + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _graph_payload(spec: str) -> bytes:
+    """Raw JSON of a graph file, or of a bundled model built now."""
+    path = Path(spec)
+    if path.is_file():
+        return path.read_bytes()
+    from autopar.models import build
+
+    try:
+        graph = build(spec)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(
+            "bad_graph_arg", f"{spec!r} is neither a graph file nor a bundled model ({exc})"
+        ) from None
+    return graph.to_json().encode()
+
+
+@contextmanager
+def _embedded_server(args: argparse.Namespace) -> Iterator[str]:
+    """Run ``autopar serve`` (embedded cache) in this process on a free loopback port."""
+    import socket
+
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = _settings(args)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="autopar-serve", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    client = PlanClient(url, retries=0, timeout_s=5)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if client.ready().get("status") == "ready":
+                break
+        except ServiceError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise ConfigError("serve_failed", f"the embedded server did not become ready on {url}")
+        time.sleep(0.1)
+    sys.stderr.write(f"autopar: embedded server on {url} (cache {settings.cache_dir})\n")
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def submit(args: argparse.Namespace) -> int:
+    """Send a plan request; with ``--wait`` follow it and write the plan."""
+    from autopar.cli import parse_bytes
+
+    graph = _graph_payload(args.graph)
+    options: dict[str, Any] = {}
+    if args.time_limit is not None:
+        options["time_limit_s"] = args.time_limit
+    if args.gap is not None:
+        options["relative_gap"] = args.gap
+    if args.seed is not None:
+        options["seed"] = args.seed
+    request = {
+        "cluster": args.cluster,
+        "preset": args.preset,
+        "mesh_shape": parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None,
+        "memory_budget_bytes": parse_bytes(args.memory) if args.memory else None,
+        "zero_stage": args.zero,
+        "options": options,
+    }
+    if args.serve:
+        with _embedded_server(args) as url:
+            return _submit_to(url, graph, request, args)
+    if not args.server:
+        raise ConfigError("bad_args", "give --server URL (or --serve to start a local server)")
+    return _submit_to(args.server, graph, request, args)
+
+
+def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.Namespace) -> int:
+    api_key = args.api_key or os.environ.get("AUTOPAR_API_KEY")
+    client = PlanClient(url, api_key=api_key, timeout_s=args.http_timeout)
+    t0 = time.perf_counter()
+    submission = client.submit(graph, refresh=args.refresh, **request)
+    record = submission.record
+    if record is None:
+        job = submission.job or {}
+        sys.stderr.write(
+            f"autopar: job {submission.key} {job.get('status')} ({url}/v1/jobs/{submission.key})\n"
+        )
+        if not (args.wait or args.serve):
+            sys.stdout.write(json.dumps(job) + "\n")
+            return 0
+        progress = None if args.no_progress else ProgressLine(sys.stderr)
+        final = client.wait_job(submission.key, timeout_s=args.timeout, on_progress=progress)
+        record = client.finish(final)
+    else:
+        sys.stderr.write(f"autopar: cached plan {submission.key}\n")
+    wall = time.perf_counter() - t0
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(record["plan"], fh, indent=1)
+    sys.stdout.write(record.get("summary", "") + "\n")
+    sys.stdout.write(
+        f"plan {record['key']} in {wall:.2f} s" + (f" -> {args.out}" if args.out else "") + "\n"
+    )
+    return 0
+
+
+# ------------------------------------------------------------------ parser
+
+
+def add_service_commands(subparsers: Any) -> dict[str, Handler]:
+    """Add ``serve``, ``worker`` and ``submit`` to ``autopar``'s subparsers; return handlers."""
+    p = subparsers.add_parser(
+        "serve", help="run the planning API (embedded cache unless Redis is set)"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL, else embedded)"
+    )
+    p.add_argument(
+        "--cache-dir", default=None, help="embedded cache directory (default ~/.cache/autopar)"
+    )
+    p.add_argument(
+        "--workers", dest="local_workers", type=int, default=None, help="local solver processes"
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+    w = subparsers.add_parser("worker", help="run an RQ worker solving jobs from Redis")
+    w.add_argument("--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL)")
+    w.add_argument("--name", default=None, help="worker name (default: RQ's)")
+    w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+    s = subparsers.add_parser("submit", help="send a graph to a planning service")
+    s.add_argument("graph", help="graph JSON file or bundled model name (e.g. mt5-base)")
+    s.add_argument("--server", default=os.environ.get("AUTOPAR_SERVER"), help="service URL")
+    s.add_argument(
+        "--serve", action="store_true", help="start an embedded local server for this request"
+    )
+    s.add_argument("--api-key", default=None, help="X-API-Key (default: AUTOPAR_API_KEY)")
+    s.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default 2x4)")
+    s.add_argument("--preset", default="a100-40g", choices=sorted(PRESETS))
+    s.add_argument("--mesh-shape", default=None, help="e.g. 4,2 (default: searched)")
+    s.add_argument(
+        "--memory", default=None, help="per-device budget, e.g. 30GiB (default: the device's)"
+    )
+    s.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
+    s.add_argument(
+        "--time-limit", type=float, default=None, help="solver time limit, s (server default)"
+    )
+    s.add_argument("--gap", type=float, default=None, help="relative gap to stop at")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--refresh", action="store_true", help="solve again even if cached")
+    s.add_argument("--wait", action="store_true", help="follow the job and write the plan")
+    s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many s")
+    s.add_argument("--http-timeout", type=float, default=30.0, help="per-request timeout, s")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--out", default=None, help="write the autopar.plan/v1 plan here")
+    s.add_argument("--cache-dir", default=None, help="with --serve: embedded cache directory")
+    s.add_argument(
+        "--workers",
+        dest="local_workers",
+        type=int,
+        default=None,
+        help="with --serve: solver processes",
+    )
+    return {"serve": serve, "worker": worker, "submit": submit}

@@ -1,0 +1,167 @@
+"""Transformer building blocks shared by the model families, written once on the GraphBuilder.
+
+Two styles are covered by :class:`LayerStyle`:
+
+* **HF T5 v1.1 / MT5**: RMSNorm, no biases, attention without 1/sqrt(d) scaling,
+  softmax in float32 (``cast``, ``softmax``, ``cast``), a relative position bias
+  added to the scores, a gated-GELU FFN (``wi_0``, ``wi_1``, ``wo``);
+* **Megatron / LiBai** (GPT, BERT, T5): LayerNorm with bias, linear biases,
+  scores scaled by 1/sqrt(d) (``alpha`` of ``batch_matmul``), an additive mask,
+  a GELU FFN (``fc1``, ``fc2``).
+
+Both are pre-norm: ``x + dropout(attn(norm(x)))`` then ``x + dropout(mlp(norm(x)))``.
+Weights use OneFlow's ``[out, in]`` layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.models.builder import GraphBuilder, Param
+
+__all__ = ["LayerStyle", "attention", "linear_params", "mlp", "norm", "transformer_layer"]
+
+
+@dataclass(frozen=True)
+class LayerStyle:
+    """How one transformer layer is built."""
+
+    heads: int
+    head_dim: int
+    ffn: int
+    norm: str  # "rms" | "layer"
+    norm_epsilon: float
+    bias: bool
+    gated: bool
+    activation: str  # "gelu" | "fast_gelu"
+    alpha: float
+    softmax_fp32: bool
+    hidden_dropout: float
+    attention_dropout: float
+    weight_decay: float
+
+
+def linear_params(
+    b: GraphBuilder, name: str, in_dim: int, out_dim: int, *, bias: bool, weight_decay: float
+) -> tuple[Param, Param | None]:
+    """``name.weight [out, in]`` (decayed) and optional ``name.bias [out]`` (not decayed)."""
+    w = b.param(f"{name}.weight", (out_dim, in_dim), weight_decay=weight_decay)
+    bb = b.param(f"{name}.bias", (out_dim,), weight_decay=0.0) if bias else None
+    return w, bb
+
+
+def norm(b: GraphBuilder, x: str, style: LayerStyle, *, name: str) -> str:
+    """RMSNorm (``name.weight``) or LayerNorm (``name.weight``, ``name.bias``) over the last dim."""
+    hidden = b.shape(x)[-1]
+    with b.scope(name):
+        if style.norm == "rms":
+            w = b.param("weight", (hidden,), weight_decay=0.0)
+            return b.rms_norm(x, w, epsilon=style.norm_epsilon, name="rms_norm")
+        gamma = b.param("weight", (hidden,), weight_decay=0.0)
+        beta = b.param("bias", (hidden,), weight_decay=0.0)
+        return b.layer_norm(x, gamma, beta, epsilon=style.norm_epsilon, name="layer_norm")
+
+
+def attention(
+    b: GraphBuilder,
+    x_q: str,
+    x_kv: str,
+    style: LayerStyle,
+    *,
+    name: str,
+    mask_bias: str | None = None,
+    position_bias: str | None = None,
+) -> str:
+    """Multi-head attention with separate ``q``, ``k``, ``v``, ``o`` projections.
+
+    Scores ``[B, heads, Sq, Sk]`` get ``position_bias`` (same shape, ``add_n``) when
+    given, else ``mask_bias`` (broadcast, ``broadcast_add``).
+    """
+    bsz, sq, hidden = b.shape(x_q)
+    inner = style.heads * style.head_dim
+    with b.scope(name):
+        heads: dict[str, str] = {}
+        for proj, src in (("q", x_q), ("k", x_kv), ("v", x_kv)):
+            seq = b.shape(src)[1]
+            w, bias = linear_params(
+                b, proj, b.shape(src)[-1], inner, bias=style.bias, weight_decay=style.weight_decay
+            )
+            y = b.linear(src, w, bias, name=proj)
+            y = b.reshape(y, (bsz, seq, style.heads, style.head_dim), name=f"{proj}.reshape")
+            heads[proj] = b.transpose(y, (0, 2, 1, 3), name=f"{proj}.transpose")
+        scores = b.matmul(
+            heads["q"], heads["k"], transpose_b=True, alpha=style.alpha, name="scores"
+        )
+        if position_bias is not None:
+            scores = b.add(scores, position_bias, name="position_bias_add")
+        elif mask_bias is not None:
+            scores = b.broadcast_add(scores, mask_bias, name="mask_add")
+        if style.softmax_fp32 and b.dtype(scores) != "float32":
+            probs = b.softmax(b.cast(scores, "float32", name="scores_fp32"), name="softmax")
+            probs = b.cast(probs, b.dtype(scores), name="probs_cast")
+        else:
+            probs = b.softmax(scores, name="softmax")
+        probs = b.dropout(probs, style.attention_dropout, name="attention_dropout")
+        ctx = b.matmul(probs, heads["v"], name="context")
+        ctx = b.transpose(ctx, (0, 2, 1, 3), name="context.transpose")
+        ctx = b.reshape(ctx, (bsz, sq, inner), name="context.reshape")
+        w, bias = linear_params(
+            b, "o", inner, hidden, bias=style.bias, weight_decay=style.weight_decay
+        )
+        return b.linear(ctx, w, bias, name="o")
+
+
+def mlp(b: GraphBuilder, x: str, style: LayerStyle, *, name: str) -> str:
+    """Gated FFN ``wo(dropout(act(wi_0 x) * wi_1 x))`` or plain ``fc2(act(fc1 x))``."""
+    hidden = b.shape(x)[-1]
+    act = b.fast_gelu if style.activation == "fast_gelu" else b.gelu
+    wd = style.weight_decay
+    with b.scope(name):
+        if style.gated:
+            w0, b0 = linear_params(b, "wi_0", hidden, style.ffn, bias=style.bias, weight_decay=wd)
+            w1, b1 = linear_params(b, "wi_1", hidden, style.ffn, bias=style.bias, weight_decay=wd)
+            gate = act(b.linear(x, w0, b0, name="wi_0"), name="act")
+            lin = b.linear(x, w1, b1, name="wi_1")
+            h = b.broadcast_mul(gate, lin, name="gate_mul")
+            h = b.dropout(h, style.hidden_dropout, name="dropout")
+            wo, bo = linear_params(b, "wo", style.ffn, hidden, bias=style.bias, weight_decay=wd)
+            return b.linear(h, wo, bo, name="wo")
+        w1, b1 = linear_params(b, "fc1", hidden, style.ffn, bias=style.bias, weight_decay=wd)
+        h = act(b.linear(x, w1, b1, name="fc1"), name="act")
+        w2, b2 = linear_params(b, "fc2", style.ffn, hidden, bias=style.bias, weight_decay=wd)
+        return b.linear(h, w2, b2, name="fc2")
+
+
+def transformer_layer(
+    b: GraphBuilder,
+    x: str,
+    style: LayerStyle,
+    *,
+    name: str,
+    self_mask: str | None = None,
+    self_position_bias: str | None = None,
+    encoder_out: str | None = None,
+    cross_mask: str | None = None,
+) -> str:
+    """One pre-norm layer: self-attention, optional cross-attention to ``encoder_out``, FFN."""
+    with b.scope(name):
+        h = norm(b, x, style, name="self_attn_norm")
+        a = attention(
+            b, h, h, style, name="self_attn", mask_bias=self_mask, position_bias=self_position_bias
+        )
+        x = b.add(
+            x,
+            b.dropout(a, style.hidden_dropout, name="self_attn_dropout"),
+            name="self_attn_residual",
+        )
+        if encoder_out is not None:
+            h = norm(b, x, style, name="cross_attn_norm")
+            a = attention(b, h, encoder_out, style, name="cross_attn", mask_bias=cross_mask)
+            x = b.add(
+                x,
+                b.dropout(a, style.hidden_dropout, name="cross_attn_dropout"),
+                name="cross_attn_residual",
+            )
+        h = norm(b, x, style, name="mlp_norm")
+        m = mlp(b, h, style, name="mlp")
+        return b.add(x, b.dropout(m, style.hidden_dropout, name="mlp_dropout"), name="mlp_residual")

@@ -1,0 +1,52 @@
+"""The OneFlow bridge: import OneFlow training jobs, read OneFlow's own plans, apply plans.
+
+::
+
+    OneFlow nn.Graph --export_job--> Job bytes --import_job--> autopar Graph --planner--> Plan
+         ^                                   \\--import_plan--> Plan (OneFlow's own SBP)
+         \\---------- apply_plan(module, plan, placement) <----------------------/
+    compiled job --check_fidelity--> share of ops / boxing bytes that follow the plan
+
+Everything that needs OneFlow imports it inside the function, so ``import
+autopar.oneflow`` works without OneFlow; the functions that parse or build jobs
+need the OneFlow 0.9 venv (``scripts/oneflow-env.sh``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "FidelityReport",
+    "apply_plan",
+    "check_fidelity",
+    "export_job",
+    "import_job",
+    "import_plan",
+    "load_job",
+    "make_train_graph",
+]
+
+_LAZY = {
+    "FidelityReport": "autopar.oneflow.apply",
+    "apply_plan": "autopar.oneflow.apply",
+    "check_fidelity": "autopar.oneflow.apply",
+    "export_job": "autopar.oneflow.jobs",
+    "import_job": "autopar.oneflow.importer",
+    "import_plan": "autopar.oneflow.plans",
+    "load_job": "autopar.oneflow.jobs",
+    "make_train_graph": "autopar.oneflow.jobs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autopar.oneflow' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,94 @@
+"""``autopar oneflow ...`` subcommands (run them in the OneFlow venv).
+
+::
+
+    autopar oneflow import JOB.pb --out graph.json
+    autopar oneflow import-plan JOB.pb --out plan.json [--cluster 2x4 --preset a100-40g] [--no-evaluate]
+
+``import`` turns a OneFlow ``Job`` protobuf (``nn.Graph._full_job_proto``
+serialized) into an ``autopar.graph/v1`` graph; ``import-plan`` reads the N-D
+SBP OneFlow chose for that job as an ``autopar.plan/v1`` plan and, unless
+``--no-evaluate``, scores it with autopar's evaluator.  OneFlow is imported only
+when a command runs, so registering these commands never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from autopar.cluster import PRESETS, Cluster
+
+__all__ = ["add_oneflow_commands"]
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from autopar.oneflow.importer import import_job
+
+    t0 = time.perf_counter()
+    graph = import_job(args.job, name=args.name, zero_stage=args.zero)
+    wall = time.perf_counter() - t0
+    graph.save(args.out)
+    roles = Counter(op.role.value for op in graph.ops)
+    dropped = {k: len(v) for k, v in graph.meta["oneflow"]["dropped"].items() if v}
+    sys.stdout.write(
+        f"{args.job}: {graph.meta['oneflow']['op_count']} OneFlow ops -> {len(graph.ops)} ops "
+        f"({', '.join(f'{n} {r}' for r, n in sorted(roles.items()))}), {len(graph.tensors)} tensors, "
+        f"{len(graph.variables)} variables; mesh {graph.meta['mesh_shape']}, ZeRO-{graph.meta['zero_stage']}; "
+        f"dropped {dropped}; {wall:.2f} s -> {args.out}\n"
+    )
+    return 0
+
+
+def _cmd_import_plan(args: argparse.Namespace) -> int:
+    from autopar.oneflow.importer import import_job
+    from autopar.oneflow.plans import import_plan
+
+    graph = import_job(args.job, zero_stage=args.zero)
+    cluster = Cluster.parse(args.cluster, args.preset) if args.cluster else None
+    plan = import_plan(args.job, graph=graph, cluster=cluster, zero_stage=args.zero)
+    if not args.no_evaluate:
+        from autopar.evaluate import attach_evaluation, evaluate
+
+        attach_evaluation(plan, evaluate(graph, plan))
+    plan.save(args.out)
+    sys.stdout.write(plan.summary() + "\n")
+    if args.graph_out:
+        graph.save(args.graph_out)
+    return 0
+
+
+def add_oneflow_commands(subparsers: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add ``oneflow import`` and ``oneflow import-plan`` to ``autopar``'s subparsers.
+
+    Returns the handler of the ``oneflow`` command for ``autopar.cli``'s dispatch table.
+    """
+    parser = subparsers.add_parser("oneflow", help="OneFlow bridge: import jobs and OneFlow's own plans")
+    sub = parser.add_subparsers(dest="oneflow_command", required=True)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+    p = sub.add_parser("import", help="OneFlow Job protobuf -> autopar.graph/v1 JSON")
+    p.add_argument("job", help="serialized Job (nn.Graph._full_job_proto.SerializeToString())")
+    p.add_argument("--out", required=True, help="graph JSON to write")
+    p.add_argument("--name", default=None, help="graph name (default: the job name)")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None, help="ZeRO stage to record")
+    handlers["import"] = _cmd_import
+
+    p = sub.add_parser("import-plan", help="the N-D SBP OneFlow chose for a job -> autopar.plan/v1 JSON")
+    p.add_argument("job")
+    p.add_argument("--out", required=True, help="plan JSON to write")
+    p.add_argument("--cluster", default=None, help="NODESxDEVICES to cost on (default: one node)")
+    p.add_argument("--preset", default="a100-40g", choices=sorted(PRESETS))
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None, help="ZeRO stage (default: the job's)")
+    p.add_argument("--graph-out", default=None, help="also write the imported graph here")
+    p.add_argument("--no-evaluate", action="store_true", help="do not attach autopar's evaluation")
+    handlers["import-plan"] = _cmd_import_plan
+
+    def dispatch(args: argparse.Namespace) -> int:
+        return handlers[args.oneflow_command](args)
+
+    return {"oneflow": dispatch}

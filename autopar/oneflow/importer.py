@@ -1,0 +1,369 @@
+"""Import a OneFlow training ``Job`` as an ``autopar.graph/v1`` graph.
+
+The job is what ``nn.Graph._full_job_proto`` holds after ``build_graph``:
+forward, backward (OneFlow autograd) and optimizer ops, with ZeRO's and
+auto-parallel's rewrites when enabled.  The import keeps OneFlow's op names,
+port names and logical blob names, so a plan maps back op by op:
+
+* user ops: type ``user_conf.op_type_name``; ports are OneFlow's arg names with
+  the index of the blob in the arg (``a_0``, ``in_0``, ``in_1``, ``out_0``),
+  in ``input_order`` / ``output_order``; attrs decoded to plain JSON (shapes as
+  lists, dtypes as autopar names);
+* ``variable_conf`` -> type ``variable`` with outputs ``{"out": lbn}``;
+  ``input_conf`` -> ``input``; ``output_conf`` / ``return_conf`` -> ``output``;
+  other system confs -> their conf name without ``_conf`` (``identity``,
+  ``learning_rate_schedule``, ``tick`` ...), ports named after the conf fields;
+* tensors: every blob the kept ops read or write, with shape and dtype from
+  ``helper.lbn2logical_blob_desc``.
+
+What the import removes, and why (all recorded in ``graph.meta["oneflow"]``):
+
+* optimizer *state* variables (Adam ``m``, ``v`` ...) and the optimizer ports
+  that read them: the memory model counts optimizer states once per parameter
+  from its :class:`~autopar.graph.Variable`;
+* the optimizer's scalar side inputs (``learning_rate_0``, ``bias_correction1_0``
+  ...) and the ops that only compute them (train-step counter, learning-rate
+  schedule, bias-correction factors, the step ``assign``): they do not depend
+  on the model or the data and are ``B`` scalars whatever the plan;
+* ZeRO's ``System-ZeRO-ParallelCast-*`` ops, which pin a variable's layout for
+  the forward pass: their consumers read the variable directly, so the plan
+  chooses that layout; the pinned layout is kept in
+  ``meta["oneflow"]["zero_layouts"]``.
+
+Other ops with no data dependence on the model or the inputs (``arange`` and the
+relative-position bucket arithmetic, constants) are kept when a kept op reads
+them and dropped otherwise.
+
+Roles: ops downstream of the loss-gradient seed (``train_conf.loss_grad_lbn``)
+are backward; optimizer update ops (they read ``model_0`` and ``model_diff_0``)
+and ops between a variable's gradient and its update (clipping) are optimizer;
+the rest is forward.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.errors import GraphError
+from autopar.graph import Graph, Op, Role, TensorSpec, Variable
+from autopar.oneflow.convert import dtype_name, nd_sbp_from_strings, parallel_size
+from autopar.oneflow.jobs import load_job
+
+__all__ = ["OPTIMIZER_MODEL_PORTS", "import_job", "job_mesh_shape"]
+
+OPTIMIZER_MODEL_PORTS = ("model_0", "model_diff_0")
+"""Ports of an optimizer update op that the import keeps (parameter and gradient)."""
+
+_NON_USER_TYPES = {"variable_conf": "variable", "input_conf": "input", "output_conf": "output", "return_conf": "output"}
+_ZERO_CAST_PREFIX = "System-ZeRO-"
+
+
+@dataclass
+class _RawOp:
+    name: str
+    kind: str  # the OperatorConf oneof: user_conf, variable_conf, ...
+    type: str
+    inputs: dict[str, str]  # port -> lbn
+    outputs: dict[str, str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _decode_attr(value: Any) -> Any:
+    """A OneFlow ``AttrValue`` as plain JSON."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    inner = getattr(value, kind)
+    if kind in ("at_shape", "at_stride"):
+        return [int(d) for d in inner.dim]
+    if kind == "at_data_type":
+        return _dtype_or_raw(value.DESCRIPTOR.fields_by_name[kind].enum_type.values_by_number[inner].name)
+    if kind in ("at_list_shape", "at_list_stride"):
+        return [[int(d) for d in s.dim] for s in inner.val]
+    if kind == "at_list_data_type":
+        enum = value.DESCRIPTOR.fields_by_name[kind].message_type.fields_by_name["val"].enum_type
+        return [_dtype_or_raw(enum.values_by_number[v].name) for v in inner.val]
+    if kind.startswith("at_list_"):
+        return list(inner.val)
+    if kind == "at_float":
+        return float(inner)
+    return inner
+
+
+def _dtype_or_raw(enum_name: str) -> str:
+    try:
+        return dtype_name(enum_name)
+    except GraphError:
+        return enum_name
+
+
+def _indexed(args: Any, order: Iterable[str]) -> dict[str, str]:
+    """OneFlow ``{arg: ListString}`` -> ``{arg_i: lbn}`` in ``order`` (then any remaining args)."""
+    out: dict[str, str] = {}
+    names = list(order) + sorted(set(args) - set(order))
+    for arg in names:
+        if arg not in args:
+            continue
+        for i, lbn in enumerate(args[arg].s):
+            out[f"{arg}_{i}"] = lbn
+    return out
+
+
+def _read_user_op(op: Any) -> _RawOp:
+    conf = op.user_conf
+    return _RawOp(
+        name=op.name,
+        kind="user_conf",
+        type=conf.op_type_name,
+        inputs=_indexed(conf.input, conf.input_order),
+        outputs=_indexed(conf.output, conf.output_order),
+        attrs={k: _decode_attr(v) for k, v in sorted(conf.attr.items())},
+    )
+
+
+def _read_system_op(op: Any, kind: str, lbns: set[str], outputs_by_op: dict[str, list[str]]) -> _RawOp:
+    """A non-user op: inputs are the conf's string fields naming blobs, outputs its ``op/...`` blobs."""
+    conf = getattr(op, kind)
+    inputs: dict[str, str] = {}
+    attrs: dict[str, Any] = {}
+    for fd, value in conf.ListFields():
+        if fd.type == fd.TYPE_STRING:
+            values = list(value) if fd.label == fd.LABEL_REPEATED else [value]
+            blobs = [v for v in values if v in lbns]
+            if blobs and len(blobs) == len(values):
+                if fd.label == fd.LABEL_REPEATED:
+                    inputs.update({f"{fd.name}_{i}": v for i, v in enumerate(values)})
+                else:
+                    inputs[fd.name] = values[0]
+    if kind == "variable_conf":
+        attrs = {
+            "shape": [int(d) for d in conf.shape.dim],
+            "dtype": _dtype_or_raw(conf.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[conf.data_type].name),
+            "trainable": bool(conf.trainable),
+            "nd_sbp": list(conf.nd_sbp),
+        }
+    elif kind in ("input_conf", "output_conf", "return_conf") and conf.HasField("blob_conf"):
+        attrs = {"shape": [int(d) for d in conf.blob_conf.shape.dim]}
+    outputs = {lbn.split("/", 1)[1]: lbn for lbn in outputs_by_op.get(op.name, [])}
+    op_type = _NON_USER_TYPES.get(kind, kind.removesuffix("_conf"))
+    return _RawOp(op.name, kind, op_type, inputs, outputs, attrs)
+
+
+def _strings(value: Any) -> list[str]:
+    """A proto string field that is singular in some OneFlow versions and repeated in others."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def job_mesh_shape(job: Any) -> tuple[int, ...]:
+    """The device mesh of a job: the hierarchy of the placement holding the most ops."""
+    best: tuple[int, tuple[int, ...]] | None = None
+    for group in job.placement.placement_group:
+        conf = group.parallel_conf
+        shape = tuple(int(d) for d in conf.hierarchy.dim) or (parallel_size(conf.device_name),)
+        size = len(group.op_set.op_name)
+        if best is None or size > best[0]:
+            best = (size, shape)
+    return best[1] if best else (1,)
+
+
+# ------------------------------------------------------------------ the import
+
+
+def _descendants(starts: Iterable[str], consumers: dict[str, list[str]]) -> set[str]:
+    """Ops reachable from the ops in ``starts`` (included) along data edges."""
+    seen = set(starts)
+    queue = deque(seen)
+    while queue:
+        for nxt in consumers.get(queue.popleft(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return seen
+
+
+def import_job(job: Any, *, name: str | None = None, zero_stage: int | None = None) -> Graph:
+    """Import a OneFlow ``Job`` (message, serialized bytes or ``.pb`` path) as a validated :class:`Graph`.
+
+    ``zero_stage`` overrides the ZeRO stage recorded in ``meta`` (OneFlow's job
+    only says whether ZeRO is on; it is recorded as stage 2, OneFlow's default).
+    Raises :class:`~autopar.errors.GraphError` naming the op or blob when the job
+    cannot be represented (unknown dtype, blob without a descriptor).
+    """
+    job = load_job(job)
+    blob_desc = job.helper.lbn2logical_blob_desc
+    lbns = set(blob_desc.keys())
+    outputs_by_op: dict[str, list[str]] = defaultdict(list)
+    for lbn in lbns:
+        outputs_by_op[lbn.split("/", 1)[0]].append(lbn)
+    for lbns_of_op in outputs_by_op.values():
+        lbns_of_op.sort()
+
+    raw: list[_RawOp] = []
+    for op in job.net.op:
+        kind = op.WhichOneof("op_type")
+        if kind == "user_conf":
+            raw.append(_read_user_op(op))
+        else:
+            raw.append(_read_system_op(op, kind, lbns, outputs_by_op))
+    by_name = {r.name: r for r in raw}
+    producer = {lbn: r.name for r in raw for lbn in r.outputs.values()}
+
+    train = job.job_conf.train_conf if job.job_conf.HasField("train_conf") else None
+    trainable: dict[str, str] = {}  # variable op -> grad lbn from train_conf
+    if train is not None:
+        for opt_conf in train.optimizer_conf:
+            trainable.update(zip(opt_conf.variable_op_names, opt_conf.variable_grad_lbns))
+
+    dropped: dict[str, list[str]] = defaultdict(list)
+    dropped_ports: dict[str, list[str]] = {}
+
+    # 1. ZeRO parallel casts: consumers read the variable itself.
+    zero_layouts: dict[str, list[str]] = {}
+    rename: dict[str, str] = {}
+    for r in raw:
+        if r.name.startswith(_ZERO_CAST_PREFIX) and r.type in ("hierarchical_parallel_cast", "parallel_cast"):
+            (src,) = r.inputs.values()
+            for out in r.outputs.values():
+                rename[out] = src
+            zero_layouts[producer.get(src, src)] = list(r.attrs.get("nd_sbp") or [])
+            dropped["zero_cast"].append(r.name)
+    kept = [r for r in raw if r.name not in set(dropped["zero_cast"])]
+    for r in kept:
+        r.inputs = {p: rename.get(t, t) for p, t in r.inputs.items()}
+
+    # 2. optimizer update ops keep only the parameter and its gradient.
+    update_ops = {r.name for r in kept if r.kind == "user_conf" and all(p in r.inputs for p in OPTIMIZER_MODEL_PORTS)}
+    state_candidates: dict[str, int] = defaultdict(int)
+    for upd in update_ops:
+        r = by_name[upd]
+        extra = [p for p in r.inputs if p not in OPTIMIZER_MODEL_PORTS]
+        for p in extra:
+            src = producer.get(r.inputs[p])
+            if src is not None and by_name[src].kind == "variable_conf" and src not in trainable:
+                state_candidates[src] += 1
+        if extra:
+            dropped_ports[upd] = extra
+            r.inputs = {p: t for p, t in r.inputs.items() if p in OPTIMIZER_MODEL_PORTS}
+
+    # 3. optimizer state variables: read by nothing once those ports are gone.
+    consumers_of: dict[str, list[str]] = defaultdict(list)
+    for r in kept:
+        for t in r.inputs.values():
+            src = producer.get(t)
+            if src is not None:
+                consumers_of[src].append(r.name)
+    for var in state_candidates:
+        if not consumers_of.get(var):
+            dropped["optimizer_state"].append(var)
+    kept = [r for r in kept if r.name not in set(dropped["optimizer_state"])]
+
+    # 4. ops with no data dependence on the model or the data, read by nothing kept.
+    sources = [
+        r.name
+        for r in kept
+        if r.kind == "input_conf"
+        or (r.kind == "variable_conf" and not r.name.startswith("System-"))
+    ]
+    dependent = _descendants(sources, consumers_of)
+    needed: set[str] = set(n for n in (r.name for r in kept) if n in dependent)
+    queue = deque(needed)
+    while queue:
+        for t in by_name[queue.popleft()].inputs.values():
+            src = producer.get(t)
+            if src is not None and src not in needed:
+                needed.add(src)
+                queue.append(src)
+    for r in kept:
+        if r.name not in needed:
+            dropped["system"].append(r.name)
+    kept = [r for r in kept if r.name in needed]
+
+    # 5. roles.
+    consumers_kept: dict[str, list[str]] = defaultdict(list)
+    for r in kept:
+        for t in r.inputs.values():
+            if t in producer:
+                consumers_kept[producer[t]].append(r.name)
+    backward: set[str] = set()
+    optimizer: set[str] = set(update_ops)
+    if train is not None:
+        seeds = [producer[g] for g in _strings(train.loss_grad_lbn) if g in producer]
+        backward = _descendants(seeds, consumers_kept)
+    grad_lbns = {r.inputs["model_diff_0"] for r in kept if r.name in update_ops}
+    grad_lbns |= {rename.get(g, g) for g in trainable.values()}
+    after_grads = set()
+    for g in grad_lbns:
+        for c in (c for c in consumers_kept.get(producer.get(g, ""), ()) if g in by_name[c].inputs.values()):
+            after_grads |= _descendants([c], consumers_kept)
+    optimizer |= after_grads
+
+    # 6. tensors, ops, variables.
+    tensors: dict[str, TensorSpec] = {}
+    for r in kept:
+        for t in (*r.inputs.values(), *r.outputs.values()):
+            if t in tensors:
+                continue
+            desc = blob_desc.get(t) if t in lbns else None
+            if desc is None:
+                raise GraphError(
+                    "unknown_blob",
+                    f"op {r.name!r} uses blob {t!r}, which has no entry in helper.lbn2logical_blob_desc; "
+                    "export the job after build_graph (graph._full_job_proto)",
+                    op=r.name,
+                    tensor=t,
+                )
+            enum = desc.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[desc.data_type].name
+            tensors[t] = TensorSpec(t, tuple(int(d) for d in desc.shape.dim), dtype_name(enum, f"blob {t!r}"))
+
+    ops: list[Op] = []
+    for r in kept:
+        role = Role.OPTIMIZER if r.name in optimizer else Role.BACKWARD if r.name in backward else Role.FORWARD
+        ops.append(Op(r.name, r.type, dict(r.inputs), dict(r.outputs), r.attrs, role))
+
+    update_of_var: dict[str, str] = {}
+    for upd in update_ops:
+        src = producer.get(by_name[upd].inputs["model_0"])
+        if src is not None:
+            update_of_var[src] = upd
+    variables: list[Variable] = []
+    for r in kept:
+        if r.kind != "variable_conf" or r.name.startswith("System-"):
+            continue
+        (tensor,) = r.outputs.values()
+        update = update_of_var.get(r.name)
+        if update is not None:
+            grad: str | None = by_name[update].inputs["model_diff_0"]
+        elif r.name in trainable:
+            grad = rename.get(trainable[r.name], trainable[r.name])
+            grad = grad if grad in tensors else None
+        else:
+            grad = None
+        variables.append(Variable(r.name, tensor, grad, update))
+
+    mesh_shape = job_mesh_shape(job)
+    zero_on = job.job_conf.optimizer_placement_optimization_mode == "distributed_split"
+    meta: dict[str, Any] = {
+        "source": "oneflow",
+        "job_name": job.job_conf.job_name,
+        "mesh_shape": list(mesh_shape),
+        "zero_stage": zero_stage if zero_stage is not None else (2 if zero_on else 0),
+        "oneflow": {
+            "op_count": len(raw),
+            "tensor_count": len(lbns),
+            "dropped": {k: sorted(v) for k, v in sorted(dropped.items())},
+            "dropped_ports": dropped_ports,
+            "zero_layouts": {
+                var: str(nd_sbp_from_strings(v, len(mesh_shape))) for var, v in sorted(zero_layouts.items())
+            },
+        },
+    }
+    if train is not None:
+        meta["loss"] = _strings(train.loss_lbn)
+    graph = Graph(name or job.job_conf.job_name or "oneflow-job", tensors.values(), ops, variables, meta)
+    return graph.validate()

@@ -1,0 +1,155 @@
+"""OneFlow's own SBP choices as an autopar :class:`~autopar.plan.Plan`.
+
+After ``build_graph`` a job records, for every op, the N-D SBP OneFlow chose
+for every port (``job_parallel_view_conf.op_name2nd_sbp_signature_conf``): the
+result of OneFlow's greedy per-op SBP inference, or of its auto-parallel search
+when ``enable_auto_parallel`` was on.  :func:`import_plan` reads those choices
+for the ops of the imported graph, so autopar's evaluator can score OneFlow's
+plans next to autopar's own.
+
+Normalisations (each keeps the meaning of OneFlow's choice):
+
+* one value on an N-D mesh stands for itself on every axis (OneFlow writes
+  ``(B, B)`` as ``B``);
+* under ZeRO a variable is stored split over its data-parallel axes and
+  gathered back for the forward pass; autopar models this with the ZeRO stage,
+  so the variable's layout in the plan is the layout its forward consumers
+  read (the ``System-ZeRO-ParallelCast`` target, or the consumers' common
+  SBP), and its optimizer op reads the parameter in that layout.  OneFlow 0.9
+  shards a gradient over one mesh axis only; autopar's ZeRO shards it over every
+  axis the parameter is replicated on, so the optimizer's gradient layout is
+  taken from the ``adam_update`` rule (listed in
+  ``diagnostics["zero_gradient_layout_normalized"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autopar.cluster import PRESETS, Cluster, Mesh
+from autopar.costs import op_signatures, rule_context
+from autopar.errors import ConfigError, PlanError
+from autopar.graph import Graph, Role
+from autopar.oneflow.convert import nd_sbp_from_proto, parse_nd_sbp_text
+from autopar.oneflow.importer import import_job
+from autopar.oneflow.jobs import load_job
+from autopar.plan import Plan
+from autopar.rules.registry import default_rules
+from autopar.sbp import NdSbp, Signature
+
+__all__ = ["import_plan", "job_signatures"]
+
+
+def job_signatures(job: Any, graph: Graph, ndim: int) -> dict[str, dict[str, NdSbp]]:
+    """op -> port -> the N-D SBP OneFlow chose, for every port of every op of ``graph``."""
+    conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+    out: dict[str, dict[str, NdSbp]] = {}
+    for op in graph.ops:
+        if op.name not in conf:
+            raise PlanError(
+                "missing_signature",
+                f"the OneFlow job has no SBP signature for op {op.name!r}; export the job after "
+                "build_graph so that SBP inference has run",
+                op=op.name,
+            )
+        by_port = conf[op.name].bn_in_op2nd_sbp
+        ports: dict[str, NdSbp] = {}
+        for port in (*op.inputs, *op.outputs):
+            if port not in by_port:
+                raise PlanError(
+                    "missing_signature",
+                    f"OneFlow's signature of op {op.name!r} has no SBP for port {port!r} "
+                    f"(it has {sorted(by_port)})",
+                    op=op.name,
+                )
+            ports[port] = nd_sbp_from_proto(by_port[port], ndim)
+        out[op.name] = ports
+    return out
+
+
+def _variable_layouts(graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: int) -> dict[str, NdSbp]:
+    """Layout each variable is computed with under ZeRO (see the module docstring)."""
+    pinned = graph.meta.get("oneflow", {}).get("zero_layouts", {})
+    layouts: dict[str, NdSbp] = {}
+    for v in graph.variables:
+        if v.op in pinned:
+            layouts[v.op] = parse_nd_sbp_text(pinned[v.op], ndim)
+            continue
+        reads = {
+            chosen[c][port]
+            for c, port in graph.consumers.get(v.tensor, [])
+            if graph.op_by_name[c].role is not Role.OPTIMIZER
+        }
+        if len(reads) == 1:
+            layouts[v.op] = next(iter(reads))
+    return layouts
+
+
+def import_plan(
+    job: Any,
+    *,
+    graph: Graph | None = None,
+    cluster: Cluster | None = None,
+    zero_stage: int | None = None,
+) -> Plan:
+    """The plan OneFlow chose for ``job`` (message, bytes or ``.pb`` path), on the job's mesh.
+
+    ``graph`` is the job's import (made here when omitted); ``cluster`` the
+    hardware to cost it on (default: one node of a100-40g holding every device
+    of the mesh); ``zero_stage`` defaults to the graph's.
+    """
+    job = load_job(job)
+    graph = graph if graph is not None else import_job(job)
+    shape = tuple(int(s) for s in graph.meta.get("mesh_shape") or ())
+    if not shape:
+        raise PlanError("no_mesh", "the graph does not record the mesh it was built on; import it from a OneFlow job")
+    size = 1
+    for s in shape:
+        size *= s
+    if cluster is None:
+        cluster = Cluster(1, size, PRESETS["a100-40g"])
+    if cluster.world_size != size:
+        raise ConfigError(
+            "bad_cluster",
+            f"the job runs on {size} devices (mesh {list(shape)}) but cluster {cluster} has {cluster.world_size}",
+        )
+    mesh = Mesh(cluster, shape)
+    stage = int(graph.meta.get("zero_stage", 0)) if zero_stage is None else zero_stage
+    chosen = job_signatures(job, graph, mesh.ndim)
+    normalized: list[str] = []
+    if stage > 0:
+        rules = default_rules()
+        for var, layout in _variable_layouts(graph, chosen, mesh.ndim).items():
+            v = graph.variable_by_op[var]
+            port = next(iter(graph.op_by_name[var].outputs))
+            chosen[var][port] = layout
+            if v.optimizer is None:
+                continue
+            update = chosen[v.optimizer]
+            update["model_0"] = layout
+            ctx = rule_context(graph, graph.op_by_name[v.optimizer], mesh.shape, stage)
+            ins = list(graph.op_by_name[v.optimizer].inputs)
+            offered = [
+                s.inputs[ins.index("model_diff_0")]
+                for s in op_signatures(rules, ctx)[0]
+                if "model_diff_0" in ins and s.inputs[ins.index("model_0")] == layout
+            ]
+            if offered and update.get("model_diff_0") not in offered:
+                # OneFlow 0.9 shards a 2-D-mesh gradient over one axis only; autopar's
+                # ZeRO shards it over every axis the parameter is replicated on.
+                update["model_diff_0"] = offered[0]
+                normalized.append(v.optimizer)
+    signatures = {
+        op.name: Signature(
+            tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)
+        )
+        for op in graph.ops
+    }
+    auto = bool(job.job_conf.enable_auto_parallel)
+    plan = Plan.from_assignment(
+        graph, mesh, stage, signatures, source="oneflow-auto-parallel" if auto else "oneflow-inference"
+    )
+    plan.diagnostics["oneflow_job"] = job.job_conf.job_name
+    if normalized:
+        plan.diagnostics["zero_gradient_layout_normalized"] = normalized
+    return plan

@@ -1,0 +1,140 @@
+"""Optimizer updates: ``adam_update``, ``sgd_update``, ``momentum_update`` ... (full N-D rules).
+
+An update reads the parameter (``model``), its gradient (``model_diff``) and its
+states (``m``, ``v`` ...) elementwise, so all of them share one layout ``v``:
+any N-D SBP of the parameter made of ``B`` and ``S(d)`` (never ``P``: a variable
+holds values, not addends), with every split dividing evenly.
+
+ZeRO (``ctx.zero_stage >= 1``; Rajbhandari et al. 2020, OneFlow's
+``optimizer_placement_optimization_mode="distributed_split"``): on every mesh
+axis where ``v`` is ``B`` the parameter is replicated, so the gradient and the
+optimizer states are sharded there instead -- ``B`` becomes ``S(d)`` for the
+first dim ``d`` that still divides evenly (it stays ``B`` when none does, and on
+axes of size 1).  The gradient producer's ``P`` then reaches the update through
+a reduce-scatter rather than an all-reduce.  With ``model`` ``B`` and
+``model_diff`` ``S`` on an axis, the update computes one shard of the new
+parameter and all-gathers it back into the replicated variable over that axis;
+the cost model charges that all-gather (the second half of ZeRO's traffic).
+
+Scalar inputs (``learning_rate``, ``bias_correction1/2``, ``scale_by_tensor``,
+``skip_if``, ``train_step``) are ``B``.  ``model_copy`` (the fp16 copy) follows
+``model``.  LAMB and LARS need norms of the whole tensor, so they take the
+replicated layout only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from autopar.rules.families._common import port_map
+from autopar.rules.registry import CostKind, RuleContext, register
+from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
+
+__all__ = ["OPTIMIZER_OPS", "parameter_layouts", "zero_shard"]
+
+OPTIMIZER_OPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "adam_update": (
+        "model", "model_diff", "model_copy", "learning_rate", "scale_by_tensor", "skip_if",
+        "bias_correction1", "bias_correction2", "m", "v", "max_v",
+    ),
+    "sgd_update": (
+        "model", "model_diff", "model_copy", "learning_rate", "scale_by_tensor", "skip_if",
+    ),
+    "momentum_update": (
+        "model", "model_diff", "momentum", "learning_rate", "scale_by_tensor", "skip_if",
+    ),
+    "adagrad_update": (
+        "model", "model_diff", "learning_rate", "scale_by_tensor", "skip_if", "train_step",
+        "sum",
+    ),
+    "rmsprop_update": (
+        "model", "model_diff", "learning_rate", "scale_by_tensor", "skip_if", "mean_square",
+        "mean_gradient",
+    ),
+    "ftrl_update": ("model", "model_diff", "learning_rate", "skip_if", "accumulate", "z"),
+    "adadelta_update": (
+        "model", "model_diff", "learning_rate", "skip_if", "square_avgs", "acc_deltas",
+    ),
+    "lamb_update": (
+        "model", "model_diff", "learning_rate", "scale_by_tensor", "skip_if",
+        "bias_correction1", "bias_correction2", "m", "v",
+    ),
+    "lars_update": (
+        "model", "model_diff", "learning_rate", "momentum", "scale_by_tensor", "skip_if",
+    ),
+})  # fmt: skip
+"""Optimizer ops and their inputs in OneFlow's declaration order."""
+
+_REPLICATED_ONLY = frozenset({"lamb_update", "lars_update"})
+_MODEL_LAYOUT = frozenset({"model", "model_copy"})
+_SCALARS = frozenset(
+    {"learning_rate", "scale_by_tensor", "skip_if", "bias_correction1", "bias_correction2",
+     "train_step"}
+)
+
+
+def parameter_layouts(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[NdSbp]:
+    """Every N-D SBP of ``B`` / ``S(d)`` per axis that divides ``shape`` evenly (no ``P``).
+
+    Ordered with the fully replicated layout first.
+    """
+    per_axis: list[SbpValue] = [B, *(Split(d) for d in range(len(shape)))]
+    layouts = []
+    for combo in itertools.product(per_axis, repeat=len(mesh_shape)):
+        v = NdSbp(tuple(combo))
+        if local_shape(shape, v, mesh_shape) is not None:
+            layouts.append(v)
+    return layouts
+
+
+def zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]) -> NdSbp:
+    """``v`` with each ``B`` axis (of size > 1) turned into ``S(d)``, ``d`` the first dim
+    whose local size still divides by the axis size; ``B`` stays when none does.
+
+    This is where ZeRO keeps a replicated parameter's gradient and states.
+    """
+    local = local_shape(shape, v, mesh_shape)
+    if local is None:
+        raise ValueError(
+            f"layout {v} does not divide shape {list(shape)} on mesh {list(mesh_shape)}"
+        )
+    sizes = list(local)
+    values = list(v.values)
+    for axis, (value, n) in enumerate(zip(v.values, mesh_shape, strict=True)):
+        if value != B or n == 1:
+            continue
+        for d, size in enumerate(sizes):
+            if size % n == 0:
+                values[axis] = Split(d)
+                sizes[d] //= n
+                break
+    return NdSbp(tuple(values))
+
+
+@register(*OPTIMIZER_OPS, cost=CostKind.MEMORY, nd=True)
+def optimizer_update(ctx: RuleContext) -> list[Signature]:
+    """One signature per parameter layout ``v``: ``model`` ``v``, ``model_diff`` and states
+    ``v`` (ZeRO 0) or ``zero_shard(v)`` (ZeRO >= 1), scalars ``B``."""
+    pm = port_map(ctx, OPTIMIZER_OPS[ctx.op.type])
+    model = pm.input("model") or ctx.inputs[0]
+    mesh = ctx.mesh_shape
+    replicated = NdSbp(tuple(B for _ in mesh))
+    layouts = parameter_layouts(model.shape, mesh)
+    if ctx.op.type in _REPLICATED_ONLY:
+        layouts = [replicated]
+    sigs = []
+    for v in layouts:
+        g = zero_shard(model.shape, v, mesh) if ctx.zero_stage >= 1 else v
+        ins = []
+        for name, spec in zip(pm.inputs, pm.input_specs, strict=True):
+            if name in _MODEL_LAYOUT:
+                ins.append(v)
+            elif name in _SCALARS or spec.shape != model.shape:
+                ins.append(replicated)
+            else:  # model_diff and the optimizer states
+                ins.append(g)
+        outs = [v if spec.shape == model.shape else replicated for spec in pm.output_specs]
+        sigs.append(Signature(tuple(ins), tuple(outs)))
+    return sigs

@@ -1,0 +1,105 @@
+"""GPT-2 style decoder-only language model in OneFlow (pre-LayerNorm, tied LM head).
+
+``GPTConfig.tiny()`` is a 2-layer model for tests; ``GPTConfig.medium()`` is
+gpt2-medium (24 layers, hidden 1024, 16 heads, vocab padded to 50304).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import oneflow as flow
+import oneflow.nn as nn
+from oflayers import Embedding, LayerNorm, Linear, arange, causal_mask
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 50304
+    hidden: int = 1024
+    heads: int = 16
+    layers: int = 24
+    max_positions: int = 1024
+    dropout_rate: float = 0.0
+    fused_layer_norm: bool = False
+    """Emit OneFlow's ``layer_norm`` op (CUDA kernels only) instead of the CPU composite."""
+
+    @classmethod
+    def medium(cls, **overrides: object) -> GPTConfig:
+        return replace(cls(), **overrides)  # type: ignore[arg-type]
+
+    @classmethod
+    def tiny(cls, **overrides: object) -> GPTConfig:
+        return replace(cls(vocab_size=512, hidden=64, heads=4, layers=2, max_positions=64), **overrides)  # type: ignore[arg-type]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPTConfig, rng) -> None:
+        super().__init__()
+        self.config = config
+        self.c_attn = Linear(config.hidden, 3 * config.hidden, bias=True, rng=rng)
+        self.c_proj = Linear(config.hidden, config.hidden, bias=True, rng=rng)
+
+    def forward(self, x: flow.Tensor) -> flow.Tensor:
+        b, s, h = x.shape
+        heads = self.config.heads
+        qkv = self.c_attn(x).reshape(b, s, 3, heads, h // heads)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        scores = flow.matmul(q, k.transpose(2, 3)) * (1.0 / (h // heads) ** 0.5)
+        weights = flow.softmax(scores + causal_mask(s, s, x), dim=-1)
+        out = flow.matmul(weights, v).transpose(1, 2).reshape(b, s, h)
+        return self.c_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig, rng) -> None:
+        super().__init__()
+        self.c_fc = Linear(config.hidden, 4 * config.hidden, bias=True, rng=rng)
+        self.c_proj = Linear(4 * config.hidden, config.hidden, bias=True, rng=rng)
+
+    def forward(self, x: flow.Tensor) -> flow.Tensor:
+        return self.c_proj(flow._C.fast_gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, rng) -> None:
+        super().__init__()
+        self.ln_1 = LayerNorm(config.hidden, fused=config.fused_layer_norm)
+        self.attn = Attention(config, rng)
+        self.ln_2 = LayerNorm(config.hidden, fused=config.fused_layer_norm)
+        self.mlp = MLP(config, rng)
+
+    def forward(self, x: flow.Tensor) -> flow.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPTLMHeadModel(nn.Module):
+    """Returns the mean next-token loss; the LM head reuses ``wte`` (tied)."""
+
+    def __init__(self, config: GPTConfig, seed: int | None = 0) -> None:
+        super().__init__()
+        self.config = config
+        rng = None if seed is None else np.random.default_rng(seed)
+        self.wte = Embedding(config.vocab_size, config.hidden, rng=rng)
+        self.wpe = Embedding(config.max_positions, config.hidden, rng=rng)
+        self.h = nn.ModuleList([Block(config, rng) for _ in range(config.layers)])
+        self.ln_f = LayerNorm(config.hidden, fused=config.fused_layer_norm)
+
+    def forward(self, input_ids: flow.Tensor, labels: flow.Tensor) -> flow.Tensor:
+        s = input_ids.shape[1]
+        x = self.wte(input_ids) + self.wpe(arange(s, input_ids))
+        for block in self.h:
+            x = block(x)
+        logits = flow._C.matmul(self.ln_f(x), self.wte.weight, transpose_a=False, transpose_b=True)
+        loss = flow._C.sparse_softmax_cross_entropy(
+            logits.reshape(-1, self.config.vocab_size), labels.reshape(-1)
+        )
+        return loss.mean()
+
+
+def example_inputs(config: GPTConfig, batch: int, seq: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1), dtype=np.int64)
+    return tokens[:, :-1].copy(), tokens[:, 1:].copy()

@@ -1,0 +1,216 @@
+"""Request bodies of the API and their translation to :class:`solver.planner.PlanRequest`.
+
+The API parses a body into :class:`PlanBody` (the graph stays a plain dict),
+then :func:`build_request` resolves defaults (memory budget = the device's
+memory, solver time limit, worker threads) and validates everything the
+planner would reject, so bad input is a 422 before any job starts.
+
+A job carries a small *payload* (:func:`payload_of`): the resolved request
+without the graph, which is stored once under ``graph:{hash}``.  A worker
+rebuilds the identical request with :func:`request_from_payload` and checks
+that its plan key equals the job id (same request, same code versions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autopar.cluster import PRESETS, Cluster, DeviceSpec, Mesh
+from autopar.errors import ConfigError, GraphError
+from autopar.graph import Graph
+from service.settings import Settings
+from solver.options import SolverOptions
+from solver.planner import PlanRequest
+
+__all__ = [
+    "MAX_DEVICES",
+    "EvaluateBody",
+    "PlanBody",
+    "SolverOptionsBody",
+    "SweepBody",
+    "build_request",
+    "cluster_of",
+    "payload_of",
+    "request_from_payload",
+]
+
+MAX_DEVICES = 4096
+"""Largest cluster the service plans for (nodes x devices per node)."""
+
+PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
+
+GRAPH_DESCRIPTION = (
+    "The training-step graph in the `autopar.graph/v1` JSON format "
+    "(`format`, `name`, `tensors`, `ops`, `variables`; see docs/graph-format.md)."
+)
+
+
+class SolverOptionsBody(BaseModel):
+    """Solver options a client may set; unset ones take the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    time_limit_s: float | None = Field(
+        default=None, gt=0, description="Wall-clock limit of the solve, seconds."
+    )
+    relative_gap: float | None = Field(
+        default=None, ge=0, lt=1, description="Stop within this relative optimality gap."
+    )
+    seed: int | None = Field(default=None, ge=0, lt=2**31, description="CP-SAT random seed.")
+    deterministic: bool | None = Field(default=None, description="Reproducible search.")
+    use_hint: bool | None = Field(
+        default=None, description="Warm-start CP-SAT with a heuristic plan."
+    )
+    reductions: bool | None = Field(default=None, description="Apply exact graph reductions first.")
+
+
+class ClusterFields(BaseModel):
+    """Where the plan runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    graph: dict[str, Any] = Field(description=GRAPH_DESCRIPTION)
+    cluster: str = Field(
+        default="2x4",
+        pattern=r"^[0-9]{1,5}x[0-9]{1,5}$",
+        description="NODESxDEVICES_PER_NODE, e.g. `2x4`.",
+    )
+    preset: PresetName = Field(default="a100-40g", description="Device preset.")  # type: ignore[valid-type]
+    options: SolverOptionsBody = Field(default_factory=SolverOptionsBody)
+
+
+class PlanBody(ClusterFields):
+    """``POST /v1/plans``: one plan request."""
+
+    mesh_shape: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4,
+        description="Logical mesh shape, e.g. `[4, 2]`; omitted = search the candidate shapes.",
+    )
+    memory_budget_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Per-device memory budget, bytes; omitted = the device's memory.",
+    )
+    zero_stage: int = Field(default=2, ge=0, le=3, description="ZeRO stage (0-3).")
+
+
+def _no_mesh() -> list[list[int] | None]:
+    return [None]
+
+
+def _no_budget() -> list[int | None]:
+    return [None]
+
+
+class SweepBody(ClusterFields):
+    """``POST /v1/sweeps``: the cartesian product of the listed values, one plan each."""
+
+    mesh_shapes: list[list[int] | None] = Field(
+        default_factory=_no_mesh, min_length=1, description="Mesh shapes (null = search)."
+    )
+    memory_budgets_bytes: list[int | None] = Field(
+        default_factory=_no_budget,
+        min_length=1,
+        description="Per-device budgets, bytes (null = the device's memory).",
+    )
+    zero_stages: list[int] = Field(
+        default_factory=lambda: [2], min_length=1, description="ZeRO stages."
+    )
+
+
+class EvaluateBody(BaseModel):
+    """``POST /v1/evaluate``: a graph and a plan for it (inline or by key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    graph: dict[str, Any] = Field(description=GRAPH_DESCRIPTION)
+    plan: dict[str, Any] | None = Field(default=None, description="An `autopar.plan/v1` plan.")
+    plan_key: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$", description="Key of a cached plan instead."
+    )
+
+
+def parse_graph(data: dict[str, Any]) -> Graph:
+    """Parse and validate a graph; a graph with no ops is rejected too."""
+    graph = Graph.from_dict(data).validate()
+    if not graph.ops:
+        raise GraphError("empty_graph", "the graph has no ops; send a training-step graph")
+    return graph
+
+
+def cluster_of(cluster: str, preset: str) -> Cluster:
+    """The cluster ``NODESxDEVICES`` of ``preset`` devices, at most :data:`MAX_DEVICES`."""
+    parsed = Cluster.parse(cluster, preset)
+    if parsed.world_size > MAX_DEVICES:
+        raise ConfigError(
+            "bad_cluster",
+            f"cluster {cluster} has {parsed.world_size} devices; the service plans for at most "
+            f"{MAX_DEVICES}",
+        )
+    return parsed
+
+
+def _options(body: SolverOptionsBody, settings: Settings) -> SolverOptions:
+    given = body.model_dump(exclude_none=True)
+    time_limit = given.pop("time_limit_s", settings.default_time_limit_s)
+    if time_limit > settings.max_time_limit_s:
+        raise ConfigError(
+            "bad_solver_option",
+            f"time_limit_s {time_limit} exceeds this server's limit of "
+            f"{settings.max_time_limit_s} s; ask for less",
+        )
+    options = SolverOptions(time_limit_s=float(time_limit), **given)
+    if settings.solver_workers is not None:
+        options = replace(options, workers=settings.solver_workers)
+    return options
+
+
+def build_request(
+    graph: Graph,
+    cluster: Cluster,
+    mesh_shape: list[int] | None,
+    memory_budget_bytes: int | None,
+    zero_stage: int,
+    options: SolverOptionsBody,
+    settings: Settings,
+) -> PlanRequest:
+    """A validated :class:`PlanRequest` with the server's defaults filled in."""
+    shape = tuple(mesh_shape) if mesh_shape else None
+    if shape is not None:
+        Mesh(cluster, shape)  # ConfigError naming the shape and the device count
+    budget = memory_budget_bytes or cluster.device.memory_bytes
+    return PlanRequest(graph, cluster, shape, budget, zero_stage, _options(options, settings))
+
+
+def payload_of(request: PlanRequest, versions: dict[str, str]) -> dict[str, Any]:
+    """What a job needs besides the graph: the resolved request and the API's code versions."""
+    return {
+        "graph": request.graph.content_hash(),
+        "cluster": request.cluster.to_dict(),
+        "mesh_shape": list(request.mesh_shape) if request.mesh_shape else None,
+        "memory_budget_bytes": request.memory_budget_bytes,
+        "zero_stage": request.zero_stage,
+        "options": asdict(request.options),
+        "versions": dict(versions),
+    }
+
+
+def request_from_payload(payload: dict[str, Any], graph: Graph) -> PlanRequest:
+    """The request :func:`payload_of` described, for ``graph``."""
+    cluster = Cluster.from_dict(payload["cluster"])
+    if not isinstance(cluster.device, DeviceSpec):  # pragma: no cover - from_dict guarantees it
+        raise ConfigError("bad_cluster", "malformed cluster in job payload")
+    shape = payload.get("mesh_shape")
+    return PlanRequest(
+        graph,
+        cluster,
+        tuple(shape) if shape else None,
+        payload.get("memory_budget_bytes"),
+        int(payload["zero_stage"]),
+        SolverOptions(**payload["options"]),
+    )

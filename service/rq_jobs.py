@@ -1,0 +1,515 @@
+"""Jobs with Redis: an RQ queue served by ``autopar worker`` processes anywhere.
+
+::
+
+    API ──enqueue(job_id = plan key)──> RQ queue ──> autopar worker ──fork──> horse: solve_job()
+     ^                                                                          │
+     └──── job record  autopar:job:{id}  (status, phase, objective, bound) <────┤ progress
+           heartbeat   autopar:job:{id}:hb (TTL worker_lost_after_s) <───────────┘ renewed every 2 s
+
+The job record (JSON, updated with optimistic WATCH transactions) is what the
+API reports; RQ's own status fills in what the horse could not write itself:
+
+* horse killed (SIGKILL, OOM): RQ's worker notices, retries the job while
+  ``job_retries`` last, else marks it failed -> ``worker_crashed``;
+* the whole worker killed: the heartbeat expires, the API's janitor
+  (:meth:`RQJobManager.reap_lost`) retries the job or fails it -> ``worker_lost``;
+* RQ's time-out (solver time limit + margin) -> ``timeout``;
+* ``DELETE`` -> queued jobs are canceled, running ones stopped (the horse is killed).
+
+Deterministic failures (infeasible budget, invalid graph) are recorded by the
+horse and never retried.  Job arguments use RQ's JSON serializer (no pickle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError, WatchError
+from rq import Queue, Retry, Worker
+from rq.command import send_stop_job_command
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job, get_current_job
+from rq.job import JobStatus as RQStatus
+from rq.job_lifecycle import record_job_failure
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
+from rq.worker_registration import get_keys
+
+from cache.errors import CacheUnavailable
+from cache.redis_store import RedisStore, connect, redact_url
+from service.jobs import JobInfo, JobStatus
+from service.settings import Settings
+
+__all__ = ["JobRecords", "RQJobManager", "make_worker", "solve_job"]
+
+log = logging.getLogger("autopar.service.rq")
+
+SOLVE_FUNC = "service.rq_jobs.solve_job"
+_PREFIX = "autopar:"
+
+
+class JobRecords:
+    """Job records in Redis: ``{prefix}job:{id}`` (JSON) and ``{prefix}job:{id}:hb``."""
+
+    def __init__(self, client: redis.Redis, ttl_s: float, prefix: str = _PREFIX) -> None:
+        self.client = client
+        self.ttl_ms = int(ttl_s * 1000)
+        self.prefix = prefix
+
+    def key(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def heartbeat_key(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}:hb"
+
+    def load(self, job_id: str) -> JobInfo | None:
+        raw: Any = self.client.get(self.key(job_id))
+        return JobInfo.from_dict(json.loads(raw)) if raw is not None else None
+
+    def save(self, info: JobInfo) -> None:
+        self.client.set(self.key(info.id), json.dumps(info.to_dict()), px=self.ttl_ms)
+
+    def update(self, job_id: str, change: Callable[[JobInfo], bool]) -> JobInfo | None:
+        """Apply ``change`` atomically (WATCH/MULTI); it returns False to leave the record as is.
+
+        The version is bumped on every applied change.  Returns the record after.
+        """
+        key = self.key(job_id)
+        while True:
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(key)
+                    raw: Any = pipe.get(key)
+                    if raw is None:
+                        pipe.unwatch()
+                        return None
+                    info = JobInfo.from_dict(json.loads(raw))
+                    if not change(info):
+                        pipe.unwatch()
+                        return info
+                    info.version += 1
+                    pipe.multi()
+                    pipe.set(key, json.dumps(info.to_dict()), px=self.ttl_ms)
+                    pipe.execute()
+                    return info
+                except WatchError:
+                    continue
+
+    def beat(self, job_id: str, lost_after_s: float) -> None:
+        self.client.set(self.heartbeat_key(job_id), b"1", px=int(lost_after_s * 1000))
+
+    def alive(self, job_id: str) -> bool:
+        return bool(self.client.exists(self.heartbeat_key(job_id)))
+
+
+def _requeued(error: dict[str, Any]) -> Callable[[JobInfo], bool]:
+    """A change that puts a running record back in the queue, noting why."""
+
+    def change(info: JobInfo) -> bool:
+        if info.terminal:
+            return False
+        info.status = JobStatus.QUEUED
+        info.error = error
+        return True
+
+    return change
+
+
+def _finish(status: JobStatus, **changes: Any) -> Callable[[JobInfo], bool]:
+    """A change that makes a non-terminal record terminal (a terminal one is left alone)."""
+
+    def change(info: JobInfo) -> bool:
+        if info.terminal:
+            return False
+        info.status = status
+        info.finished_at = time.time()
+        for name, value in changes.items():
+            setattr(info, name, value)
+        return True
+
+    return change
+
+
+# ------------------------------------------------------------------ worker side
+
+
+class _Heartbeat:
+    """Background thread renewing the job's heartbeat key while the horse solves."""
+
+    def __init__(self, records: JobRecords, job_id: str, settings: Settings) -> None:
+        self.records = records
+        self.job_id = job_id
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autopar-heartbeat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self.records.beat(self.job_id, self.settings.worker_lost_after_s)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval_s):
+            with contextlib.suppress(RedisError):
+                self.records.beat(self.job_id, self.settings.worker_lost_after_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        with contextlib.suppress(RedisError):
+            self.records.client.delete(self.records.heartbeat_key(self.job_id))
+
+
+def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """RQ entry point (runs in the worker's horse): solve and record the outcome.
+
+    Outcomes are written to the job record and the function returns normally,
+    so RQ retries only what killed the horse.
+    """
+    from cache.plans import code_versions
+    from service.settings import load_settings
+    from service.tasks import error_of, run_job
+
+    settings = load_settings()
+    rq_job = get_current_job()
+    client = rq_job.connection if rq_job is not None else connect(str(settings.redis_url))
+    records = JobRecords(client, settings.job_ttl_s)
+    store = RedisStore(str(settings.redis_url), client=client)
+    store.incr("stat:solves_started")
+
+    def started(info: JobInfo) -> bool:
+        if info.terminal:
+            return False
+        info.status = JobStatus.RUNNING
+        info.attempts += 1
+        info.started_at = time.time()
+        info.phase, info.objective, info.bound, info.elapsed_s = "starting", None, None, 0.0
+        return True
+
+    if records.update(job_id, started) is None:
+        records.save(JobInfo(job_id, JobStatus.RUNNING, attempts=1, started_at=time.time()))
+
+    def report(data: dict[str, Any]) -> None:
+        def change(info: JobInfo) -> bool:
+            if info.terminal:
+                return False
+            info.phase = data.get("phase")
+            if data.get("objective") is not None:
+                info.objective = data["objective"]
+            if data.get("bound") is not None:
+                info.bound = data["bound"]
+            info.elapsed_s = data.get("elapsed_s")
+            return True
+
+        with contextlib.suppress(RedisError):
+            records.update(job_id, change)
+
+    with _Heartbeat(records, job_id, settings):
+        try:
+            result = run_job(job_id, payload, store, settings, code_versions(), report)
+        except JobTimeoutException:
+            limit = payload.get("options", {}).get("time_limit_s")
+            error = {
+                "kind": "timeout",
+                "code": "job_timeout",
+                "message": f"the solve ran past its time limit ({limit} s) plus "
+                f"{settings.job_timeout_margin_s:.0f} s and was stopped; raise time_limit_s "
+                "or send a smaller graph",
+            }
+            records.update(job_id, _finish(JobStatus.FAILED, error=error))
+            return {"ok": False, "error": error}
+        except Exception as exc:  # process boundary: every failure becomes the job's error
+            error = error_of(exc)
+            records.update(job_id, _finish(JobStatus.FAILED, error=error))
+            return {"ok": False, "error": error}
+    records.update(job_id, _finish(JobStatus.SUCCEEDED, result=result, phase="done", error=None))
+    return {"ok": True, "result": result}
+
+
+def make_worker(settings: Settings, name: str | None = None) -> Worker:
+    """An RQ worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
+    import solver.planner  # noqa: F401  - import once in the parent so each horse forks warm
+
+    client = connect(str(settings.redis_url))
+    queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)
+    interval = max(1, int(settings.heartbeat_interval_s))
+    return Worker(
+        [queue],
+        connection=client,
+        serializer=JSONSerializer,
+        name=name,
+        worker_ttl=max(10, int(3 * settings.worker_lost_after_s)),
+        job_monitoring_interval=interval,
+    )
+
+
+# ------------------------------------------------------------------ API side
+
+
+class RQJobManager:
+    """:class:`service.jobs.JobManager` on an RQ queue."""
+
+    kind = "rq"
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: RedisStore,
+        on_terminal: Callable[[JobInfo], None] | None = None,
+    ) -> None:
+        if settings.redis_url is None:
+            raise ValueError("RQJobManager needs settings.redis_url")
+        self.settings = settings
+        self.store = store
+        self.client = store.client
+        self.on_terminal = on_terminal
+        self.records = JobRecords(self.client, settings.job_ttl_s)
+        self.queue = Queue(settings.queue_name, connection=self.client, serializer=JSONSerializer)
+        self._janitor: asyncio.Task[None] | None = None
+
+    def _unavailable(self, what: str, exc: Exception) -> CacheUnavailable:
+        return CacheUnavailable(
+            "queue_unavailable",
+            f"Redis at {redact_url(str(self.settings.redis_url))} failed during {what}: {exc}; "
+            "jobs cannot be queued or tracked until it is back",
+        )
+
+    async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return await asyncio.to_thread(fn)
+        except RedisError as exc:
+            raise self._unavailable(what, exc) from None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._janitor = asyncio.create_task(self._janitor_loop(), name="autopar-janitor")
+
+    async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._janitor
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.janitor_interval_s)
+            try:
+                await asyncio.to_thread(self.reap_lost)
+            except RedisError as exc:
+                log.warning("janitor: Redis unavailable: %s", exc)
+
+    # ------------------------------------------------------------ API
+
+    async def submit(
+        self, job_id: str, payload: dict[str, Any], *, refresh: bool = False
+    ) -> JobInfo:
+        info: JobInfo = await self._call("submit", lambda: self._submit(job_id, payload, refresh))
+        return info
+
+    def _submit(self, job_id: str, payload: dict[str, Any], refresh: bool) -> JobInfo:
+        lock = self.client.lock(f"{_PREFIX}lock:submit:{job_id}", timeout=30, blocking_timeout=10)
+        with lock:
+            current = self._reconcile(job_id)
+            if current is not None and not current.terminal:
+                return current
+            if current is not None and current.status is JobStatus.SUCCEEDED and not refresh:
+                return current
+            with contextlib.suppress(NoSuchJobError):
+                Job.fetch(job_id, connection=self.client, serializer=JSONSerializer).delete()
+            info = JobInfo(job_id)
+            self.records.save(info)
+            options = payload.get("options") or {}
+            limit = float(options.get("time_limit_s", self.settings.default_time_limit_s))
+            self.queue.enqueue(
+                SOLVE_FUNC,
+                job_id,
+                {**payload, "refresh": refresh},
+                job_id=job_id,
+                job_timeout=int(limit + self.settings.job_timeout_margin_s) + 1,
+                result_ttl=int(self.settings.job_ttl_s),
+                failure_ttl=int(self.settings.job_ttl_s),
+                retry=Retry(max=self.settings.job_retries) if self.settings.job_retries else None,
+                description=f"autopar plan {job_id[:12]}",
+            )
+            return info
+
+    async def get(self, job_id: str) -> JobInfo | None:
+        info: JobInfo | None = await self._call("get", lambda: self._reconcile(job_id))
+        return info
+
+    def _reconcile(self, job_id: str) -> JobInfo | None:
+        """The job record, completed with what RQ knows when the horse could not write it."""
+        info = self.records.load(job_id)
+        if info is None or info.terminal:
+            return info
+        try:
+            rq_job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)
+            status = rq_job.get_status()
+        except NoSuchJobError:
+            if time.time() - info.created_at < 5:
+                return info  # being enqueued right now
+            return self._terminal(
+                job_id,
+                JobStatus.FAILED,
+                {
+                    "kind": "worker_lost",
+                    "code": "job_lost",
+                    "message": "the queue lost this job; submit the request again",
+                },
+            )
+        if status == RQStatus.FAILED:
+            exc_text = (rq_job.exc_info or "").strip().splitlines()
+            last = exc_text[-1] if exc_text else "unknown failure"
+            if "Timeout" in last:
+                error = {
+                    "kind": "timeout",
+                    "code": "job_timeout",
+                    "message": f"the job timed out: {last}",
+                }
+            elif "stopped" in last.lower():
+                error = {"kind": "canceled", "code": "canceled", "message": "the job was stopped"}
+                return self._terminal(job_id, JobStatus.CANCELED, error)
+            else:
+                error = {
+                    "kind": "worker_crashed",
+                    "code": "worker_crashed",
+                    "message": f"the worker running this job died: {last}",
+                }
+            return self._terminal(job_id, JobStatus.FAILED, error)
+        if status in (RQStatus.CANCELED, RQStatus.STOPPED):
+            return self._terminal(
+                job_id,
+                JobStatus.CANCELED,
+                {"kind": "canceled", "code": "canceled", "message": "canceled"},
+            )
+        if status in (RQStatus.QUEUED, RQStatus.SCHEDULED, RQStatus.DEFERRED) and (
+            info.status is JobStatus.RUNNING
+        ):
+            info.status = JobStatus.QUEUED  # a retry after the horse died
+        return info
+
+    def _terminal(self, job_id: str, status: JobStatus, error: dict[str, Any]) -> JobInfo | None:
+        info = self.records.update(job_id, _finish(status, error=error))
+        if info is not None and info.terminal and self.on_terminal is not None:
+            self.on_terminal(info)
+        return info
+
+    async def wait(self, job_id: str, timeout_s: float, after_version: int = -1) -> JobInfo | None:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        delay = 0.05
+        while True:
+            info = await self.get(job_id)
+            if info is None or info.terminal or info.version > after_version:
+                return info
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return info
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 1.5, 0.5)
+
+    async def cancel(self, job_id: str) -> JobInfo | None:
+        info: JobInfo | None = await self._call("cancel", lambda: self._cancel(job_id))
+        return info
+
+    def _cancel(self, job_id: str) -> JobInfo | None:
+        info = self._reconcile(job_id)
+        if info is None or info.terminal:
+            return info
+        with contextlib.suppress(NoSuchJobError):
+            rq_job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)
+            status = rq_job.get_status()
+            if status == RQStatus.STARTED:
+                with contextlib.suppress(InvalidJobOperation):
+                    send_stop_job_command(self.client, job_id, serializer=JSONSerializer)
+            elif status in (RQStatus.QUEUED, RQStatus.SCHEDULED, RQStatus.DEFERRED):
+                rq_job.cancel()
+        error = {
+            "kind": "canceled",
+            "code": "canceled",
+            "message": "the job was canceled by a client",
+        }
+        return self._terminal(job_id, JobStatus.CANCELED, error)
+
+    async def health(self) -> dict[str, Any]:
+        def check() -> dict[str, Any]:
+            keys = sorted(get_keys(queue=self.queue))
+            alive = sum(1 for k in keys if self.client.exists(k))
+            return {
+                "ok": alive > 0,
+                "kind": self.kind,
+                "workers": alive,
+                "queued": self.queue.count,
+                "detail": None
+                if alive
+                else f"no autopar worker serves queue {self.queue.name!r}; "
+                "start one with `autopar worker`",
+            }
+
+        try:
+            return await asyncio.to_thread(check)
+        except RedisError as exc:
+            return {"ok": False, "kind": self.kind, "detail": f"Redis unavailable: {exc}"}
+
+    async def solves_started(self) -> int:
+        raw = await self._call("stats", lambda: self.store.get("stat:solves_started"))
+        return int(raw) if raw else 0
+
+    # ------------------------------------------------------------ janitor
+
+    def reap_lost(self) -> list[str]:
+        """Retry or fail running jobs whose heartbeat expired (worker died); return their ids."""
+        registry = StartedJobRegistry(queue=self.queue)
+        handled = []
+        for job_id in registry.get_job_ids(cleanup=False):
+            info = self.records.load(job_id)
+            if info is None or info.status is not JobStatus.RUNNING or self.records.alive(job_id):
+                continue
+            if (
+                info.started_at
+                and time.time() - info.started_at < self.settings.worker_lost_after_s
+            ):
+                continue
+            guard = f"{_PREFIX}lock:reap:{job_id}"
+            if not self.client.set(
+                guard, b"1", nx=True, px=int(self.settings.worker_lost_after_s * 1000)
+            ):
+                continue
+            try:
+                rq_job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)
+            except NoSuchJobError:
+                continue
+            if rq_job.get_status() != RQStatus.STARTED:
+                continue
+            message = (
+                f"the worker running this job stopped sending heartbeats for "
+                f"{self.settings.worker_lost_after_s:.0f} s (killed or lost)"
+            )
+            with self.client.pipeline() as pipe:
+                registry.remove_executions(rq_job, pipeline=pipe)
+                retry = rq_job.should_retry
+                if retry:
+                    rq_job.retry(self.queue, pipe)
+                else:
+                    record_job_failure(rq_job, message, pipe)
+                pipe.execute()
+            error = {"kind": "worker_lost", "code": "worker_lost", "message": message}
+            if retry:
+                log.warning("job %s: worker lost, retrying", job_id[:12])
+
+                self.records.update(job_id, _requeued({**error, "retrying": True}))
+            else:
+                log.warning("job %s: worker lost, no retries left", job_id[:12])
+                self._terminal(job_id, JobStatus.FAILED, error)
+            handled.append(job_id)
+        return handled

@@ -1,0 +1,120 @@
+"""Response models of the API (documentation and schema checks; handlers build plain dicts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Evaluation",
+    "JobView",
+    "Liveness",
+    "PlanRecordView",
+    "Problem",
+    "Readiness",
+    "SweepView",
+]
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; extension members (``op``, ``min_feasible_bytes``) may follow."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="`urn:autopar:problem:{code}`")
+    title: str
+    status: int
+    detail: str = Field(description="What was wrong and what to do.")
+    code: str = Field(description="Stable machine-readable code.")
+    instance: str | None = None
+
+
+class JobView(BaseModel):
+    """A job: one solve of one canonical request (the id is the plan key)."""
+
+    id: str
+    status: str = Field(description="queued, running, succeeded, failed or canceled")
+    phase: str | None = Field(description="Solver phase of the last progress report.")
+    objective: float | None = Field(description="Best predicted step time so far, seconds.")
+    bound: float | None = Field(description="Proven lower bound on the step time, seconds.")
+    gap: float | None = Field(description="Relative optimality gap.")
+    elapsed_s: float | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    error: dict[str, Any] | None = Field(description="kind, code, message and details when failed.")
+    result: dict[str, Any] | None = Field(description="Short result when succeeded.")
+    links: dict[str, str]
+
+
+class PlanRecordView(BaseModel):
+    """A cached plan: the `autopar.plan/v1` plan plus what produced it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    created_at: float
+    graph: dict[str, Any]
+    request: dict[str, Any]
+    versions: dict[str, str]
+    mesh_shape: list[int]
+    zero_stage: int
+    memory_budget_bytes: int | None
+    step_time_s: float | None
+    memory_per_device_bytes: float | None
+    solver: dict[str, Any]
+    summary: str
+    plan: dict[str, Any]
+
+
+class Evaluation(BaseModel):
+    """The independent evaluator's verdict on a plan."""
+
+    model_config = ConfigDict(extra="allow")
+
+    valid: bool
+    errors: list[str]
+    step_time_s: float | None
+    compute_time_s: float | None
+    memory_per_device_bytes: float | None
+    comm_bytes_per_axis: dict[str, float | None]
+
+
+class SweepRow(BaseModel):
+    """One point of a sweep."""
+
+    mesh_shape: list[int] | None
+    memory_budget_bytes: int | None
+    zero_stage: int
+    key: str
+    status: str = Field(description="succeeded, infeasible, failed, canceled, queued or running")
+    step_time_s: float | None
+    memory_per_device_bytes: float | None
+    chosen_mesh_shape: list[int] | None
+    gap: float | None
+    min_feasible_bytes: float | None
+    error: str | None
+    links: dict[str, str]
+
+
+class SweepView(BaseModel):
+    """A what-if table: one row per (mesh shape, budget, ZeRO stage)."""
+
+    id: str
+    complete: bool
+    rows: list[SweepRow]
+    table: str = Field(description="The rows as an aligned text table.")
+    links: dict[str, str]
+
+
+class Liveness(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    """``ready`` when the cache answers and jobs can run."""
+
+    status: str = Field(description="ready or not_ready")
+    checks: dict[str, dict[str, Any]]

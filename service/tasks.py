@@ -1,0 +1,187 @@
+"""The work of one job, shared by the local solver processes and the RQ workers.
+
+:func:`run_job` loads the graph the API stored under ``graph:{hash}``, rebuilds
+the request from the job payload, checks that its plan key equals the job id
+(same request, same code versions on API and worker), runs
+:func:`solver.planner.plan` with the cost-table memo in the shared store, and
+stores the plan record under ``plan:{id}`` (only if cheaper than a stored one).
+
+:func:`error_of` turns any exception into the job's ``error`` dict.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from autopar.errors import (
+    AutoparError,
+    ConfigError,
+    GraphError,
+    InfeasibleError,
+    PlanError,
+    VerificationError,
+)
+from autopar.graph import Graph
+from autopar.plan import Plan
+from cache import codec
+from cache.base import PrefixedStore, Store
+from cache.errors import CacheUnavailable
+from cache.plans import PlanCache, plan_key
+from service.jobs import finite
+from service.requests import request_from_payload
+from service.settings import Settings
+from solver.planner import PlanRequest, Progress, plan
+
+__all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job"]
+
+log = logging.getLogger("autopar.service.tasks")
+
+Reporter = Callable[[dict[str, Any]], None]
+"""Receives ``{"phase", "objective", "bound", "elapsed_s"}`` progress dicts."""
+
+_KINDS: tuple[tuple[type[AutoparError], str], ...] = (
+    (InfeasibleError, "infeasible_budget"),
+    (GraphError, "invalid_graph"),
+    (PlanError, "invalid_plan"),
+    (ConfigError, "bad_config"),
+    (VerificationError, "verification_failed"),
+    (CacheUnavailable, "cache_unavailable"),
+)
+
+
+def graph_key(content_hash: str) -> str:
+    """Store key of an uploaded graph."""
+    return f"graph:{content_hash}"
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """The job ``error`` dict of ``exc``: ``kind`` (family), ``code``, ``message``, details."""
+    if isinstance(exc, AutoparError):
+        kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "autopar_error")
+        return finite({"kind": kind, **exc.to_dict()})
+    return {
+        "kind": "internal_error",
+        "code": "internal_error",
+        "message": f"the solve failed unexpectedly: {type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exception_only(type(exc), exc)[-1].strip(),
+    }
+
+
+def plan_record(
+    key: str, request: PlanRequest, result: Plan, versions: dict[str, str]
+) -> dict[str, Any]:
+    """What ``GET /v1/plans/{key}`` returns."""
+    solver = dict(result.solver or {})
+    solver.pop("stats", None)
+    return finite(
+        {
+            "key": key,
+            "created_at": time.time(),
+            "graph": {"name": result.graph_name, "hash": result.graph_hash},
+            "request": request.to_key_dict(),
+            "versions": versions,
+            "mesh_shape": list(result.mesh.shape),
+            "zero_stage": result.zero_stage,
+            "memory_budget_bytes": request.memory_budget_bytes,
+            "step_time_s": result.step_time_s,
+            "memory_per_device_bytes": result.memory_per_device_bytes,
+            "solver": solver,
+            "summary": result.summary(),
+            "plan": result.to_dict(),
+        }
+    )
+
+
+class _Throttle:
+    """Forward progress at most every ``interval_s``, but always on a phase change or ``done``."""
+
+    def __init__(self, report: Reporter, interval_s: float = 0.2) -> None:
+        self.report = report
+        self.interval_s = interval_s
+        self.last_time = 0.0
+        self.last_phase: str | None = None
+
+    def __call__(self, p: Progress) -> None:
+        now = time.monotonic()
+        phase = str(p.phase)
+        major = phase.split(":", 1)[0]
+        if major == self.last_phase and now - self.last_time < self.interval_s and phase != "done":
+            return
+        self.last_time, self.last_phase = now, major
+        self.report(
+            finite(
+                {
+                    "phase": phase,
+                    "objective": p.objective,
+                    "bound": p.bound,
+                    "elapsed_s": p.elapsed_s,
+                }
+            )
+        )
+
+
+def run_job(
+    job_id: str,
+    payload: dict[str, Any],
+    store: Store,
+    settings: Settings,
+    versions: dict[str, str],
+    report: Reporter,
+) -> dict[str, Any]:
+    """Solve the job and store its plan; return the short result for the job record.
+
+    Raises the planner's errors (:class:`InfeasibleError`, ...) and
+    :class:`ConfigError` ``version_mismatch`` when this process runs other code
+    than the API that computed the job id.
+    """
+    report({"phase": "loading", "objective": None, "bound": None, "elapsed_s": 0.0})
+    raw = store.get(graph_key(payload["graph"]))
+    if raw is None:
+        raise ConfigError(
+            "graph_missing",
+            f"the graph {payload['graph'][:12]}... of this job is no longer stored "
+            "(expired or evicted); submit the request again",
+        )
+    graph = Graph.from_dict(codec.decode(raw)).validate()
+    request = request_from_payload(payload, graph)
+    key = plan_key(request.to_key_dict(), versions)
+    if key != job_id:
+        theirs = payload.get("versions")
+        raise ConfigError(
+            "version_mismatch",
+            f"this worker runs code versions {versions} but the API computed the job with "
+            f"{theirs}; run the same autopar version on API and workers"
+            if theirs != versions
+            else "the job payload does not describe the job id's request; submit it again",
+        )
+    plans = PlanCache(store, settings.plan_ttl_s)
+    hint: Plan | None = None
+    if payload.get("refresh"):
+        cached = plans.get(job_id)
+        if cached is not None:
+            hint = Plan.from_dict(cached.data()["plan"])
+    costs = PrefixedStore(store, "cost:", settings.cost_ttl_s)
+    t0 = time.perf_counter()
+    result = plan(request, store=costs, progress=_Throttle(report), hint=hint)
+    wall = time.perf_counter() - t0
+    record = plan_record(job_id, request, result, versions)
+    stored = plans.put(job_id, record, result.step_time_s)
+    solver = result.solver or {}
+    log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)
+    return finite(
+        {
+            "step_time_s": result.step_time_s,
+            "memory_per_device_bytes": result.memory_per_device_bytes,
+            "mesh_shape": list(result.mesh.shape),
+            "solver_status": solver.get("status"),
+            "gap": solver.get("gap"),
+            "objective": solver.get("objective"),
+            "bound": solver.get("bound"),
+            "solve_wall_s": wall,
+            "stored": stored,
+        }
+    )

@@ -1,0 +1,108 @@
+"""Optimizer updates: N-D layouts of the parameter, ZeRO shards of gradients and states."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.rules.families.optimizer import parameter_layouts, zero_shard
+from autopar.sbp import B, S, nd
+from tests.autopar.rules.helpers import assert_all_fit, make_ctx, rule_for, signatures
+
+W = (1024, 512)
+
+
+def _adam(shape=W, zero_stage=2, mesh=(4, 2)):
+    ports = {
+        "model_0": (shape, "float32"),
+        "model_diff_0": (shape, "float16"),
+        "learning_rate_0": ((1,), "float32"),
+        "bias_correction1_0": ((1,), "float32"),
+        "bias_correction2_0": ((1,), "float32"),
+        "m_0": (shape, "float32"),
+        "v_0": (shape, "float32"),
+    }
+    return make_ctx("adam_update", ports, {}, {"beta1": 0.9}, mesh=mesh, zero_stage=zero_stage)
+
+
+def _by_model(ctx):
+    return {str(s.inputs[0]): s for s in signatures(ctx)}
+
+
+def test_adam_is_a_full_nd_rule_over_every_parameter_layout():
+    assert rule_for("adam_update").nd
+    ctx = _adam()
+    sigs = assert_all_fit(ctx)
+    # B or S(0) or S(1) on each of 2 axes, all dividing 1024 x 512
+    assert len(sigs) == 9
+    assert not any(p.has_partial for s in sigs for p in s.inputs)
+
+
+def test_zero2_shards_gradients_and_states_over_replicated_axes():
+    by_model = _by_model(_adam(zero_stage=2))
+    # column-parallel weight: replicated on dp (axis 0) -> grads/states split there
+    s = by_model["(B, S(0))"]
+    assert str(s) == (
+        "((B, S(0)), (S(0), S(0)), (B, B), (B, B), (B, B), (S(0), S(0)), (S(0), S(0))) -> ()"
+    )
+    # fully replicated parameter: both axes shard the gradient
+    s = by_model["(B, B)"]
+    assert str(s.inputs[1]) == "(S(0), S(0))"
+    # a parameter already split on every axis has nothing to shard
+    s = by_model["(S(0), S(1))"]
+    assert str(s.inputs[1]) == "(S(0), S(1))"
+
+
+def test_zero0_keeps_gradients_like_the_parameter():
+    for s in signatures(_adam(zero_stage=0)):
+        assert s.inputs[1] == s.inputs[0] == s.inputs[5] == s.inputs[6]
+        assert str(s.inputs[2]) == "(B, B)"
+
+
+def test_zero_shard_skips_dims_that_do_not_divide():
+    assert zero_shard((3,), nd(B, B), (4, 2)) == nd(B, B)
+    assert zero_shard((6,), nd(B, B), (4, 2)) == nd(B, S(0))
+    assert zero_shard((6, 8), nd(B, B), (4, 2)) == nd(S(1), S(0))
+    assert zero_shard((512, 64), nd(B, S(1)), (4, 2)) == nd(S(0), S(1))
+    assert zero_shard((8,), nd(B, B), (1, 2)) == nd(B, S(0))  # size-1 axes stay B
+
+
+def test_uneven_parameter_layouts_are_refused():
+    layouts = {str(v) for v in parameter_layouts((6, 3), (4, 2))}
+    assert "(S(0), B)" not in layouts  # 6 % 4
+    assert "(B, S(0))" in layouts
+    assert "(B, S(1))" not in layouts  # 3 % 2
+    assert "(B, B)" in layouts
+
+
+def test_argument_order_does_not_matter():
+    ports = {
+        "m_0": (W, "float32"),
+        "learning_rate_0": ((1,), "float32"),
+        "model_diff_0": (W, "float16"),
+        "v_0": (W, "float32"),
+        "model_0": (W, "float32"),
+    }
+    ctx = make_ctx("adam_update", ports, {}, mesh=(4, 2), zero_stage=2)
+    for s in signatures(ctx):
+        model, diff = s.inputs[4], s.inputs[2]
+        assert diff == zero_shard(W, model, (4, 2))
+        assert s.inputs[0] == diff and s.inputs[3] == diff
+        assert str(s.inputs[1]) == "(B, B)"
+
+
+@pytest.mark.parametrize("op_type,state", [("sgd_update", None), ("momentum_update", "momentum")])
+def test_other_optimizers(op_type, state):
+    ports = {"model_0": W, "model_diff_0": W, "learning_rate_0": (1,)}
+    if state:
+        ports[f"{state}_0"] = W
+    ctx = make_ctx(op_type, ports, {}, mesh=(4, 2), zero_stage=1)
+    sigs = assert_all_fit(ctx)
+    assert len(sigs) == 9
+    for s in sigs:
+        assert s.inputs[1] == zero_shard(W, s.inputs[0], (4, 2))
+
+
+def test_lamb_takes_the_replicated_layout_only():
+    ports = {"model_0": W, "model_diff_0": W, "m_0": W, "v_0": W}
+    sigs = signatures(make_ctx("lamb_update", ports, {}, mesh=(4, 2), zero_stage=0))
+    assert [str(s) for s in sigs] == ["((B, B), (B, B), (B, B), (B, B)) -> ()"]

@@ -1,0 +1,89 @@
+"""Evaluator and baselines on hand-written graphs."""
+
+import math
+
+import pytest
+
+from autopar.baselines import baseline_plan, megatron_parameter_layout
+from autopar.cluster import Cluster, Mesh
+from autopar.evaluate import attach_evaluation, evaluate
+from autopar.memory import variable_state_bytes
+from autopar.plan import Plan
+from autopar.sbp import parse_signature
+from tests.graphs import mlp_graph
+
+MESH = Mesh(Cluster.parse("2x4"), (4, 2))
+
+
+def test_megatron_layout_recognises_column_and_row():
+    g = mlp_graph(layers=2)
+    layout = megatron_parameter_layout(g, MESH)
+    assert str(layout["l0.w1"]) == "(B, S(0))"  # [ffn, hidden]: split the output dim
+    assert str(layout["l0.w2"]) == "(B, S(1))"  # [hidden, ffn]: split the input dim
+    assert str(layout["l1.w1"]) == "(B, S(0))"
+
+
+@pytest.mark.parametrize("kind", ["megatron", "inferred", "data-parallel", "single-device"])
+def test_baselines_are_valid_and_round_trip(kind, tmp_path):
+    g = mlp_graph(layers=2)
+    plan = baseline_plan(kind, g, MESH, 2)
+    ev = evaluate(g, plan)
+    assert ev.valid, ev.errors[:3]
+    assert math.isfinite(ev.step_time_s) and ev.step_time_s > 0
+    attach_evaluation(plan, ev)
+    path = tmp_path / "p.json"
+    plan.save(str(path))
+    again = Plan.load(str(path))
+    ev2 = evaluate(g, again)
+    assert ev2.step_time_s == pytest.approx(ev.step_time_s)
+    assert ev2.memory.total == pytest.approx(ev.memory.total)
+    assert again.to_dict()["ops"] == plan.to_dict()["ops"]
+
+
+def test_data_parallel_memory_matches_zero_formula():
+    g = mlp_graph(layers=1, batch=64)
+    plan = baseline_plan("data-parallel", g, MESH, 2)
+    ev = evaluate(g, plan)
+    expected = sum(
+        sum(variable_state_bytes(g.tensors[v.tensor].shape, plan.output_sbp(v.op, "out"), MESH.shape, 2))
+        for v in g.variables
+    )
+    assert ev.memory.model_states == pytest.approx(expected)
+    psi = sum(g.tensors[v.tensor].numel for v in g.variables)
+    assert ev.memory.model_states == pytest.approx(2 * psi + 14 * psi / 8)
+
+
+def test_single_device_has_no_communication():
+    g = mlp_graph()
+    ev = evaluate(g, baseline_plan("single-device", g, MESH, 0))
+    assert ev.comm_time_s == 0
+
+
+def test_invalid_signature_and_inconsistent_edges_are_reported():
+    g = mlp_graph()
+    plan = baseline_plan("megatron", g, MESH, 2)
+    # a signature the matmul rule never offers: P output from replicated inputs
+    plan.signatures["l0.fc1"] = parse_signature("((B, B), (B, B)) -> (S(1), S(1))")
+    ev = evaluate(g, plan)
+    assert not ev.valid
+    assert any("l0.fc1" in e for e in ev.errors)
+
+
+def test_uneven_boxing_is_an_error():
+    g = mlp_graph(batch=6)  # 6 rows cannot split over 4
+    plan = baseline_plan("megatron", g, MESH, 2)
+    assert evaluate(g, plan).valid  # the baseline avoids the uneven split
+    plan.signatures["l0.gelu"] = parse_signature("((S(0), B)) -> (S(0), B)")
+    ev = evaluate(g, plan)
+    assert not ev.valid
+
+
+def test_plan_with_wrong_mesh_rank_is_refused():
+    from autopar.errors import PlanError
+
+    g = mlp_graph()
+    d = baseline_plan("megatron", g, MESH, 2).to_dict()
+    d["mesh"]["shape"] = [8]
+    d["mesh"]["cluster"]["nodes"] = 2
+    with pytest.raises(PlanError, match="axes"):
+        Plan.from_dict(d)

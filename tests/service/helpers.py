@@ -1,0 +1,170 @@
+"""Test helpers: a live API server on loopback, RQ worker processes, request bodies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from cache.redis_server import free_port
+from service.app import create_app
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAST = {
+    "default_time_limit_s": 10.0,
+    "max_time_limit_s": 60.0,
+    "job_timeout_margin_s": 60.0,
+    "heartbeat_interval_s": 0.5,
+    "worker_lost_after_s": 3.0,
+    "janitor_interval_s": 0.5,
+    "retry_after_s": 1,
+    "solver_workers": 1,
+}
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"cache_dir": tmp_path / "cache", "local_workers": 2, **FAST}
+    values.update(overrides)
+    return Settings(**values)
+
+
+class LiveServer:
+    """``create_app(settings)`` served by uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app = create_app(settings)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kw)
+
+
+@contextmanager
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    server = LiveServer(settings).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def plan_body(graph: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "graph": graph,
+        "cluster": "1x2",
+        "mesh_shape": [2],
+        "options": {"time_limit_s": 5},
+    }
+    body.update(fields)
+    return body
+
+
+def wait_job(client: httpx.Client, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    """Long-poll until the job ends."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = client.get(f"/v1/jobs/{job_id}", params={"wait": 5})
+        assert r.status_code == 200, r.text
+        job = r.json()
+        if job["status"] in ("succeeded", "failed", "canceled"):
+            return job
+    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
+
+
+def wait_status(
+    client: httpx.Client, job_id: str, statuses: set[str], timeout_s: float = 60
+) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} never reached {statuses}")
+
+
+def metric(client: httpx.Client, name: str) -> float:
+    text = client.get("/metrics").text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} not found")
+
+
+class WorkerProcess:
+    """``autopar worker`` in its own process group (so a test can SIGKILL all of it)."""
+
+    def __init__(self, redis_url: str, name: str, **env: str) -> None:
+        environment = {**os.environ, "AUTOPAR_REDIS_URL": redis_url}
+        for key, value in FAST.items():
+            environment[f"AUTOPAR_{key.upper()}"] = str(value)
+        environment.update(env)
+        environment["PYTHONPATH"] = str(REPO)
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "autopar.cli",
+                "worker",
+                "--name",
+                name,
+                "--log-level",
+                "warning",
+            ],
+            env=environment,
+            cwd=REPO,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its work horse."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+
+def encode(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body).encode()
