@@ -35,6 +35,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,8 @@ from autopar.store import KeyValueStore, MemoryStore
 
 __all__ = [
     "COST_MODEL_VERSION",
+    "EdgeKind",
+    "edge_kind",
     "CostTables",
     "EdgeTable",
     "OpTable",
@@ -192,6 +195,40 @@ def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float
     return boxing_time(ctx.inputs[model_index].shape, 2, src, dst, mesh)
 
 
+# ------------------------------------------------------------------ edges
+
+
+class EdgeKind(str, Enum):
+    """How an edge into an op's input port is costed."""
+
+    BOXING = "boxing"
+    """Data flows: boxing time from the producer's SBP to the consumer's."""
+    SHAPE_ONLY = "shape_only"
+    """The port only lends its shape (``like`` of ``reduce_sum_like``, ``ones_like`` ...): free."""
+    IN_PLACE = "in_place"
+    """The op updates the tensor in place (optimizer ``model``): the layouts must be equal,
+    any other pair is forbidden (``inf``)."""
+
+
+SHAPE_ONLY_PORTS = frozenset({"like"})
+IN_PLACE_OPTIMIZER_PORTS = frozenset({"model", "m", "v", "momentum", "max_v"})
+
+
+def _port_base(port: str) -> str:
+    head, sep, tail = port.rpartition("_")
+    return head if sep and tail.isdigit() else port
+
+
+def edge_kind(op: Op, port: str) -> EdgeKind:
+    """Classify the edge into ``op``'s input ``port`` (the one place that forbids layout changes)."""
+    base = _port_base(port)
+    if base in SHAPE_ONLY_PORTS:
+        return EdgeKind.SHAPE_ONLY
+    if op.role is Role.OPTIMIZER and base in IN_PLACE_OPTIMIZER_PORTS:
+        return EdgeKind.IN_PLACE
+    return EdgeKind.BOXING
+
+
 # ------------------------------------------------------------------ keys
 
 
@@ -214,7 +251,10 @@ def op_key(graph: Graph, op: Op, mesh: Mesh, zero_stage: int) -> str:
     return "op:" + hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def edge_key(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh) -> str:
+def edge_key(
+    spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh, kind: EdgeKind = None  # type: ignore[assignment]
+) -> str:
+    kind = kind or EdgeKind.BOXING
     payload = {
         "v": COST_MODEL_VERSION,
         "shape": list(spec.shape),
@@ -223,7 +263,8 @@ def edge_key(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh:
         "dst": [str(s) for s in dst],
         "mesh": mesh.key(),
     }
-    return "edge:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+    return f"edge:{kind.value}:{digest}"
 
 
 # ------------------------------------------------------------------ entries
@@ -311,10 +352,13 @@ def _edge_matrix(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], m
     return m
 
 
-def _compute_edge_batch(batch: list[tuple[TensorSpec, list[NdSbp], list[NdSbp], Mesh]]) -> list[bytes]:
+def _compute_edge_batch(batch: list[tuple[TensorSpec, list[NdSbp], list[NdSbp], Mesh, bool]]) -> list[bytes]:
     out = []
-    for spec, src, dst, mesh in batch:
-        m = _edge_matrix(spec, src, dst, mesh)
+    for spec, src, dst, mesh, in_place in batch:
+        if in_place:
+            m = np.array([[0.0 if s == d else math.inf for d in dst] for s in src], dtype=np.float64)
+        else:
+            m = _edge_matrix(spec, src, dst, mesh)
         out.append(zlib.compress(m.astype(np.float64).tobytes(), 1))
     return out
 
@@ -385,6 +429,8 @@ def build_cost_tables(
     edge_specs: list[tuple[str, str, str, str, str]] = []
     for op in graph.ops:
         for in_port, tensor in op.inputs.items():
+            if edge_kind(op, in_port) is EdgeKind.SHAPE_ONLY:
+                continue  # no data flows: no boxing, no edge
             prod, out_port = graph.producer[tensor]
             edge_specs.append((prod, out_port, op.name, in_port, tensor))
     distinct: dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp]]] = {}
@@ -399,7 +445,7 @@ def build_cost_tables(
         src_u = list(dict.fromkeys(src_all))
         dst_u = list(dict.fromkeys(dst_all))
         spec = graph.tensors[tensor]
-        k = edge_key(spec, src_u, dst_u, mesh)
+        k = edge_key(spec, src_u, dst_u, mesh, edge_kind(cop, in_port))
         distinct.setdefault(k, (spec, src_u, dst_u))
         src_pos = {s: i for i, s in enumerate(src_u)}
         dst_pos = {s: i for i, s in enumerate(dst_u)}
@@ -413,7 +459,7 @@ def build_cost_tables(
     edge_keys = list(distinct)
     found_e = store.get_many(edge_keys)
     missing_e = [k for k in edge_keys if k not in found_e]
-    ejobs = [(distinct[k][0], distinct[k][1], distinct[k][2], mesh) for k in missing_e]
+    ejobs = [(distinct[k][0], distinct[k][1], distinct[k][2], mesh, k.startswith("edge:in_place")) for k in missing_e]
     computed_e = _run_batches(_compute_edge_batch, ejobs, workers, parallel_threshold, progress, "edges")
     new_e = dict(zip(missing_e, computed_e))
     if new_e:

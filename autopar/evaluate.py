@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopar.boxing import boxing_plan
-from autopar.costs import op_compute_time, op_signatures, optimizer_gather_time, rule_context
+from autopar.costs import EdgeKind, edge_kind, op_compute_time, op_signatures, optimizer_gather_time, rule_context
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.memory import (
     MIXED_PRECISION_ADAM,
@@ -158,6 +158,15 @@ def evaluate(
             if src is None:
                 continue
             if src == dst:
+                continue
+            kind = edge_kind(op, port)
+            if kind is EdgeKind.SHAPE_ONLY:
+                continue
+            if kind is EdgeKind.IN_PLACE:
+                errors.append(
+                    f"op {op.name!r} port {port!r} updates {tensor!r} in place: it must take the "
+                    f"producer's layout {src}, not {dst}"
+                )
                 continue
             spec = graph.tensors[tensor]
             bp = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh)

@@ -1,0 +1,540 @@
+"""Apply a plan to a OneFlow module, and check what OneFlow compiled against the plan.
+
+:func:`apply_plan` does two things:
+
+1. **parameters**: every parameter gets its planned N-D SBP
+   (``to_global(placement, sbp=[...])``; the plan's variable ops are OneFlow's
+   parameter names, e.g. ``model.encoder.block.0.layer.0.SelfAttention.q.weight``
+   for the parameter ``encoder.block.0.layer.0.SelfAttention.q.weight`` of a
+   module held by an ``nn.Graph`` as ``self.model``);
+2. **activation hints** (when ``example_inputs`` are given): OneFlow infers each
+   op's SBP greedily from its inputs as the job is built.  At every module
+   boundary where the SBP OneFlow inferred differs from the plan's, a
+   ``to_global(sbp=...)`` hint makes it follow the plan: on the module's output
+   (the producer's planned output SBP) and on its inputs (the SBP the module's
+   first ops are planned to read, i.e. a planned boxing at the boundary).
+
+   Which plan tensor a module's output is cannot be read from a lazy tensor, so
+   apply_plan first builds the module's forward once in a throwaway
+   ``nn.Graph`` with identity *probes* on every module input and output: a
+   probe's input blob names the tensor.  The real build then compares
+   ``tensor.sbp`` (OneFlow's inference so far) with the plan at the same
+   boundaries and adds a hint only where they differ.  Ops are matched between
+   builds by op key (:func:`autopar.oneflow.convert.op_keys`), which hints and
+   probes do not disturb.
+
+:func:`check_fidelity` reads the SBP OneFlow chose for every op of the built job
+and reports the share of the plan's ops whose ports all match, the share of
+the plan's boxing bytes whose producer and consumer SBPs match, and every
+mismatch.
+
+OneFlow is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.boxing import boxing_plan
+from autopar.errors import PlanError
+from autopar.graph import DTYPE_BYTES
+from autopar.oneflow.convert import op_keys, parse_nd_sbp_text
+from autopar.oneflow.jobs import _require_oneflow, load_job
+from autopar.plan import Plan
+from autopar.sbp import B, Broadcast, NdSbp, P, SbpValue, Split
+
+__all__ = [
+    "ApplyReport",
+    "FidelityReport",
+    "apply_plan",
+    "check_fidelity",
+    "from_flow_sbp",
+    "plan_input_sbps",
+    "remove_hints",
+    "to_flow_sbp",
+]
+
+_ORIGINAL = "_autopar_original_forward"
+
+
+# ------------------------------------------------------------------ SBP <-> oneflow.sbp
+
+
+def to_flow_sbp(sbp: NdSbp) -> list[Any]:
+    """``(S(0), B)`` -> ``[flow.sbp.split(0), flow.sbp.broadcast]``."""
+    flow = _require_oneflow()
+    out = []
+    for v in sbp:
+        if isinstance(v, Split):
+            out.append(flow.sbp.split(v.dim))
+        elif isinstance(v, Broadcast):
+            out.append(flow.sbp.broadcast)
+        else:
+            out.append(flow.sbp.partial_sum)
+    return out
+
+
+def from_flow_sbp(values: Sequence[Any]) -> NdSbp:
+    """``(flow.sbp.split(dim=0), flow.sbp.broadcast)`` -> ``(S(0), B)``."""
+    parsed: list[SbpValue] = []
+    for v in values:
+        text = str(v)
+        if "split" in text:
+            parsed.append(Split(int(text.rsplit("=", 1)[-1].rstrip(")"))))
+        elif "broadcast" in text:
+            parsed.append(B)
+        elif "partial" in text:
+            parsed.append(P)
+        else:
+            raise PlanError("bad_sbp", f"cannot read OneFlow SBP {text!r}")
+    return NdSbp(tuple(parsed))
+
+
+_INPUT_OP_RE = re.compile(r"^_.+_input\.0\.(\d+)_\d+$")
+
+
+def plan_input_sbps(plan: Plan) -> list[NdSbp]:
+    """The planned SBP of the graph's inputs, in argument order (lay the input tensors out so).
+
+    ``nn.Graph`` names its input ops ``_{graph}_input.0.{i}_{n}`` for argument ``i``.
+    """
+    found: dict[int, NdSbp] = {}
+    for name in plan.signatures:
+        m = _INPUT_OP_RE.match(name)
+        if m is not None:
+            found[int(m.group(1))] = plan.output_sbp(name, plan.ports[name][1][0])
+    return [found[i] for i in sorted(found)]
+
+
+# ------------------------------------------------------------------ reports
+
+
+@dataclass
+class ApplyReport:
+    """What :func:`apply_plan` did.  ``hints`` fills in while the real graph builds."""
+
+    parameters: dict[str, str]
+    """parameter name -> the N-D SBP it was laid out with"""
+    unplanned: list[str]
+    """parameters the plan has no variable for (left as they were)"""
+    boundaries: int = 0
+    """module inputs and outputs the probe matched to plan tensors"""
+    hints: list[str] = field(default_factory=list)
+    """``module: output 0 (S(0), S(1)) -> (S(0), B)`` for every hint added to a build"""
+
+
+@dataclass
+class FidelityReport:
+    """How closely a built OneFlow job follows a plan."""
+
+    ops_total: int
+    ops_matched: int
+    boxing_bytes_total: float
+    boxing_bytes_matched: float
+    mismatches: list[dict[str, str]]
+    """``{"op", "port", "planned", "compiled"}`` for every port that differs"""
+    missing: list[str]
+    """plan ops with no counterpart in the job"""
+
+    @property
+    def op_share(self) -> float:
+        return self.ops_matched / self.ops_total if self.ops_total else 1.0
+
+    @property
+    def boxing_share(self) -> float:
+        return self.boxing_bytes_matched / self.boxing_bytes_total if self.boxing_bytes_total else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ops_total": self.ops_total,
+            "ops_matched": self.ops_matched,
+            "op_share": self.op_share,
+            "boxing_bytes_total": self.boxing_bytes_total,
+            "boxing_bytes_matched": self.boxing_bytes_matched,
+            "boxing_share": self.boxing_share,
+            "mismatches": self.mismatches,
+            "missing": self.missing,
+        }
+
+    def summary(self, limit: int = 10) -> str:
+        lines = [
+            f"fidelity: {self.ops_matched}/{self.ops_total} ops follow the plan ({100 * self.op_share:.1f}%), "
+            f"{100 * self.boxing_share:.1f}% of planned boxing bytes "
+            f"({self.boxing_bytes_matched / 2**20:.2f} of {self.boxing_bytes_total / 2**20:.2f} MiB)"
+        ]
+        for m in self.mismatches[:limit]:
+            lines.append(f"  {m['op']} {m['port']}: planned {m['planned']}, compiled {m['compiled']}")
+        if len(self.mismatches) > limit:
+            lines.append(f"  ... {len(self.mismatches) - limit} more mismatched ports")
+        if self.missing:
+            lines.append(f"  {len(self.missing)} plan ops not in the job, e.g. {self.missing[:3]}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ parameters
+
+
+def _variable_layouts(plan: Plan) -> dict[str, NdSbp]:
+    ndim = plan.mesh.ndim
+    out: dict[str, NdSbp] = {}
+    for var, info in plan.variables.items():
+        if isinstance(info, dict) and "sbp" in info:
+            out[var] = parse_nd_sbp_text(str(info["sbp"]), ndim)
+    return out
+
+
+def _match_parameter(name: str, variables: dict[str, NdSbp], prefix: str | None) -> str | None:
+    if prefix is not None:
+        key = f"{prefix}{name}"
+        return key if key in variables else None
+    if name in variables:
+        return name
+    hits = [v for v in variables if v.endswith("." + name)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _layout_parameters(
+    module: Any, plan: Plan, placement: Any, prefix: str | None, copy_values: bool
+) -> tuple[dict[str, str], list[str]]:
+    flow = _require_oneflow()
+    layouts = _variable_layouts(plan)
+    ndim = plan.mesh.ndim
+    if tuple(placement.ranks.shape) != tuple(plan.mesh.shape):
+        raise PlanError(
+            "mesh_mismatch",
+            f"the placement's ranks have shape {list(placement.ranks.shape)} but the plan's mesh is "
+            f"{list(plan.mesh.shape)}; use flow.placement(type, ranks=<array of that shape>)",
+        )
+    applied: dict[str, str] = {}
+    unplanned: list[str] = []
+    for name, param in list(module.named_parameters()):
+        var = _match_parameter(name, layouts, prefix)
+        sbp = layouts[var] if var is not None else NdSbp((B,) * ndim)
+        if var is None:
+            unplanned.append(name)
+        target = to_flow_sbp(sbp)
+        with flow.no_grad():
+            if copy_values:
+                data = param.data
+                if not data.is_global:
+                    data = data.to_global(placement, [flow.sbp.broadcast] * ndim)
+                new = data.to_global(placement, target)
+            else:
+                new = flow.empty(*param.shape, dtype=param.dtype, placement=placement, sbp=target)
+        *owner_path, attr = name.split(".")
+        owner = module
+        for part in owner_path:
+            owner = getattr(owner, part)
+        if param.is_global:
+            param.data = new
+        else:
+            setattr(owner, attr, flow.nn.Parameter(new, requires_grad=param.requires_grad))
+        applied[name] = str(sbp)
+    return applied, unplanned
+
+
+# ------------------------------------------------------------------ activation hints
+
+
+def _flatten(value: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
+    if is_tensor(value):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flatten(v, is_tensor)]
+    return []
+
+
+def _rebuild(value: Any, is_tensor: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
+    if is_tensor(value):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rebuild(v, is_tensor, fn) for v in value)
+    return value
+
+
+class _Hinter:
+    """State shared by the forward wrappers of one :func:`apply_plan` call."""
+
+    def __init__(self, plan: Plan, graph_attr: str, report: ApplyReport) -> None:
+        self.plan = plan
+        self.graph_attr = graph_attr
+        self.report = report
+        self.mode = "off"
+        self.calls: dict[str, int] = {}
+        self.probes: dict[tuple[str, int, str, int], str] = {}  # boundary -> probe op name
+        self.wanted: dict[tuple[str, int, str, int], NdSbp] = {}
+        keys = op_keys(plan.signatures)
+        self.plan_by_key = {k: name for name, k in keys.items()}
+
+    # ---- bookkeeping
+
+    def start_build(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = {}
+
+    def next_call(self, path: str) -> int:
+        n = self.calls.get(path, 0)
+        self.calls[path] = n + 1
+        return n
+
+    def scope(self, path: str) -> str:
+        return f"{self.graph_attr}.{path}" if path else self.graph_attr
+
+    # ---- probe build
+
+    def probe(self, boundary: tuple[str, int, str, int], tensor: Any) -> None:
+        flow = _require_oneflow()
+        from oneflow.core.job import job_pb2
+
+        flow._C.identity(tensor)
+        job = job_pb2.Job()
+        job.ParseFromString(flow._oneflow_internal.GetSerializedCurrentJob())
+        self.probes[boundary] = job.net.op[-1].name
+
+    def finish_probe(self, job: Any) -> None:
+        """Turn the probes of a built job into the planned SBP at each boundary."""
+        probe_names = set(self.probes.values())
+        keys = op_keys((op.name for op in job.net.op), skip=probe_names)
+        probe_input: dict[str, str] = {}
+        readers: dict[str, list[tuple[str, str]]] = {}
+        for op in job.net.op:
+            if op.WhichOneof("op_type") != "user_conf":
+                continue
+            for arg, lbns in op.user_conf.input.items():
+                for i, lbn in enumerate(lbns.s):
+                    if op.name in probe_names:
+                        probe_input[op.name] = lbn
+                    else:
+                        readers.setdefault(lbn, []).append((op.name, f"{arg}_{i}"))
+        for boundary, probe in self.probes.items():
+            lbn = probe_input.get(probe)
+            if lbn is None:
+                continue
+            path, _, kind, _ = boundary
+            if kind == "out":
+                producer, port = lbn.split("/", 1)
+                plan_op = self.plan_by_key.get(keys.get(producer, ""))
+                if plan_op is not None and port in self.plan.ports[plan_op][1]:
+                    self.wanted[boundary] = self.plan.output_sbp(plan_op, port)
+                continue
+            scope = self.scope(path)
+            wanted = set()
+            for consumer, port in readers.get(lbn, []):
+                if not (consumer.startswith(scope + ".") or consumer.startswith(scope + "-")):
+                    continue
+                plan_op = self.plan_by_key.get(keys.get(consumer, ""))
+                if plan_op is not None and port in self.plan.ports[plan_op][0]:
+                    wanted.add(self.plan.input_sbp(plan_op, port))
+            if len(wanted) == 1:
+                self.wanted[boundary] = wanted.pop()
+        self.report.boundaries = len(self.wanted)
+
+    # ---- real build
+
+    def hint(self, boundary: tuple[str, int, str, int], tensor: Any) -> Any:
+        wanted = self.wanted.get(boundary)
+        if wanted is None or not tensor.is_global:
+            return tensor
+        current = from_flow_sbp(tensor.sbp)
+        if current == wanted:
+            return tensor
+        path, call, kind, index = boundary
+        self.report.hints.append(
+            f"{self.scope(path)}[{call}]: {'output' if kind == 'out' else 'input'} {index} {current} -> {wanted}"
+        )
+        return tensor.to_global(placement=tensor.placement, sbp=to_flow_sbp(wanted))
+
+
+def _wrap(module: Any, path: str, hinter: _Hinter) -> None:
+    flow = _require_oneflow()
+    original = module.forward.__func__ if hasattr(module.forward, "__func__") else type(module).forward
+    is_tensor = flow.is_tensor
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if hinter.mode == "off" or not flow._oneflow_internal.lazy_mode.is_enabled():
+            return original(self, *args, **kwargs)
+        call = hinter.next_call(path)
+        tensors_in = [i for i, a in enumerate(args) if is_tensor(a)]
+        if hinter.mode == "probe":
+            for n, i in enumerate(tensors_in):
+                hinter.probe((path, call, "in", n), args[i])
+            out = original(self, *args, **kwargs)
+            for n, t in enumerate(_flatten(out, is_tensor)):
+                hinter.probe((path, call, "out", n), t)
+            return out
+        new_args = list(args)
+        for n, i in enumerate(tensors_in):
+            new_args[i] = hinter.hint((path, call, "in", n), args[i])
+        out = original(self, *new_args, **kwargs)
+        counter = iter(range(1 << 30))
+        return _rebuild(out, is_tensor, lambda t: hinter.hint((path, call, "out", next(counter)), t))
+
+    setattr(module, _ORIGINAL, original)
+    module.forward = types.MethodType(forward, module)
+
+
+def remove_hints(module: Any) -> None:
+    """Undo the forward wrappers :func:`apply_plan` installed (parameter layouts stay)."""
+    for _, sub in module.named_modules():
+        if hasattr(sub, _ORIGINAL):
+            del sub.forward
+            delattr(sub, _ORIGINAL)
+
+
+def apply_plan(
+    module: Any,
+    plan: Plan | dict[str, Any],
+    placement: Any,
+    *,
+    example_inputs: Sequence[Any] | None = None,
+    graph_attr: str = "model",
+    prefix: str | None = None,
+    copy_values: bool = True,
+) -> ApplyReport:
+    """Lay out ``module``'s parameters as ``plan`` says and install activation hints.
+
+    ``placement`` is the ``flow.placement`` of the plan's mesh (its hierarchy
+    must have the mesh's number of axes).  ``example_inputs`` (global tensors
+    on that placement) enable activation hints: the module's forward is built
+    once to find which plan tensor crosses each module boundary.
+    ``graph_attr`` is the attribute the training ``nn.Graph`` holds the module
+    as (``make_train_graph`` uses ``model``): OneFlow prefixes op and variable
+    names with it.  ``prefix`` overrides how parameter names map to the plan's
+    variable ops (default: the unique variable whose name ends with the
+    parameter's).  ``copy_values=False`` allocates the laid-out parameters
+    without copying values (enough to build and export a job).
+
+    Call it before creating the optimizer.  Returns an :class:`ApplyReport`;
+    its ``hints`` list fills in while the training graph builds.
+    """
+    flow = _require_oneflow()
+    if isinstance(plan, dict):
+        plan = Plan.from_dict(plan)
+    applied, unplanned = _layout_parameters(module, plan, placement, prefix, copy_values)
+    report = ApplyReport(applied, unplanned)
+    if example_inputs is None:
+        return report
+    hinter = _Hinter(plan, graph_attr, report)
+    for path, sub in module.named_modules():
+        if not hasattr(sub, _ORIGINAL):
+            _wrap(sub, path, hinter)
+
+    class Probe(flow.nn.Graph):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            setattr(self, graph_attr, module)
+
+        def build(self, *inputs: Any) -> Any:
+            return getattr(self, graph_attr)(*inputs)
+
+    hinter.start_build("probe")
+    probe = Probe()
+    probe.build_graph(*example_inputs)
+    hinter.finish_probe(probe._full_job_proto)
+    hinter.start_build("hint")
+    return report
+
+
+# ------------------------------------------------------------------ fidelity
+
+
+def _job_of(source: Any, inputs: Sequence[Any]) -> Any:
+    if hasattr(source, "build_graph") and hasattr(source, "_full_job_proto"):
+        if source._full_job_proto is None:
+            source.build_graph(*inputs)
+        return source._full_job_proto
+    return load_job(source)
+
+
+def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> FidelityReport:
+    """Compare the N-D SBP OneFlow chose in ``graph``'s job with ``plan``.
+
+    ``graph`` is an ``nn.Graph`` (built here on ``inputs`` if it is not built
+    yet), a OneFlow ``Job``, its bytes or a ``.pb`` path.  Plan ops are matched
+    to job ops by op key; ops and ports the job lacks count as mismatches.
+    Boxing bytes are those the plan itself schedules (producer output SBP !=
+    consumer input SBP), ring bytes per device from :mod:`autopar.boxing`; a
+    planned boxing matches when both ends compiled as planned.
+    """
+    from autopar.oneflow.importer import import_job
+    from autopar.oneflow.plans import import_plan
+
+    if isinstance(plan, dict):
+        plan = Plan.from_dict(plan)
+    job = _job_of(graph, inputs)
+    compiled_graph = import_job(job, zero_stage=plan.zero_stage)
+    if tuple(compiled_graph.meta["mesh_shape"]) != tuple(plan.mesh.shape):
+        raise PlanError(
+            "mesh_mismatch",
+            f"the job runs on mesh {compiled_graph.meta['mesh_shape']} but the plan is for {list(plan.mesh.shape)}",
+        )
+    compiled = import_plan(job, graph=compiled_graph, cluster=plan.mesh.cluster, zero_stage=plan.zero_stage)
+    plan_key = op_keys(plan.signatures)
+    job_key = op_keys(op.name for op in compiled_graph.ops)
+    job_by_key = {k: n for n, k in job_key.items()}
+    plan_by_key = {k: n for n, k in plan_key.items()}
+
+    mismatches: list[dict[str, str]] = []
+    missing: list[str] = []
+    matched = 0
+    for name, sig in plan.signatures.items():
+        other = job_by_key.get(plan_key[name])
+        if other is None:
+            missing.append(name)
+            continue
+        ins, outs = plan.ports[name]
+        c_ins, c_outs = compiled.ports[other]
+        ok = True
+        for ports, planned_sbps, c_ports, c_sbps in (
+            (ins, sig.inputs, c_ins, compiled.signatures[other].inputs),
+            (outs, sig.outputs, c_outs, compiled.signatures[other].outputs),
+        ):
+            for port, planned in zip(ports, planned_sbps):
+                got = c_sbps[c_ports.index(port)] if port in c_ports else None
+                if got != planned:
+                    ok = False
+                    mismatches.append(
+                        {"op": name, "port": port, "planned": str(planned), "compiled": str(got or "-")}
+                    )
+        matched += ok
+
+    # planned boxing: edges of the compiled job between plan ops (hint casts are transparent)
+    total_bytes = 0.0
+    matched_bytes = 0.0
+    producer = compiled_graph.producer
+    for op in compiled_graph.ops:
+        consumer_plan = plan_by_key.get(job_key[op.name])
+        if consumer_plan is None:
+            continue
+        for port, tensor in op.inputs.items():
+            if port not in plan.ports[consumer_plan][0]:
+                continue
+            src_op, src_port = producer[tensor]
+            while plan_by_key.get(job_key[src_op]) is None and len(compiled_graph.op_by_name[src_op].inputs) == 1:
+                (upstream,) = compiled_graph.op_by_name[src_op].inputs.values()
+                src_op, src_port = producer[upstream]
+            producer_plan = plan_by_key.get(job_key[src_op])
+            if producer_plan is None or src_port not in plan.ports[producer_plan][1]:
+                continue
+            src = plan.output_sbp(producer_plan, src_port)
+            dst = plan.input_sbp(consumer_plan, port)
+            if src == dst:
+                continue
+            spec = compiled_graph.tensors[tensor]
+            steps = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, plan.mesh)
+            moved = sum(s.bytes_per_device for s in steps.steps) if steps.feasible else float(spec.nbytes)
+            if not math.isfinite(moved):
+                moved = float(spec.nbytes)
+            total_bytes += moved
+            if (
+                compiled.output_sbp(src_op, src_port) == src
+                and compiled.input_sbp(op.name, port) == dst
+            ):
+                matched_bytes += moved
+    return FidelityReport(len(plan.signatures), matched, total_bytes, matched_bytes, mismatches, missing)
+

@@ -1,0 +1,164 @@
+"""Train a OneFlow model with an autopar plan: the launcher flow, end to end, on CPU.
+
+::
+
+    python train_with_plan.py --model mt5-tiny --mesh 2,2 --planner solver --steps 3 --out /tmp/run
+
+1. **export** (this process, one CPU rank): build the training job once, write
+   ``job.pb``, import it as ``graph.json``, and run ``--steps`` reference steps
+   on that one rank (the losses every plan must reproduce);
+2. **plan**: ``autopar plan graph.json`` (``--planner solver``) or ``autopar
+   baseline KIND`` with the main autopar environment's Python (the solver's
+   ortools cannot live beside OneFlow), or ``--plan FILE``;
+3. **launch** ``python -m oneflow.distributed.launch --nproc_per_node N
+   train_with_plan.py run ...``: every rank lays out the parameters and adds the
+   activation hints of the plan (:func:`autopar.oneflow.apply_plan`), builds the
+   job, checks it against the plan (:func:`autopar.oneflow.check_fidelity`),
+   and trains ``--steps`` steps;
+4. print the fidelity report and the losses next to the one-rank losses.
+
+``result.json`` in ``--out`` holds the numbers.  Needs the OneFlow venv
+(``scripts/oneflow-env.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import oneflow as flow
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import zoo  # noqa: E402
+
+from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph  # noqa: E402
+from autopar.oneflow.apply import plan_input_sbps, to_flow_sbp  # noqa: E402
+from autopar.oneflow.planning import request_plan  # noqa: E402
+from autopar.plan import Plan  # noqa: E402
+
+LEARNING_RATE = 1e-3
+
+
+def _loss_value(loss: flow.Tensor, placement: flow.placement) -> float:
+    ndim = len(loss.sbp)
+    return float(loss.to_global(placement, [flow.sbp.broadcast] * ndim).to_local().numpy())
+
+
+def export_and_reference(args: argparse.Namespace, out: Path) -> list[float]:
+    """Build the job on one rank, export and import it, and train the reference steps."""
+    placement = flow.placement("cpu", ranks=[0])
+    module, arrays = zoo.build(args.model, seed=0, batch=args.batch)
+    module = module.to_global(placement, flow.sbp.broadcast)
+    inputs = [flow.tensor(a).to_global(placement, flow.sbp.broadcast) for a in arrays]
+    graph = make_train_graph(module, flow.optim.AdamW(module.parameters(), lr=LEARNING_RATE))
+    t0 = time.perf_counter()
+    (out / "job.pb").write_bytes(export_job(graph, *inputs))
+    build_s = time.perf_counter() - t0
+    imported = import_job(out / "job.pb")
+    imported.save(str(out / "graph.json"))
+    print(f"[export] {imported} built in {build_s:.2f} s -> {out / 'job.pb'}, {out / 'graph.json'}")
+    graph.finish_complie_and_init_runtime()
+    return [_loss_value(graph(*inputs), placement) for _ in range(args.steps)]
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    """One rank of the multi-rank run (started by oneflow.distributed.launch)."""
+    out = Path(args.out)
+    plan = Plan.load(args.plan)
+    shape = tuple(plan.mesh.shape)
+    placement = flow.placement("cpu", ranks=np.arange(int(np.prod(shape))).reshape(shape).tolist())
+    broadcast = [flow.sbp.broadcast] * len(shape)
+    module, arrays = zoo.build(args.model, seed=0, batch=args.batch)
+    inputs = [
+        flow.tensor(a).to_global(placement, broadcast).to_global(placement, to_flow_sbp(sbp))
+        for a, sbp in zip(arrays, plan_input_sbps(plan))
+    ]
+    report = apply_plan(module, plan, placement, example_inputs=inputs)
+    graph = make_train_graph(module, flow.optim.AdamW(module.parameters(), lr=LEARNING_RATE))
+    graph.build_graph(*inputs)
+    fidelity = check_fidelity(graph, plan)
+    graph.finish_complie_and_init_runtime()
+    losses = [_loss_value(graph(*inputs), placement) for _ in range(args.steps)]
+    if flow.env.get_rank() == 0:
+        result = {
+            "mesh": list(shape),
+            "plan_source": plan.source,
+            "losses": losses,
+            "fidelity": fidelity.to_dict(),
+            "parameters": report.parameters,
+            "unplanned_parameters": report.unplanned,
+            "boundaries": report.boundaries,
+            "hints": report.hints,
+        }
+        (out / "rank0.json").write_text(json.dumps(result, indent=1))
+        print(fidelity.summary())
+        print(f"[run] {len(report.hints)} activation hints; losses {losses}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("phase", nargs="?", default="all", choices=["all", "run"])
+    parser.add_argument("--model", default="mt5-tiny", choices=zoo.NAMES)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--mesh", default="2,2", help="mesh shape, e.g. 2,2 (ranks = product)")
+    parser.add_argument("--cluster", default=None, help="NODESxDEVICES to plan for (default 1xRANKS)")
+    parser.add_argument("--planner", default="solver", help="solver, megatron, inferred, data-parallel")
+    parser.add_argument("--plan", default=None, help="use this plan JSON instead of planning")
+    parser.add_argument("--zero", type=int, default=0, help="ZeRO stage to plan for")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit, s")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default="/tmp/autopar-train-with-plan")
+    args = parser.parse_args()
+    if args.phase == "run":
+        run_rank(args)
+        return
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = [int(s) for s in args.mesh.split(",")]
+    ranks = int(np.prod(shape))
+    reference = export_and_reference(args, out)
+    print(f"[export] one-rank losses {reference}")
+
+    plan_path = args.plan
+    if plan_path is None:
+        plan_path = str(out / "plan.json")
+        t0 = time.perf_counter()
+        plan = request_plan(
+            str(out / "graph.json"),
+            plan_path,
+            mesh_shape=shape,
+            cluster=args.cluster or f"1x{ranks}",
+            zero_stage=args.zero,
+            planner=args.planner,
+            time_limit_s=args.time_limit,
+        )
+        print(f"[plan] {plan.source}: planned in {time.perf_counter() - t0:.1f} s\n{plan.summary()}")
+
+    command = [
+        sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", str(ranks),
+        str(Path(__file__).resolve()), "run", "--model", args.model, "--plan", plan_path,
+        "--steps", str(args.steps), "--out", str(out),
+    ]
+    if args.batch:
+        command += ["--batch", str(args.batch)]
+    t0 = time.perf_counter()
+    subprocess.run(command, check=True, env=dict(os.environ))
+    launched = json.loads((out / "rank0.json").read_text())
+    result = {**launched, "reference_losses": reference, "launch_s": time.perf_counter() - t0, "plan": plan_path}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(launched["losses"], reference)]
+    print(f"[result] losses on {ranks} ranks {launched['losses']}")
+    print(f"[result] losses on 1 rank  {reference}  (max relative difference {max(rel):.2e})")
+    print(f"[result] {out / 'result.json'}")
+
+
+if __name__ == "__main__":
+    main()

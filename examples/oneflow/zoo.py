@@ -1,0 +1,50 @@
+"""The example models by name, with deterministic example batches.
+
+``build(name)`` returns ``(module, [numpy arrays])``: the module's forward takes
+the arrays (as tensors) and returns the mean loss.  Names: ``mt5-tiny``,
+``mt5-base`` (12+12 layers, hidden 768; ``batch``/``seq`` default 16 / 512,128),
+``gpt-tiny``, ``bert-tiny``; ``fused=True`` emits OneFlow's fused norm ops
+(CUDA kernels only: build and export, do not run on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import bert
+import gpt
+import mt5
+
+NAMES = ("mt5-tiny", "mt5-base", "gpt-tiny", "bert-tiny")
+
+
+def build(
+    name: str,
+    *,
+    seed: int | None = 0,
+    batch: int | None = None,
+    seq: int | None = None,
+    decoder_seq: int | None = None,
+    layers: int | None = None,
+    fused: bool = False,
+) -> tuple[Any, list[np.ndarray]]:
+    """Module and example inputs of model ``name`` (``seed=None``: parameters left uninitialised)."""
+    if name in ("mt5-tiny", "mt5-base"):
+        overrides: dict[str, Any] = {"fused_rms_norm": fused}
+        if layers is not None:
+            overrides.update(num_layers=layers, num_decoder_layers=layers)
+        config = mt5.MT5Config.tiny(**overrides) if name == "mt5-tiny" else mt5.MT5Config.base(**overrides)
+        small = name == "mt5-tiny"
+        arrays = mt5.example_inputs(
+            config, batch or (8 if small else 16), seq or (32 if small else 512), decoder_seq or (16 if small else 128)
+        )
+        return mt5.MT5ForConditionalGeneration(config, seed=seed), list(arrays)
+    if name == "gpt-tiny":
+        gconfig = gpt.GPTConfig.tiny(fused_layer_norm=fused, **({"layers": layers} if layers else {}))
+        return gpt.GPTLMHeadModel(gconfig, seed=seed), list(gpt.example_inputs(gconfig, batch or 8, seq or 32))
+    if name == "bert-tiny":
+        bconfig = bert.BertConfig.tiny(fused_layer_norm=fused, **({"layers": layers} if layers else {}))
+        return bert.BertForMaskedLM(bconfig, seed=seed), list(bert.example_inputs(bconfig, batch or 8, seq or 32))
+    raise ValueError(f"unknown model {name!r}; choose one of {NAMES}")
