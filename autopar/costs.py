@@ -319,6 +319,8 @@ class CostTables:
     ops: dict[str, OpTable]
     edges: list[EdgeTable]
     stats: dict[str, Any] = field(default_factory=dict)
+    op_keys: dict[str, str] = field(default_factory=dict)
+    """op name -> content key (equal keys: same signatures and costs)."""
 
     def port_sbp(self, op_name: str, choice: int, port: str, output: bool) -> NdSbp:
         op = self.graph.op_by_name[op_name]
@@ -486,7 +488,7 @@ def build_cost_tables(
         "time_edges_s": t_edges,
         "time_s": time.perf_counter() - t0,
     }
-    return CostTables(graph, mesh, zero_stage, tables, edges, stats)
+    return CostTables(graph, mesh, zero_stage, tables, edges, stats, keys)
 
 
 def _run_batches(

@@ -122,7 +122,7 @@ class Service:
         """Parse and validate a plan body; store its graph; return the plan key and job payload."""
         body = parse_json_model(PlanBody, raw)
         graph = parse_graph(body.graph)
-        cluster = cluster_of(body.cluster, body.preset)
+        cluster = cluster_of(body.cluster, body.preset, self.settings.max_devices)
         request = build_request(
             graph,
             cluster,
@@ -728,7 +728,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any]]]:
         body = parse_json_model(SweepBody, raw)
         graph = parse_graph(body.graph)
-        cluster = cluster_of(body.cluster, body.preset)
+        cluster = cluster_of(body.cluster, body.preset, service.settings.max_devices)
         combos = list(
             dict.fromkeys(
                 (tuple(m) if m else None, b, z)

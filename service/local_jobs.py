@@ -103,6 +103,7 @@ class LocalJobManager:
         self.on_terminal = on_terminal
         self._ctx = multiprocessing.get_context("forkserver")
         self._jobs: dict[str, _Entry] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._started = 0
         self._slots: asyncio.Semaphore | None = None
         self._pumps: ThreadPoolExecutor | None = None
@@ -127,9 +128,8 @@ class LocalJobManager:
                 self._kill(entry)
                 if entry.task is not None:
                     entry.task.cancel()
-        tasks = [e.task for e in self._jobs.values() if e.task is not None]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._pumps is not None:
             self._pumps.shutdown(wait=False, cancel_futures=True)
 
@@ -150,6 +150,8 @@ class LocalJobManager:
         entry = _Entry(JobInfo(job_id), {**payload, "refresh": refresh})
         self._jobs[job_id] = entry
         entry.task = asyncio.create_task(self._run(entry), name=f"autopar-job-{job_id[:12]}")
+        self._tasks.add(entry.task)
+        entry.task.add_done_callback(self._tasks.discard)
         return entry.info
 
     async def get(self, job_id: str) -> JobInfo | None:
@@ -242,8 +244,12 @@ class LocalJobManager:
         proc = entry.process
         if proc is None or proc.pid is None or proc.exitcode is not None:
             return
+        # the group (the solver's helpers too) and the process itself, in case it has
+        # not called setpgrp yet (then it has no helpers either)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGTERM)
 
     async def _run(self, entry: _Entry) -> None:
         assert self._slots is not None
@@ -277,6 +283,7 @@ class LocalJobManager:
         finally:
             sender.close()
         entry.process = proc
+        log.debug("job %s: attempt %d in process %s", info.id[:12], info.attempts + 1, proc.pid)
         self._started += 1
         info.status = JobStatus.RUNNING
         info.attempts += 1
@@ -297,6 +304,7 @@ class LocalJobManager:
             if proc.exitcode is None:
                 self._kill(entry)
             await self._loop.run_in_executor(self._pumps, _reap, proc)
+        log.debug("job %s: process %s ended (exit %s)", info.id[:12], proc.pid, proc.exitcode)
         if entry.cancel_requested or info.terminal:
             return "canceled"
         if final is None:
@@ -342,10 +350,16 @@ class LocalJobManager:
     ) -> tuple[str, dict[str, Any]] | None:
         """Thread: relay progress to the loop until the final message, EOF or the deadline."""
         assert self._loop is not None
+        canceled_at: float | None = None
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return None
+            if entry.cancel_requested:
+                canceled_at = canceled_at or now
+                if now - canceled_at > _KILL_GRACE_S:
+                    return None  # the caller SIGKILLs what is left
             try:
                 if not receiver.poll(min(remaining, 1.0)):
                     continue
@@ -376,6 +390,8 @@ def _reap(proc: multiprocessing.process.BaseProcess) -> None:
     if proc.exitcode is None and proc.pid is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGKILL)
         proc.join(_KILL_GRACE_S)
 
 

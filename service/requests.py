@@ -26,7 +26,6 @@ from solver.options import SolverOptions
 from solver.planner import PlanRequest
 
 __all__ = [
-    "MAX_DEVICES",
     "EvaluateBody",
     "PlanBody",
     "SolverOptionsBody",
@@ -36,9 +35,6 @@ __all__ = [
     "payload_of",
     "request_from_payload",
 ]
-
-MAX_DEVICES = 4096
-"""Largest cluster the service plans for (nodes x devices per node)."""
 
 PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
 
@@ -143,14 +139,14 @@ def parse_graph(data: dict[str, Any]) -> Graph:
     return graph
 
 
-def cluster_of(cluster: str, preset: str) -> Cluster:
-    """The cluster ``NODESxDEVICES`` of ``preset`` devices, at most :data:`MAX_DEVICES`."""
+def cluster_of(cluster: str, preset: str, max_devices: int) -> Cluster:
+    """The cluster ``NODESxDEVICES`` of ``preset`` devices, at most ``max_devices`` of them."""
     parsed = Cluster.parse(cluster, preset)
-    if parsed.world_size > MAX_DEVICES:
+    if parsed.world_size > max_devices:
         raise ConfigError(
             "bad_cluster",
-            f"cluster {cluster} has {parsed.world_size} devices; the service plans for at most "
-            f"{MAX_DEVICES}",
+            f"cluster {cluster} has {parsed.world_size} devices; this server plans for at most "
+            f"{max_devices}",
         )
     return parsed
 

@@ -81,6 +81,8 @@ class Settings(BaseSettings):
     """Longest ``?wait=`` long-poll, seconds."""
     max_sweep_points: int = Field(default=32, ge=1)
     """Most plans one sweep may ask for."""
+    max_devices: int = Field(default=4096, ge=1)
+    """Largest cluster (nodes x devices per node) a request may describe."""
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -115,6 +115,8 @@ class _Builder:
         }
         self.with_objective = with_objective
         self.scale = 1.0
+        self.constant_s = 0.0
+        """Seconds taken out of the node coefficients (added back to the objective)."""
         self.memory_unit = 1.0
         self.memory_exact = True
         self.edge_z: dict[int, list[tuple[cp_model.IntVar, int, int]]] = {}
@@ -210,6 +212,12 @@ class _Builder:
         return _EdgePlan(u, v, row_group, col_group, pair, memory, encoding)
 
     def choose_scale(self) -> None:
+        # Exactly one choice per node: its smallest finite cost is a constant.
+        for i, c in enumerate(self.node_obj):
+            finite = np.isfinite(c)
+            low = float(c[finite].min()) if finite.any() else 0.0
+            self.node_obj[i] = c - low
+            self.constant_s += low
         coefs = [np.abs(c[np.isfinite(c)]) for c in self.node_obj]
         coefs += [np.abs(p.pair[np.isfinite(p.pair)]) for p in self.plans if p.encoding != "none"]
         max_coef = max((float(c.max()) for c in coefs if c.size), default=0.0)
@@ -468,8 +476,11 @@ def solve_cpsat(
     """Minimise ``problem`` with CP-SAT.
 
     ``offset`` (seconds) is added to progress reports only (so they speak about
-    the original problem); ``time_limit_s`` overrides ``options.time_limit_s``;
-    ``encoding`` forces the edge encoding ("full", "sparse") for experiments.
+    the original problem).  The search stops ``time_limit_s`` (default
+    ``options.time_limit_s``) after ``t0`` (default: now), so time already spent
+    by the caller and by building the model counts; in deterministic mode the
+    whole limit goes to CP-SAT in its deterministic units.  ``encoding`` forces
+    the edge encoding ("full", "sparse") for experiments.
     """
     t0 = time.perf_counter() if t0 is None else t0
     build_start = time.perf_counter()
@@ -491,6 +502,7 @@ def solve_cpsat(
     proto = builder.model.proto
     rounding = 0.5 * (problem.num_nodes + len(problem.edges)) / builder.scale
     stats: dict[str, Any] = {
+        "constant_s": builder.constant_s,
         "variables": len(proto.variables),
         "constraints": len(proto.constraints),
         "objective_terms": len(proto.objective.vars),
@@ -507,15 +519,18 @@ def solve_cpsat(
 
     solver = cp_model.CpSolver()
     limit = options.time_limit_s if time_limit_s is None else time_limit_s
-    _configure(solver, options, max(limit, 0.01))
+    if not options.deterministic:
+        limit -= time.perf_counter() - t0
+    _configure(solver, options, max(limit, 0.05))
     callback = None
     if progress is not None:
-        callback = _Callback(progress, builder.scale, offset, t0)
+        callback = _Callback(progress, builder.scale, offset + builder.constant_s, t0)
         report = progress
         scale = builder.scale
+        shift = offset + builder.constant_s
 
         def on_bound(bound: float) -> None:
-            report(Progress("solve", None, bound / scale + offset, time.perf_counter() - t0))
+            report(Progress("solve", None, bound / scale + shift, time.perf_counter() - t0))
 
         solver.best_bound_callback = on_bound
         progress(Progress("solve", None, None, time.perf_counter() - t0))
@@ -533,7 +548,7 @@ def solve_cpsat(
     if code == cp_model.INFEASIBLE:
         return CpSatResult("infeasible", None, None, math.inf, rounding, stats)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = solver.best_objective_bound / builder.scale if problem.num_nodes else -math.inf
+        bound = solver.best_objective_bound / builder.scale + builder.constant_s
         return CpSatResult("unknown", None, None, bound, rounding, stats)
     choices = builder.extract(solver)
     objective_int = round(solver.objective_value)
@@ -543,8 +558,8 @@ def solve_cpsat(
     return CpSatResult(
         status,
         choices,
-        objective_int / builder.scale,
-        min(bound_int, objective_int) / builder.scale,
+        objective_int / builder.scale + builder.constant_s,
+        min(bound_int, objective_int) / builder.scale + builder.constant_s,
         rounding,
         stats,
     )
@@ -561,8 +576,6 @@ def min_feasible_memory(
     minimal without rounding memory.  ``(inf, True)`` when no plan has finite cost.
     """
     options = options or SolverOptions(time_limit_s=10.0)
-    if not problem.memory_rows:
-        return 0.0, True
     builder = _Builder(problem, "sparse", with_objective=False)
     builder.make_node_vars()
     if builder.infeasible:
@@ -585,4 +598,4 @@ def min_feasible_memory(
         and builder.memory_exact
         and solver.best_objective_bound >= solver.objective_value - 1e-6
     )
-    return max(memory), proven
+    return max(memory, default=0.0), proven

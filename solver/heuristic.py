@@ -1,19 +1,25 @@
-"""Fast complete assignment: memory-aware greedy, penalty repair, then local search.
+"""Fast complete assignment: greedy, Lagrangian memory repair, tree-block descent.
 
 ::
 
-    greedy   nodes in the given order (topological): each takes the choice that
-             minimises its cost plus edge costs to already-assigned neighbours,
-             among choices that keep every memory row within budget (rows count
-             unassigned nodes at their smallest term); when none fits, the choice
-             with the least overflow
-    repair   if a row still overflows: rerun the greedy with a Lagrangian penalty
-             lambda_r * bytes on each overflowing row, doubling lambda_r
-    improve  iterated conditional modes: re-pick each node's best choice given its
-             neighbours, keeping every row within budget, until no gain or time out
+    greedy     nodes in the given order (topological): each takes the choice that
+               minimises its cost plus edge costs to already-assigned neighbours,
+               among choices that keep every memory row within budget (rows count
+               unassigned nodes at their smallest term); when none fits, the one
+               with the least overflow
+    lagrange   while a row overflows, or to trade memory for time: price memory at
+               lambda_r seconds per byte of row r, descend on cost + lambda * bytes,
+               raise lambda_r while row r overflows and lower it while it fits
+               (bisection on a log scale); keep the best plan that fits
+    descend    tree-block moves: pick a random set of nodes whose induced graph
+               is a forest, fix every other node, and solve the forest exactly by
+               dynamic programming (min-sum over each tree); never worse.  Then
+               iterated conditional modes (one node at a time)
+    polish     descent on the true cost that rejects any move leaving the budget
 
-Cost: greedy and one improvement sweep are O(sum over edges of choices_u x
-choices_v) array work; 10k nodes x 40 choices runs in well under a second per pass.
+Cost: one greedy pass, one tree-block move and one ICM sweep are each
+O(sum over edges of choices_u x choices_v) array work: about 20-60 ms for 5000
+nodes x 30 choices.  Randomness comes from ``seed`` only, so runs repeat.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from solver.problem import Problem, evaluate, memory_fits
 
 __all__ = ["HeuristicResult", "greedy_assignment", "improve", "solve_heuristic"]
 
-_REPAIR_ROUNDS = 24
+_LAGRANGE_ROUNDS = 24
+_BLOCK_MOVES = 4
 
 
 @dataclass
@@ -46,53 +53,87 @@ class HeuristicResult:
 
 
 class _Index:
-    """Adjacency and memory terms per node, oriented for fast local evaluation."""
+    """Adjacency (parallel edges summed) and memory terms, oriented per node."""
 
     def __init__(self, problem: Problem) -> None:
         n = problem.num_nodes
         self.problem = problem
-        self.costs = problem.node_costs
-        self.nbrs: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
+        self.n = n
+        self.costs = [c.copy() for c in problem.node_costs]
+        pair: dict[tuple[int, int], np.ndarray] = {}
         for u, v, matrix in problem.edges:
             if u == v:
-                self.nbrs[u].append((u, matrix))  # handled specially: diagonal
-                continue
-            self.nbrs[u].append((v, matrix))
-            self.nbrs[v].append((u, matrix.T))
+                self.costs[u] = self.costs[u] + np.diag(matrix)
+            elif u < v:
+                pair[(u, v)] = pair[(u, v)] + matrix if (u, v) in pair else matrix
+            else:
+                pair[(v, u)] = pair[(v, u)] + matrix.T if (v, u) in pair else matrix.T
         self.budget = problem.budget_bytes
         rows = problem.memory_rows if self.budget is not None else []
         self.num_rows = len(rows)
         self.constant = np.array([r.constant for r in rows], dtype=np.float64)
-        # Per node: row ids and a (rows x choices) matrix of bytes.
         row_ids: list[list[int]] = [[] for _ in range(n)]
         row_terms: list[list[np.ndarray]] = [[] for _ in range(n)]
         for r, row in enumerate(rows):
             for i, t in row.terms.items():
                 row_ids[i].append(r)
                 row_terms[i].append(t)
+        # Pairwise memory (from reductions): per unordered pair, row -> matrix [lo, hi].
+        self.pair_mem: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+        for r, row in enumerate(rows):
+            for e, t in row.edge_terms.items():
+                u, v, _ = problem.edges[e]
+                if u == v:
+                    row_ids[u].append(r)
+                    row_terms[u].append(np.diag(t).copy())
+                    continue
+                key, oriented = ((u, v), t) if u < v else ((v, u), t.T)
+                slot = self.pair_mem.setdefault(key, {})
+                slot[r] = slot[r] + oriented if r in slot else oriented
+                pair.setdefault(key, np.zeros_like(oriented))
         self.mem_rows = [np.array(ids, dtype=np.int64) for ids in row_ids]
         self.mem = [
             np.vstack(t) if t else np.zeros((0, len(problem.node_costs[i])))
             for i, t in enumerate(row_terms)
         ]
-        # Pairwise memory terms: per node, (row, neighbour, matrix oriented [mine, theirs]).
+        self.pairs = pair
+        self.nbrs: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+        self.set_edge_prices(np.zeros(self.num_rows))
+        # Pairwise memory per node: (row, neighbour, matrix [mine, theirs]).
         self.edge_mem: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in range(n)]
         self.edge_mem_min = np.zeros(self.num_rows)
-        for r, row in enumerate(rows):
-            for e, t in row.edge_terms.items():
-                u, v, _ = problem.edges[e]
+        for (u, v), per_row in self.pair_mem.items():
+            for r, t in per_row.items():
                 self.edge_mem[u].append((r, v, t))
-                if u != v:
-                    self.edge_mem[v].append((r, u, t.T))
+                self.edge_mem[v].append((r, u, t.T))
                 self.edge_mem_min[r] += float(t.min())
 
-    def local_cost(self, i: int, choices: Sequence[int]) -> np.ndarray:
+    def set_edge_prices(self, price: np.ndarray) -> None:
+        """Edge matrices with ``price[r]`` seconds per byte of pairwise memory added."""
+        for (u, v), matrix in self.pairs.items():
+            total = matrix
+            for r, t in self.pair_mem.get((u, v), {}).items():
+                if price[r]:
+                    total = total + price[r] * t
+            self.nbrs[u][v] = total
+            self.nbrs[v][u] = total.T
+
+    def priced_costs(self, price: np.ndarray) -> list[np.ndarray]:
+        """Node costs with ``price[r]`` seconds per byte of row ``r`` added."""
+        if not price.any():
+            return self.costs
+        out = []
+        for i, c in enumerate(self.costs):
+            if self.mem[i].shape[0]:
+                c = c + price[self.mem_rows[i]] @ self.mem[i]
+            out.append(c)
+        return out
+
+    def local_cost(self, i: int, choices: Sequence[int], costs: list[np.ndarray]) -> np.ndarray:
         """Cost of each choice of ``i`` given the assigned neighbours (``-1`` = unassigned)."""
-        total = self.costs[i].copy()
-        for j, matrix in self.nbrs[i]:
-            if j == i:
-                total += np.diag(matrix)
-            elif choices[j] >= 0:
+        total = costs[i].copy()
+        for j, matrix in self.nbrs[i].items():
+            if choices[j] >= 0:
                 total += matrix[:, choices[j]]
         return total
 
@@ -101,58 +142,53 @@ class _Index:
 
         ``current = -1`` means "relative to the row's optimistic lower bound"
         (the node's smallest term; pairwise terms at their minimum until both
-        ends are assigned).  Shape: (num_rows, choices) dense in rows touched.
+        ends are assigned).  Shape: (num_rows, choices).
         """
         k = len(self.costs[i])
         delta = np.zeros((self.num_rows, k))
         if self.mem[i].shape[0]:
             base = self.mem[i].min(axis=1) if current < 0 else self.mem[i][:, current]
-            delta[self.mem_rows[i]] += self.mem[i] - base[:, None]
+            np.add.at(delta, self.mem_rows[i], self.mem[i] - base[:, None])
         for r, j, t in self.edge_mem[i]:
-            if j == i:
-                diag = np.diag(t)
-                delta[r] += diag - (t.min() if current < 0 else diag[current])
-            elif choices[j] >= 0:
+            if choices[j] >= 0:
                 col = t[:, choices[j]]
                 delta[r] += col - (t.min() if current < 0 else col[current])
         return delta
 
+    def usage(self, choices: Sequence[int]) -> np.ndarray:
+        usage = self.constant.copy()
+        for i, c in enumerate(choices):
+            if self.mem[i].shape[0]:
+                np.add.at(usage, self.mem_rows[i], self.mem[i][:, c])
+        for (u, v), per_row in self.pair_mem.items():
+            for r, t in per_row.items():
+                usage[r] += t[choices[u], choices[v]]
+        return usage
 
-def _lower_usage(index: _Index) -> np.ndarray:
-    usage = index.constant.copy() + index.edge_mem_min
-    for i in range(len(index.costs)):
-        if index.mem[i].shape[0]:
-            np.add.at(usage, index.mem_rows[i], index.mem[i].min(axis=1))
-    return usage
+    def lower_usage(self) -> np.ndarray:
+        usage = self.constant + self.edge_mem_min
+        for i in range(self.n):
+            if self.mem[i].shape[0]:
+                np.add.at(usage, self.mem_rows[i], self.mem[i].min(axis=1))
+        return usage
 
 
+# ---------------------------------------------------------------------- greedy
 def greedy_assignment(
     problem: Problem,
     order: Sequence[int] | None = None,
     fixed: Sequence[int | None] | None = None,
-    penalty: np.ndarray | None = None,
 ) -> list[int]:
-    """One greedy pass (see the module docstring); ``fixed`` pre-assigns some nodes.
-
-    ``penalty[r]`` (seconds per byte) adds ``penalty[r] * bytes`` of row ``r`` to
-    each choice's score.
-    """
-    index = _Index(problem)
-    return _greedy(index, order, fixed, penalty)
+    """One greedy pass (see the module docstring); ``fixed`` pre-assigns some nodes."""
+    return _greedy(_Index(problem), order, fixed)
 
 
-def _greedy(
-    index: _Index,
-    order: Sequence[int] | None,
-    fixed: Sequence[int | None] | None,
-    penalty: np.ndarray | None,
-) -> list[int]:
-    n = len(index.costs)
+def _greedy(index: _Index, order: Sequence[int] | None, fixed: Sequence[int | None] | None) -> list[int]:
+    n = index.n
     order = range(n) if order is None else order
     choices = [-1] * n
-    usage = _lower_usage(index)
+    usage = index.lower_usage()
     budget = index.budget
-    # Pre-assign fixed nodes (their rows move from the lower bound to the real value).
     if fixed is not None:
         for i, c in enumerate(fixed):
             if c is not None:
@@ -162,14 +198,11 @@ def _greedy(
     for i in order:
         if choices[i] >= 0:
             continue
-        score = index.local_cost(i, choices)
+        score = index.local_cost(i, choices, index.costs)
+        finite = np.isfinite(score)
         if index.num_rows and budget is not None:
             delta = index.mem_delta(i, choices, -1)
-            if penalty is not None:
-                score = score + penalty @ delta
-            after = usage[:, None] + delta
-            overflow = np.maximum(after - budget, 0.0).sum(axis=0)
-            finite = np.isfinite(score)
+            overflow = np.maximum(usage[:, None] + delta - budget, 0.0).sum(axis=0)
             fits = (overflow == 0) & finite
             if fits.any():
                 pick = int(np.argmin(np.where(fits, score, np.inf)))
@@ -186,6 +219,7 @@ def _greedy(
     return choices
 
 
+# ------------------------------------------------------------------------- ICM
 def improve(
     problem: Problem,
     choices: Sequence[int],
@@ -198,54 +232,41 @@ def improve(
     When ``choices`` overflows some row, a move is accepted only if it does not
     increase any row's overflow.
     """
-    return _improve(_Index(problem), list(choices), order, time_budget_s, max_sweeps)
+    index = _Index(problem)
+    deadline = time.perf_counter() + time_budget_s
+    return _icm(index, list(choices), order, index.costs, True, deadline, max_sweeps)
 
 
-def _usage(index: _Index, choices: Sequence[int]) -> np.ndarray:
-    usage = index.constant.copy()
-    for i, c in enumerate(choices):
-        if index.mem[i].shape[0]:
-            np.add.at(usage, index.mem_rows[i], index.mem[i][:, c])
-    problem = index.problem
-    if index.budget is not None:
-        for r, row in enumerate(problem.memory_rows):
-            for e, t in row.edge_terms.items():
-                u, v, _ = problem.edges[e]
-                usage[r] += t[choices[u], choices[v]]
-    return usage
-
-
-def _improve(
+def _icm(
     index: _Index,
     choices: list[int],
     order: Sequence[int] | None,
-    time_budget_s: float,
+    costs: list[np.ndarray],
+    hard_memory: bool,
+    deadline: float,
     max_sweeps: int,
 ) -> list[int]:
-    n = len(index.costs)
-    order = list(range(n)) if order is None else list(order)
-    deadline = time.perf_counter() + time_budget_s
+    order = list(range(index.n)) if order is None else list(order)
     budget = index.budget
-    usage = _usage(index, choices) if index.num_rows else np.zeros(0)
+    check = hard_memory and index.num_rows > 0 and budget is not None
+    usage = index.usage(choices) if check else np.zeros(0)
     for _ in range(max_sweeps):
         gained = False
         for i in order:
-            if len(index.costs[i]) == 1:
+            if len(costs[i]) == 1:
                 continue
-            local = index.local_cost(i, choices)
+            local = index.local_cost(i, choices, costs)
             current = choices[i]
-            if index.num_rows and budget is not None:
+            delta = None
+            if check:
                 delta = index.mem_delta(i, choices, current)
-                after = usage[:, None] + delta
                 limit = np.maximum(usage, budget)[:, None]  # never increase an overflow
-                allowed = (after <= limit).all(axis=0)
+                allowed = ((usage[:, None] + delta) <= limit).all(axis=0)
                 local = np.where(allowed, local, np.inf)
-            else:
-                delta = None
             pick = int(np.argmin(local))
             now = float(local[current])
             if math.isfinite(now):
-                better = local[pick] < now - 1e-12 * max(1.0, abs(now))
+                better = bool(local[pick] < now - 1e-12 * max(1.0, abs(now)))
             else:
                 better = bool(math.isfinite(local[pick]))
             if better:
@@ -253,50 +274,191 @@ def _improve(
                 if delta is not None:
                     usage += delta[:, pick]
                 gained = True
-            if time.perf_counter() > deadline:
-                return choices
-        if not gained:
+        if not gained or time.perf_counter() > deadline:
             break
     return choices
 
 
+# ------------------------------------------------------------ tree-block moves
+def _random_forest(index: _Index, rng: np.random.Generator) -> list[int]:
+    """Nodes, in random order, whose induced subgraph has no cycle."""
+    parent = list(range(index.n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    inside = np.zeros(index.n, dtype=bool)
+    chosen = []
+    for i in rng.permutation(index.n):
+        i = int(i)
+        roots = [find(j) for j in index.nbrs[i] if inside[j]]
+        if len(roots) != len(set(roots)):
+            continue  # two neighbours already connected: adding i closes a cycle
+        inside[i] = True
+        chosen.append(i)
+        for r in roots:
+            parent[r] = i
+    return chosen
+
+
+def _tree_block(
+    index: _Index,
+    choices: list[int],
+    costs: list[np.ndarray],
+    nbrs: list[dict[int, np.ndarray]],
+    rng: np.random.Generator,
+) -> list[int]:
+    """Re-solve a random induced forest exactly with the other nodes fixed."""
+    forest = _random_forest(index, rng)
+    inside = np.zeros(index.n, dtype=bool)
+    inside[forest] = True
+    unary: dict[int, np.ndarray] = {}
+    for i in forest:
+        u = costs[i].copy()
+        for j, matrix in nbrs[i].items():
+            if not inside[j]:
+                u += matrix[:, choices[j]]
+        unary[i] = u
+    # Root every tree, visit in BFS order, pass messages leaves -> root.
+    seen = np.zeros(index.n, dtype=bool)
+    new = list(choices)
+    for root in forest:
+        if seen[root]:
+            continue
+        seen[root] = True
+        order = [root]
+        parent = {root: -1}
+        head = 0
+        while head < len(order):
+            a = order[head]
+            head += 1
+            for j in nbrs[a]:
+                if inside[j] and not seen[j]:
+                    seen[j] = True
+                    parent[j] = a
+                    order.append(j)
+        belief = {i: unary[i].copy() for i in order}
+        argmins: dict[int, np.ndarray] = {}
+        for c in reversed(order[1:]):
+            p = parent[c]
+            total = nbrs[p][c] + belief[c][None, :]  # [choice of p, choice of c]
+            best = np.argmin(total, axis=1)
+            argmins[c] = best
+            belief[p] += total[np.arange(total.shape[0]), best]
+        new[root] = int(np.argmin(belief[root]))
+        for c in order[1:]:
+            new[c] = int(argmins[c][new[parent[c]]])
+    return new
+
+
+def _priced_objective(index: _Index, choices: Sequence[int], costs: list[np.ndarray]) -> float:
+    total = math.fsum(float(costs[i][c]) for i, c in enumerate(choices))
+    for i in range(index.n):
+        for j, matrix in index.nbrs[i].items():
+            if i < j:
+                total += float(matrix[choices[i], choices[j]])
+    return total
+
+
+def _descend(
+    index: _Index,
+    choices: list[int],
+    costs: list[np.ndarray],
+    rng: np.random.Generator,
+    moves: int,
+    deadline: float,
+) -> list[int]:
+    """Tree-block moves then ICM on ``costs`` (no memory limit)."""
+    best = _priced_objective(index, choices, costs)
+    for _ in range(moves):
+        candidate = _tree_block(index, choices, costs, index.nbrs, rng)
+        value = _priced_objective(index, candidate, costs)
+        if value <= best:
+            choices, best = candidate, value
+        if time.perf_counter() > deadline:
+            break
+    return _icm(index, choices, None, costs, False, deadline, 20)
+
+
+# ------------------------------------------------------------------- top level
 def solve_heuristic(
     problem: Problem,
     order: Sequence[int] | None = None,
     start: Sequence[int | None] | None = None,
     time_budget_s: float = 2.0,
+    seed: int = 0,
 ) -> HeuristicResult:
-    """Greedy + repair + improvement.  ``start`` (complete or partial) seeds the greedy."""
+    """Greedy (seeded by ``start``, complete or partial) -> Lagrangian repair -> descent.
+
+    ``time_budget_s`` bounds the descent phases; ``math.inf`` makes the run depend
+    on ``seed`` only (for deterministic solves).
+    """
     t0 = time.perf_counter()
+    deadline = t0 + time_budget_s
+    rng = np.random.default_rng(seed)
     index = _Index(problem)
-    budget = problem.budget_bytes
-    choices = _greedy(index, order, start, None)
-    stats: dict[str, float] = {"repair_rounds": 0.0}
-    cost, memory = evaluate(problem, choices)
-    fits = memory_fits(budget, memory)
-    if not fits and budget is not None and index.num_rows:
-        penalty = np.zeros(index.num_rows)
-        scale = _penalty_scale(index)
-        for round_ in range(_REPAIR_ROUNDS):
-            over = np.array(memory) > budget
-            penalty = np.where(over, np.maximum(2 * penalty, scale), penalty)
-            choices = _greedy(index, order, start if round_ < 2 else None, penalty)
-            cost, memory = evaluate(problem, choices)
-            stats["repair_rounds"] = round_ + 1.0
-            if memory_fits(budget, memory):
-                break
+    budget = index.budget
+    stats: dict[str, float] = {}
+    choices = _greedy(index, order, start)
     stats["greedy_s"] = time.perf_counter() - t0
-    stats["greedy_cost"] = cost
-    remaining = max(0.0, time_budget_s - (time.perf_counter() - t0))
-    choices = _improve(index, choices, order, remaining, 50)
-    cost, memory = evaluate(problem, choices)
-    stats["improve_s"] = time.perf_counter() - t0 - stats["greedy_s"]
+    stats["greedy_cost"] = evaluate(problem, choices)[0]
+
+    best: list[int] | None = None
+    best_cost = math.inf
+
+    def consider(candidate: list[int]) -> None:
+        nonlocal best, best_cost
+        cost, memory = evaluate(problem, candidate)
+        if math.isfinite(cost) and memory_fits(budget, memory) and cost < best_cost:
+            best, best_cost = list(candidate), cost
+
+    consider(choices)
+    free = _descend(index, list(choices), index.costs, rng, _BLOCK_MOVES, deadline)
+    consider(free)
+    rounds = 0
+    free_fits = budget is None or bool((index.usage(free) <= budget).all())
+    if index.num_rows and budget is not None and not free_fits:
+        # Memory binds: price it (Lagrangian relaxation of the memory rows) and
+        # bisect each row's price on a log scale between "overflows" and "fits".
+        price = np.zeros(index.num_rows)
+        low = np.zeros(index.num_rows)
+        high = np.full(index.num_rows, math.inf)
+        unit = _price_unit(index)
+        current = free
+        usage = index.usage(current)
+        for rounds in range(1, _LAGRANGE_ROUNDS + 1):
+            over = usage > budget
+            low = np.where(over, np.maximum(low, price), low)
+            high = np.where(over, high, np.minimum(high, price))
+            with np.errstate(invalid="ignore"):
+                price = np.where(
+                    np.isfinite(high),
+                    np.where(low > 0, np.sqrt(low * high), high / 4),
+                    np.maximum(4 * low, unit),
+                )
+            index.set_edge_prices(price)
+            current = _descend(index, current, index.priced_costs(price), rng, 2, deadline)
+            usage = index.usage(current)
+            consider(current)
+            if time.perf_counter() > deadline:
+                break
+        index.set_edge_prices(np.zeros(index.num_rows))
+    stats["lagrange_rounds"] = float(rounds)
+    start_choices = best if best is not None else choices
+    polished = _icm(index, list(start_choices), order, index.costs, True, deadline + 0.5, 50)
+    consider(polished)
+    final = best if best is not None else polished
+    cost, memory = evaluate(problem, final)
+    stats["heuristic_s"] = time.perf_counter() - t0
     feasible = math.isfinite(cost) and memory_fits(budget, memory)
-    return HeuristicResult(choices, cost, memory, feasible, stats)
+    return HeuristicResult(list(final), cost, memory, feasible, stats)
 
 
-def _penalty_scale(index: _Index) -> float:
-    """Seconds per byte that makes memory matter as much as time, order of magnitude."""
+def _price_unit(index: _Index) -> float:
+    """Seconds per byte at which memory and time weigh about the same."""
     spreads = [float(np.ptp(c[np.isfinite(c)])) for c in index.costs if np.isfinite(c).sum() > 1]
     mem_spreads = [
         float(np.ptp(m, axis=1).max()) for m in index.mem if m.shape[0] and m.shape[1] > 1

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -53,6 +54,9 @@ __all__ = ["PlanRequest", "Progress", "build_problem", "plan", "solve_on_mesh"]
 log = logging.getLogger("autopar.planner")
 
 MAX_MEMORY_ROUNDS = 6
+TIE_ROUNDS = int(os.environ.get("AUTOPAR_TIE_ROUNDS", "1"))
+TIE_THRESHOLD_OPS = 1500
+"""Graphs with more ops are solved with identical layers tied (see :mod:`solver.tying`)."""
 VERIFY_RTOL = 1e-6
 
 
@@ -80,6 +84,9 @@ class PlanRequest:
     memory_budget_bytes: int | None = None
     zero_stage: int = 2
     options: SolverOptions = field(default_factory=SolverOptions)
+    tie_layers: bool | None = None
+    """Give structurally identical ops (the same op of identical layers) one shared choice;
+    None: only for graphs of more than :data:`TIE_THRESHOLD_OPS` ops."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -102,6 +109,7 @@ class PlanRequest:
             "mesh_shape": list(self.mesh_shape) if self.mesh_shape else None,
             "memory_budget_bytes": self.memory_budget_bytes,
             "zero_stage": self.zero_stage,
+            "tie_layers": self.tie_layers,
             "options": {
                 "time_limit_s": opts.time_limit_s,
                 "relative_gap": opts.relative_gap,
@@ -224,9 +232,9 @@ def solve_on_mesh(
     progress: ProgressFn | None = None,
     hint: Plan | None = None,
     tables: CostTables | None = None,
+    tie_layers: bool | None = None,
 ) -> Plan:
     """Best plan of ``graph`` on one mesh within the budget; verified by the evaluator."""
-    from solver.solve import solve
 
     t0 = time.perf_counter()
 
@@ -260,7 +268,9 @@ def solve_on_mesh(
         def relay(p: Any) -> None:
             report(getattr(p, "phase", "solve"), getattr(p, "objective", None), getattr(p, "bound", None))
 
-        solution = solve(built.problem, options, progress=relay if progress else None, hint=hint_choices)
+        if tie_layers is None:
+            tie_layers = len(graph.ops) > TIE_THRESHOLD_OPS
+        solution = _solve_built(built, options, relay if progress else None, hint_choices, tie_layers)
         rounds.append({"memory_rows": len(positions), "status": solution.status, "wall_s": solution.wall_s})
         if solution.status == "infeasible":
             break
@@ -303,10 +313,73 @@ def solve_on_mesh(
         "status": solution.status,
         "wall_s": time.perf_counter() - t0,
         "memory_rows": len(positions),
+        "tied_layers": "tying" in stats,
         "stats": _jsonable(stats),
     }
     report("done", solution.objective, solution.bound)
     return plan_obj
+
+
+def _solve_built(
+    built: BuiltProblem,
+    options: SolverOptions,
+    progress: Callable[[Any], None] | None,
+    hint: list[int] | None,
+    tie_layers: bool,
+) -> Solution:
+    """Solve the problem, optionally with identical layers tied, then polish untied."""
+    from solver.heuristic import improve
+    from solver.problem import evaluate as evaluate_problem
+    from solver.solve import solve
+    from solver.tying import structural_classes, tie, untie
+
+    if not tie_layers:
+        return solve(built.problem, options, progress=progress, hint=hint)
+    t0 = time.perf_counter()
+    graph = built.tables.graph
+    index = {name: i for i, name in enumerate(built.op_names)}
+    labelled = [
+        (index[e.producer], index[e.consumer], f"{e.out_port}>{e.in_port}") for e in built.tables.edges
+    ]
+    classes = structural_classes(
+        [built.tables.op_keys.get(n, graph.op_by_name[n].type) for n in built.op_names],
+        labelled,
+        built.problem.num_choices,
+        rounds=TIE_ROUNDS,
+    )
+    tied = tie(built.problem, classes)
+    tied_hint = None
+    if hint is not None:
+        tied_hint = [-1] * tied.num_nodes
+        for node, c in enumerate(classes):
+            if tied_hint[c] < 0 and hint[node] >= 0:
+                tied_hint[c] = hint[node]
+        if any(h < 0 for h in tied_hint):
+            tied_hint = None
+    t_tie = time.perf_counter() - t0
+    sol = solve(tied, options, progress=progress, hint=tied_hint)
+    if not sol.ok:
+        return Solution(untie(classes, sol.choices) if sol.choices else [], sol.objective, sol.bound,
+                        sol.gap, sol.status, sol.wall_s, {**sol.stats, "tying": {"classes": tied.num_nodes}})
+    expanded = untie(classes, sol.choices)
+    t1 = time.perf_counter()
+    polished = improve(built.problem, expanded, time_budget_s=max(1.0, min(10.0, options.time_limit_s / 4)))
+    objective, _ = evaluate_problem(built.problem, polished)
+    tied_objective, _ = evaluate_problem(built.problem, expanded)
+    stats = dict(sol.stats)
+    stats["tying"] = {
+        "nodes": built.problem.num_nodes,
+        "classes": tied.num_nodes,
+        "edges_tied": len(tied.edges),
+        "tied_objective": tied_objective,
+        "untied_objective": objective,
+        "untied_improvement": tied_objective - objective,
+        "time_tie_s": t_tie,
+        "time_polish_s": time.perf_counter() - t1,
+    }
+    # the bound is the tied model's: a restriction of the untied problem
+    gap = 0.0 if objective <= 0 else max(0.0, (objective - sol.bound) / objective)
+    return Solution(polished, objective, sol.bound, gap, sol.status, time.perf_counter() - t0, stats)
 
 
 def _jsonable(value: Any) -> Any:
@@ -371,12 +444,14 @@ def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[in
 # ------------------------------------------------------------------ entry point
 
 
-def _solve_shape(args: tuple[str, dict[str, Any], tuple[int, ...], int | None, int, SolverOptions]) -> dict[str, Any]:
-    graph_json, cluster_dict, shape, budget, zero, options = args
+def _solve_shape(
+    args: tuple[str, dict[str, Any], tuple[int, ...], int | None, int, SolverOptions, bool | None],
+) -> dict[str, Any]:
+    graph_json, cluster_dict, shape, budget, zero, options, tie = args
     graph = Graph.from_json(graph_json)
     mesh = Mesh(Cluster.from_dict(cluster_dict), shape)
     try:
-        p = solve_on_mesh(graph, mesh, budget, zero, options)
+        p = solve_on_mesh(graph, mesh, budget, zero, options, tie_layers=tie)
     except InfeasibleError as exc:
         return {"shape": list(shape), "error": exc.to_dict()}
     return {"shape": list(shape), "plan": p.to_dict()}
@@ -402,6 +477,7 @@ def plan(
             store=store,
             progress=progress,
             hint=hint,
+            tie_layers=request.tie_layers,
         )
     return _mesh_search(request, store=store, progress=progress, hint=hint)
 
@@ -420,7 +496,15 @@ def _mesh_search(
     per = max(1, request.options.workers // len(shapes))
     opts = replace(request.options, workers=per)
     jobs = [
-        (graph_json, request.cluster.to_dict(), shape, request.memory_budget_bytes, request.zero_stage, opts)
+        (
+            graph_json,
+            request.cluster.to_dict(),
+            shape,
+            request.memory_budget_bytes,
+            request.zero_stage,
+            opts,
+            request.tie_layers,
+        )
         for shape in shapes
     ]
     if progress:

@@ -71,11 +71,13 @@ def solve(
     report("heuristic")
     start = time.perf_counter()
     heuristic_budget = math.inf if options.deterministic else min(0.1 * options.time_limit_s, 5.0)
-    best = solve_heuristic(reduced, time_budget_s=heuristic_budget)
+    best = solve_heuristic(reduced, time_budget_s=heuristic_budget, seed=options.seed)
     stats["heuristic"] = dict(best.stats)
     seed = _restricted_hint(problem, reduction, hint, stats)
     if seed is not None:
-        seeded = solve_heuristic(reduced, start=seed, time_budget_s=heuristic_budget)
+        seeded = solve_heuristic(
+            reduced, start=seed, time_budget_s=heuristic_budget, seed=options.seed
+        )
         if _better(seeded, best):
             best = seeded
             stats["hint"] = "used"
@@ -89,18 +91,12 @@ def solve(
         return _finish(problem, reduction, [], "optimal", None, None, stats, t0, report)
 
     # -- CP-SAT
-    remaining = (
-        options.time_limit_s
-        if options.deterministic
-        else max(options.time_limit_s - (time.perf_counter() - t0), 0.05)
-    )
     result = solve_cpsat(
         reduced,
         options,
         hint=best.choices if options.use_hint else None,
         progress=progress,
         offset=reduction.offset,
-        time_limit_s=remaining,
         t0=t0,
     )
     phases["build"] = result.stats["build_s"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -150,9 +151,11 @@ class WorkerProcess:
         )
 
     def kill(self) -> None:
-        """SIGKILL the worker and its work horse."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+        """SIGKILL the worker and every process below it (the work horse runs in its own group)."""
+        doomed = [self.process.pid, *descendants(self.process.pid)]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.process.wait(10)
 
     def stop(self) -> None:
@@ -164,6 +167,27 @@ class WorkerProcess:
                 self.kill()
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process whose ancestry reaches ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                parents[int(entry)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        children = [p for p, parent in parents.items() if parent == current]
+        found += children
+        frontier += children
+    return found
 
 
 def encode(body: Mapping[str, Any]) -> bytes:

@@ -6,6 +6,7 @@ import copy
 import gzip
 import json
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -316,3 +317,32 @@ def test_server_timing_header(client: httpx.Client, tiny_graph: dict[str, Any]) 
     timing = r.headers["server-timing"]
     assert "total;dur=" in timing and "app;dur=" in timing
     wait_job(client, r.json()["id"])
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_solver_process_sigkilled_mid_job(
+    tmp_path, tiny_graph: dict[str, Any], retries: int
+) -> None:
+    body = plan_body(
+        tiny_graph, cluster="1x4", mesh_shape=[2, 2], options={"time_limit_s": 3, "relative_gap": 0}
+    )
+    with live_server(make_settings(tmp_path, job_retries=retries)) as server, server.client() as c:
+        key = c.post("/v1/plans", json=body).json()["id"]
+        wait_status(c, key, {"running"})
+        time.sleep(0.3)
+        pid = server.app.state.service.jobs.pid(key)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        job = wait_job(c, key)
+        if retries:
+            assert job["status"] == "succeeded", job
+            assert job["attempts"] == 2
+            assert metric(c, "autopar_solves_started_total") == 2
+        else:
+            assert job["status"] == "failed"
+            assert job["error"]["code"] == "worker_crashed"
+            assert "SIGKILL" in job["error"]["message"]
+            # a crash is not remembered as the answer: asking again solves again
+            again = c.post("/v1/plans", json=body)
+            assert again.status_code == 202
+            c.delete(f"/v1/jobs/{key}")

@@ -1,0 +1,137 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autopar.errors import AutoparError
+from solver.cpsat import min_feasible_memory, solve_cpsat
+from solver.options import SolverOptions
+from solver.problem import MemoryRow, Problem, evaluate, is_feasible
+from solver.reductions import reduce_problem
+from solver.synthetic import synthetic_problem
+from tests.solver.helpers import brute_force, min_peak, problems
+
+EXACT = SolverOptions(time_limit_s=10, workers=2, deterministic=True, relative_gap=0.0)
+
+
+def _merged(problem: Problem) -> Problem:
+    """Parallel edges merged and self-loops folded, nothing else."""
+    return reduce_problem(problem, ()).reduced
+
+
+@settings(max_examples=70, deadline=None)
+@given(problems(max_nodes=7), st.sampled_from(["auto", "full", "sparse"]))
+def test_cpsat_matches_brute_force(problem, encoding):
+    problem = _merged(problem)
+    result = solve_cpsat(problem, EXACT, encoding=encoding)
+    best, _ = brute_force(problem)
+    if math.isinf(best):
+        assert result.status == "infeasible"
+        assert result.choices is None
+        return
+    assert result.status == "optimal"
+    assert result.choices is not None
+    assert is_feasible(problem, result.choices)
+    cost = evaluate(problem, result.choices)[0]
+    slack = 2 * result.rounding_error_s + 1e-9
+    assert abs(cost - best) <= slack
+    assert abs(result.objective_s - cost) <= result.rounding_error_s + 1e-9
+    assert result.bound_s == result.objective_s
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(max_nodes=6))
+def test_min_feasible_memory_matches_brute_force(problem):
+    problem = _merged(problem)
+    got, proven = min_feasible_memory(problem, EXACT)
+    want = min_peak(problem)
+    if math.isinf(want):
+        assert math.isinf(got) and proven
+        return
+    assert proven
+    assert got == pytest.approx(want)
+
+
+def test_min_feasible_memory_budget_then_fits():
+    problem = synthetic_problem(40, 6, seed=2, shape="ladder", budget_fraction=0.0)
+    problem = _merged(problem)
+    smallest, proven = min_feasible_memory(problem, EXACT)
+    assert proven
+    problem.budget_bytes = smallest
+    assert solve_cpsat(problem, EXACT).status in ("optimal", "feasible")
+    problem.budget_bytes = smallest - 1.0
+    assert solve_cpsat(problem, EXACT).status == "infeasible"
+
+
+def test_large_memory_values_round_conservatively():
+    # Terms near 2**40 bytes force a unit above one byte; odd byte counts are then
+    # rounded up, so the model may refuse a plan that fits by a few bytes, never
+    # accept one that does not.
+    big = float(2**40)
+    terms = {0: np.array([big + 3, big - 5]), 1: np.array([big + 1, big + 7])}
+    problem = Problem(
+        ["a", "b"],
+        [np.array([0.0, 1.0]), np.array([0.0, 1.0])],
+        [],
+        [MemoryRow("peak", 11.0, terms)],
+        budget_bytes=2 * big + 14,
+    )
+    result = solve_cpsat(problem, EXACT)
+    assert result.stats["memory_unit_bytes"] > 1
+    assert not result.stats["memory_exact"]
+    assert result.status == "optimal"
+    assert is_feasible(problem, result.choices)
+    # (0, 0) needs 2**41 + 15 > budget; (0, 1)... the model must not pick an overflow.
+    assert evaluate(problem, result.choices)[1][0] <= problem.budget_bytes
+
+
+def test_costs_of_very_different_sizes_keep_a_small_rounding_error():
+    problem = Problem(
+        ["a", "b"],
+        [np.array([1e-9, 2e-9]), np.array([1000.0, 1000.0 + 1e-6])],
+        [(0, 1, np.array([[0.0, 3e-7], [1e-7, 0.0]]))],
+        [],
+        None,
+    )
+    result = solve_cpsat(problem, EXACT)
+    assert result.rounding_error_s <= 2e-6
+    assert result.choices == [0, 0]
+
+
+def test_complete_hint_and_progress_reports():
+    problem = _merged(synthetic_problem(60, 8, seed=3, shape="ladder", budget_fraction=0.5))
+    seen = []
+    hint = [int(np.argmin(c)) for c in problem.node_costs]
+    result = solve_cpsat(problem, EXACT, hint=hint, progress=seen.append, offset=1.0)
+    assert result.stats["hinted_vars"] == result.stats["variables"]
+    phases = [p.phase for p in seen]
+    assert phases[0] == "build" and "solve" in phases
+    with_objective = [p for p in seen if p.objective is not None]
+    assert with_objective, "no solution was reported"
+    objectives = [p.objective for p in with_objective]
+    assert objectives == sorted(objectives, reverse=True)
+    final = evaluate(problem, result.choices)[0] + 1.0
+    assert objectives[-1] == pytest.approx(final, abs=result.rounding_error_s + 1e-9)
+    for p in seen:
+        if p.bound is not None and p.objective is not None:
+            assert p.bound <= p.objective + 1e-9
+
+
+def test_forbidden_everywhere_is_infeasible():
+    problem = Problem(
+        ["a", "b"],
+        [np.zeros(2), np.zeros(2)],
+        [(0, 1, np.array([[np.inf, 1.0], [np.inf, np.inf]])), (1, 0, np.array([[0.0, 0.0], [np.inf, 0.0]]))],
+        [],
+        None,
+    )
+    assert solve_cpsat(_merged(problem), EXACT).status == "infeasible"
+
+
+def test_self_loops_must_be_reduced_first():
+    problem = Problem(["a"], [np.zeros(2)], [(0, 0, np.eye(2))], [], None)
+    with pytest.raises(AutoparError, match="reductions") as info:
+        solve_cpsat(problem, EXACT)
+    assert info.value.code == "self_loop"
