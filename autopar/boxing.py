@@ -17,8 +17,7 @@ B -> P, S -> P local zero-fill     0                       0
 
 An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
 (OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
-Dijkstra over the N-D SBPs whose axis values come from the source, the target
-and ``B``.  A move that cannot happen (a split that does not divide, a
+Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`).  A move that cannot happen (a split that does not divide, a
 ``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
 """
 
@@ -31,10 +30,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 from autopar.cluster import AxisLink, Mesh
-from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Split, local_shape
+from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
 
 __all__ = [
     "INF",
+    "BoxingSearch",
     "BoxingPlan",
     "BoxingStep",
     "Collective",
@@ -208,53 +208,93 @@ def _step(
     )
 
 
+class BoxingSearch:
+    """Cheapest boxing sequences for one tensor (shape, item size) on one mesh.
+
+    States are the N-D SBPs whose axis values are ``S(d)`` for a dim of the
+    tensor, ``B`` or ``P`` and that divide evenly; moves change one axis (one
+    1-D collective).  Dijkstra from a source reaches every target at once, so
+    a whole boxing matrix costs one search per distinct source.
+    """
+
+    def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
+        self.shape = tuple(shape)
+        self.itemsize = itemsize
+        self.mesh = mesh
+        self.values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
+        self._steps: dict[tuple[NdSbp, int, SbpValue], BoxingStep | None] = {}
+        self._trees: dict[NdSbp, tuple[dict[NdSbp, float], dict[NdSbp, BoxingStep]]] = {}
+
+    def _move(self, cur: NdSbp, axis: int, value: SbpValue) -> BoxingStep | None:
+        key = (cur, axis, value)
+        if key not in self._steps:
+            self._steps[key] = _step(self.shape, self.itemsize, self.mesh, cur, axis, value)
+        return self._steps[key]
+
+    def _tree(self, src: NdSbp) -> tuple[dict[NdSbp, float], dict[NdSbp, BoxingStep]]:
+        tree = self._trees.get(src)
+        if tree is not None:
+            return tree
+        best: dict[NdSbp, float] = {src: 0.0}
+        back: dict[NdSbp, BoxingStep] = {}
+        heap: list[tuple[float, int, int, NdSbp]] = [(0.0, 0, 0, src)]
+        counter = 1
+        hops: dict[NdSbp, int] = {src: 0}
+        done: set[NdSbp] = set()
+        while heap:
+            cost, nhops, _, cur = heapq.heappop(heap)
+            if cur in done:
+                continue
+            done.add(cur)
+            for axis in range(self.mesh.ndim):
+                for value in self.values:
+                    if value == cur[axis]:
+                        continue
+                    step = self._move(cur, axis, value)
+                    if step is None:
+                        continue
+                    new_cost = cost + step.time_s
+                    old = best.get(step.dst, INF)
+                    # ties: fewer steps
+                    if new_cost < old or (new_cost == old and nhops + 1 < hops[step.dst]):
+                        best[step.dst] = new_cost
+                        hops[step.dst] = nhops + 1
+                        back[step.dst] = step
+                        heapq.heappush(heap, (new_cost, nhops + 1, counter, step.dst))
+                        counter += 1
+        self._trees[src] = (best, back)
+        return best, back
+
+    def time(self, src: NdSbp, dst: NdSbp) -> float:
+        if src == dst:
+            return 0.0
+        if local_shape(self.shape, src, self.mesh.shape) is None:
+            return INF
+        return self._tree(src)[0].get(dst, INF)
+
+    def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
+        t = self.time(src, dst)
+        if src == dst or not math.isfinite(t):
+            return BoxingPlan(src, dst, (), t)
+        _, back = self._tree(src)
+        steps: list[BoxingStep] = []
+        node = dst
+        while node != src:
+            step = back[node]
+            steps.append(step)
+            node = step.src
+        steps.reverse()
+        real_steps = tuple(s for s in steps if s.collective is not Collective.LOCAL)
+        return BoxingPlan(src, dst, real_steps, t)
+
+
 def boxing_plan(
     shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
 ) -> BoxingPlan:
     """Cheapest sequence of 1-D collectives turning ``src`` into ``dst`` on ``mesh``."""
     if src == dst:
         return BoxingPlan(src, dst, (), 0.0)
-    if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
-        return BoxingPlan(src, dst, (), INF)
-    options = [
-        list(dict.fromkeys((src[a], dst[a], B))) for a in range(mesh.ndim)
-    ]
-    best: dict[NdSbp, float] = {src: 0.0}
-    back: dict[NdSbp, BoxingStep] = {}
-    heap: list[tuple[float, int, NdSbp]] = [(0.0, 0, src)]
-    counter = 1
-    while heap:
-        cost, _, cur = heapq.heappop(heap)
-        if cur == dst:
-            break
-        if cost > best.get(cur, INF):
-            continue
-        for axis in range(mesh.ndim):
-            for value in options[axis]:
-                if value == cur[axis]:
-                    continue
-                step = _step(shape, itemsize, mesh, cur, axis, value)
-                if step is None:
-                    continue
-                new_cost = cost + step.time_s
-                # prefer fewer steps on ties by a tiny epsilon
-                new_cost += 1e-15
-                if new_cost < best.get(step.dst, INF):
-                    best[step.dst] = new_cost
-                    back[step.dst] = step
-                    heapq.heappush(heap, (new_cost, counter, step.dst))
-                    counter += 1
-    if dst not in best:
-        return BoxingPlan(src, dst, (), INF)
-    steps: list[BoxingStep] = []
-    node = dst
-    while node != src:
-        step = back[node]
-        steps.append(step)
-        node = step.src
-    steps.reverse()
-    real_steps = tuple(s for s in steps if s.collective is not Collective.LOCAL)
-    return BoxingPlan(src, dst, real_steps, sum(s.time_s for s in steps))
+    return BoxingSearch(shape, itemsize, mesh).plan(src, dst)
 
 
 def boxing_time(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> float:

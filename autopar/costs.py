@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import boxing_time
+from autopar.boxing import BoxingSearch, boxing_time
 from autopar.cluster import Mesh
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.rules.registry import (
@@ -346,11 +346,11 @@ def _compute_op_batch(batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[Tensor
 
 
 def _edge_matrix(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh) -> np.ndarray:
-    itemsize = DTYPE_BYTES[spec.dtype]
+    search = BoxingSearch(spec.shape, DTYPE_BYTES[spec.dtype], mesh)
     m = np.empty((len(src), len(dst)), dtype=np.float64)
     for i, s in enumerate(src):
         for j, d in enumerate(dst):
-            m[i, j] = boxing_time(spec.shape, itemsize, s, d, mesh)
+            m[i, j] = search.time(s, d)
     return m
 
 

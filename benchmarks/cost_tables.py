@@ -45,9 +45,10 @@ def main() -> None:
     print(f"cold {args.workers} workers      {cold:7.2f} s  ({serial / cold:.2f}x faster than serial)")
     print(f"warm (memo filled)   {warm:7.2f} s  ({serial / warm:.1f}x faster; computed "
           f"{wstats['op_entries_computed']} op / {wstats['edge_entries_computed']} edge entries)")
-    layers = graph.meta.get("layers") or graph.meta.get("encoder_layers")
+    config = graph.meta.get("config", {})
+    layers = config.get("layers") or config.get("encoder_layers")
     if layers:
-        key = "encoder_layers" if "encoder_layers" in graph.meta else "layers"
+        key = "encoder_layers" if "encoder_layers" in config else "layers"
         bigger = build(args.model, **{key: int(layers) + 1})
         t, s = timed(store, args.workers, bigger)
         print(f"one more layer       {t:7.2f} s  (computed {s['op_entries_computed']} op / "

@@ -75,10 +75,20 @@ def test_uneven_split_is_impossible():
     assert math.isinf(boxing_time((6, 6), ITEM, nd(B), nd(S(0)), MESH8))
 
 
-def test_two_d_partial_to_broadcast_is_two_all_reduces_inner_first():
+def test_two_d_partial_to_broadcast_is_hierarchical_all_reduce():
     plan = boxing_plan(SHAPE, ITEM, nd(P, P), nd(B, B), MESH42)
     kinds = [(s.axis, s.collective) for s in plan.steps]
-    assert sorted(kinds) == [(0, Collective.ALL_REDUCE), (1, Collective.ALL_REDUCE)]
+    # reduce-scatter inside the node, all-reduce the shard across nodes, all-gather inside
+    assert kinds == [
+        (1, Collective.REDUCE_SCATTER),
+        (0, Collective.ALL_REDUCE),
+        (1, Collective.ALL_GATHER),
+    ]
+    two_all_reduces = boxing_time(SHAPE, ITEM, nd(P, P), nd(P, B), MESH42) + boxing_time(
+        SHAPE, ITEM, nd(P, B), nd(B, B), MESH42
+    )
+    assert plan.time_s < two_all_reduces
+    assert plan.steps[1].bytes_per_device == pytest.approx(2 * 3 / 4 * T / 2)
 
 
 def test_two_d_uses_middle_sbp_to_shrink_bytes():

@@ -1,0 +1,356 @@
+"""Benchmark of the planning service on loopback (the server runs in a second process).
+
+::
+
+    .venv/bin/python benchmarks/service.py [--hits 200] [--time-limit 30] [--skip-cold]
+                                           [--skip-redis] [--out results.json]
+
+1. **Body**: size of the mt5-base graph request, raw / gzip / zstd.
+2. **Cold end-to-end**: ``autopar plan``'s planner on mt5-base in a fresh process
+   (``plan()`` wall time, cold memo) vs the service on an empty embedded cache
+   (``PlanClient.plan``: upload, job, server-sent events, plan download).
+   Target: overhead <= 10 %.
+3. **Cache-hit latency**: ``--hits`` sequential POSTs of the same mt5-base body
+   (gzip, keep-alive).  Upload time (sending the body) is reported apart from
+   the latency after the body is sent (to the last byte of the answer) and from
+   the server's own time (``Server-Timing: app``).  Target: p99 <= 50 ms.
+4. **Throughput with 2 workers** (Redis + 2 ``autopar worker`` processes):
+   cache-hit requests/s from 4 client threads, and cold solves/minute of 6
+   distinct tiny-mt5 requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from autopar.client import PlanClient, ServiceError  # noqa: E402
+from autopar.models import build  # noqa: E402
+from cache.redis_server import RedisServer, free_port  # noqa: E402
+
+CLUSTER, MESH, BUDGET, ZERO = "2x4", [4, 2], 30 * 2**30, 2
+
+LOCAL_PLAN = """
+import json, sys, time
+from autopar.cluster import Cluster
+from autopar.models import build
+from solver.options import SolverOptions
+from solver.planner import PlanRequest, plan
+graph = build("mt5-base")
+request = PlanRequest(graph, Cluster.parse("{cluster}"), tuple({mesh}), {budget}, {zero},
+                      SolverOptions(time_limit_s={limit}))
+t0 = time.perf_counter()
+result = plan(request)
+print(json.dumps({{"plan_s": time.perf_counter() - t0, "step_time_s": result.step_time_s}}))
+"""
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": 1e3 * pct(values, 50),
+        "p90_ms": 1e3 * pct(values, 90),
+        "p99_ms": 1e3 * pct(values, 99),
+        "mean_ms": 1e3 * statistics.fmean(values),
+        "max_ms": 1e3 * max(values),
+    }
+
+
+@contextmanager
+def serve(cache_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``autopar serve`` in a subprocess; yields its URL once ready."""
+    port = free_port()
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autopar.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--cache-dir",
+            str(cache_dir),
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        env=environment,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = PlanClient(url, retries=0, timeout_s=2)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if client.ready().get("status") == "ready":
+                    break
+            except ServiceError:  # not up yet
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("server did not become ready")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+@contextmanager
+def workers(redis_url: str, count: int) -> Iterator[None]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AUTOPAR_REDIS_URL": redis_url,
+        "AUTOPAR_SOLVER_WORKERS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "autopar.cli",
+                "worker",
+                "--name",
+                f"bench-{i}",
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            start_new_session=True,
+        )
+        for i in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+
+
+def plan_body(graph_json: bytes, **fields: Any) -> bytes:
+    rest = json.dumps(
+        {
+            "cluster": CLUSTER,
+            "mesh_shape": MESH,
+            "memory_budget_bytes": BUDGET,
+            "zero_stage": ZERO,
+            **fields,
+        }
+    ).encode()
+    return b'{"graph":' + graph_json + b"," + rest[1:]
+
+
+def hit_latency(url: str, body: bytes, n: int) -> dict[str, Any]:
+    """Sequential cache-hit POSTs on one keep-alive connection."""
+    packed = gzip.compress(body, 5)
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    uploads, after, server_app, totals = [], [], [], []
+    for i in range(n + 5):
+        t0 = time.perf_counter()
+        conn.putrequest("POST", "/v1/plans")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Encoding", "gzip")
+        conn.putheader("Content-Length", str(len(packed)))
+        conn.endheaders()
+        conn.send(packed)
+        t1 = time.perf_counter()
+        resp = conn.getresponse()
+        data = resp.read()
+        t2 = time.perf_counter()
+        assert resp.status == 200, (resp.status, data[:300])
+        timing = dict(
+            part.strip().split(";dur=") for part in resp.getheader("Server-Timing", "").split(",")
+        )
+        if i >= 5:  # warm-up excluded
+            uploads.append(t1 - t0)
+            after.append(t2 - t1)
+            totals.append(t2 - t0)
+            server_app.append(float(timing["app"]) / 1e3)
+    conn.close()
+    return {
+        "requests": n,
+        "response_bytes": len(data),
+        "upload": summary(uploads),
+        "latency_after_upload": summary(after),
+        "server_app": summary(server_app),
+        "total": summary(totals),
+    }
+
+
+def hit_throughput(url: str, body: bytes, threads: int, per_thread: int) -> float:
+    packed = gzip.compress(body, 5)
+    host, port = url.removeprefix("http://").split(":")
+
+    def run() -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        for _ in range(per_thread):
+            conn.request(
+                "POST",
+                "/v1/plans",
+                packed,
+                {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            )
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200
+        conn.close()
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return threads * per_thread / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hits", type=int, default=200)
+    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--skip-cold", action="store_true")
+    parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results: dict[str, Any] = {"cpus": os.cpu_count(), "time_limit_s": args.time_limit}
+
+    graph_json = build("mt5-base").to_json().encode()
+    options = {"time_limit_s": args.time_limit}
+    body = plan_body(graph_json, options=options)
+    results["body"] = {
+        "raw_bytes": len(body),
+        "gzip_bytes": len(gzip.compress(body, 5)),
+        "zstd_bytes": len(zstandard.ZstdCompressor(level=3).compress(body)),
+    }
+    print("body", results["body"], flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="autopar-bench-") as tmp:
+        cache = Path(tmp) / "cache"
+        if not args.skip_cold:
+            code = LOCAL_PLAN.format(
+                cluster=CLUSTER, mesh=MESH, budget=BUDGET, zero=ZERO, limit=args.time_limit
+            )
+            t0 = time.perf_counter()
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                check=True,
+            )
+            local_process_s = time.perf_counter() - t0
+            local = json.loads(out.stdout.strip().splitlines()[-1])
+            results["local"] = {**local, "process_s": local_process_s}
+            print("local", results["local"], flush=True)
+
+        with serve(cache) as url:
+            client = PlanClient(url, timeout_s=120)
+            t0 = time.perf_counter()
+            record = client.plan(
+                graph_json,
+                cluster=CLUSTER,
+                mesh_shape=MESH,
+                memory_budget_bytes=BUDGET,
+                zero_stage=ZERO,
+                options=options,
+            )
+            cold_s = time.perf_counter() - t0
+            job = client.job(record["key"])
+            results["service_cold"] = {
+                "end_to_end_s": cold_s,
+                "solve_s": (job.get("result") or {}).get("solve_wall_s"),
+                "step_time_s": record["step_time_s"],
+            }
+            if "local" in results:
+                results["service_cold"]["overhead_vs_plan"] = (
+                    cold_s / results["local"]["plan_s"] - 1
+                )
+            print("service cold", results["service_cold"], flush=True)
+            results["hit"] = hit_latency(url, body, args.hits)
+            print("hit", json.dumps(results["hit"], indent=1), flush=True)
+
+        if not args.skip_redis:
+            with (
+                RedisServer() as redis_server,
+                workers(redis_server.url, 2),
+                serve(cache, "--redis-url", redis_server.url) as url,
+            ):
+                client = PlanClient(url, timeout_s=120)
+                quick = {"time_limit_s": 5.0}  # a plan to hit; its quality does not matter here
+                client.plan(
+                    graph_json,
+                    cluster=CLUSTER,
+                    mesh_shape=MESH,
+                    memory_budget_bytes=BUDGET,
+                    zero_stage=ZERO,
+                    options=quick,
+                )
+                quick_body = plan_body(graph_json, options=quick)
+                results["hit_throughput_rps_4_threads"] = hit_throughput(url, quick_body, 4, 50)
+                small = build("tiny-mt5").to_json().encode()
+                requests = [(z, b) for z in (1, 2, 3) for b in (20 * 2**30, 30 * 2**30)]
+                t0 = time.perf_counter()
+                keys = [
+                    client.submit(
+                        small,
+                        cluster="1x4",
+                        mesh_shape=(2, 2),
+                        options={"time_limit_s": 5},
+                        zero_stage=z,
+                        memory_budget_bytes=b,
+                    ).key
+                    for z, b in requests
+                ]
+                jobs = [client.wait_job(k) for k in keys]
+                elapsed = time.perf_counter() - t0
+                assert all(j["status"] == "succeeded" for j in jobs), jobs
+                results["cold_jobs_2_workers"] = {
+                    "jobs": len(jobs),
+                    "wall_s": elapsed,
+                    "jobs_per_min": 60 * len(jobs) / elapsed,
+                    "mean_solve_s": statistics.fmean(j["result"]["solve_wall_s"] for j in jobs),
+                }
+                print(
+                    "throughput",
+                    results["hit_throughput_rps_4_threads"],
+                    results["cold_jobs_2_workers"],
+                    flush=True,
+                )
+
+    text = json.dumps(results, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
