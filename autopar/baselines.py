@@ -74,7 +74,11 @@ def _structure(graph: Graph) -> _Structure:
     var_tensor = {v.tensor: v.op for v in graph.variables}
     source: dict[str, str] = dict(var_tensor)
     for op in graph.topological_order:
-        if op.type in ("cast", "identity", "amp_white_identity", "parallel_cast", "hierarchical_parallel_cast") and len(op.inputs) == 1:
+        if (
+            op.type
+            in ("cast", "identity", "amp_white_identity", "parallel_cast", "hierarchical_parallel_cast")
+            and len(op.inputs) == 1
+        ):
             (t,) = op.inputs.values()
             if t in source:
                 for o in op.outputs.values():
@@ -248,7 +252,9 @@ def baseline_plan(
     try:
         kind = BaselineKind(kind)
     except ValueError:
-        raise ConfigError("unknown_baseline", f"unknown baseline {kind!r}; choose one of {BASELINES}") from None
+        raise ConfigError(
+            "unknown_baseline", f"unknown baseline {kind!r}; choose one of {BASELINES}"
+        ) from None
     rules = rules or default_rules()
     ndim = mesh.ndim
     replicated = NdSbp(tuple(B for _ in range(ndim)))
@@ -323,7 +329,11 @@ def baseline_plan(
             candidates = sigs
             if op.role is Role.OPTIMIZER:
                 # the optimizer takes the parameter as laid out
-                model_ports = [i for i, p in enumerate(op.inputs) if p.startswith("model_") and not p.startswith("model_diff")]
+                model_ports = [
+                    i
+                    for i, p in enumerate(op.inputs)
+                    if p.startswith("model_") and not p.startswith("model_diff")
+                ]
                 if model_ports:
                     i = model_ports[0]
                     want = tensor_sbp.get(list(op.inputs.values())[i])
@@ -361,4 +371,3 @@ def baseline_plan(
         for port, out in zip(op.outputs, sig.outputs):
             tensor_sbp[op.outputs[port]] = out
     return Plan.from_assignment(graph, mesh, zero_stage, chosen, source=f"baseline:{kind.value}")
-

@@ -17,7 +17,8 @@ B -> P, S -> P local zero-fill     0                       0
 
 An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
 (OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
-Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`).  A move that cannot happen (a split that does not divide, a
+Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`).  A move that
+cannot happen (a split that does not divide, a
 ``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
 """
 
@@ -34,8 +35,8 @@ from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_
 
 __all__ = [
     "INF",
-    "BoxingSearch",
     "BoxingPlan",
+    "BoxingSearch",
     "BoxingStep",
     "Collective",
     "all_gather_time",
@@ -288,9 +289,7 @@ class BoxingSearch:
         return BoxingPlan(src, dst, real_steps, t)
 
 
-def boxing_plan(
-    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
-) -> BoxingPlan:
+def boxing_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
     """Cheapest sequence of 1-D collectives turning ``src`` into ``dst`` on ``mesh``."""
     if src == dst:
         return BoxingPlan(src, dst, (), 0.0)

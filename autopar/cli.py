@@ -118,7 +118,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     tables = build_cost_tables(graph, mesh, args.zero, workers=args.workers)
     cold = time.perf_counter() - t0
-    sys.stdout.write(json.dumps({**tables.stats, "fallback_ops": len(tables.stats["fallback_ops"]), "wall_s": cold}, indent=1) + "\n")
+    sys.stdout.write(
+        json.dumps(
+            {**tables.stats, "fallback_ops": len(tables.stats["fallback_ops"]), "wall_s": cold}, indent=1
+        )
+        + "\n"
+    )
     return 0
 
 
@@ -156,7 +161,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 for a, t in ev.comm_time_s_per_axis.items()
             )
             + "\n"
-            f"  memory     {ev.memory.total / gib:10.2f} GiB per device (params {ev.memory.params / gib:.2f}, "
+            f"  memory     {ev.memory.total / gib:10.2f} GiB per device "
+            f"(params {ev.memory.params / gib:.2f}, "
             f"grads {ev.memory.grads / gib:.2f}, optimizer {ev.memory.optimizer / gib:.2f}, "
             f"activations {ev.memory.activations / gib:.2f})\n"
         )
@@ -170,7 +176,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from solver.cli import run_plan_command
     except ImportError as exc:  # ortools not installed
         raise ConfigError(
-            "solver_missing", f"the solver needs autopar[solver] (ortools): {exc}; pip install 'autopar[solver]'"
+            "solver_missing",
+            f"the solver needs autopar[solver] (ortools): {exc}; pip install 'autopar[solver]'",
         ) from None
     return run_plan_command(args)
 

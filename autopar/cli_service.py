@@ -86,6 +86,8 @@ def worker(args: argparse.Namespace) -> int:
         )
     from service.rq_jobs import make_worker
 
+    # each job runs in a forked work horse that reads its settings from the environment
+    os.environ["AUTOPAR_REDIS_URL"] = str(settings.redis_url)
     w = make_worker(settings, name=args.name)
     sys.stderr.write(f"autopar worker {w.name}: queue {settings.queue_name!r}\n")
     w.work(burst=args.burst, logging_level=args.log_level.upper())
@@ -110,8 +112,7 @@ class ProgressLine:
             return
         self.last = now
         parts = [
-            f"[{job.get('elapsed_s') or 0.0:7.1f} s] {job.get('status', '?'):<9} "
-            f"{job.get('phase') or '':<20}"
+            f"[{job.get('elapsed_s') or 0.0:7.1f} s] {job.get('status', '?'):<9} {job.get('phase') or '':<20}"
         ]
         if job.get("objective") is not None:
             parts.append(f"objective {job['objective'] * 1e3:.3f} ms")
@@ -232,9 +233,7 @@ def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.N
         with open(args.out, "w") as fh:
             json.dump(record["plan"], fh, indent=1)
     sys.stdout.write(record.get("summary", "") + "\n")
-    sys.stdout.write(
-        f"plan {record['key']} in {wall:.2f} s" + (f" -> {args.out}" if args.out else "") + "\n"
-    )
+    sys.stdout.write(f"plan {record['key']} in {wall:.2f} s" + (f" -> {args.out}" if args.out else "") + "\n")
     return 0
 
 
@@ -243,49 +242,31 @@ def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.N
 
 def add_service_commands(subparsers: Any) -> dict[str, Handler]:
     """Add ``serve``, ``worker`` and ``submit`` to ``autopar``'s subparsers; return handlers."""
-    p = subparsers.add_parser(
-        "serve", help="run the planning API (embedded cache unless Redis is set)"
-    )
+    p = subparsers.add_parser("serve", help="run the planning API (embedded cache unless Redis is set)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL, else embedded)"
-    )
-    p.add_argument(
-        "--cache-dir", default=None, help="embedded cache directory (default ~/.cache/autopar)"
-    )
-    p.add_argument(
-        "--workers", dest="local_workers", type=int, default=None, help="local solver processes"
-    )
-    p.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL, else embedded)")
+    p.add_argument("--cache-dir", default=None, help="embedded cache directory (default ~/.cache/autopar)")
+    p.add_argument("--workers", dest="local_workers", type=int, default=None, help="local solver processes")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     w = subparsers.add_parser("worker", help="run an RQ worker solving jobs from Redis")
     w.add_argument("--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL)")
     w.add_argument("--name", default=None, help="worker name (default: RQ's)")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    w.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
+    w.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     s = subparsers.add_parser("submit", help="send a graph to a planning service")
     s.add_argument("graph", help="graph JSON file or bundled model name (e.g. mt5-base)")
     s.add_argument("--server", default=os.environ.get("AUTOPAR_SERVER"), help="service URL")
-    s.add_argument(
-        "--serve", action="store_true", help="start an embedded local server for this request"
-    )
+    s.add_argument("--serve", action="store_true", help="start an embedded local server for this request")
     s.add_argument("--api-key", default=None, help="X-API-Key (default: AUTOPAR_API_KEY)")
     s.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default 2x4)")
     s.add_argument("--preset", default="a100-40g", choices=sorted(PRESETS))
     s.add_argument("--mesh-shape", default=None, help="e.g. 4,2 (default: searched)")
-    s.add_argument(
-        "--memory", default=None, help="per-device budget, e.g. 30GiB (default: the device's)"
-    )
+    s.add_argument("--memory", default=None, help="per-device budget, e.g. 30GiB (default: the device's)")
     s.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
-    s.add_argument(
-        "--time-limit", type=float, default=None, help="solver time limit, s (server default)"
-    )
+    s.add_argument("--time-limit", type=float, default=None, help="solver time limit, s (server default)")
     s.add_argument("--gap", type=float, default=None, help="relative gap to stop at")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--refresh", action="store_true", help="solve again even if cached")

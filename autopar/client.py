@@ -145,9 +145,7 @@ class PlanClient:
             attempt += 1
             time.sleep(delay)
 
-    def _json(
-        self, method: str, path: str, body: bytes | None = None, **kw: Any
-    ) -> tuple[int, Any]:
+    def _json(self, method: str, path: str, body: bytes | None = None, **kw: Any) -> tuple[int, Any]:
         status, _, data = self._request(method, path, body, **kw)
         return status, json.loads(data) if data else None
 
@@ -176,9 +174,7 @@ class PlanClient:
             fields["options"] = dict(options)
         body = _plan_body(graph, fields)
         query = f"?wait={wait_s:g}" + ("&refresh=true" if refresh else "")
-        status, data = self._json(
-            "POST", "/v1/plans" + query, body, timeout_s=self.timeout_s + wait_s
-        )
+        status, data = self._json("POST", "/v1/plans" + query, body, timeout_s=self.timeout_s + wait_s)
         if status == 200:
             return Submission(200, data["key"], data, None)
         return Submission(status, data["id"], None, data)
@@ -229,16 +225,12 @@ class PlanClient:
         _, data = self._json("DELETE", f"/v1/jobs/{job_id}")
         return dict(data)
 
-    def events(
-        self, job_id: str, *, timeout_s: float = 60.0
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
+    def events(self, job_id: str, *, timeout_s: float = 60.0) -> Iterator[tuple[str, dict[str, Any]]]:
         """Server-sent events of a job: ``(event, job)`` pairs, ending with ``("end", job)``."""
         headers = {"Accept": "text/event-stream"}
         if self.api_key:
             headers["X-API-Key"] = self.api_key
-        request = urllib.request.Request(
-            f"{self.base_url}/v1/jobs/{job_id}/events", headers=headers
-        )
+        request = urllib.request.Request(f"{self.base_url}/v1/jobs/{job_id}/events", headers=headers)
         try:
             resp: HTTPResponse = urllib.request.urlopen(request, timeout=timeout_s)
         except urllib.error.HTTPError as exc:
@@ -359,9 +351,7 @@ def _graph_bytes(graph: Any) -> bytes:
     to_dict = getattr(graph, "to_dict", None)
     if callable(to_dict):
         return json.dumps(to_dict(), separators=(",", ":")).encode()
-    raise TypeError(
-        f"graph must be an autopar Graph, a dict or JSON bytes, not {type(graph).__name__}"
-    )
+    raise TypeError(f"graph must be an autopar Graph, a dict or JSON bytes, not {type(graph).__name__}")
 
 
 def _plan_body(graph: Any, fields: Mapping[str, Any]) -> bytes:
@@ -379,9 +369,7 @@ def _service_error(status: int, payload: bytes) -> ServiceError:
     if not isinstance(problem, dict):
         text = payload[:200].decode("utf-8", "replace")
         return ServiceError(f"http_{status}", f"HTTP {status}: {text}", status=status)
-    details = {
-        k: v for k, v in problem.items() if k not in ("code", "detail", "type", "title", "status")
-    }
+    details = {k: v for k, v in problem.items() if k not in ("code", "detail", "type", "title", "status")}
     return ServiceError(
         str(problem.get("code") or f"http_{status}"),
         str(problem.get("detail") or problem.get("title") or f"HTTP {status}"),

@@ -61,7 +61,9 @@ class DeviceSpec:
         for name in ("matmul_efficiency", "memory_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
-                raise ConfigError("bad_device", f"device {self.name!r}: {name} must be in (0, 1], got {value}")
+                raise ConfigError(
+                    "bad_device", f"device {self.name!r}: {name} must be in (0, 1], got {value}"
+                )
 
 
 # Sources: NVIDIA A100/H100/V100 datasheets (dense fp16 tensor peak, HBM bandwidth);
@@ -183,8 +185,7 @@ class Mesh:
         """Content key of everything that changes a cost: mesh shape and cluster."""
         dev = self.cluster.device
         return (
-            f"mesh={list(self.shape)};cluster={self.cluster.nodes}x{self.cluster.devices_per_node};"
-            f"dev={dev}"
+            f"mesh={list(self.shape)};cluster={self.cluster.nodes}x{self.cluster.devices_per_node};dev={dev}"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -58,12 +58,12 @@ from autopar.store import KeyValueStore, MemoryStore
 
 __all__ = [
     "COST_MODEL_VERSION",
-    "EdgeKind",
-    "edge_kind",
     "CostTables",
+    "EdgeKind",
     "EdgeTable",
     "OpTable",
     "build_cost_tables",
+    "edge_kind",
     "op_compute_time",
     "op_signatures",
 ]
@@ -252,7 +252,11 @@ def op_key(graph: Graph, op: Op, mesh: Mesh, zero_stage: int) -> str:
 
 
 def edge_key(
-    spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh, kind: EdgeKind = None  # type: ignore[assignment]
+    spec: TensorSpec,
+    src: Sequence[NdSbp],
+    dst: Sequence[NdSbp],
+    mesh: Mesh,
+    kind: EdgeKind = None,  # type: ignore[assignment]
 ) -> str:
     kind = kind or EdgeKind.BOXING
     payload = {
@@ -331,7 +335,9 @@ class CostTables:
         return seq[ports.index(port)]
 
 
-def _compute_op_entry(args: tuple[Graph | None, Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int]) -> bytes:
+def _compute_op_entry(
+    args: tuple[Graph | None, Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int],
+) -> bytes:
     _, op, ins, outs, mesh, zero = args
     rules = default_rules()
     ctx = RuleContext(op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero)
@@ -341,7 +347,9 @@ def _compute_op_entry(args: tuple[Graph | None, Op, tuple[TensorSpec, ...], tupl
     return OpTable(sigs, times, fallback).to_bytes()
 
 
-def _compute_op_batch(batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int]]) -> list[bytes]:
+def _compute_op_batch(
+    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int]],
+) -> list[bytes]:
     return [_compute_op_entry((None, *item)) for item in batch]
 
 
@@ -461,7 +469,10 @@ def build_cost_tables(
     edge_keys = list(distinct)
     found_e = store.get_many(edge_keys)
     missing_e = [k for k in edge_keys if k not in found_e]
-    ejobs = [(distinct[k][0], distinct[k][1], distinct[k][2], mesh, k.startswith("edge:in_place")) for k in missing_e]
+    ejobs = [
+        (distinct[k][0], distinct[k][1], distinct[k][2], mesh, k.startswith("edge:in_place"))
+        for k in missing_e
+    ]
     computed_e = _run_batches(_compute_edge_batch, ejobs, workers, parallel_threshold, progress, "edges")
     new_e = dict(zip(missing_e, computed_e))
     if new_e:

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopar.boxing import boxing_plan
-from autopar.costs import EdgeKind, edge_kind, op_compute_time, op_signatures, optimizer_gather_time, rule_context
+from autopar.costs import (
+    EdgeKind,
+    edge_kind,
+    op_compute_time,
+    op_signatures,
+    optimizer_gather_time,
+    rule_context,
+)
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.memory import (
     MIXED_PRECISION_ADAM,
@@ -132,11 +139,17 @@ def evaluate(
         if gather > 0:
             # account the ZeRO parameter all-gather as communication on the dp axes
             ins_list = list(op.inputs)
-            model_port = next(p for p in ins_list if p.startswith("model_") and not p.startswith("model_diff"))
+            model_port = next(
+                p for p in ins_list if p.startswith("model_") and not p.startswith("model_diff")
+            )
             grad_port = next(p for p in ins_list if p.startswith("model_diff"))
             spec = graph.tensors[op.inputs[model_port]]
             bp = boxing_plan(
-                spec.shape, 2, sig.inputs[ins_list.index(grad_port)], sig.inputs[ins_list.index(model_port)], mesh
+                spec.shape,
+                2,
+                sig.inputs[ins_list.index(grad_port)],
+                sig.inputs[ins_list.index(model_port)],
+                mesh,
             )
             for step in bp.steps:
                 comm_axis[step.axis] += step.time_s
@@ -184,11 +197,11 @@ def evaluate(
 
     params = grads = opt = 0.0
     for v in graph.variables:
-        sbp = tensor_sbp.get(v.tensor)
-        if sbp is None:
+        var_sbp = tensor_sbp.get(v.tensor)
+        if var_sbp is None:
             continue
         p, g, o = variable_state_bytes(
-            graph.tensors[v.tensor].shape, sbp, mesh.shape, plan.zero_stage, states
+            graph.tensors[v.tensor].shape, var_sbp, mesh.shape, plan.zero_stage, states
         )
         params += p
         grads += g

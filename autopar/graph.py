@@ -339,7 +339,8 @@ class Graph:
                 except ValueError:
                     raise GraphError(
                         "bad_role",
-                        f"op {raw.get('name')!r} has role {raw.get('role')!r}; use forward, backward or optimizer",
+                        f"op {raw.get('name')!r} has role {raw.get('role')!r}; "
+                        "use forward, backward or optimizer",
                         op=raw.get("name"),
                     ) from None
                 inputs, outputs, attrs = raw.get("inputs", {}), raw.get("outputs", {}), raw.get("attrs", {})
@@ -387,9 +388,7 @@ class Graph:
     def content_hash(self) -> str:
         """Hash of the canonical graph: independent of op order and JSON whitespace."""
         canonical = {
-            "tensors": sorted(
-                (n, list(t.shape), t.dtype) for n, t in self.tensors.items()
-            ),
+            "tensors": sorted((n, list(t.shape), t.dtype) for n, t in self.tensors.items()),
             "ops": sorted(
                 (json.dumps(op.to_dict(), sort_keys=True) for op in self.ops),
             ),
@@ -398,4 +397,7 @@ class Graph:
         return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
     def __repr__(self) -> str:
-        return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)}, variables={len(self.variables)})"
+        return (
+            f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)}, "
+            f"variables={len(self.variables)})"
+        )

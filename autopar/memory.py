@@ -37,8 +37,8 @@ from autopar.graph import DTYPE_BYTES, Graph
 from autopar.sbp import Broadcast, NdSbp
 
 __all__ = [
-    "MIXED_PRECISION_ADAM",
     "FP32_ADAM",
+    "MIXED_PRECISION_ADAM",
     "MemoryBreakdown",
     "Precision",
     "StateBytes",

@@ -161,7 +161,8 @@ class Plan:
                 if len(s) != mesh.ndim:
                     raise PlanError(
                         "mesh_mismatch",
-                        f"op {name!r}: SBP {s} has {len(s)} axes but the mesh {list(mesh.shape)} has {mesh.ndim}",
+                        f"op {name!r}: SBP {s} has {len(s)} axes but the mesh "
+                        f"{list(mesh.shape)} has {mesh.ndim}",
                         op=name,
                     )
         return cls(
@@ -219,5 +220,8 @@ class Plan:
             )
         fb = self.diagnostics.get("fallback_ops") or []
         if fb:
-            lines.append(f"  fallback    {len(fb)} ops with no rule (all-B): {sorted(set(self.diagnostics.get('fallback_op_types', [])))}")
+            lines.append(
+                f"  fallback    {len(fb)} ops with no rule (all-B): "
+                f"{sorted(set(self.diagnostics.get('fallback_op_types', [])))}"
+            )
         return "\n".join(lines)

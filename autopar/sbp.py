@@ -24,14 +24,14 @@ from typing import Union
 
 __all__ = [
     "B",
-    "P",
     "Broadcast",
     "NdSbp",
+    "P",
     "Partial",
+    "S",
     "SbpValue",
     "Signature",
     "Split",
-    "S",
     "local_shape",
     "nd",
     "parse_nd_sbp",
@@ -75,13 +75,13 @@ class Partial:
         return "Partial()"
 
 
-SbpValue = Union[Split, Broadcast, Partial]
+SbpValue = Union[Split, Broadcast, Partial]  # noqa: UP007 - a runtime alias on Python 3.10
 
 B = Broadcast()
 P = Partial()
 
 
-def S(dim: int) -> Split:  # noqa: N802 - the name is the notation
+def S(dim: int) -> Split:
     """Return ``S(dim)``."""
     if dim < 0:
         raise ValueError(f"S(dim) needs dim >= 0, got {dim}")
@@ -143,9 +143,7 @@ def nd(*values: SbpValue) -> NdSbp:
     return NdSbp(tuple(values))
 
 
-def local_shape(
-    shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]
-) -> tuple[int, ...] | None:
+def local_shape(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> tuple[int, ...] | None:
     """Per-device shape of a tensor of logical ``shape`` laid out as ``sbp``.
 
     Returns ``None`` when a split dim does not exist or does not divide evenly
@@ -254,15 +252,10 @@ def parse_signature(text: str, ndim: int | None = None) -> Signature:
     parts = _split_top_level(right_inner) if right_inner is not None else []
     if ndim is None:
         ndim = len(inputs[0]) if inputs else None
-    several = len(parts) > 1 and (
-        ndim == 1 or all(_strip_parens(p) is not None for p in parts)
-    )
+    several = len(parts) > 1 and (ndim == 1 or all(_strip_parens(p) is not None for p in parts))
     if right_inner is not None and not right_inner.strip():
         return Signature(inputs, ())
-    if several:
-        outputs = tuple(parse_nd_sbp(p) for p in parts)
-    else:
-        outputs = (parse_nd_sbp(right),)
+    outputs = tuple(parse_nd_sbp(p) for p in parts) if several else (parse_nd_sbp(right),)
     return Signature(inputs, outputs)
 
 

@@ -30,8 +30,10 @@ def main() -> None:
     t0 = time.perf_counter()
     graph = build(args.model)
     mesh = Mesh(Cluster.parse(args.cluster, args.preset), parse_mesh_shape(args.mesh_shape))
-    print(f"{args.model}: {len(graph.ops)} ops, built in {time.perf_counter() - t0:.2f} s; "
-          f"cluster {args.cluster} {args.preset}, mesh {list(mesh.shape)}, ZeRO-{args.zero}")
+    print(
+        f"{args.model}: {len(graph.ops)} ops, built in {time.perf_counter() - t0:.2f} s; "
+        f"cluster {args.cluster} {args.preset}, mesh {list(mesh.shape)}, ZeRO-{args.zero}"
+    )
     results = {}
     for kind in ("megatron", "inferred", "data-parallel", "single-device"):
         t1 = time.perf_counter()
@@ -39,13 +41,17 @@ def main() -> None:
         ev = evaluate(graph, plan)
         results[kind] = (ev, time.perf_counter() - t1)
     base = results["megatron"][0].step_time_s
-    print(f"{'baseline':<15}{'step ms':>10}{'x megatron':>12}{'compute ms':>12}{'comm ms':>10}"
-          f"{'axis0 ms':>10}{'axis1 ms':>10}{'mem GiB':>9}{'valid':>7}{'build s':>9}")
+    print(
+        f"{'baseline':<15}{'step ms':>10}{'x megatron':>12}{'compute ms':>12}{'comm ms':>10}"
+        f"{'axis0 ms':>10}{'axis1 ms':>10}{'mem GiB':>9}{'valid':>7}{'build s':>9}"
+    )
     for kind, (ev, dt) in results.items():
         axes = [ev.comm_time_s_per_axis.get(a, 0.0) * 1e3 for a in range(2)]
-        print(f"{kind:<15}{ev.step_time_s * 1e3:>10.1f}{ev.step_time_s / base:>12.2f}"
-              f"{ev.compute_time_s * 1e3:>12.1f}{ev.comm_time_s * 1e3:>10.1f}"
-              f"{axes[0]:>10.1f}{axes[1]:>10.1f}{ev.memory.total / GIB:>9.2f}{ev.valid!s:>7}{dt:>9.2f}")
+        print(
+            f"{kind:<15}{ev.step_time_s * 1e3:>10.1f}{ev.step_time_s / base:>12.2f}"
+            f"{ev.compute_time_s * 1e3:>12.1f}{ev.comm_time_s * 1e3:>10.1f}"
+            f"{axes[0]:>10.1f}{axes[1]:>10.1f}{ev.memory.total / GIB:>9.2f}{ev.valid!s:>7}{dt:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -39,20 +39,27 @@ def main() -> None:
     store = MemoryStore()
     cold, _ = timed(store, args.workers)
     warm, wstats = timed(store, args.workers)
-    print(f"{args.model}: {stats['ops']} ops, {stats['edges']} edges; unique op entries "
-          f"{stats['unique_op_entries']}, unique edge entries {stats['unique_edge_entries']}")
+    print(
+        f"{args.model}: {stats['ops']} ops, {stats['edges']} edges; unique op entries "
+        f"{stats['unique_op_entries']}, unique edge entries {stats['unique_edge_entries']}"
+    )
     print(f"cold serial          {serial:7.2f} s  (1.00x)")
     print(f"cold {args.workers} workers      {cold:7.2f} s  ({serial / cold:.2f}x faster than serial)")
-    print(f"warm (memo filled)   {warm:7.2f} s  ({serial / warm:.1f}x faster; computed "
-          f"{wstats['op_entries_computed']} op / {wstats['edge_entries_computed']} edge entries)")
+    print(
+        f"warm (memo filled)   {warm:7.2f} s  ({serial / warm:.1f}x faster; computed "
+        f"{wstats['op_entries_computed']} op / {wstats['edge_entries_computed']} edge entries)"
+    )
     config = graph.meta.get("config", {})
     layers = config.get("layers") or config.get("encoder_layers")
     if layers:
         key = "encoder_layers" if "encoder_layers" in config else "layers"
         bigger = build(args.model, **{key: int(layers) + 1})
         t, s = timed(store, args.workers, bigger)
-        print(f"one more layer       {t:7.2f} s  (computed {s['op_entries_computed']} op / "
-              f"{s['edge_entries_computed']} edge entries of {s['unique_op_entries']} / {s['unique_edge_entries']})")
+        print(
+            f"one more layer       {t:7.2f} s  (computed {s['op_entries_computed']} op / "
+            f"{s['edge_entries_computed']} edge entries of {s['unique_op_entries']} / "
+            f"{s['unique_edge_entries']})"
+        )
 
 
 if __name__ == "__main__":

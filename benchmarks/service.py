@@ -185,9 +185,7 @@ def hit_latency(url: str, body: bytes, n: int) -> dict[str, Any]:
         data = resp.read()
         t2 = time.perf_counter()
         assert resp.status == 200, (resp.status, data[:300])
-        timing = dict(
-            part.strip().split(";dur=") for part in resp.getheader("Server-Timing", "").split(",")
-        )
+        timing = dict(part.strip().split(";dur=") for part in resp.getheader("Server-Timing", "").split(","))
         if i >= 5:  # warm-up excluded
             uploads.append(t1 - t0)
             after.append(t2 - t1)
@@ -290,9 +288,7 @@ def main() -> int:
                 "step_time_s": record["step_time_s"],
             }
             if "local" in results:
-                results["service_cold"]["overhead_vs_plan"] = (
-                    cold_s / results["local"]["plan_s"] - 1
-                )
+                results["service_cold"]["overhead_vs_plan"] = cold_s / results["local"]["plan_s"] - 1
             print("service cold", results["service_cold"], flush=True)
             results["hit"] = hit_latency(url, body, args.hits)
             print("hit", json.dumps(results["hit"], indent=1), flush=True)

@@ -59,9 +59,7 @@ class Store(KeyValueStore, Protocol):
         """Remove ``key``; True when it existed."""
         ...
 
-    def put_if_lower(
-        self, key: str, value: bytes, score: float, ttl_s: float | None = None
-    ) -> bool:
+    def put_if_lower(self, key: str, value: bytes, score: float, ttl_s: float | None = None) -> bool:
         """Atomically store ``value`` unless a value with a score <= ``score`` is present.
 
         Returns True when stored.  NaN scores count as +inf (never replace a real one).

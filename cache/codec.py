@@ -89,8 +89,7 @@ def decompress(data: bytes, encoding: str, max_bytes: int) -> bytes:
     if len(out) > max_bytes:
         raise DecodeError(
             "too_large",
-            f"the decompressed body exceeds {max_bytes} bytes; "
-            "send a smaller graph or raise the limit",
+            f"the decompressed body exceeds {max_bytes} bytes; send a smaller graph or raise the limit",
             limit_bytes=max_bytes,
         )
     return out

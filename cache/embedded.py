@@ -35,9 +35,7 @@ class EmbeddedStore:
 
     backend = "embedded"
 
-    def __init__(
-        self, directory: str | os.PathLike[str], size_limit_bytes: int = 8 * 1024**3
-    ) -> None:
+    def __init__(self, directory: str | os.PathLike[str], size_limit_bytes: int = 8 * 1024**3) -> None:
         self.directory = Path(directory)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -85,9 +83,7 @@ class EmbeddedStore:
     def delete(self, key: str) -> bool:
         return bool(self._cache.delete(key, retry=True))
 
-    def put_if_lower(
-        self, key: str, value: bytes, score: float, ttl_s: float | None = None
-    ) -> bool:
+    def put_if_lower(self, key: str, value: bytes, score: float, ttl_s: float | None = None) -> bool:
         expire = self._expire(ttl_s)
         new = math.inf if math.isnan(score) else float(score)
         score_key = key + _SCORE_SUFFIX

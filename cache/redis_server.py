@@ -95,9 +95,7 @@ class RedisServer:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise ConfigError(
-            "redis_start_failed", f"redis-server did not answer on port {self.port} in time"
-        )
+        raise ConfigError("redis_start_failed", f"redis-server did not answer on port {self.port} in time")
 
     def stop(self) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after 5 s) and remove its directory."""

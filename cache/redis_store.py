@@ -54,9 +54,7 @@ def redact_url(url: str) -> str:
         return url
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
-    return urlunsplit(
-        (parts.scheme, f"{user}:***@{netloc}", parts.path, parts.query, parts.fragment)
-    )
+    return urlunsplit((parts.scheme, f"{user}:***@{netloc}", parts.path, parts.query, parts.fragment))
 
 
 def connect(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
@@ -85,9 +83,7 @@ class RedisStore:
     ) -> None:
         self.url = url
         self.prefix = prefix
-        self.client = (
-            client if client is not None else connect(url, socket_timeout_s=socket_timeout_s)
-        )
+        self.client = client if client is not None else connect(url, socket_timeout_s=socket_timeout_s)
         self._put_if_lower = self.client.register_script(_PUT_IF_LOWER)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
@@ -145,9 +141,7 @@ class RedisStore:
     def delete(self, key: str) -> bool:
         return bool(self._call("DEL", lambda: self.client.delete(self.prefix + key)))
 
-    def put_if_lower(
-        self, key: str, value: bytes, score: float, ttl_s: float | None = None
-    ) -> bool:
+    def put_if_lower(self, key: str, value: bytes, score: float, ttl_s: float | None = None) -> bool:
         px = self._px(ttl_s)
         new = math.inf if math.isnan(score) else float(score)
         keys = [self.prefix + key, self.prefix + key + _SCORE_SUFFIX]

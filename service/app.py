@@ -74,6 +74,8 @@ __all__ = ["Service", "create_app", "read_body"]
 log = logging.getLogger("autopar.service")
 
 KEY_PATTERN = r"^[0-9a-f]{64}$"
+SSE_PERIOD_S = 5.0
+"""Longest gap between two server-sent events of a running job, seconds."""
 _ENCODINGS = ("identity", "gzip", "zstd")
 _JSON_TYPES = ("application/json", "")
 
@@ -87,14 +89,14 @@ class Prepared:
 
     key: str
     payload: dict[str, Any]
+    cached: PlanRecord | None
+    """The cached plan, when there is one (and no refresh was asked)."""
 
 
 class Service:
     """Everything the routes share: settings, store, plan cache, jobs, metrics."""
 
-    def __init__(
-        self, settings: Settings, store: Store, jobs: JobManager, versions: dict[str, str]
-    ):
+    def __init__(self, settings: Settings, store: Store, jobs: JobManager, versions: dict[str, str]):
         self.settings = settings
         self.store = store
         self.plans = PlanCache(store, settings.plan_ttl_s)
@@ -118,8 +120,11 @@ class Service:
         key = self.store.get(self.body_key(digest))
         return self.plans.get(key.decode()) if key is not None else None
 
-    def prepare(self, raw: bytes, digest: str) -> Prepared:
-        """Parse and validate a plan body; store its graph; return the plan key and job payload."""
+    def prepare(self, raw: bytes, digest: str, refresh: bool) -> Prepared:
+        """Parse and validate a plan body; return its key, its cached plan or the job payload.
+
+        The graph is stored (for the job) only when a solve is needed.
+        """
         body = parse_json_model(PlanBody, raw)
         graph = parse_graph(body.graph)
         cluster = cluster_of(body.cluster, body.preset, self.settings.max_devices)
@@ -132,11 +137,14 @@ class Service:
             body.options,
             self.settings,
         )
-        key = plan_key(request.to_key_dict(), self.versions)
-        payload = payload_of(request, self.versions)
-        self.store_graph(body.graph, payload["graph"])
+        key_dict = request.to_key_dict()
+        key = plan_key(key_dict, self.versions)
+        payload = payload_of(request, self.versions, graph_hash=key_dict["graph"])
         self.store.put(self.body_key(digest), key.encode(), self.settings.plan_ttl_s)
-        return Prepared(key, payload)
+        cached = None if refresh else self.plans.get(key)
+        if cached is None:
+            self.store_graph(body.graph, payload["graph"])
+        return Prepared(key, payload, cached)
 
     def store_graph(self, graph_data: dict[str, Any], content_hash: str) -> None:
         self.store.put(graph_key(content_hash), codec.encode(graph_data), self.settings.job_ttl_s)
@@ -359,9 +367,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             from service.rq_jobs import RQJobManager
 
             if not isinstance(the_store, RedisStore):
-                raise ConfigError(
-                    "bad_settings", "AUTOPAR_REDIS_URL is set but the store is not Redis"
-                )
+                raise ConfigError("bad_settings", "AUTOPAR_REDIS_URL is set but the store is not Redis")
             rq_jobs = RQJobManager(settings, the_store)
             jobs = rq_jobs
             service = Service(settings, the_store, jobs, versions)
@@ -413,9 +419,9 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
 
     @app.exception_handler(RedisError)
     async def _redis_error(request: Request, exc: RedisError) -> Response:
-        return from_autopar(
-            CacheUnavailable(None, f"Redis failed: {exc}"), settings.retry_after_s
-        ).response(instance=request.url.path)
+        return from_autopar(CacheUnavailable(None, f"Redis failed: {exc}"), settings.retry_after_s).response(
+            instance=request.url.path
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -485,10 +491,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             record = await run_in_threadpool(service.plans.get, key)
             if record is not None:
                 return plan_response(record)
-        if (
-            info.status is JobStatus.FAILED
-            and (info.error or {}).get("kind") in DETERMINISTIC_ERRORS
-        ):
+        if info.status is JobStatus.FAILED and (info.error or {}).get("kind") in DETERMINISTIC_ERRORS:
             raise from_job_error(key, info.error or {})
         return job_response(service, info)
 
@@ -516,12 +519,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         request: Request,
         service: ServiceDep,
         _auth: Auth,
-        wait: Annotated[
-            float, Query(ge=0, le=600, description="Seconds to wait for the solve.")
-        ] = 0,
-        refresh: Annotated[
-            bool, Query(description="Solve again (warm-started) even if cached.")
-        ] = False,
+        wait: Annotated[float, Query(ge=0, le=600, description="Seconds to wait for the solve.")] = 0,
+        refresh: Annotated[bool, Query(description="Solve again (warm-started) even if cached.")] = False,
     ) -> Response:
         """Return the cached plan (200) or start / join the job that solves it (202)."""
         raw = await read_body(request, service.settings)
@@ -531,13 +530,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             if hit is not None:
                 service.metrics.cache(True)
                 return plan_response(hit)
-        prepared = await run_in_threadpool(service.prepare, raw, digest)
+        prepared = await run_in_threadpool(service.prepare, raw, digest, refresh)
         key = prepared.key
+        if prepared.cached is not None:
+            service.metrics.cache(True)
+            return plan_response(prepared.cached)
         if not refresh:
-            record = await run_in_threadpool(service.plans.get, key)
-            if record is not None:
-                service.metrics.cache(True)
-                return plan_response(record)
             existing = await service.jobs.get(key)
             if (
                 existing is not None
@@ -575,10 +573,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
                 404, "plan_not_found", f"no plan is cached under {key}; POST /v1/plans to make one"
             )
         if_none_match = request.headers.get("if-none-match", "")
-        if (
-            record.etag in [t.strip() for t in if_none_match.split(",")]
-            or if_none_match.strip() == "*"
-        ):
+        if record.etag in [t.strip() for t in if_none_match.split(",")] or if_none_match.strip() == "*":
             return Response(status_code=304, headers={"ETag": record.etag})
         return plan_response(record)
 
@@ -590,9 +585,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             return info
         if await run_in_threadpool(service.plans.get, job_id) is not None:
             return JobInfo(job_id, JobStatus.SUCCEEDED, phase="done", version=1)
-        raise ApiError(
-            404, "job_not_found", f"no job {job_id}; it never existed or its record expired"
-        )
+        raise ApiError(404, "job_not_found", f"no job {job_id}; it never existed or its record expired")
 
     @app.get(
         "/v1/jobs/{job_id}",
@@ -614,15 +607,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         info = await known_job(service, job_id)
         if (wait > 0) and not info.terminal:
             after = (1 << 62) if since is None else since
-            info = (
-                await service.jobs.wait(job_id, min(wait, service.settings.max_wait_s), after)
-                or info
-            )
-        headers = (
-            {"Content-Location": f"/v1/plans/{job_id}"}
-            if info.status is JobStatus.SUCCEEDED
-            else {}
-        )
+            info = await service.jobs.wait(job_id, min(wait, service.settings.max_wait_s), after) or info
+        headers = {"Content-Location": f"/v1/plans/{job_id}"} if info.status is JobStatus.SUCCEEDED else {}
         if not info.terminal:
             headers["Retry-After"] = str(service.settings.retry_after_s)
         return JSONResponse(info.view(), headers=headers)
@@ -645,19 +631,15 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         first = await known_job(service, job_id)
 
         async def stream() -> AsyncIterator[str]:
+            # an event on every change, and at least every SSE_PERIOD_S (elapsed time moves on)
             info: JobInfo | None = first
-            version = -1
             while info is not None:
-                if info.version != version or info.terminal:
-                    event = "end" if info.terminal else "progress"
-                    yield f"id: {info.version}\nevent: {event}\ndata: {json.dumps(info.view())}\n\n"
-                    if info.terminal:
-                        return
-                    version = info.version
-                else:
-                    yield ": keep-alive\n\n"
+                event = "end" if info.terminal else "progress"
+                yield f"id: {info.version}\nevent: {event}\ndata: {json.dumps(info.view())}\n\n"
+                if info.terminal:
+                    return
                 try:
-                    info = await service.jobs.wait(job_id, 15.0, version)
+                    info = await service.jobs.wait(job_id, SSE_PERIOD_S, info.version)
                 except CacheUnavailable as exc:
                     data = json.dumps({"code": exc.code, "detail": exc.message})
                     yield f"event: error\ndata: {data}\n\n"
@@ -679,9 +661,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         """Cancel a queued or running job (shared by every client that asked for this plan)."""
         info = await service.jobs.cancel(job_id)
         if info is None:
-            raise ApiError(
-                404, "job_not_found", f"no job {job_id}; it never existed or its record expired"
-            )
+            raise ApiError(404, "job_not_found", f"no job {job_id}; it never existed or its record expired")
         if info.status is JobStatus.SUCCEEDED:
             raise ApiError(
                 409,
@@ -755,24 +735,23 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
                 body.options,
                 service.settings,
             )
+            key_dict = request.to_key_dict()
             points.append(
                 {
                     "mesh_shape": list(mesh_shape) if mesh_shape else None,
                     "memory_budget_bytes": request.memory_budget_bytes,
                     "zero_stage": zero,
-                    "key": plan_key(request.to_key_dict(), service.versions),
-                    "payload": payload_of(request, service.versions),
+                    "key": plan_key(key_dict, service.versions),
+                    "payload": payload_of(request, service.versions, graph_hash=key_dict["graph"]),
                 }
             )
         sweep_id = hashlib.sha256("".join(p["key"] for p in points).encode()).hexdigest()
-        service.store_graph(body.graph, graph.content_hash())
+        service.store_graph(body.graph, points[0]["payload"]["graph"])
         record = [{k: v for k, v in p.items() if k != "payload"} for p in points]
         service.store.put(f"sweep:{sweep_id}", codec.encode(record), service.settings.job_ttl_s)
         return sweep_id, points
 
-    async def sweep_view(
-        service: Service, sweep_id: str, points: list[dict[str, Any]]
-    ) -> dict[str, Any]:
+    async def sweep_view(service: Service, sweep_id: str, points: list[dict[str, Any]]) -> dict[str, Any]:
         rows = []
         for p in points:
             key = p["key"]
@@ -845,9 +824,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         request: Request,
         service: ServiceDep,
         _auth: Auth,
-        wait: Annotated[
-            float, Query(ge=0, le=600, description="Seconds to wait for every point.")
-        ] = 0,
+        wait: Annotated[float, Query(ge=0, le=600, description="Seconds to wait for every point.")] = 0,
     ) -> Response:
         """Plan every (mesh shape, budget, ZeRO stage) combination; returns step time vs memory."""
         raw = await read_body(request, service.settings)
@@ -886,9 +863,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         """The sweep's rows as they fill in."""
         raw = await run_in_threadpool(service.store.get, f"sweep:{sweep_id}")
         if raw is None:
-            raise ApiError(
-                404, "sweep_not_found", f"no sweep {sweep_id}; it never existed or expired"
-            )
+            raise ApiError(404, "sweep_not_found", f"no sweep {sweep_id}; it never existed or expired")
         points = codec.decode(raw)
         return JSONResponse(await sweep_view(service, sweep_id, points))
 
@@ -988,9 +963,7 @@ def check_plan_fits(graph: Graph, plan: Plan) -> None:
     for op in graph.ops:
         ports = plan.ports.get(op.name)
         if ports is None:
-            raise PlanError(
-                "plan_mismatch", f"the plan has no signature for op {op.name!r}", op=op.name
-            )
+            raise PlanError("plan_mismatch", f"the plan has no signature for op {op.name!r}", op=op.name)
         if list(op.inputs) != ports[0] or list(op.outputs) != ports[1]:
             raise PlanError(
                 "plan_mismatch",
@@ -1004,8 +977,7 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     """Aligned text: mesh, budget, ZeRO, status, step time, memory."""
     gib = 1024**3
     lines = [
-        f"{'mesh':<10}{'budget GiB':>11}{'ZeRO':>6}  {'status':<11}"
-        f"{'step ms':>10}{'mem GiB':>9}{'gap':>8}"
+        f"{'mesh':<10}{'budget GiB':>11}{'ZeRO':>6}  {'status':<11}{'step ms':>10}{'mem GiB':>9}{'gap':>8}"
     ]
     for r in rows:
         mesh = r["chosen_mesh_shape"] or r["mesh_shape"]

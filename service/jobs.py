@@ -48,9 +48,7 @@ class JobStatus(str, Enum):
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED)
 
 
-DETERMINISTIC_ERRORS = frozenset(
-    {"infeasible_budget", "invalid_graph", "bad_config", "invalid_plan"}
-)
+DETERMINISTIC_ERRORS = frozenset({"infeasible_budget", "invalid_graph", "bad_config", "invalid_plan"})
 """Error *kinds* (``error["kind"]``) that the same request would hit again: a new
 POST answers them from the job record instead of solving again."""
 
@@ -166,9 +164,7 @@ class JobManager(Protocol):
         """Stop background machinery; running local solves are terminated."""
         ...
 
-    async def submit(
-        self, job_id: str, payload: dict[str, Any], *, refresh: bool = False
-    ) -> JobInfo:
+    async def submit(self, job_id: str, payload: dict[str, Any], *, refresh: bool = False) -> JobInfo:
         """Start a job for ``payload`` unless one with ``job_id`` is in flight (single-flight).
 
         A succeeded job is returned as is (its plan is cached) unless ``refresh``;

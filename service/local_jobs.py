@@ -37,6 +37,7 @@ from typing import Any
 
 from cache import codec
 from cache.base import Store
+from cache.errors import CacheUnavailable
 from service.jobs import JobInfo, JobStatus
 from service.settings import Settings
 
@@ -135,9 +136,7 @@ class LocalJobManager:
 
     # ------------------------------------------------------------ API
 
-    async def submit(
-        self, job_id: str, payload: dict[str, Any], *, refresh: bool = False
-    ) -> JobInfo:
+    async def submit(self, job_id: str, payload: dict[str, Any], *, refresh: bool = False) -> JobInfo:
         if self._slots is None:
             raise RuntimeError("LocalJobManager.start() was not awaited")
         self._prune()
@@ -171,7 +170,7 @@ class LocalJobManager:
             if remaining <= 0:
                 break
             event = entry.changed
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError only from 3.11
                 await asyncio.wait_for(event.wait(), remaining)
         return entry.info
 
@@ -224,19 +223,29 @@ class LocalJobManager:
         for name, value in changes.items():
             setattr(info, name, value)
         self._changed(entry)
-        record = codec.encode(info.to_dict())
-        with contextlib.suppress(OSError):
-            self.store.put(f"job:{info.id}", record, self.settings.job_ttl_s)
+        self._persist(info)
         if self.on_terminal is not None:
             self.on_terminal(info)
 
+    def _persist(self, info: JobInfo) -> None:
+        """Write the terminal record to the store from a thread (SQLite may wait on a lock)."""
+        record = codec.encode(info.to_dict())
+        key, ttl = f"job:{info.id}", self.settings.job_ttl_s
+
+        def write() -> None:
+            try:
+                self.store.put(key, record, ttl)
+            except (OSError, CacheUnavailable) as exc:
+                log.warning("job %s: could not persist its record: %s", info.id[:12], exc)
+
+        if self._loop is not None and not self._closed:
+            self._loop.run_in_executor(None, write)
+        else:
+            write()
+
     def _prune(self) -> None:
         horizon = time.time() - self.settings.job_ttl_s
-        stale = [
-            k
-            for k, e in self._jobs.items()
-            if e.info.terminal and (e.info.finished_at or 0) < horizon
-        ]
+        stale = [k for k, e in self._jobs.items() if e.info.terminal and (e.info.finished_at or 0) < horizon]
         for k in stale:
             del self._jobs[k]
 
@@ -296,9 +305,7 @@ class LocalJobManager:
         limit = float(options.get("time_limit_s", self.settings.default_time_limit_s))
         deadline = time.monotonic() + limit + self.settings.job_timeout_margin_s
         try:
-            final = await self._loop.run_in_executor(
-                self._pumps, self._pump, receiver, entry, deadline
-            )
+            final = await self._loop.run_in_executor(self._pumps, self._pump, receiver, entry, deadline)
         finally:
             receiver.close()
             if proc.exitcode is None:
@@ -322,11 +329,7 @@ class LocalJobManager:
                 )
                 return "timeout"
             code = proc.exitcode
-            what = (
-                f"signal {-code} ({signal.Signals(-code).name})"
-                if code and code < 0
-                else f"code {code}"
-            )
+            what = f"signal {-code} ({signal.Signals(-code).name})" if code and code < 0 else f"code {code}"
             error = {
                 "kind": "worker_crashed",
                 "code": "worker_crashed",

@@ -29,8 +29,7 @@ def _labels(pairs: Sequence[tuple[str, str]]) -> str:
     if not pairs:
         return ""
     inner = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in pairs
+        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in pairs
     )
     return "{" + inner + "}"
 

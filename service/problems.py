@@ -130,15 +130,11 @@ def from_autopar(exc: AutoparError, retry_after_s: int = 2) -> ApiError:
             return ApiError(415, "unsupported_media_type", exc.message)
         return ApiError(400, "bad_encoding", exc.message)
     if isinstance(exc, CacheUnavailable):
-        return ApiError(
-            503, exc.code, exc.message, headers={"Retry-After": str(retry_after_s)}, **details
-        )
+        return ApiError(503, exc.code, exc.message, headers={"Retry-After": str(retry_after_s)}, **details)
     if isinstance(exc, InfeasibleError):
         return ApiError(422, exc.code, exc.message, title="Infeasible memory budget", **details)
     if isinstance(exc, GraphError):
-        return ApiError(
-            422, exc.code, exc.message, title="Invalid graph", kind="invalid_graph", **details
-        )
+        return ApiError(422, exc.code, exc.message, title="Invalid graph", kind="invalid_graph", **details)
     if isinstance(exc, (ConfigError, PlanError)):
         return ApiError(422, exc.code, exc.message, **details)
     if isinstance(exc, VerificationError):

@@ -57,9 +57,7 @@ class SolverOptionsBody(BaseModel):
     )
     seed: int | None = Field(default=None, ge=0, lt=2**31, description="CP-SAT random seed.")
     deterministic: bool | None = Field(default=None, description="Reproducible search.")
-    use_hint: bool | None = Field(
-        default=None, description="Warm-start CP-SAT with a heuristic plan."
-    )
+    use_hint: bool | None = Field(default=None, description="Warm-start CP-SAT with a heuristic plan.")
     reductions: bool | None = Field(default=None, description="Apply exact graph reductions first.")
 
 
@@ -114,9 +112,7 @@ class SweepBody(ClusterFields):
         min_length=1,
         description="Per-device budgets, bytes (null = the device's memory).",
     )
-    zero_stages: list[int] = Field(
-        default_factory=lambda: [2], min_length=1, description="ZeRO stages."
-    )
+    zero_stages: list[int] = Field(default_factory=lambda: [2], min_length=1, description="ZeRO stages.")
 
 
 class EvaluateBody(BaseModel):
@@ -145,8 +141,7 @@ def cluster_of(cluster: str, preset: str, max_devices: int) -> Cluster:
     if parsed.world_size > max_devices:
         raise ConfigError(
             "bad_cluster",
-            f"cluster {cluster} has {parsed.world_size} devices; this server plans for at most "
-            f"{max_devices}",
+            f"cluster {cluster} has {parsed.world_size} devices; this server plans for at most {max_devices}",
         )
     return parsed
 
@@ -183,10 +178,15 @@ def build_request(
     return PlanRequest(graph, cluster, shape, budget, zero_stage, _options(options, settings))
 
 
-def payload_of(request: PlanRequest, versions: dict[str, str]) -> dict[str, Any]:
-    """What a job needs besides the graph: the resolved request and the API's code versions."""
+def payload_of(
+    request: PlanRequest, versions: dict[str, str], graph_hash: str | None = None
+) -> dict[str, Any]:
+    """What a job needs besides the graph: the resolved request and the API's code versions.
+
+    ``graph_hash`` saves recomputing the graph's content hash when the caller has it.
+    """
     return {
-        "graph": request.graph.content_hash(),
+        "graph": graph_hash or request.graph.content_hash(),
         "cluster": request.cluster.to_dict(),
         "mesh_shape": list(request.mesh_shape) if request.mesh_shape else None,
         "memory_budget_bytes": request.memory_budget_bytes,

@@ -29,6 +29,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.worker_registration import get_keys
 
+from autopar.errors import ConfigError
 from cache.errors import CacheUnavailable
 from cache.redis_store import RedisStore, connect, redact_url
 from service.jobs import JobInfo, JobStatus
@@ -55,6 +57,7 @@ __all__ = ["JobRecords", "RQJobManager", "make_worker", "solve_job"]
 log = logging.getLogger("autopar.service.rq")
 
 SOLVE_FUNC = "service.rq_jobs.solve_job"
+_SEEN_LIMIT = 10_000
 _PREFIX = "autopar:"
 
 
@@ -182,9 +185,14 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
 
     settings = load_settings()
     rq_job = get_current_job()
-    client = rq_job.connection if rq_job is not None else connect(str(settings.redis_url))
+    if rq_job is not None:
+        client = rq_job.connection  # the worker's own connection
+    elif settings.redis_url is not None:
+        client = connect(settings.redis_url)
+    else:
+        raise ConfigError("bad_settings", "solve_job runs outside RQ and AUTOPAR_REDIS_URL is unset")
     records = JobRecords(client, settings.job_ttl_s)
-    store = RedisStore(str(settings.redis_url), client=client)
+    store = RedisStore(settings.redis_url or "redis://(worker connection)", client=client)
     store.incr("stat:solves_started")
 
     def started(info: JobInfo) -> bool:
@@ -276,6 +284,8 @@ class RQJobManager:
         self.records = JobRecords(self.client, settings.job_ttl_s)
         self.queue = Queue(settings.queue_name, connection=self.client, serializer=JSONSerializer)
         self._janitor: asyncio.Task[None] | None = None
+        self._seen_terminal: OrderedDict[str, None] = OrderedDict()
+        """Terminal jobs this API process already reported to ``on_terminal`` (bounded)."""
 
     def _unavailable(self, what: str, exc: Exception) -> CacheUnavailable:
         return CacheUnavailable(
@@ -311,9 +321,7 @@ class RQJobManager:
 
     # ------------------------------------------------------------ API
 
-    async def submit(
-        self, job_id: str, payload: dict[str, Any], *, refresh: bool = False
-    ) -> JobInfo:
+    async def submit(self, job_id: str, payload: dict[str, Any], *, refresh: bool = False) -> JobInfo:
         info: JobInfo = await self._call("submit", lambda: self._submit(job_id, payload, refresh))
         return info
 
@@ -346,7 +354,19 @@ class RQJobManager:
 
     async def get(self, job_id: str) -> JobInfo | None:
         info: JobInfo | None = await self._call("get", lambda: self._reconcile(job_id))
+        if info is not None and info.terminal:
+            self._observe(info)
         return info
+
+    def _observe(self, info: JobInfo) -> None:
+        """Report a job's end once per API process (the horse wrote it, not this process)."""
+        if info.id in self._seen_terminal:
+            return
+        self._seen_terminal[info.id] = None
+        while len(self._seen_terminal) > _SEEN_LIMIT:
+            self._seen_terminal.popitem(last=False)
+        if self.on_terminal is not None:
+            self.on_terminal(info)
 
     def _reconcile(self, job_id: str) -> JobInfo | None:
         """The job record, completed with what RQ knows when the horse could not write it."""
@@ -387,6 +407,15 @@ class RQJobManager:
                     "message": f"the worker running this job died: {last}",
                 }
             return self._terminal(job_id, JobStatus.FAILED, error)
+        if status == RQStatus.FINISHED:
+            # the horse returned but its last record update was lost: use its return value
+            value = rq_job.return_value()
+            if isinstance(value, dict) and value.get("ok"):
+                change = _finish(JobStatus.SUCCEEDED, result=value.get("result"), phase="done")
+                return self.records.update(job_id, change)
+            if isinstance(value, dict) and isinstance(value.get("error"), dict):
+                return self._terminal(job_id, JobStatus.FAILED, value["error"])
+            return info
         if status in (RQStatus.CANCELED, RQStatus.STOPPED):
             return self._terminal(
                 job_id,
@@ -400,10 +429,7 @@ class RQJobManager:
         return info
 
     def _terminal(self, job_id: str, status: JobStatus, error: dict[str, Any]) -> JobInfo | None:
-        info = self.records.update(job_id, _finish(status, error=error))
-        if info is not None and info.terminal and self.on_terminal is not None:
-            self.on_terminal(info)
-        return info
+        return self.records.update(job_id, _finish(status, error=error))
 
     async def wait(self, job_id: str, timeout_s: float, after_version: int = -1) -> JobInfo | None:
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -452,8 +478,7 @@ class RQJobManager:
                 "queued": self.queue.count,
                 "detail": None
                 if alive
-                else f"no autopar worker serves queue {self.queue.name!r}; "
-                "start one with `autopar worker`",
+                else f"no autopar worker serves queue {self.queue.name!r}; start one with `autopar worker`",
             }
 
         try:
@@ -475,15 +500,10 @@ class RQJobManager:
             info = self.records.load(job_id)
             if info is None or info.status is not JobStatus.RUNNING or self.records.alive(job_id):
                 continue
-            if (
-                info.started_at
-                and time.time() - info.started_at < self.settings.worker_lost_after_s
-            ):
+            if info.started_at and time.time() - info.started_at < self.settings.worker_lost_after_s:
                 continue
             guard = f"{_PREFIX}lock:reap:{job_id}"
-            if not self.client.set(
-                guard, b"1", nx=True, px=int(self.settings.worker_lost_after_s * 1000)
-            ):
+            if not self.client.set(guard, b"1", nx=True, px=int(self.settings.worker_lost_after_s * 1000)):
                 continue
             try:
                 rq_job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)

@@ -131,11 +131,8 @@ def load_settings(**overrides: Any) -> Settings:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "settings"
             name = f"AUTOPAR_{field.upper()}" if err["loc"] else "settings"
-            shown = (
-                ""
-                if err["type"] == "value_error" and not err["loc"]
-                else f" (got {err['input']!r})"
-            )
+            secret = field in ("redis_url", "api_keys") or not err["loc"]
+            shown = "" if secret else f" (got {err['input']!r})"
             problems.append(f"{name}: {err['msg']}{shown}")
         raise ConfigError(
             "bad_settings", "invalid service settings: " + "; ".join(problems), problems=problems

@@ -72,7 +72,11 @@ def error_of(exc: BaseException) -> dict[str, Any]:
 
 
 def plan_record(
-    key: str, request: PlanRequest, result: Plan, versions: dict[str, str]
+    key: str,
+    key_dict: dict[str, Any],
+    request: PlanRequest,
+    result: Plan,
+    versions: dict[str, str],
 ) -> dict[str, Any]:
     """What ``GET /v1/plans/{key}`` returns."""
     solver = dict(result.solver or {})
@@ -82,7 +86,7 @@ def plan_record(
             "key": key,
             "created_at": time.time(),
             "graph": {"name": result.graph_name, "hash": result.graph_hash},
-            "request": request.to_key_dict(),
+            "request": key_dict,
             "versions": versions,
             "mesh_shape": list(result.mesh.shape),
             "zero_stage": result.zero_stage,
@@ -148,7 +152,8 @@ def run_job(
         )
     graph = Graph.from_dict(codec.decode(raw)).validate()
     request = request_from_payload(payload, graph)
-    key = plan_key(request.to_key_dict(), versions)
+    key_dict = request.to_key_dict()
+    key = plan_key(key_dict, versions)
     if key != job_id:
         theirs = payload.get("versions")
         raise ConfigError(
@@ -168,7 +173,7 @@ def run_job(
     t0 = time.perf_counter()
     result = plan(request, store=costs, progress=_Throttle(report), hint=hint)
     wall = time.perf_counter() - t0
-    record = plan_record(job_id, request, result, versions)
+    record = plan_record(job_id, key_dict, request, result, versions)
     stored = plans.put(job_id, record, result.step_time_s)
     solver = result.solver or {}
     log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)

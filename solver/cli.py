@@ -98,7 +98,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
             t = r["step_time_s"]
             sys.stdout.write(
                 f"  {r['shape']!s:<10} "
-                + (f"{t * 1e3:.2f} ms, {r['memory_per_device_bytes'] / GIB:.2f} GiB" if t else str(r["error"]))
+                + (
+                    f"{t * 1e3:.2f} ms, {r['memory_per_device_bytes'] / GIB:.2f} GiB"
+                    if t
+                    else str(r["error"])
+                )
                 + "\n"
             )
     sys.stdout.write(f"plan written to {args.out}\n")

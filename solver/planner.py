@@ -92,15 +92,19 @@ class PlanRequest:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError("bad_zero_stage", f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
-            raise ConfigError("bad_memory", f"memory budget must be > 0 bytes, got {self.memory_budget_bytes}")
+            raise ConfigError(
+                "bad_memory", f"memory budget must be > 0 bytes, got {self.memory_budget_bytes}"
+            )
         if self.mesh_shape is not None:
             Mesh(self.cluster, tuple(self.mesh_shape))  # validates
 
     def to_key_dict(self) -> dict[str, Any]:
         """Canonical, JSON-able description (graph by content hash) for cache keys."""
+        from importlib.metadata import PackageNotFoundError, version
+
         try:
-            from ortools import __version__ as ortools_version
-        except ImportError:  # pragma: no cover - the solver needs ortools anyway
+            ortools_version = version("ortools")
+        except PackageNotFoundError:  # pragma: no cover - the solver needs ortools anyway
             ortools_version = "none"
         opts = self.options
         return {
@@ -117,7 +121,11 @@ class PlanRequest:
                 "deterministic": opts.deterministic,
                 "workers": opts.workers if opts.deterministic else None,
             },
-            "versions": {"autopar": autopar_version, "cost_model": COST_MODEL_VERSION, "ortools": ortools_version},
+            "versions": {
+                "autopar": autopar_version,
+                "cost_model": COST_MODEL_VERSION,
+                "ortools": ortools_version,
+            },
         }
 
     def key(self) -> str:
@@ -158,20 +166,21 @@ def build_problem(
     index = {op.name: i for i, op in enumerate(order)}
     node_costs = [tables.ops[op.name].compute_s for op in order]
     labels = [[str(s) for s in tables.ops[op.name].signatures] for op in order]
-    edges = [
-        (index[e.producer], index[e.consumer], e.matrix)
-        for e in tables.edges
-    ]
+    edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
     rows: list[MemoryRow] = []
     if positions:
         state_terms: dict[int, np.ndarray] = {}
         for v in graph.variables:
             spec = graph.tensors[v.tensor]
             sigs = tables.ops[v.op].signatures
-            port = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
+            out_index = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
             state_terms[index[v.op]] = np.array(
                 [
-                    sum(variable_state_bytes(spec.shape, s.outputs[port], tables.mesh.shape, tables.zero_stage))
+                    sum(
+                        variable_state_bytes(
+                            spec.shape, s.outputs[out_index], tables.mesh.shape, tables.zero_stage
+                        )
+                    )
                     for s in sigs
                 ],
                 dtype=np.float64,
@@ -181,9 +190,9 @@ def build_problem(
             terms = {i: t.copy() for i, t in state_terms.items()}
             for tname, (start, end) in intervals.items():
                 if start <= pos <= end:
-                    pname, port = graph.producer[tname]
+                    pname, out_port = graph.producer[tname]
                     pop = graph.op_by_name[pname]
-                    k = list(pop.outputs).index(port)
+                    k = list(pop.outputs).index(out_port)
                     spec = graph.tensors[tname]
                     vec = _output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype])
                     i = index[pname]
@@ -201,9 +210,7 @@ def build_problem(
 
 
 def _assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
-    return {
-        name: built.tables.ops[name].signatures[c] for name, c in zip(built.op_names, choices)
-    }
+    return {name: built.tables.ops[name].signatures[c] for name, c in zip(built.op_names, choices)}
 
 
 def _peak_position(graph: Graph, plan: Plan) -> int:
@@ -281,7 +288,11 @@ def solve_on_mesh(
                 "raise the time limit",
             )
         plan_obj = Plan.from_assignment(
-            graph, mesh, zero_stage, _assignment(built, solution.choices), memory_budget_bytes=memory_budget_bytes
+            graph,
+            mesh,
+            zero_stage,
+            _assignment(built, solution.choices),
+            memory_budget_bytes=memory_budget_bytes,
         )
         ev = evaluate(graph, plan_obj)
         if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
@@ -359,8 +370,15 @@ def _solve_built(
     t_tie = time.perf_counter() - t0
     sol = solve(tied, options, progress=progress, hint=tied_hint)
     if not sol.ok:
-        return Solution(untie(classes, sol.choices) if sol.choices else [], sol.objective, sol.bound,
-                        sol.gap, sol.status, sol.wall_s, {**sol.stats, "tying": {"classes": tied.num_nodes}})
+        return Solution(
+            untie(classes, sol.choices) if sol.choices else [],
+            sol.objective,
+            sol.bound,
+            sol.gap,
+            sol.status,
+            sol.wall_s,
+            {**sol.stats, "tying": {"classes": tied.num_nodes}},
+        )
     expanded = untie(classes, sol.choices)
     t1 = time.perf_counter()
     polished = improve(built.problem, expanded, time_budget_s=max(1.0, min(10.0, options.time_limit_s / 4)))
@@ -389,7 +407,9 @@ def _jsonable(value: Any) -> Any:
 def _verify(ev: Any, solution: Solution, budget: int | None) -> None:
     if not ev.valid:
         raise VerificationError(
-            "invalid_plan", f"the evaluator rejected the solver's plan: {ev.errors[:3]}", errors=ev.errors[:20]
+            "invalid_plan",
+            f"the evaluator rejected the solver's plan: {ev.errors[:3]}",
+            errors=ev.errors[:20],
         )
     if not math.isclose(ev.step_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
         raise VerificationError(
@@ -425,7 +445,7 @@ def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[in
     built = build_problem(tables, budget, positions or [0])
     try:
         min_bytes, proven = min_feasible_memory(built.problem)
-    except Exception as exc:  # noqa: BLE001 - reporting must not hide the infeasibility
+    except Exception as exc:
         log.warning("could not compute the smallest feasible memory: %s", exc)
         min_bytes, proven = float("nan"), False
     gib = 1024**3
@@ -445,16 +465,16 @@ def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[in
 
 
 def _solve_shape(
-    args: tuple[str, dict[str, Any], tuple[int, ...], int | None, int, SolverOptions, bool | None],
+    args: tuple[CostTables, int | None, SolverOptions, bool | None],
 ) -> dict[str, Any]:
-    graph_json, cluster_dict, shape, budget, zero, options, tie = args
-    graph = Graph.from_json(graph_json)
-    mesh = Mesh(Cluster.from_dict(cluster_dict), shape)
+    tables, budget, options, tie = args
     try:
-        p = solve_on_mesh(graph, mesh, budget, zero, options, tie_layers=tie)
+        p = solve_on_mesh(
+            tables.graph, tables.mesh, budget, tables.zero_stage, options, tables=tables, tie_layers=tie
+        )
     except InfeasibleError as exc:
-        return {"shape": list(shape), "error": exc.to_dict()}
-    return {"shape": list(shape), "plan": p.to_dict()}
+        return {"shape": list(tables.mesh.shape), "error": exc.to_dict()}
+    return {"shape": list(tables.mesh.shape), "plan": p.to_dict()}
 
 
 def plan(
@@ -491,26 +511,26 @@ def _mesh_search(
 ) -> Plan:
     t0 = time.perf_counter()
     shapes = candidate_mesh_shapes(request.cluster)
-    graph_json = request.graph.to_json()
-    # each shape gets its share of the workers
+    # cost tables are built here, through the shared store, then each shape is
+    # solved in its own process with its share of the workers
     per = max(1, request.options.workers // len(shapes))
     opts = replace(request.options, workers=per)
-    jobs = [
-        (
-            graph_json,
-            request.cluster.to_dict(),
-            shape,
-            request.memory_budget_bytes,
+    jobs = []
+    for shape in shapes:
+        tables = build_cost_tables(
+            request.graph,
+            Mesh(request.cluster, shape),
             request.zero_stage,
-            opts,
-            request.tie_layers,
+            store=store,
+            workers=request.options.workers,
         )
-        for shape in shapes
-    ]
+        jobs.append((tables, request.memory_budget_bytes, opts, request.tie_layers))
     if progress:
         progress(Progress("mesh_search", elapsed_s=0.0, detail={"shapes": [list(s) for s in shapes]}))
     results: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(max_workers=min(len(shapes), request.options.workers), mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(len(shapes), request.options.workers), mp_context=get_context("spawn")
+    ) as pool:
         for res in pool.map(_solve_shape, jobs):
             results.append(res)
             if progress:
@@ -523,7 +543,8 @@ def _mesh_search(
         )
         raise InfeasibleError(
             None,
-            "no mesh shape fits the budget: " + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
+            "no mesh shape fits the budget: "
+            + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
             min_feasible_bytes=best_err.get("min_feasible_bytes"),
             proven=best_err.get("proven", False),
         )

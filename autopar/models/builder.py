@@ -134,14 +134,10 @@ class GraphBuilder:
     logical blob names.
     """
 
-    def __init__(
-        self, name: str, *, compute_dtype: str = "float16", param_dtype: str = "float32"
-    ) -> None:
+    def __init__(self, name: str, *, compute_dtype: str = "float16", param_dtype: str = "float32") -> None:
         for what, dt in (("compute_dtype", compute_dtype), ("param_dtype", param_dtype)):
             if dt not in FLOAT_DTYPES:
-                raise GraphError(
-                    "unknown_dtype", f"{what} {dt!r} is not one of {list(FLOAT_DTYPES)}"
-                )
+                raise GraphError("unknown_dtype", f"{what} {dt!r} is not one of {list(FLOAT_DTYPES)}")
         self.name = name
         self.compute_dtype = compute_dtype
         self.param_dtype = param_dtype
@@ -223,9 +219,7 @@ class GraphBuilder:
         self._ops.append(Op(op_name, op_type, dict(inputs), out_map, dict(attrs or {}), self._role))
         return names
 
-    def _record(
-        self, op: str, inputs: Sequence[str], outputs: Sequence[str], fn: BackwardFn
-    ) -> None:
+    def _record(self, op: str, inputs: Sequence[str], outputs: Sequence[str], fn: BackwardFn) -> None:
         """Put a differentiable op on the tape when any of its ``inputs`` requires grad."""
         if any(t in self._requires_grad for t in inputs):
             self._tape.append(_TapeEntry(op, tuple(inputs), tuple(outputs), fn))
@@ -304,9 +298,7 @@ class GraphBuilder:
 
     def reshape(self, x: str, shape: Shape, *, name: str) -> str:
         if math.prod(shape) != self.spec(x).numel:
-            raise GraphError(
-                "shape_mismatch", f"cannot reshape {list(self.shape(x))} to {list(shape)}"
-            )
+            raise GraphError("shape_mismatch", f"cannot reshape {list(self.shape(x))} to {list(shape)}")
         op = self.qualify(name)
         src = self.shape(x)
         (y,) = self.emit(
@@ -332,9 +324,7 @@ class GraphBuilder:
     def transpose(self, x: str, perm: Sequence[int], *, name: str) -> str:
         src = self.shape(x)
         if sorted(perm) != list(range(len(src))):
-            raise GraphError(
-                "bad_perm", f"perm {list(perm)} is not a permutation of {len(src)} dims"
-            )
+            raise GraphError("bad_perm", f"perm {list(perm)} is not a permutation of {len(src)} dims")
         op = self.qualify(name)
         out_shape = tuple(src[p] for p in perm)
         (y,) = self.emit(
@@ -461,9 +451,7 @@ class GraphBuilder:
         self._record(op, [x], [y], bw)
         return y
 
-    def _unary(
-        self, x: str, op_type: str, grad_type: str, grad_ports: tuple[str, str], *, name: str
-    ) -> str:
+    def _unary(self, x: str, op_type: str, grad_type: str, grad_ports: tuple[str, str], *, name: str) -> str:
         """An element-wise activation whose grad op takes (x, dy) in the order of ``grad_ports``."""
         op = self.qualify(name)
         (y,) = self.emit(op, op_type, {"in_0": x}, [("out_0", self.shape(x), self.dtype(x))])
@@ -590,8 +578,7 @@ class GraphBuilder:
         if len(self.shape(a)) != len(self.shape(b)) or self.shape(a)[:-2] != self.shape(b)[:-2]:
             raise GraphError(
                 "shape_mismatch",
-                f"{op_type} needs equal batch dims, got "
-                f"{list(self.shape(a))} and {list(self.shape(b))}",
+                f"{op_type} needs equal batch dims, got {list(self.shape(a))} and {list(self.shape(b))}",
             )
         op = self.qualify(name)
         out = self._mm(op, op_type, a, b, transpose_a, transpose_b, alpha)
@@ -638,9 +625,7 @@ class GraphBuilder:
             assert dy is not None
             da = db = None
             if self.requires_grad(a):
-                da = self._mm(
-                    f"{op}_grad_a", "broadcast_matmul", dy, b, False, not transpose_b, alpha
-                )
+                da = self._mm(f"{op}_grad_a", "broadcast_matmul", dy, b, False, not transpose_b, alpha)
             if self.requires_grad(b):
                 first, second = (dy, a) if transpose_b else (a, dy)
                 db = self.emit(
@@ -806,9 +791,7 @@ class GraphBuilder:
         op = self.qualify(name)
         shape = self.shape(x)
         axes = sorted(a % len(shape) for a in axis)
-        out_shape = tuple(
-            (1 if i in axes else d) for i, d in enumerate(shape) if keepdims or i not in axes
-        )
+        out_shape = tuple((1 if i in axes else d) for i, d in enumerate(shape) if keepdims or i not in axes)
         (y,) = self.emit(
             op,
             "reduce_sum",
@@ -913,9 +896,7 @@ class GraphBuilder:
         if self._loss is not None:
             raise GraphError("bad_builder", "backward() was already called")
         if loss not in self._requires_grad:
-            raise GraphError(
-                "bad_builder", f"loss {loss!r} does not depend on any parameter", tensor=loss
-            )
+            raise GraphError("bad_builder", f"loss {loss!r} does not depend on any parameter", tensor=loss)
         self._loss = loss
         self._role = Role.BACKWARD
         producer = loss.split("/", 1)[0]
@@ -970,9 +951,7 @@ class GraphBuilder:
             k += 1
         return pending[0]
 
-    def _clip_by_global_norm(
-        self, grads: list[str], max_norm: float, norm_type: float
-    ) -> list[str]:
+    def _clip_by_global_norm(self, grads: list[str], max_norm: float, norm_type: float) -> list[str]:
         """OneFlow's ``ClipGradientByGlobalNorm`` job pass (p-norm, no aggregation)."""
         scalar: Shape = ()
         prefix = "clip_grad"
@@ -1001,9 +980,7 @@ class GraphBuilder:
             [("out_0", scalar, "float32")],
             _scalar_attrs(1e-6),
         )
-        (inv,) = self.emit(
-            f"{prefix}.inv", "reciprocal_no_nan", {"x_0": eps}, [("y_0", scalar, "float32")]
-        )
+        (inv,) = self.emit(f"{prefix}.inv", "reciprocal_no_nan", {"x_0": eps}, [("y_0", scalar, "float32")])
         (coeff,) = self.emit(
             f"{prefix}.coeff",
             "scalar_mul",

@@ -32,9 +32,7 @@ COMPUTE_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def _bad(model: str, field: str, message: str, value: Any) -> ConfigError:
-    return ConfigError(
-        "bad_model_config", f"{model}: {field} {message}", field=field, value=repr(value)
-    )
+    return ConfigError("bad_model_config", f"{model}: {field} {message}", field=field, value=repr(value))
 
 
 def check_positive_int(model: str, field: str, value: Any) -> None:
@@ -111,9 +109,7 @@ class OptimizerConfig:
             if not isinstance(value, int | float) or isinstance(value, bool) or not ok(value):
                 raise _bad(name, field, f"{rule}, got {value!r}", value)
         clip = self.clip_grad_max_norm
-        if clip is not None and (
-            not isinstance(clip, int | float) or isinstance(clip, bool) or clip <= 0
-        ):
+        if clip is not None and (not isinstance(clip, int | float) or isinstance(clip, bool) or clip <= 0):
             raise _bad(name, "clip_grad_max_norm", f"must be > 0 or None, got {clip!r}", clip)
 
 
@@ -128,9 +124,7 @@ class _ModelConfig(Protocol):
 C = TypeVar("C", bound=_ModelConfig)
 
 
-def apply_overrides(
-    config: C, overrides: Mapping[str, Any], aliases: Mapping[str, tuple[str, ...]]
-) -> C:
+def apply_overrides(config: C, overrides: Mapping[str, Any], aliases: Mapping[str, tuple[str, ...]]) -> C:
     """A copy of ``config`` with ``overrides`` applied.
 
     Keys are the config's own fields, the optimizer's fields (``lr``,

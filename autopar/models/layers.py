@@ -89,9 +89,7 @@ def attention(
             y = b.linear(src, w, bias, name=proj)
             y = b.reshape(y, (bsz, seq, style.heads, style.head_dim), name=f"{proj}.reshape")
             heads[proj] = b.transpose(y, (0, 2, 1, 3), name=f"{proj}.transpose")
-        scores = b.matmul(
-            heads["q"], heads["k"], transpose_b=True, alpha=style.alpha, name="scores"
-        )
+        scores = b.matmul(heads["q"], heads["k"], transpose_b=True, alpha=style.alpha, name="scores")
         if position_bias is not None:
             scores = b.add(scores, position_bias, name="position_bias_add")
         elif mask_bias is not None:
@@ -105,9 +103,7 @@ def attention(
         ctx = b.matmul(probs, heads["v"], name="context")
         ctx = b.transpose(ctx, (0, 2, 1, 3), name="context.transpose")
         ctx = b.reshape(ctx, (bsz, sq, inner), name="context.reshape")
-        w, bias = linear_params(
-            b, "o", inner, hidden, bias=style.bias, weight_decay=style.weight_decay
-        )
+        w, bias = linear_params(b, "o", inner, hidden, bias=style.bias, weight_decay=style.weight_decay)
         return b.linear(ctx, w, bias, name="o")
 
 
@@ -146,9 +142,7 @@ def transformer_layer(
     """One pre-norm layer: self-attention, optional cross-attention to ``encoder_out``, FFN."""
     with b.scope(name):
         h = norm(b, x, style, name="self_attn_norm")
-        a = attention(
-            b, h, h, style, name="self_attn", mask_bias=self_mask, position_bias=self_position_bias
-        )
+        a = attention(b, h, h, style, name="self_attn", mask_bias=self_mask, position_bias=self_position_bias)
         x = b.add(
             x,
             b.dropout(a, style.hidden_dropout, name="self_attn_dropout"),

@@ -197,9 +197,7 @@ def build_t5(cfg: T5Config) -> Graph:
 
     else:
         word = b.param("embedding.word_embeddings.weight", (cfg.padded_vocab, h), weight_decay=wd)
-        pos = b.param(
-            "embedding.position_embeddings.weight", (cfg.max_position, h), weight_decay=wd
-        )
+        pos = b.param("embedding.position_embeddings.weight", (cfg.max_position, h), weight_decay=wd)
         enc_pos = b.input("encoder_position_ids", (bsz, se), "int64")
         dec_pos = b.input("decoder_position_ids", (bsz, sd), "int64")
         positions = {"encoder": enc_pos, "decoder": dec_pos}
@@ -233,9 +231,7 @@ def build_t5(cfg: T5Config) -> Graph:
             bias = None
             if mt5:
                 with b.scope("layers.0.self_attn"):
-                    bias = position_bias(
-                        enc_buckets if encoder_out is None else dec_buckets, self_mask
-                    )
+                    bias = position_bias(enc_buckets if encoder_out is None else dec_buckets, self_mask)
             for i in range(layers):
                 x = transformer_layer(
                     b,
@@ -253,9 +249,7 @@ def build_t5(cfg: T5Config) -> Graph:
             return x
 
     encoder_out = stack("encoder", cfg.encoder_layers, embed(enc_ids, "encoder"), encoder_out=None)
-    decoder_out = stack(
-        "decoder", cfg.decoder_layers, embed(dec_ids, "decoder"), encoder_out=encoder_out
-    )
+    decoder_out = stack("decoder", cfg.decoder_layers, embed(dec_ids, "decoder"), encoder_out=encoder_out)
 
     if mt5:
         lm_head = b.param("lm_head.weight", (cfg.padded_vocab, h), weight_decay=wd)

@@ -46,8 +46,12 @@ def test_parallel_build_equals_serial():
     g = mlp_graph(layers=2)
     serial = build_cost_tables(g, MESH, 2, workers=1)
     seen = []
-    parallel = build_cost_tables(g, MESH, 2, workers=2, parallel_threshold=1, progress=lambda *a: seen.append(a))
-    assert [str(s) for s in serial.ops["l0.fc1"].signatures] == [str(s) for s in parallel.ops["l0.fc1"].signatures]
+    parallel = build_cost_tables(
+        g, MESH, 2, workers=2, parallel_threshold=1, progress=lambda *a: seen.append(a)
+    )
+    assert [str(s) for s in serial.ops["l0.fc1"].signatures] == [
+        str(s) for s in parallel.ops["l0.fc1"].signatures
+    ]
     for a, b in zip(serial.edges, parallel.edges):
         np.testing.assert_array_equal(a.matrix, b.matrix)
     assert ("ops", 0, serial.stats["op_entries_computed"]) in seen
@@ -58,7 +62,7 @@ def test_edge_matrix_zero_on_matching_sbp():
     g = mlp_graph()
     tables = build_cost_tables(g, MESH, 2, workers=1)
     for e in tables.edges:
-        for i, ps in enumerate(tables.ops[e.producer].signatures):
+        for i, _ in enumerate(tables.ops[e.producer].signatures):
             src = tables.port_sbp(e.producer, i, e.out_port, output=True)
             for j in range(len(tables.ops[e.consumer].signatures)):
                 dst = tables.port_sbp(e.consumer, j, e.in_port, output=False)

@@ -19,8 +19,14 @@ def small() -> Graph:
         Op("w", "variable", outputs={"out": "w"}),
         Op("cast", "cast", {"in_0": "w"}, {"out_0": "w16"}, {"dtype": "float16"}),
         Op("mm", "matmul", {"a_0": "x", "b_0": "w16"}, {"out_0": "y"}, {"transpose_a": False}),
-        Op("mm_grad", "matmul", {"a_0": "x", "b_0": "y"}, {"out_0": "gw"},
-           {"transpose_a": True}, role=Role.BACKWARD),
+        Op(
+            "mm_grad",
+            "matmul",
+            {"a_0": "x", "b_0": "y"},
+            {"out_0": "gw"},
+            {"transpose_a": True},
+            role=Role.BACKWARD,
+        ),
         Op("adam", "adam_update", {"model_0": "w", "model_diff_0": "gw"}, {}, role=Role.OPTIMIZER),
     ]
     return Graph("small", tensors, ops, [Variable("w", "w", "gw", "adam")])
@@ -64,7 +70,7 @@ def test_cycle_names_an_op():
 def test_dangling_tensor_names_the_op():
     d = small().to_dict()
     d["ops"][3]["inputs"]["a_0"] = "nope"
-    with pytest.raises(GraphError, match="'mm' port 'a_0'.*'nope'") as e:
+    with pytest.raises(GraphError, match=r"'mm' port 'a_0'.*'nope'") as e:
         Graph.from_dict(d).validate()
     assert e.value.code == "dangling_tensor" and e.value.details["op"] == "mm"
 
@@ -97,9 +103,17 @@ def test_two_producers():
         ("not json", "bad_json"),
         ("[]", "bad_format"),
         ('{"format": "autopar.graph/v0"}', "bad_format"),
-        ('{"format": "autopar.graph/v1", "tensors": {"x": {"shape": "big", "dtype": "float16"}}, "ops": []}', "bad_shape"),
+        (
+            '{"format": "autopar.graph/v1", "tensors": {"x": {"shape": "big", "dtype": "float16"}}, '
+            '"ops": []}',
+            "bad_shape",
+        ),
         ('{"format": "autopar.graph/v1", "tensors": {}, "ops": [{"name": "a"}]}', "bad_format"),
-        ('{"format": "autopar.graph/v1", "tensors": {}, "ops": [{"name": "a", "type": "relu", "role": "sideways"}]}', "bad_role"),
+        (
+            '{"format": "autopar.graph/v1", "tensors": {}, '
+            '"ops": [{"name": "a", "type": "relu", "role": "sideways"}]}',
+            "bad_role",
+        ),
     ],
 )
 def test_malformed_json_gets_a_code(payload, code):

@@ -3,9 +3,9 @@ import pytest
 from autopar.cluster import Cluster, Mesh
 from autopar.sbp import (
     B,
+    NdSbp,
     P,
     S,
-    NdSbp,
     Signature,
     Split,
     local_shape,

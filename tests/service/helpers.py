@@ -103,9 +103,7 @@ def wait_job(client: httpx.Client, job_id: str, timeout_s: float = 60) -> dict[s
     raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
 
 
-def wait_status(
-    client: httpx.Client, job_id: str, statuses: set[str], timeout_s: float = 60
-) -> dict:
+def wait_status(client: httpx.Client, job_id: str, statuses: set[str], timeout_s: float = 60) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}").json()
@@ -127,7 +125,7 @@ class WorkerProcess:
     """``autopar worker`` in its own process group (so a test can SIGKILL all of it)."""
 
     def __init__(self, redis_url: str, name: str, **env: str) -> None:
-        environment = {**os.environ, "AUTOPAR_REDIS_URL": redis_url}
+        environment = {k: v for k, v in os.environ.items() if k != "AUTOPAR_REDIS_URL"}
         for key, value in FAST.items():
             environment[f"AUTOPAR_{key.upper()}"] = str(value)
         environment.update(env)
@@ -138,6 +136,8 @@ class WorkerProcess:
                 "-m",
                 "autopar.cli",
                 "worker",
+                "--redis-url",
+                redis_url,
                 "--name",
                 name,
                 "--log-level",

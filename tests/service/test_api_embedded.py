@@ -23,7 +23,6 @@ from tests.service.helpers import (
     metric,
     plan_body,
     wait_job,
-    wait_status,
 )
 
 
@@ -37,6 +36,17 @@ def server(tmp_path):
 def client(server):
     with server.client() as c:
         yield c
+
+
+def solver_pid(server, key: str, timeout_s: float = 30) -> int:
+    """The pid of the job's running solver process, once it has one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = server.app.state.service.jobs.pid(key)
+        if pid is not None:
+            return int(pid)
+        time.sleep(0.02)
+    raise AssertionError(f"job {key} never got a solver process")
 
 
 def solve(client: httpx.Client, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -139,9 +149,7 @@ def test_single_flight_twenty_concurrent_posts(
     assert metric(client, "autopar_solves_started_total") == 1
 
 
-def test_invalid_graph_is_422_naming_the_op(
-    client: httpx.Client, tiny_graph: dict[str, Any]
-) -> None:
+def test_invalid_graph_is_422_naming_the_op(client: httpx.Client, tiny_graph: dict[str, Any]) -> None:
     broken = copy.deepcopy(tiny_graph)
     victim = next(op for op in broken["ops"][5:] if op["inputs"])
     port = next(iter(victim["inputs"]))
@@ -206,9 +214,7 @@ def test_unknown_job_and_plan_are_404(client: httpx.Client) -> None:
     assert client.get("/v1/jobs/not-a-key").status_code == 422
 
 
-def test_sse_stream_reports_progress_then_end(
-    client: httpx.Client, tiny_graph: dict[str, Any]
-) -> None:
+def test_sse_stream_reports_progress_then_end(client: httpx.Client, tiny_graph: dict[str, Any]) -> None:
     r = client.post("/v1/plans", json=plan_body(tiny_graph, zero_stage=3))
     key = r.json()["id"]
     events: list[tuple[str, dict[str, Any]]] = []
@@ -275,10 +281,8 @@ def test_cancel_running_job(client: httpx.Client, server, tiny_graph: dict[str, 
         options={"time_limit_s": 50, "relative_gap": 0},
     )
     key = client.post("/v1/plans", json=body).json()["id"]
-    wait_status(client, key, {"running"})
+    pid = solver_pid(server, key)
     time.sleep(0.5)
-    pid = server.app.state.service.jobs.pid(key)
-    assert pid is not None
     os.killpg(pid, 0)  # the solver's process group exists
     r = client.delete(f"/v1/jobs/{key}")
     assert r.status_code == 200, r.text
@@ -320,18 +324,14 @@ def test_server_timing_header(client: httpx.Client, tiny_graph: dict[str, Any]) 
 
 
 @pytest.mark.parametrize("retries", [1, 0])
-def test_solver_process_sigkilled_mid_job(
-    tmp_path, tiny_graph: dict[str, Any], retries: int
-) -> None:
+def test_solver_process_sigkilled_mid_job(tmp_path, tiny_graph: dict[str, Any], retries: int) -> None:
     body = plan_body(
         tiny_graph, cluster="1x4", mesh_shape=[2, 2], options={"time_limit_s": 3, "relative_gap": 0}
     )
     with live_server(make_settings(tmp_path, job_retries=retries)) as server, server.client() as c:
         key = c.post("/v1/plans", json=body).json()["id"]
-        wait_status(c, key, {"running"})
+        pid = solver_pid(server, key)
         time.sleep(0.3)
-        pid = server.app.state.service.jobs.pid(key)
-        assert pid is not None
         os.kill(pid, signal.SIGKILL)
         job = wait_job(c, key)
         if retries:
@@ -346,3 +346,20 @@ def test_solver_process_sigkilled_mid_job(
             again = c.post("/v1/plans", json=body)
             assert again.status_code == 202
             c.delete(f"/v1/jobs/{key}")
+
+
+def test_refresh_resolves_warm_and_keeps_the_cheaper_plan(
+    client: httpx.Client, tiny_graph: dict[str, Any]
+) -> None:
+    body = plan_body(tiny_graph)
+    key, first = solve(client, body)
+    r = client.post("/v1/plans", params={"refresh": "true"}, json=body)
+    assert r.status_code == 202 and r.json()["id"] == key
+    job = wait_job(client, key)
+    assert job["status"] == "succeeded"
+    assert job["result"]["step_time_s"] >= first["step_time_s"] or job["result"]["stored"]
+    after = client.get(f"/v1/plans/{key}").json()
+    assert after["step_time_s"] <= first["step_time_s"]
+    if not job["result"]["stored"]:
+        assert after["created_at"] == first["created_at"]  # the stored plan was kept
+    assert metric(client, "autopar_solves_started_total") == 2

@@ -14,6 +14,8 @@ import redis
 
 from autopar.models import build
 from cache.redis_server import RedisServer
+from service.jobs import JobStatus
+from service.rq_jobs import JobRecords
 from tests.service.helpers import (
     LiveServer,
     WorkerProcess,
@@ -89,9 +91,7 @@ def test_miss_hit_and_single_flight_with_two_workers(
 
         def post(_: int) -> httpx.Response:
             with httpx.Client(base_url=server.url, timeout=60) as one:
-                return one.post(
-                    "/v1/plans", content=body, headers={"Content-Type": "application/json"}
-                )
+                return one.post("/v1/plans", content=body, headers={"Content-Type": "application/json"})
 
         with ThreadPoolExecutor(20) as pool:
             answers = list(pool.map(post, range(20)))
@@ -103,6 +103,9 @@ def test_miss_hit_and_single_flight_with_two_workers(
         assert job["status"] == "succeeded", job
         assert job["attempts"] == 1
         assert metric(c, "autopar_solves_started_total") == 1
+        text = c.get("/metrics").text
+        assert 'autopar_jobs_finished_total{status="succeeded"} 1' in text
+        assert "autopar_solve_seconds_count 1" in text
 
         hit = c.post("/v1/plans", content=body, headers={"Content-Type": "application/json"})
         assert hit.status_code == 200 and hit.json()["key"] == key
@@ -151,6 +154,15 @@ def test_cancel_running_job_keeps_worker(
         assert wait_job(c, other)["status"] == "succeeded"
         assert workers[0].process.poll() is None
 
+        # the horse's last record update got lost: RQ's return value still settles the job
+        records = JobRecords(redis.Redis.from_url(redis_url), ttl_s=60)
+        lost = records.load(other)
+        assert lost is not None
+        lost.status, lost.result = JobStatus.RUNNING, None
+        records.save(lost)
+        settled = c.get(f"/v1/jobs/{other}").json()
+        assert settled["status"] == "succeeded" and settled["result"]["step_time_s"] > 0
+
 
 def test_cancel_queued_job(
     server: LiveServer, workers: list[WorkerProcess], redis_url: str, tiny_graph: dict[str, Any]
@@ -195,9 +207,7 @@ def test_worker_sigkilled_mid_job(
             assert "heartbeat" in job["error"]["message"]
 
 
-def test_redis_down_then_back(
-    tmp_path, workers: list[WorkerProcess], tiny_graph: dict[str, Any]
-) -> None:
+def test_redis_down_then_back(tmp_path, workers: list[WorkerProcess], tiny_graph: dict[str, Any]) -> None:
     """Redis stops under a running API: /readyz says so, writes answer 503, never 500."""
     own = RedisServer().start()
     try:

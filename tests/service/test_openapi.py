@@ -92,8 +92,52 @@ def test_spec_documents_every_route(api: LiveServer) -> None:
         assert path in paths, path
     plan_post = paths["/v1/plans"]["post"]
     assert set(plan_post["responses"]) >= {"200", "202", "401", "413", "415", "422", "503"}
-    assert plan_post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
-        "/PlanBody"
-    )
+    assert plan_post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PlanBody")
     assert "PlanBody" in spec["components"]["schemas"]
     assert spec["components"]["securitySchemes"]["APIKeyHeader"]["name"] == "X-API-Key"
+
+
+def test_success_paths_conform(api: LiveServer, tiny_graph) -> None:
+    """The 202 / 200 answers of a real solve, checked against the schema too."""
+    import time
+
+    schema = schemathesis.openapi.from_url(f"{api.url}/openapi.json")
+    headers = {"X-API-Key": API_KEY}
+
+    def call(label: str, **kw):
+        operation = schema.find_operation_by_label(label)
+        assert operation is not None, label
+        return operation.Case(headers=headers, **kw).call_and_validate(
+            base_url=api.url, excluded_checks=[positive_data_acceptance], timeout=60
+        )
+
+    body = {
+        "graph": tiny_graph,
+        "cluster": "1x2",
+        "mesh_shape": [2],
+        "options": {"time_limit_s": 1},
+    }
+    first = call("POST /v1/plans", body=body)
+    assert first.status_code == 202
+    key = first.json()["id"]
+    deadline = time.monotonic() + 60
+    while True:
+        job = call("GET /v1/jobs/{job_id}", path_parameters={"job_id": key}, query={"wait": 5})
+        if job.json()["status"] not in ("queued", "running"):
+            break
+        assert time.monotonic() < deadline
+    assert job.json()["status"] == "succeeded"
+    assert call("POST /v1/plans", body=body).status_code == 200
+    assert call("GET /v1/plans/{key}", path_parameters={"key": key}).status_code == 200
+    ev = call("POST /v1/evaluate", body={"graph": tiny_graph, "plan_key": key})
+    assert ev.status_code == 200 and ev.json()["valid"] is True
+    sweep = call(
+        "POST /v1/sweeps",
+        body={**{k: v for k, v in body.items() if k != "mesh_shape"}, "mesh_shapes": [[2]]},
+        query={"wait": 30},
+    )
+    assert sweep.status_code == 200
+    sweep_id = sweep.json()["id"]
+    assert call("GET /v1/sweeps/{sweep_id}", path_parameters={"sweep_id": sweep_id}).status_code == 200
+    done = call("DELETE /v1/jobs/{job_id}", path_parameters={"job_id": key})
+    assert done.status_code == 409

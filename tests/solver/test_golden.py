@@ -36,10 +36,7 @@ def test_tiny_gpt_matrices_follow_megatron():
     g = build("tiny-gpt")
     p = _solve(g)
     layout = megatron_parameter_layout(g, Mesh(TP2, (1, 2)))
-    matrices = [
-        v for v in g.variables
-        if len(g.tensors[v.tensor].shape) == 2 and v.op.startswith("layers.")
-    ]
+    matrices = [v for v in g.variables if len(g.tensors[v.tensor].shape) == 2 and v.op.startswith("layers.")]
     assert len(matrices) >= 8
     for v in matrices:
         assert p.variables[v.op]["sbp"] == str(layout[v.op]), v.op

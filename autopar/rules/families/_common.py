@@ -93,9 +93,7 @@ class PortMap:
         return None
 
 
-def port_map(
-    ctx: RuleContext, inputs: Sequence[str] = (), outputs: Sequence[str] = ()
-) -> PortMap:
+def port_map(ctx: RuleContext, inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> PortMap:
     """Index ``ctx``'s ports by base name.
 
     ``inputs`` / ``outputs`` are the names the rule knows, in OneFlow's
@@ -113,9 +111,7 @@ def port_map(
     )
 
 
-def _lookup(
-    values: Mapping[str, SbpValue], full: str, base: str, default: SbpValue
-) -> SbpValue:
+def _lookup(values: Mapping[str, SbpValue], full: str, base: str, default: SbpValue) -> SbpValue:
     if full in values:
         return values[full]
     return values.get(base, default)

@@ -37,12 +37,14 @@ __all__: list[str] = []
 _GATHER_PORTS: Mapping[str, tuple[str, str]] = MappingProxyType(
     {"gather": ("in", "indices"), "embedding": ("weight", "indices")}
 )
-_SEGMENT_PORTS: Mapping[str, tuple[tuple[str, ...], str, str, str]] = MappingProxyType({
-    # op: (OneFlow's declared inputs, data port, segment-ids port, like port)
-    "unsorted_segment_sum_like": (("data", "segment_ids", "like"), "data", "segment_ids", "like"),
-    "unsorted_segment_sum": (("data", "segment_ids"), "data", "segment_ids", "like"),
-    "embedding_grad": (("dy", "weight", "indices"), "dy", "indices", "weight"),
-})
+_SEGMENT_PORTS: Mapping[str, tuple[tuple[str, ...], str, str, str]] = MappingProxyType(
+    {
+        # op: (OneFlow's declared inputs, data port, segment-ids port, like port)
+        "unsorted_segment_sum_like": (("data", "segment_ids", "like"), "data", "segment_ids", "like"),
+        "unsorted_segment_sum": (("data", "segment_ids"), "data", "segment_ids", "like"),
+        "embedding_grad": (("dy", "weight", "indices"), "dy", "indices", "weight"),
+    }
+)
 
 
 @register("gather", "embedding", cost=CostKind.MEMORY)
@@ -54,14 +56,9 @@ def gather(ctx: RuleContext) -> list[OneDSignature]:
     table = pm.input(table_name)
     ids = pm.input(ids_name)
     if table is None or ids is None:
-        raise ValueError(
-            f"op {ctx.op.name!r} ({ctx.op.type}) needs inputs {table_name}_0 and {ids_name}_0"
-        )
+        raise ValueError(f"op {ctx.op.name!r} ({ctx.op.type}) needs inputs {table_name}_0 and {ids_name}_0")
     axis = norm_dim(int(ctx.attr("axis", 0)), table.ndim)
-    sigs = [
-        sig(pm, {table_name: B, ids_name: Split(i)}, {"out": Split(axis + i)})
-        for i in range(ids.ndim)
-    ]
+    sigs = [sig(pm, {table_name: B, ids_name: Split(i)}, {"out": Split(axis + i)}) for i in range(ids.ndim)]
     for d in range(table.ndim):
         if d == axis:
             continue
@@ -85,9 +82,7 @@ def unsorted_segment_sum(ctx: RuleContext) -> list[OneDSignature]:
     ids = pm.input(ids_name)
     out = ctx.outputs[0]
     if data is None or ids is None:
-        raise ValueError(
-            f"op {ctx.op.name!r} ({ctx.op.type}) needs inputs {data_name}_0 and {ids_name}_0"
-        )
+        raise ValueError(f"op {ctx.op.name!r} ({ctx.op.type}) needs inputs {data_name}_0 and {ids_name}_0")
     axis = norm_dim(int(ctx.attr("axis", 0)), out.ndim)
     float_out = partial_ok(*ctx.outputs)
     sigs: list[OneDSignature] = []
@@ -100,11 +95,8 @@ def unsorted_segment_sum(ctx: RuleContext) -> list[OneDSignature]:
         if e == axis:
             continue
         d = e if e < axis else e - 1 + ids.ndim
-        sigs.append(
-            sig(pm, {data_name: Split(d), ids_name: B, like_name: Split(e)}, {out_name: Split(e)})
-        )
-    sigs.append(sig(pm, {data_name: B, ids_name: B, like_name: Split(axis)},
-                    {out_name: Split(axis)}))
+        sigs.append(sig(pm, {data_name: Split(d), ids_name: B, like_name: Split(e)}, {out_name: Split(e)}))
+    sigs.append(sig(pm, {data_name: B, ids_name: B, like_name: Split(axis)}, {out_name: Split(axis)}))
     sigs.append(uniform(ctx, B))
     if float_out and partial_ok(data):
         sigs.append(sig(pm, {data_name: P, ids_name: B, like_name: B}, {out_name: P}))

@@ -28,9 +28,7 @@ from autopar.sbp import B, P, Split
 __all__: list[str] = []
 
 
-@register(
-    "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_ms", cost=CostKind.MEMORY
-)
+@register("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_ms", cost=CostKind.MEMORY)
 def sparse_softmax_cross_entropy(ctx: RuleContext) -> list[OneDSignature]:
     """Rows ``(S(i), S(i)) -> (S(i), S(i))``; vocab ``(S(last), B) -> (S(last), B)``;
     ``(B, B) -> (B, B)``; no ``P``."""
@@ -41,14 +39,14 @@ def sparse_softmax_cross_entropy(ctx: RuleContext) -> list[OneDSignature]:
         sig(pm, {"prediction": Split(i), "label": Split(i)}, {"prob": Split(i), "out": Split(i)})
         for i in range(last)
     ]
-    sigs.append(sig(pm, {"prediction": Split(last), "label": B},
-                    {"prob": Split(last), "out": B}))
+    sigs.append(sig(pm, {"prediction": Split(last), "label": B}, {"prob": Split(last), "out": B}))
     sigs.append(uniform(ctx, B))
     return sigs
 
 
 @register(
-    "sparse_softmax_cross_entropy_grad", "sparse_softmax_cross_entropy_ms_grad",
+    "sparse_softmax_cross_entropy_grad",
+    "sparse_softmax_cross_entropy_ms_grad",
     cost=CostKind.MEMORY,
 )
 def sparse_softmax_cross_entropy_grad(ctx: RuleContext) -> list[OneDSignature]:
@@ -58,12 +56,10 @@ def sparse_softmax_cross_entropy_grad(ctx: RuleContext) -> list[OneDSignature]:
     prob = pm.input("prob") or ctx.outputs[0]
     last = prob.ndim - 1
     sigs = [
-        sig(pm, {"label": Split(i), "dy": Split(i), "prob": Split(i)},
-            {"prediction_diff": Split(i)})
+        sig(pm, {"label": Split(i), "dy": Split(i), "prob": Split(i)}, {"prediction_diff": Split(i)})
         for i in range(last)
     ]
-    sigs.append(sig(pm, {"label": B, "dy": B, "prob": Split(last)},
-                    {"prediction_diff": Split(last)}))
+    sigs.append(sig(pm, {"label": B, "dy": B, "prob": Split(last)}, {"prediction_diff": Split(last)}))
     sigs.append(uniform(ctx, B))
     if partial_ok(*ctx.outputs):
         sigs.append(sig(pm, {"dy": P}, {"prediction_diff": P}))
@@ -76,10 +72,7 @@ def sparse_cross_entropy(ctx: RuleContext) -> list[OneDSignature]:
     pm = port_map(ctx, ("prediction", "label"), ("out",))
     pred = pm.input("prediction") or ctx.inputs[0]
     last = pred.ndim - 1
-    sigs = [
-        sig(pm, {"prediction": Split(i), "label": Split(i)}, {"out": Split(i)})
-        for i in range(last)
-    ]
+    sigs = [sig(pm, {"prediction": Split(i), "label": Split(i)}, {"out": Split(i)}) for i in range(last)]
     if partial_ok(*ctx.outputs):
         sigs.append(sig(pm, {"prediction": Split(last), "label": B}, {"out": P}))
     sigs.append(uniform(ctx, B))
@@ -94,12 +87,10 @@ def sparse_cross_entropy_grad(ctx: RuleContext) -> list[OneDSignature]:
     pred = pm.input("prediction") or ctx.inputs[0]
     last = pred.ndim - 1
     sigs = [
-        sig(pm, {"prediction": Split(i), "label": Split(i), "dy": Split(i)},
-            {"prediction_diff": Split(i)})
+        sig(pm, {"prediction": Split(i), "label": Split(i), "dy": Split(i)}, {"prediction_diff": Split(i)})
         for i in range(last)
     ]
-    sigs.append(sig(pm, {"prediction": Split(last), "label": B, "dy": B},
-                    {"prediction_diff": Split(last)}))
+    sigs.append(sig(pm, {"prediction": Split(last), "label": B, "dy": B}, {"prediction_diff": Split(last)}))
     sigs.append(uniform(ctx, B))
     if partial_ok(*ctx.outputs):
         sigs.append(sig(pm, {"dy": P}, {"prediction_diff": P}))
@@ -137,13 +128,17 @@ def nll(ctx: RuleContext) -> list[OneDSignature]:
     target = pm.input("target")
     n_rows = target.ndim if target is not None else x.ndim - 1
     sigs = [
-        sig(pm, {"input": Split(i), "target": Split(i), "weight": B},
-            {"output": Split(i), "out_weight": Split(i)})
+        sig(
+            pm,
+            {"input": Split(i), "target": Split(i), "weight": B},
+            {"output": Split(i), "out_weight": Split(i)},
+        )
         for i in range(n_rows)
     ]
     if partial_ok(*ctx.outputs) and x.ndim > n_rows:
-        sigs.append(sig(pm, {"input": Split(n_rows), "target": B, "weight": Split(0)},
-                        {"output": P, "out_weight": P}))
+        sigs.append(
+            sig(pm, {"input": Split(n_rows), "target": B, "weight": Split(0)}, {"output": P, "out_weight": P})
+        )
     sigs.append(uniform(ctx, B))
     return sigs
 
@@ -157,13 +152,21 @@ def nll_grad(ctx: RuleContext) -> list[OneDSignature]:
     target = pm.input("target")
     n_rows = target.ndim if target is not None else x.ndim - 1
     sigs = [
-        sig(pm, {"out_grad": Split(i), "input": Split(i), "target": Split(i), "weight": B},
-            {"in_grad": Split(i)})
+        sig(
+            pm,
+            {"out_grad": Split(i), "input": Split(i), "target": Split(i), "weight": B},
+            {"in_grad": Split(i)},
+        )
         for i in range(n_rows)
     ]
     if x.ndim > n_rows:
-        sigs.append(sig(pm, {"out_grad": B, "input": Split(n_rows), "target": B,
-                             "weight": Split(0)}, {"in_grad": Split(n_rows)}))
+        sigs.append(
+            sig(
+                pm,
+                {"out_grad": B, "input": Split(n_rows), "target": B, "weight": Split(0)},
+                {"in_grad": Split(n_rows)},
+            )
+        )
     sigs.append(uniform(ctx, B))
     if partial_ok(*ctx.outputs):
         sigs.append(sig(pm, {"out_grad": P}, {"in_grad": P}))

@@ -103,9 +103,7 @@ def matmul(ctx: RuleContext) -> list[OneDSignature]:
         b_full = 0 <= bi < nb - 2 and b.shape[bi] == ctx.outputs[0].shape[i]
         if not (a_full or b_full):
             continue
-        sigs.append(
-            mk(Split(ai) if a_full else B, Split(bi) if b_full else B, Split(i))
-        )
+        sigs.append(mk(Split(ai) if a_full else B, Split(bi) if b_full else B, Split(i)))
     if partial_ok(*ctx.outputs):
         sigs.append(mk(Split(a_k), Split(b_k), P))
         if partial_ok(a, b):
@@ -159,9 +157,7 @@ def fused_matmul_bias(ctx: RuleContext) -> list[OneDSignature]:
     last = x.ndim - 1
 
     def mk(xv: SbpValue, wv: SbpValue, bv: SbpValue, ov: SbpValue) -> OneDSignature:
-        return sig(
-            pm, {"x": xv, "weight": wv, "bias": bv, "_add_to_output": ov}, {"out": ov}
-        )
+        return sig(pm, {"x": xv, "weight": wv, "bias": bv, "_add_to_output": ov}, {"out": ov})
 
     sigs = [mk(Split(i), B, B, Split(i)) for i in range(last)]
     sigs += [mk(B, Split(0), Split(0), Split(last)), mk(B, B, B, B)]

@@ -37,22 +37,26 @@ from autopar.sbp import B, P, SbpValue, Split
 
 __all__ = ["SOFTMAX_GRAD_OPS", "SOFTMAX_OPS"]
 
-SOFTMAX_OPS: Mapping[str, tuple[tuple[str, ...], int]] = MappingProxyType({
-    "softmax": (("in",), 1),
-    "log_softmax": (("in",), 1),
-    "fused_scale_mask_softmax": (("x", "mask"), 1),
-    "fused_scale_mask_softmax_dropout": (("x", "mask", "dropout_mask"), 1),
-    "fused_tril_scale_softmax_mask_scale": (("x", "mask"), 2),
-})
+SOFTMAX_OPS: Mapping[str, tuple[tuple[str, ...], int]] = MappingProxyType(
+    {
+        "softmax": (("in",), 1),
+        "log_softmax": (("in",), 1),
+        "fused_scale_mask_softmax": (("x", "mask"), 1),
+        "fused_scale_mask_softmax_dropout": (("x", "mask", "dropout_mask"), 1),
+        "fused_tril_scale_softmax_mask_scale": (("x", "mask"), 2),
+    }
+)
 """Softmax-like forward ops: declared inputs, and how many trailing dims stay whole."""
 
-SOFTMAX_GRAD_OPS: Mapping[str, tuple[tuple[str, ...], int]] = MappingProxyType({
-    "softmax_grad": (("y", "dy"), 1),
-    "log_softmax_grad": (("prob", "dy"), 1),
-    "fused_scale_mask_softmax_grad": (("y", "dy", "mask"), 1),
-    "fused_scale_mask_softmax_dropout_grad": (("softmax_y", "dy", "mask", "dropout_mask"), 1),
-    "fused_tril_scale_softmax_mask_scale_grad": (("softmax_y", "dy", "mask"), 2),
-})
+SOFTMAX_GRAD_OPS: Mapping[str, tuple[tuple[str, ...], int]] = MappingProxyType(
+    {
+        "softmax_grad": (("y", "dy"), 1),
+        "log_softmax_grad": (("prob", "dy"), 1),
+        "fused_scale_mask_softmax_grad": (("y", "dy", "mask"), 1),
+        "fused_scale_mask_softmax_dropout_grad": (("softmax_y", "dy", "mask", "dropout_mask"), 1),
+        "fused_tril_scale_softmax_mask_scale_grad": (("softmax_y", "dy", "mask"), 2),
+    }
+)
 """Softmax-like gradients (linear in ``dy``): declared inputs and trailing whole dims."""
 
 
@@ -154,8 +158,13 @@ def _stat_begin(x_ndim: int, x_shape: tuple[int, ...], stat_shape: tuple[int, ..
 
 
 def _norm_forward(
-    ctx: RuleContext, x_name: str, params: tuple[str, ...], begin: int, params_begin: int,
-    declared_in: tuple[str, ...], declared_out: tuple[str, ...],
+    ctx: RuleContext,
+    x_name: str,
+    params: tuple[str, ...],
+    begin: int,
+    params_begin: int,
+    declared_in: tuple[str, ...],
+    declared_out: tuple[str, ...],
 ) -> list[OneDSignature]:
     """Row splits ``d < begin``: x, outputs and statistics ``S(d)``, params ``B``
     (or ``S(d - params_begin)`` if the params cover ``d``)."""
@@ -180,8 +189,15 @@ def layer_norm(ctx: RuleContext) -> list[OneDSignature]:
     x = pm.input("x") or ctx.inputs[0]
     begin = norm_dim(int(ctx.attr("begin_norm_axis", x.ndim - 1)), x.ndim)
     params_begin = norm_dim(int(ctx.attr("begin_params_axis", begin)), x.ndim)
-    return _norm_forward(ctx, "x", ("beta", "gamma"), begin, params_begin,
-                         ("x", "beta", "gamma"), ("y", "mean", "inv_variance"))
+    return _norm_forward(
+        ctx,
+        "x",
+        ("beta", "gamma"),
+        begin,
+        params_begin,
+        ("x", "beta", "gamma"),
+        ("y", "mean", "inv_variance"),
+    )
 
 
 @register("rms_norm", cost=CostKind.MEMORY)
@@ -191,13 +207,16 @@ def rms_norm(ctx: RuleContext) -> list[OneDSignature]:
     x = pm.input("x") or ctx.inputs[0]
     normalized = ctx.attr("normalized_shape")
     begin = x.ndim - len(normalized) if normalized is not None else x.ndim - 1
-    return _norm_forward(ctx, "x", ("weight",), begin, begin, ("x", "weight"),
-                         ("y", "inv_rms"))
+    return _norm_forward(ctx, "x", ("weight",), begin, begin, ("x", "weight"), ("y", "inv_rms"))
 
 
 def _norm_grad(
-    ctx: RuleContext, declared: tuple[str, ...], stats: tuple[str, ...],
-    params: tuple[str, ...], begin: int, params_begin: int,
+    ctx: RuleContext,
+    declared: tuple[str, ...],
+    stats: tuple[str, ...],
+    params: tuple[str, ...],
+    begin: int,
+    params_begin: int,
 ) -> list[OneDSignature]:
     pm = port_map(ctx, declared, ("dx",))
     sigs: list[OneDSignature] = []
@@ -241,7 +260,10 @@ def rms_norm_grad(ctx: RuleContext) -> list[OneDSignature]:
 
 
 def _param_grad(
-    ctx: RuleContext, declared: tuple[str, ...], stats: tuple[str, ...], params_begin: int,
+    ctx: RuleContext,
+    declared: tuple[str, ...],
+    stats: tuple[str, ...],
+    params_begin: int,
     x_ndim: int,
 ) -> list[OneDSignature]:
     """Parameter gradients: row split ``-> P``; a parameter dim split ``-> S(d - begin)``."""

@@ -70,8 +70,7 @@ OPTIMIZER_OPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 _REPLICATED_ONLY = frozenset({"lamb_update", "lars_update"})
 _MODEL_LAYOUT = frozenset({"model", "model_copy"})
 _SCALARS = frozenset(
-    {"learning_rate", "scale_by_tensor", "skip_if", "bias_correction1", "bias_correction2",
-     "train_step"}
+    {"learning_rate", "scale_by_tensor", "skip_if", "bias_correction1", "bias_correction2", "train_step"}
 )
 
 
@@ -97,9 +96,7 @@ def zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]) -> NdS
     """
     local = local_shape(shape, v, mesh_shape)
     if local is None:
-        raise ValueError(
-            f"layout {v} does not divide shape {list(shape)} on mesh {list(mesh_shape)}"
-        )
+        raise ValueError(f"layout {v} does not divide shape {list(shape)} on mesh {list(mesh_shape)}")
     sizes = list(local)
     values = list(v.values)
     for axis, (value, n) in enumerate(zip(v.values, mesh_shape, strict=True)):

@@ -61,9 +61,7 @@ def reduce(ctx: RuleContext) -> list[OneDSignature]:
     x, y = ctx.inputs[0], ctx.outputs[0]
     reduced = norm_dims(ctx.attr("axis"), x.ndim)
     linear = ctx.op.type in LINEAR_REDUCE_OPS and partial_ok(x, y)
-    sigs: list[OneDSignature] = [
-        ((a,), (b,)) for a, b in _reduce_signatures(x.ndim, y.ndim, reduced, linear)
-    ]
+    sigs: list[OneDSignature] = [((a,), (b,)) for a, b in _reduce_signatures(x.ndim, y.ndim, reduced, linear)]
     if linear:
         sigs.append(((P,), (P,)))
     return sigs
@@ -83,15 +81,15 @@ def full_sum(ctx: RuleContext) -> list[OneDSignature]:
 
 
 @register(
-    "multi_square_sum", "multi_count_not_finite", "multi_reduce_sum_pow_abs",
+    "multi_square_sum",
+    "multi_count_not_finite",
+    "multi_reduce_sum_pow_abs",
     cost=CostKind.MEMORY,
 )
 def multi_sum(ctx: RuleContext) -> list[OneDSignature]:
     """Sum over several tensors (gradient-norm clipping, overflow checks): all ``B`` ``-> B``;
     every input split on the same dim ``-> P``."""
-    sigs: list[OneDSignature] = [
-        (tuple(B for _ in ctx.inputs), tuple(B for _ in ctx.outputs))
-    ]
+    sigs: list[OneDSignature] = [(tuple(B for _ in ctx.inputs), tuple(B for _ in ctx.outputs))]
     if not ctx.inputs:
         return sigs
     common = min(s.ndim for s in ctx.inputs)

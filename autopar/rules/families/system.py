@@ -33,9 +33,10 @@ def source(ctx: RuleContext) -> list[OneDSignature]:
     """``() -> S(d)`` for every dim, ``() -> B``; never ``P``."""
     out = ctx.outputs[0] if ctx.outputs else None
     ndim = out.ndim if out is not None else 0
-    return [uniform(ctx, B), *(
-        (tuple(B for _ in ctx.inputs), tuple(s for _ in ctx.outputs)) for s in all_splits(ndim)
-    )]
+    return [
+        uniform(ctx, B),
+        *((tuple(B for _ in ctx.inputs), tuple(s for _ in ctx.outputs)) for s in all_splits(ndim)),
+    ]
 
 
 @register("output", "return", "foreign_output", cost=CostKind.FREE)
@@ -65,7 +66,14 @@ def cast_to_tick(ctx: RuleContext) -> list[OneDSignature]:
 
 
 @register(
-    "constant", "empty", "normal", "uniform", "uniform_int", "eye", "arange", "randperm",
+    "constant",
+    "empty",
+    "normal",
+    "uniform",
+    "uniform_int",
+    "eye",
+    "arange",
+    "randperm",
     cost=CostKind.MEMORY,
 )
 def generator(ctx: RuleContext) -> list[OneDSignature]:

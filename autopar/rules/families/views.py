@@ -97,8 +97,9 @@ def expand(ctx: RuleContext) -> list[OneDSignature]:
     return sigs + _linear_tail(ctx)
 
 
-def _uncut_dims(shape: Sequence[int], start: Sequence[int], stop: Sequence[int],
-                step: Sequence[int]) -> list[int]:
+def _uncut_dims(
+    shape: Sequence[int], start: Sequence[int], stop: Sequence[int], step: Sequence[int]
+) -> list[int]:
     """Dims a ``slice`` leaves whole: start 0, stop >= size, step 1."""
     dims = []
     for d, size in enumerate(shape):

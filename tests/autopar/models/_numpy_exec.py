@@ -173,9 +173,7 @@ KERNELS: dict[str, Kernel] = {
     "scalar_add": lambda op, x: {"out_0": x["in_0"] + float(op.attrs["float_operand"])},
     "scalar_pow": lambda op, x: {"out_0": x["in_0"] ** float(op.attrs["float_operand"])},
     "reciprocal_no_nan": lambda op, x: {"y_0": np.where(x["x_0"] == 0, 0.0, 1.0 / x["x_0"])},
-    "clip_by_scalar_max": lambda op, x: {
-        "y_0": np.minimum(x["x_0"], float(op.attrs["floating_max"]))
-    },
+    "clip_by_scalar_max": lambda op, x: {"y_0": np.minimum(x["x_0"], float(op.attrs["floating_max"]))},
     "scalar_mul_by_tensor": lambda op, x: {"y_0": x["x_0"] * x["scalar_0"]},
     "multi_reduce_sum_pow_abs": lambda op, x: {
         "y_0": np.asarray(np.sum([np.sum(np.abs(x[p]) ** float(op.attrs["p"])) for p in op.inputs]))
@@ -285,9 +283,7 @@ def random_feeds(graph: Graph, rng: np.random.Generator) -> dict[str, np.ndarray
     return feeds
 
 
-def random_params(
-    graph: Graph, rng: np.random.Generator, std: float = 0.2
-) -> dict[str, np.ndarray]:
+def random_params(graph: Graph, rng: np.random.Generator, std: float = 0.2) -> dict[str, np.ndarray]:
     """Random parameter values; norm weights around 1."""
     params: dict[str, np.ndarray] = {}
     for v in graph.variables:

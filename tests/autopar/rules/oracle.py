@@ -42,7 +42,10 @@ Kernel = Callable[[dict[str, np.ndarray], Mapping[str, Any], LocalInfo], dict[st
 
 
 def _distribute(
-    x: np.ndarray, values: Sequence[Any], mesh: Sequence[int], rng: np.random.Generator,
+    x: np.ndarray,
+    values: Sequence[Any],
+    mesh: Sequence[int],
+    rng: np.random.Generator,
     offset: tuple[int, ...],
 ) -> list[tuple[np.ndarray, tuple[int, ...]]]:
     if not values:
@@ -68,16 +71,12 @@ def _distribute(
     return out
 
 
-def _combine(
-    locals_: list[np.ndarray], values: Sequence[Any], mesh: Sequence[int], what: str
-) -> np.ndarray:
+def _combine(locals_: list[np.ndarray], values: Sequence[Any], mesh: Sequence[int], what: str) -> np.ndarray:
     if not values:
         return locals_[0]
     n = mesh[0]
     m = len(locals_) // n
-    groups = [
-        _combine(locals_[i * m : (i + 1) * m], values[1:], mesh[1:], what) for i in range(n)
-    ]
+    groups = [_combine(locals_[i * m : (i + 1) * m], values[1:], mesh[1:], what) for i in range(n)]
     v = values[0]
     if isinstance(v, Broadcast):
         for g in groups[1:]:
@@ -112,8 +111,7 @@ def check_signature(
     logical_in = {base_name(p): tuple(inputs[p].shape) for p in in_ports}
     logical_out = {base_name(p): s.shape for p, s in zip(out_ports, ctx.outputs, strict=True)}
     zero = {p: (0,) * inputs[p].ndim for p in in_ports}
-    expected = kern(_named(inputs), attrs, LocalInfo(_named_offsets(zero), logical_out,
-                                                      logical_in))
+    expected = kern(_named(inputs), attrs, LocalInfo(_named_offsets(zero), logical_out, logical_in))
     n_dev = math.prod(mesh)
     per_port = [
         _distribute(inputs[p], sbp.values, mesh, rng, (0,) * inputs[p].ndim)
@@ -128,8 +126,7 @@ def check_signature(
             local = local_shape(logical_out[base_name(p)], NdSbp(tuple(sbp.values)), mesh)
             assert local is not None, f"{sig}: output {p} does not divide"
             out_shapes[base_name(p)] = local
-        got = kern(_named(local_in), attrs, LocalInfo(_named_offsets(offsets), out_shapes,
-                                                       logical_in))
+        got = kern(_named(local_in), attrs, LocalInfo(_named_offsets(offsets), out_shapes, logical_in))
         for p in out_ports:
             local_outs[p].append(np.asarray(got[base_name(p)], dtype=np.float64))
     for p, sbp in zip(out_ports, sig.outputs, strict=True):
@@ -348,8 +345,7 @@ def _expand(t, attrs, info):
 def _slice(t, attrs, info):
     x = t["x"]
     idx = tuple(
-        slice(s, e, st) for s, e, st in zip(attrs["start"], attrs["stop"], attrs["step"],
-                                             strict=True)
+        slice(s, e, st) for s, e, st in zip(attrs["start"], attrs["stop"], attrs["step"], strict=True)
     )
     return {"y": x[idx]}
 
@@ -421,8 +417,7 @@ def _ln_grad(t, attrs, info):
     g = dy * t["gamma"]
     xhat = (x - mean) * inv
     n = math.prod(x.shape[a] for a in axes)
-    dx = inv * (g - g.sum(axis=axes, keepdims=True) / n
-                - xhat * (g * xhat).sum(axis=axes, keepdims=True) / n)
+    dx = inv * (g - g.sum(axis=axes, keepdims=True) / n - xhat * (g * xhat).sum(axis=axes, keepdims=True) / n)
     return {"dx": dx}
 
 

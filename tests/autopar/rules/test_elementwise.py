@@ -26,17 +26,32 @@ from tests.autopar.rules.oracle import check_all
 H = (8, 16, 32)
 
 
-@pytest.mark.parametrize("op_type", ["relu", "gelu", "fast_gelu", "tanh", "scalar_add",
-                                     "scalar_pow", "rsqrt", "log", "floor", "square", "sqrt",
-                                     "clip_by_scalar"])
+@pytest.mark.parametrize(
+    "op_type",
+    [
+        "relu",
+        "gelu",
+        "fast_gelu",
+        "tanh",
+        "scalar_add",
+        "scalar_pow",
+        "rsqrt",
+        "log",
+        "floor",
+        "square",
+        "sqrt",
+        "clip_by_scalar",
+    ],
+)
 def test_nonlinear_unary_splits_every_dim_and_never_partial(op_type):
     ctx = make_ctx(op_type, {"x_0": H}, {"y_0": H}, mesh=(2,))
     assert printed(ctx) == {"(S(0)) -> S(0)", "(S(1)) -> S(1)", "(S(2)) -> S(2)", "(B) -> B"}
     assert not partial_outputs(ctx)
 
 
-@pytest.mark.parametrize("op_type", ["scalar_mul", "scalar_div", "identity",
-                                     "amp_white_identity", "negative"])
+@pytest.mark.parametrize(
+    "op_type", ["scalar_mul", "scalar_div", "identity", "amp_white_identity", "negative"]
+)
 def test_linear_unary_passes_partial_through(op_type):
     ctx = make_ctx(op_type, {"in_0": H}, {"out_0": H}, mesh=(2,))
     assert "(P) -> P" in printed(ctx)
@@ -77,8 +92,7 @@ def test_broadcast_add_with_a_bias_vector():
 
 
 def test_broadcast_size_one_dims_are_broadcast_not_split():
-    ctx = make_ctx("broadcast_mul", {"x_0": (8, 1, 32), "y_0": (8, 16, 32)},
-                   {"z_0": (8, 16, 32)}, mesh=(2,))
+    ctx = make_ctx("broadcast_mul", {"x_0": (8, 1, 32), "y_0": (8, 16, 32)}, {"z_0": (8, 16, 32)}, mesh=(2,))
     got = printed(ctx)
     assert "(B, S(1)) -> S(1)" in got
     assert "(S(1), S(1)) -> S(1)" not in got
@@ -91,19 +105,18 @@ def test_partial_rules_follow_linearity():
     assert "(P, B) -> P" in div and "(B, P) -> P" not in div
     sub = printed(make_ctx("broadcast_sub", {"x_0": H, "y_0": H}, {"z_0": H}, mesh=(2,)))
     assert "(P, P) -> P" in sub and "(P, B) -> P" not in sub
-    where = printed(make_ctx("where", {"condition_0": (H, "bool"), "x_0": H, "y_0": H},
-                             {"out_0": H}, mesh=(2,)))
+    where = printed(
+        make_ctx("where", {"condition_0": (H, "bool"), "x_0": H, "y_0": H}, {"out_0": H}, mesh=(2,))
+    )
     assert "(B, P, P) -> P" in where
     mx = make_ctx("elementwise_minimum", {"x_0": H, "y_0": H}, {"z_0": H}, mesh=(2,))
     assert not partial_outputs(mx)
-    add_n = printed(make_ctx("add_n", {"in_0": H, "in_1": H, "in_2": H}, {"out_0": H},
-                             mesh=(2,)))
+    add_n = printed(make_ctx("add_n", {"in_0": H, "in_1": H, "in_2": H}, {"out_0": H}, mesh=(2,)))
     assert "(P, P, P) -> P" in add_n and "(S(2), S(2), S(2)) -> S(2)" in add_n
 
 
 def test_broadcast_div_grad_sums_over_broadcast_dims():
-    ctx = make_ctx("broadcast_div_grad", {"y_0": (32,), "z_0": H, "dz_0": H}, {"dy_0": (32,)},
-                   mesh=(2,))
+    ctx = make_ctx("broadcast_div_grad", {"y_0": (32,), "z_0": H, "dz_0": H}, {"dy_0": (32,)}, mesh=(2,))
     got = printed(ctx)
     assert "(B, S(0), S(0)) -> P" in got  # batch split: partial sums of the reduction
     assert "(S(0), S(2), S(2)) -> S(0)" in got
@@ -112,8 +125,9 @@ def test_broadcast_div_grad_sums_over_broadcast_dims():
 
 
 def test_elementwise_minimum_backward_two_outputs():
-    ctx = make_ctx("elementwise_minimum_backward", {"dz_0": H, "x_0": H, "y_0": H},
-                   {"dx_0": H, "dy_0": H}, mesh=(2,))
+    ctx = make_ctx(
+        "elementwise_minimum_backward", {"dz_0": H, "x_0": H, "y_0": H}, {"dx_0": H, "dy_0": H}, mesh=(2,)
+    )
     got = printed(ctx)
     assert "(S(1), S(1), S(1)) -> (S(1), S(1))" in got
     assert "(P, B, B) -> (P, P)" in got

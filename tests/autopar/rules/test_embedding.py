@@ -39,14 +39,16 @@ def test_gather_2d_megatron_embedding():
 
 
 def test_gather_refuses_uneven_vocab():
-    ctx = make_ctx("gather", {"in_0": (30, HD), "indices_0": ((8, 4), "int64")},
-                   {"out_0": (8, 4, HD)}, mesh=(4,))
+    ctx = make_ctx(
+        "gather", {"in_0": (30, HD), "indices_0": ((8, 4), "int64")}, {"out_0": (8, 4, HD)}, mesh=(4,)
+    )
     assert "(S(0), B) -> P" not in printed(ctx)
 
 
 def test_embedding_op_uses_weight_and_indices():
-    ctx = make_ctx("embedding", {"weight_0": (V, HD), "indices_0": ((8, 4), "int64")},
-                   {"out_0": (8, 4, HD)}, mesh=(2,))
+    ctx = make_ctx(
+        "embedding", {"weight_0": (V, HD), "indices_0": ((8, 4), "int64")}, {"out_0": (8, 4, HD)}, mesh=(2,)
+    )
     assert {"(S(0), B) -> P", "(B, S(0)) -> S(0)"} <= printed(ctx)
 
 
@@ -85,14 +87,26 @@ def test_segment_sum_port_order_from_the_importer():
 def test_oracle_gather_and_segment_sum(mesh):
     rng = np.random.default_rng(13)
     ids = rng.integers(0, 8, size=(4, 2)).astype(np.float64)
-    g = make_ctx("gather", {"in_0": (8, 4), "indices_0": ((4, 2), "int64")},
-                 {"out_0": (4, 2, 4)}, {"axis": 0}, mesh=mesh, dtype="float32")
+    g = make_ctx(
+        "gather",
+        {"in_0": (8, 4), "indices_0": ((4, 2), "int64")},
+        {"out_0": (4, 2, 4)},
+        {"axis": 0},
+        mesh=mesh,
+        dtype="float32",
+    )
     assert check_all(g, {"in_0": rng.standard_normal((8, 4)), "indices_0": ids}) >= 5
     u = make_ctx(
         "unsorted_segment_sum_like",
         {"data_0": (4, 2, 4), "segment_ids_0": ((4, 2), "int64"), "like_0": (8, 4)},
-        {"out_0": (8, 4)}, {"axis": 0}, mesh=mesh, dtype="float32",
+        {"out_0": (8, 4)},
+        {"axis": 0},
+        mesh=mesh,
+        dtype="float32",
     )
-    arrays = {"data_0": rng.standard_normal((4, 2, 4)), "segment_ids_0": ids,
-              "like_0": rng.standard_normal((8, 4))}
+    arrays = {
+        "data_0": rng.standard_normal((4, 2, 4)),
+        "segment_ids_0": ids,
+        "like_0": rng.standard_normal((8, 4)),
+    }
     assert check_all(u, arrays) >= 5

@@ -144,16 +144,13 @@ def test_fused_matmul_bias_row_parallel_needs_partial_bias():
 
 
 def test_no_partial_for_integer_matmul():
-    ctx = make_ctx(
-        "matmul", {"a_0": (8, 16), "b_0": (16, 4)}, {"out_0": (8, 4)}, mesh=(2,), dtype="int32"
-    )
+    ctx = make_ctx("matmul", {"a_0": (8, 16), "b_0": (16, 4)}, {"out_0": (8, 4)}, mesh=(2,), dtype="int32")
     assert not any(o.has_partial for s in partial_outputs(ctx) for o in s.outputs)
     assert "(P, B) -> P" not in printed(ctx)
 
 
 def test_cost_kind_and_flops():
-    for t in ("matmul", "broadcast_matmul", "batch_matmul", "broadcast_matmul_grad_b",
-              "fused_matmul_bias"):
+    for t in ("matmul", "broadcast_matmul", "batch_matmul", "broadcast_matmul_grad_b", "fused_matmul_bias"):
         assert rule_for(t).cost is CostKind.MATMUL
     assert flops(_linear_ctx()) == 2 * (8 * 16) * 64 * 32
     grad = make_ctx(
@@ -163,12 +160,17 @@ def test_cost_kind_and_flops():
     )
     assert flops(grad) == 2 * 64 * 32 * (8 * 16)
     transposed = make_ctx(
-        "matmul", {"a_0": (16, 8), "b_0": (4, 16)}, {"out_0": (8, 4)},
+        "matmul",
+        {"a_0": (16, 8), "b_0": (4, 16)},
+        {"out_0": (8, 4)},
         {"transpose_a": True, "transpose_b": True},
     )
     assert flops(transposed) == 2 * 8 * 4 * 16
-    fused = make_ctx("fused_matmul_bias", {"x_0": (8, 16, 32), "weight_0": (64, 32),
-                                           "bias_0": (64,)}, {"out_0": (8, 16, 64)})
+    fused = make_ctx(
+        "fused_matmul_bias",
+        {"x_0": (8, 16, 32), "weight_0": (64, 32), "bias_0": (64,)},
+        {"out_0": (8, 16, 64)},
+    )
     assert flops(fused) == 2 * (8 * 16) * 64 * 32
 
 
@@ -176,8 +178,7 @@ def test_cost_kind_and_flops():
 
 
 def _arrays(ctx):
-    return {p: RNG.standard_normal(s.shape) for p, s in zip(ctx.op.inputs, ctx.inputs,
-                                                              strict=True)}
+    return {p: RNG.standard_normal(s.shape) for p, s in zip(ctx.op.inputs, ctx.inputs, strict=True)}
 
 
 @pytest.mark.parametrize("mesh", [(2,), (2, 2)])
@@ -185,16 +186,17 @@ def _arrays(ctx):
     "op_type,inputs,outputs,attrs",
     [
         ("matmul", {"a_0": (4, 6), "b_0": (6, 8)}, {"out_0": (4, 8)}, {}),
-        ("matmul", {"a_0": (6, 4), "b_0": (8, 6)}, {"out_0": (4, 8)},
-         {"transpose_a": True, "transpose_b": True}),
+        (
+            "matmul",
+            {"a_0": (6, 4), "b_0": (8, 6)},
+            {"out_0": (4, 8)},
+            {"transpose_a": True, "transpose_b": True},
+        ),
         ("batch_matmul", {"a_0": (2, 4, 4, 6), "b_0": (2, 4, 6, 8)}, {"out_0": (2, 4, 4, 8)}, {}),
-        ("broadcast_matmul", {"a_0": (2, 4, 6), "b_0": (8, 6)}, {"out_0": (2, 4, 8)},
-         {"transpose_b": True}),
+        ("broadcast_matmul", {"a_0": (2, 4, 6), "b_0": (8, 6)}, {"out_0": (2, 4, 8)}, {"transpose_b": True}),
         ("broadcast_matmul_grad_b", {"a_0": (2, 4, 6), "b_0": (2, 4, 8)}, {"out_0": (6, 8)}, {}),
-        ("fused_matmul_bias", {"x_0": (4, 6), "weight_0": (8, 6), "bias_0": (8,)},
-         {"out_0": (4, 8)}, {}),
-        ("matmul", {"a_0": (4, 6), "b_0": (6, 8), "_add_to_output_0": (4, 8)}, {"out_0": (4, 8)},
-         {}),
+        ("fused_matmul_bias", {"x_0": (4, 6), "weight_0": (8, 6), "bias_0": (8,)}, {"out_0": (4, 8)}, {}),
+        ("matmul", {"a_0": (4, 6), "b_0": (6, 8), "_add_to_output_0": (4, 8)}, {"out_0": (4, 8)}, {}),
     ],
 )
 def test_every_offered_signature_computes_the_op(mesh, op_type, inputs, outputs, attrs):

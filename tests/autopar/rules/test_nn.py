@@ -30,8 +30,7 @@ def test_softmax_never_splits_the_softmax_dim_and_never_gives_partial():
 
 
 def test_softmax_grad_is_linear_in_dy():
-    ctx = make_ctx("softmax_grad", {"y_0": SCORES, "dy_0": SCORES}, {"dx_0": SCORES},
-                   mesh=(2,))
+    ctx = make_ctx("softmax_grad", {"y_0": SCORES, "dy_0": SCORES}, {"dx_0": SCORES}, mesh=(2,))
     got = printed(ctx)
     assert "(B, P) -> P" in got and "(P, B) -> P" not in got
     assert "(S(3), S(3)) -> S(3)" not in got
@@ -65,20 +64,19 @@ def test_fused_scale_mask_softmax_dropout_two_outputs():
 
 
 def test_dropout_splits_but_never_partial():
-    ctx = make_ctx("dropout", {"in_0": HID}, {"out_0": HID, "mask_0": (HID, "bool")},
-                   {"rate": 0.1}, mesh=(2,))
+    ctx = make_ctx(
+        "dropout", {"in_0": HID}, {"out_0": HID, "mask_0": (HID, "bool")}, {"rate": 0.1}, mesh=(2,)
+    )
     got = printed(ctx)
     assert "(S(2)) -> (S(2), S(2))" in got
     assert "(B) -> (B, B)" in got
     assert not partial_outputs(ctx)
-    grad = make_ctx("dropout_grad", {"dy_0": HID, "mask_0": (HID, "bool")}, {"dx_0": HID},
-                    mesh=(2,))
+    grad = make_ctx("dropout_grad", {"dy_0": HID, "mask_0": (HID, "bool")}, {"dx_0": HID}, mesh=(2,))
     assert "(P, B) -> P" in printed(grad)
 
 
 def test_bias_add():
-    ctx = make_ctx("bias_add", {"a_0": HID, "b_0": (32,)}, {"out_0": HID}, {"axis": 2},
-                   mesh=(2,))
+    ctx = make_ctx("bias_add", {"a_0": HID, "b_0": (32,)}, {"out_0": HID}, {"axis": 2}, mesh=(2,))
     assert printed(ctx) == {
         "(S(0), B) -> S(0)",
         "(S(1), B) -> S(1)",
@@ -105,21 +103,33 @@ def test_layer_norm_never_splits_normalised_dims():
 
 
 def test_rms_norm_and_its_gradients():
-    fwd = make_ctx("rms_norm", {"x_0": HID, "weight_0": (32,)},
-                   {"y_0": HID, "inv_rms_0": (8, 16)}, {"normalized_shape": [32]}, mesh=(2,))
+    fwd = make_ctx(
+        "rms_norm",
+        {"x_0": HID, "weight_0": (32,)},
+        {"y_0": HID, "inv_rms_0": (8, 16)},
+        {"normalized_shape": [32]},
+        mesh=(2,),
+    )
     assert printed(fwd) == {
         "(S(0), B) -> (S(0), S(0))",
         "(S(1), B) -> (S(1), S(1))",
         "(B, B) -> (B, B)",
     }
-    grad = make_ctx("rms_norm_grad",
-                    {"dy_0": HID, "x_0": HID, "inv_rms_0": (8, 16), "weight_0": (32,)},
-                    {"dx_0": HID}, mesh=(2,))
+    grad = make_ctx(
+        "rms_norm_grad",
+        {"dy_0": HID, "x_0": HID, "inv_rms_0": (8, 16), "weight_0": (32,)},
+        {"dx_0": HID},
+        mesh=(2,),
+    )
     got = printed(grad)
     assert {"(S(0), S(0), S(0), B) -> S(0)", "(P, B, B, B) -> P"} <= got
     assert not any(s.startswith("(S(2)") for s in got)
-    pgrad = make_ctx("rms_norm_param_grad", {"dy_0": HID, "x_0": HID, "inv_rms_0": (8, 16)},
-                     {"weight_grad_0": (32,)}, mesh=(4, 2))
+    pgrad = make_ctx(
+        "rms_norm_param_grad",
+        {"dy_0": HID, "x_0": HID, "inv_rms_0": (8, 16)},
+        {"weight_grad_0": (32,)},
+        mesh=(4, 2),
+    )
     got = {str(s) for s in assert_all_fit(pgrad)}
     # data parallel on axis 0: weight grad is P there (reduced later, ZeRO reduce-scatters)
     assert "((S(0), B), (S(0), B), (S(0), B)) -> (P, B)" in got
@@ -127,13 +137,19 @@ def test_rms_norm_and_its_gradients():
 
 
 def test_layer_norm_param_grad_partial_on_rows():
-    ctx = make_ctx("layer_norm_param_grad",
-                   {"dy_0": HID, "x_0": HID, "mean_0": (8, 16), "inv_variance_0": (8, 16)},
-                   {"beta_diff_0": (32,), "gamma_diff_0": (32,)},
-                   {"begin_params_axis": 2}, mesh=(2,))
+    ctx = make_ctx(
+        "layer_norm_param_grad",
+        {"dy_0": HID, "x_0": HID, "mean_0": (8, 16), "inv_variance_0": (8, 16)},
+        {"beta_diff_0": (32,), "gamma_diff_0": (32,)},
+        {"begin_params_axis": 2},
+        mesh=(2,),
+    )
     got = printed(ctx)
-    assert {"(S(0), S(0), S(0), S(0)) -> (P, P)", "(S(2), S(2), B, B) -> (S(0), S(0))",
-            "(P, B, B, B) -> (P, P)"} <= got
+    assert {
+        "(S(0), S(0), S(0), S(0)) -> (P, P)",
+        "(S(2), S(2), B, B) -> (S(0), S(0))",
+        "(P, B, B, B) -> (P, P)",
+    } <= got
 
 
 # ------------------------------------------------------------------ numeric oracle
@@ -160,24 +176,40 @@ def _arrays(ctx):
     [
         ("softmax", {"in_0": T}, {"out_0": T}, {}),
         ("softmax_grad", {"y_0": T, "dy_0": T}, {"dx_0": T}, {}),
-        ("fused_scale_mask_softmax", {"x_0": T, "mask_0": ((4, 1, 6), "bool")}, {"y_0": T},
-         {"scale_value": 0.5, "mask_fill_value": -100.0}),
+        (
+            "fused_scale_mask_softmax",
+            {"x_0": T, "mask_0": ((4, 1, 6), "bool")},
+            {"y_0": T},
+            {"scale_value": 0.5, "mask_fill_value": -100.0},
+        ),
         ("bias_add", {"a_0": T, "b_0": (6,)}, {"out_0": T}, {"axis": 2}),
         ("bias_add", {"a_0": T, "b_0": (4,)}, {"out_0": T}, {"axis": 1}),
-        ("layer_norm", {"x_0": T, "beta_0": (6,), "gamma_0": (6,)},
-         {"y_0": T, "mean_0": (4, 4), "inv_variance_0": (4, 4)},
-         {"begin_norm_axis": 2, "begin_params_axis": 2}),
-        ("layer_norm_grad", {"dy_0": T, "x_0": T, "mean_0": (4, 4), "inv_variance_0": (4, 4),
-                             "gamma_0": (6,)}, {"dx_0": T}, {"begin_norm_axis": 2}),
-        ("layer_norm_param_grad", {"dy_0": T, "x_0": T, "mean_0": (4, 4),
-                                   "inv_variance_0": (4, 4)},
-         {"beta_diff_0": (6,), "gamma_diff_0": (6,)}, {"begin_params_axis": 2}),
-        ("rms_norm", {"x_0": T, "weight_0": (6,)}, {"y_0": T, "inv_rms_0": (4, 4)},
-         {"normalized_shape": [6]}),
-        ("rms_norm_grad", {"dy_0": T, "x_0": T, "inv_rms_0": (4, 4), "weight_0": (6,)},
-         {"dx_0": T}, {}),
-        ("rms_norm_param_grad", {"dy_0": T, "x_0": T, "inv_rms_0": (4, 4)},
-         {"weight_grad_0": (6,)}, {}),
+        (
+            "layer_norm",
+            {"x_0": T, "beta_0": (6,), "gamma_0": (6,)},
+            {"y_0": T, "mean_0": (4, 4), "inv_variance_0": (4, 4)},
+            {"begin_norm_axis": 2, "begin_params_axis": 2},
+        ),
+        (
+            "layer_norm_grad",
+            {"dy_0": T, "x_0": T, "mean_0": (4, 4), "inv_variance_0": (4, 4), "gamma_0": (6,)},
+            {"dx_0": T},
+            {"begin_norm_axis": 2},
+        ),
+        (
+            "layer_norm_param_grad",
+            {"dy_0": T, "x_0": T, "mean_0": (4, 4), "inv_variance_0": (4, 4)},
+            {"beta_diff_0": (6,), "gamma_diff_0": (6,)},
+            {"begin_params_axis": 2},
+        ),
+        (
+            "rms_norm",
+            {"x_0": T, "weight_0": (6,)},
+            {"y_0": T, "inv_rms_0": (4, 4)},
+            {"normalized_shape": [6]},
+        ),
+        ("rms_norm_grad", {"dy_0": T, "x_0": T, "inv_rms_0": (4, 4), "weight_0": (6,)}, {"dx_0": T}, {}),
+        ("rms_norm_param_grad", {"dy_0": T, "x_0": T, "inv_rms_0": (4, 4)}, {"weight_grad_0": (6,)}, {}),
     ],
 )
 def test_every_offered_signature_computes_the_op(mesh, op_type, inputs, outputs, attrs):

@@ -41,9 +41,7 @@ def test_zero2_shards_gradients_and_states_over_replicated_axes():
     by_model = _by_model(_adam(zero_stage=2))
     # column-parallel weight: replicated on dp (axis 0) -> grads/states split there
     s = by_model["(B, S(0))"]
-    assert str(s) == (
-        "((B, S(0)), (S(0), S(0)), (B, B), (B, B), (B, B), (S(0), S(0)), (S(0), S(0))) -> ()"
-    )
+    assert str(s) == ("((B, S(0)), (S(0), S(0)), (B, B), (B, B), (B, B), (S(0), S(0)), (S(0), S(0))) -> ()")
     # fully replicated parameter: both axes shard the gradient
     s = by_model["(B, B)"]
     assert str(s.inputs[1]) == "(S(0), S(0))"

@@ -20,8 +20,7 @@ from tests.autopar.rules.oracle import check_signature
     ],
 )
 def test_oracle_rejects_wrong_matmul_signatures(wrong):
-    ctx = make_ctx("matmul", {"a_0": (4, 6), "b_0": (6, 8)}, {"out_0": (4, 8)}, mesh=(2,),
-                   dtype="float32")
+    ctx = make_ctx("matmul", {"a_0": (4, 6), "b_0": (6, 8)}, {"out_0": (4, 8)}, mesh=(2,), dtype="float32")
     rng = np.random.default_rng(1)
     arrays = {"a_0": rng.standard_normal((4, 6)), "b_0": rng.standard_normal((6, 8))}
     with pytest.raises(AssertionError):
@@ -29,8 +28,7 @@ def test_oracle_rejects_wrong_matmul_signatures(wrong):
 
 
 def test_oracle_accepts_a_right_signature():
-    ctx = make_ctx("matmul", {"a_0": (4, 6), "b_0": (6, 8)}, {"out_0": (4, 8)}, mesh=(2,),
-                   dtype="float32")
+    ctx = make_ctx("matmul", {"a_0": (4, 6), "b_0": (6, 8)}, {"out_0": (4, 8)}, mesh=(2,), dtype="float32")
     rng = np.random.default_rng(1)
     arrays = {"a_0": rng.standard_normal((4, 6)), "b_0": rng.standard_normal((6, 8))}
     check_signature(ctx, arrays, parse_signature("(S(1), S(0)) -> P", ndim=1))

@@ -12,8 +12,13 @@ X = (8, 16, 32)
 
 
 def test_reduce_sum_over_the_last_dim_without_keepdims():
-    ctx = make_ctx("reduce_sum", {"input_tensor_0": X}, {"output_tensor_0": (8, 16)},
-                   {"axis": [2], "keepdims": False}, mesh=(2,))
+    ctx = make_ctx(
+        "reduce_sum",
+        {"input_tensor_0": X},
+        {"output_tensor_0": (8, 16)},
+        {"axis": [2], "keepdims": False},
+        mesh=(2,),
+    )
     assert printed(ctx) == {
         "(S(0)) -> S(0)",
         "(S(1)) -> S(1)",
@@ -24,8 +29,13 @@ def test_reduce_sum_over_the_last_dim_without_keepdims():
 
 
 def test_reduce_renumbers_kept_dims_after_a_dropped_one():
-    ctx = make_ctx("reduce_sum", {"input_tensor_0": X}, {"output_tensor_0": (8, 32)},
-                   {"axis": [1], "keepdims": False}, mesh=(2,))
+    ctx = make_ctx(
+        "reduce_sum",
+        {"input_tensor_0": X},
+        {"output_tensor_0": (8, 32)},
+        {"axis": [1], "keepdims": False},
+        mesh=(2,),
+    )
     got = printed(ctx)
     assert "(S(2)) -> S(1)" in got
     assert "(S(1)) -> P" in got
@@ -33,35 +43,44 @@ def test_reduce_renumbers_kept_dims_after_a_dropped_one():
 
 
 def test_reduce_keepdims_keeps_numbers_and_negative_axes_work():
-    ctx = make_ctx("reduce_mean", {"input_tensor_0": X}, {"output_tensor_0": (8, 1, 32)},
-                   {"axis": [-2], "keepdims": True}, mesh=(2,))
+    ctx = make_ctx(
+        "reduce_mean",
+        {"input_tensor_0": X},
+        {"output_tensor_0": (8, 1, 32)},
+        {"axis": [-2], "keepdims": True},
+        mesh=(2,),
+    )
     got = printed(ctx)
     assert {"(S(2)) -> S(2)", "(S(1)) -> P", "(P) -> P"} <= got
 
 
 def test_reduce_max_never_partial():
-    ctx = make_ctx("reduce_max", {"input_tensor_0": X}, {"output_tensor_0": (8, 16)},
-                   {"axis": [2]}, mesh=(2,))
+    ctx = make_ctx(
+        "reduce_max", {"input_tensor_0": X}, {"output_tensor_0": (8, 16)}, {"axis": [2]}, mesh=(2,)
+    )
     assert not partial_outputs(ctx)
     assert "(S(2)) -> P" not in printed(ctx)
     assert "(S(0)) -> S(0)" in printed(ctx)
 
 
 def test_reduce_over_everything():
-    ctx = make_ctx("reduce_sum", {"input_tensor_0": X}, {"output_tensor_0": ()},
-                   {"axis": [0, 1, 2]}, mesh=(4, 2))
+    ctx = make_ctx(
+        "reduce_sum", {"input_tensor_0": X}, {"output_tensor_0": ()}, {"axis": [0, 1, 2]}, mesh=(4, 2)
+    )
     got = {str(s) for s in assert_all_fit(ctx)}
     assert "((S(0), S(1))) -> (P, P)" in got
     assert "((S(2), S(2))) -> (P, P)" in got
 
 
 def test_reduce_sum_like_and_broadcast_like():
-    rsl = make_ctx("reduce_sum_like", {"x_0": X, "like_0": (32,)}, {"y_0": (32,)},
-                   {"axis": [0, 1]}, mesh=(2,))
+    rsl = make_ctx(
+        "reduce_sum_like", {"x_0": X, "like_0": (32,)}, {"y_0": (32,)}, {"axis": [0, 1]}, mesh=(2,)
+    )
     got = printed(rsl)
     assert {"(S(0), B) -> P", "(S(1), B) -> P", "(S(2), S(0)) -> S(0)", "(P, B) -> P"} <= got
-    bl = make_ctx("broadcast_like", {"x_0": (32,), "like_0": X}, {"y_0": X},
-                  {"broadcast_axes": [0, 1]}, mesh=(2,))
+    bl = make_ctx(
+        "broadcast_like", {"x_0": (32,), "like_0": X}, {"y_0": X}, {"broadcast_axes": [0, 1]}, mesh=(2,)
+    )
     got = printed(bl)
     assert {"(B, S(0)) -> S(0)", "(S(0), S(2)) -> S(2)", "(P, B) -> P"} <= got
     assert "(S(0), S(0)) -> S(0)" not in got
@@ -80,24 +99,27 @@ def test_square_sum_is_not_linear():
 @pytest.mark.parametrize(
     "op_type,inputs,outputs,attrs",
     [
-        ("reduce_sum", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4, 6)},
-         {"axis": [1]}),
-        ("reduce_sum", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4, 1, 6)},
-         {"axis": [1], "keepdims": True}),
-        ("reduce_mean", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4,)},
-         {"axis": [1, 2]}),
-        ("reduce_max", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4, 4)},
-         {"axis": [2]}),
-        ("reduce_sum_like", {"x_0": (4, 4, 6), "like_0": (6,)}, {"y_0": (6,)},
-         {"axis": [0, 1]}),
-        ("broadcast_like", {"x_0": (6,), "like_0": (4, 4, 6)}, {"y_0": (4, 4, 6)},
-         {"broadcast_axes": [0, 1]}),
+        ("reduce_sum", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4, 6)}, {"axis": [1]}),
+        (
+            "reduce_sum",
+            {"input_tensor_0": (4, 4, 6)},
+            {"output_tensor_0": (4, 1, 6)},
+            {"axis": [1], "keepdims": True},
+        ),
+        ("reduce_mean", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4,)}, {"axis": [1, 2]}),
+        ("reduce_max", {"input_tensor_0": (4, 4, 6)}, {"output_tensor_0": (4, 4)}, {"axis": [2]}),
+        ("reduce_sum_like", {"x_0": (4, 4, 6), "like_0": (6,)}, {"y_0": (6,)}, {"axis": [0, 1]}),
+        (
+            "broadcast_like",
+            {"x_0": (6,), "like_0": (4, 4, 6)},
+            {"y_0": (4, 4, 6)},
+            {"broadcast_axes": [0, 1]},
+        ),
         ("square_sum", {"x_0": (4, 6)}, {"y_0": (1,)}, {}),
     ],
 )
 def test_every_offered_signature_computes_the_op(mesh, op_type, inputs, outputs, attrs):
     ctx = make_ctx(op_type, inputs, outputs, attrs, mesh=mesh, dtype="float32")
     rng = np.random.default_rng(5)
-    arrays = {p: rng.standard_normal(s.shape) for p, s in zip(ctx.op.inputs, ctx.inputs,
-                                                               strict=True)}
+    arrays = {p: rng.standard_normal(s.shape) for p, s in zip(ctx.op.inputs, ctx.inputs, strict=True)}
     assert check_all(ctx, arrays) >= 3

@@ -33,11 +33,22 @@ def test_output_accepts_partial():
 
 
 def test_ticks_are_replicated_and_free():
-    for t in ("tick", "sink_tick", "learning_rate_schedule", "callback_notify", "variable",
-              "input", "output", "cast_to_tick"):
+    for t in (
+        "tick",
+        "sink_tick",
+        "learning_rate_schedule",
+        "callback_notify",
+        "variable",
+        "input",
+        "output",
+        "cast_to_tick",
+    ):
         assert rule_for(t).cost is CostKind.FREE
-    got = printed(make_ctx("learning_rate_schedule", {"train_step": ((1,), "int64")},
-                           {"out": ((1,), "float32")}, mesh=(2,)))
+    got = printed(
+        make_ctx(
+            "learning_rate_schedule", {"train_step": ((1,), "int64")}, {"out": ((1,), "float32")}, mesh=(2,)
+        )
+    )
     assert got == {"(B) -> B"}
     tick = printed(make_ctx("cast_to_tick", {"in_0": (8, 16)}, {"out_0": (1,)}, mesh=(2,)))
     assert tick == {"(B) -> B", "(P) -> B", "(S(0)) -> B", "(S(1)) -> B"}

@@ -1,0 +1,146 @@
+"""``autopar serve | worker | submit``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autopar.cli_service import add_service_commands
+from autopar.plan import Plan
+from tests.service.helpers import REPO, live_server, make_settings
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_cli_surface() -> None:
+    """Freeze the commands and their flags (scripts and launchers depend on them)."""
+    parser = argparse.ArgumentParser(prog="autopar")
+    sub = parser.add_subparsers(dest="command")
+    handlers = add_service_commands(sub)
+    assert set(handlers) == {"serve", "worker", "submit"}
+    flags = {
+        name: sorted(a.dest for a in sub.choices[name]._actions if a.dest != "help") for name in handlers
+    }
+    assert flags == {
+        "serve": ["cache_dir", "host", "local_workers", "log_level", "port", "redis_url"],
+        "worker": ["burst", "log_level", "name", "redis_url"],
+        "submit": sorted(
+            [
+                "graph",
+                "server",
+                "serve",
+                "api_key",
+                "cluster",
+                "preset",
+                "mesh_shape",
+                "memory",
+                "zero",
+                "time_limit",
+                "gap",
+                "seed",
+                "refresh",
+                "wait",
+                "timeout",
+                "http_timeout",
+                "no_progress",
+                "out",
+                "cache_dir",
+                "local_workers",
+            ]
+        ),
+    }
+
+
+def test_submit_serve_wait_writes_the_plan(tmp_path: Path) -> None:
+    args = [
+        "submit",
+        "tiny-gpt",
+        "--serve",
+        "--wait",
+        "--cluster",
+        "1x2",
+        "--mesh-shape",
+        "2",
+        "--time-limit",
+        "5",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        "plan.json",
+    ]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    plan = Plan.load(str(tmp_path / "plan.json"))
+    assert plan.mesh.shape == (2,) and plan.step_time_s > 0
+    assert "step time" in first.stdout and "plan.json" in first.stdout
+    assert "succeeded" in first.stderr  # the progress line's last state
+    second = run_cli(*args, cwd=tmp_path)  # same cache directory: answered from the cache
+    assert second.returncode == 0, second.stderr
+    assert "cached plan" in second.stderr
+
+
+def test_submit_to_a_server(tmp_path: Path, tiny_graph) -> None:
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(tiny_graph))
+    with live_server(make_settings(tmp_path, api_keys=["sekret"])) as server:
+        denied = run_cli("submit", str(graph), "--server", server.url, "--cluster", "1x2", cwd=tmp_path)
+        assert denied.returncode == 2 and "unauthorized" in denied.stderr
+        ok = run_cli(
+            "submit",
+            str(graph),
+            "--server",
+            server.url,
+            "--cluster",
+            "1x2",
+            "--mesh-shape",
+            "2",
+            "--time-limit",
+            "5",
+            cwd=tmp_path,
+            env={"AUTOPAR_API_KEY": "sekret"},
+        )
+        assert ok.returncode == 0, ok.stderr
+        job = json.loads(ok.stdout)
+        assert job["status"] in ("queued", "running", "succeeded") and len(job["id"]) == 64
+
+
+def test_worker_needs_redis(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPAR_REDIS_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "worker"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "needs Redis" in result.stderr
+
+
+def test_unknown_graph_argument(tmp_path: Path) -> None:
+    result = run_cli("submit", "no-such-model", "--server", "http://127.0.0.1:9", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "neither a graph file nor a bundled model" in result.stderr
+
+
+@pytest.mark.parametrize("bad", ["--memory=lots", "--mesh-shape=a,b"])
+def test_bad_arguments_are_config_errors(tmp_path: Path, bad: str) -> None:
+    result = run_cli("submit", "tiny-gpt", "--server", "http://127.0.0.1:9", bad, cwd=tmp_path)
+    assert result.returncode == 2 and "autopar: error:" in result.stderr

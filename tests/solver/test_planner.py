@@ -1,0 +1,93 @@
+"""Planner: graph -> verified plan, memory as a hard limit, mesh search, infeasible budgets."""
+
+import pytest
+
+from autopar.baselines import baseline_plan
+from autopar.cluster import Cluster, Mesh
+from autopar.errors import ConfigError, InfeasibleError
+from autopar.evaluate import evaluate
+from autopar.models import build
+from autopar.store import MemoryStore
+from solver.options import SolverOptions
+from solver.planner import PlanRequest, plan
+
+CLUSTER = Cluster.parse("1x4", "a100-40g")
+OPTIONS = SolverOptions(time_limit_s=20, deterministic=True, workers=2)
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return build("tiny-gpt")
+
+
+@pytest.fixture(scope="module")
+def unconstrained(graph):
+    return plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS))
+
+
+def test_plan_is_verified_and_beats_baselines(graph, unconstrained):
+    p = unconstrained
+    ev = evaluate(graph, p)
+    assert ev.valid
+    assert p.solver["objective"] == pytest.approx(ev.step_time_s, rel=1e-6)
+    assert p.step_time_s == pytest.approx(ev.step_time_s)
+    mesh = Mesh(CLUSTER, (2, 2))
+    for kind in ("megatron", "data-parallel", "inferred"):
+        assert p.step_time_s <= evaluate(graph, baseline_plan(kind, graph, mesh, 2)).step_time_s + 1e-12
+    assert 0 <= p.solver["gap"] <= 0.05
+
+
+def test_tight_budget_is_respected_and_costs_no_less(graph, unconstrained):
+    free = unconstrained.memory_per_device_bytes
+    budget = int(free * 0.8)
+    p = plan(PlanRequest(graph, CLUSTER, (2, 2), budget, 2, OPTIONS))
+    ev = evaluate(graph, p)
+    assert ev.memory.total <= budget
+    assert p.step_time_s >= unconstrained.step_time_s - 1e-12
+    assert p.solver["memory_rows"] >= 1
+
+
+def test_impossible_budget_says_how_much_is_needed(graph):
+    with pytest.raises(InfeasibleError) as e:
+        plan(PlanRequest(graph, CLUSTER, (2, 2), 1 * MIB // 16, 2, OPTIONS))
+    assert e.value.code == "infeasible_budget"
+    assert e.value.details["min_feasible_bytes"] > MIB // 16
+    assert "raise the budget" in e.value.message
+
+
+def test_mesh_search_reports_every_shape(graph):
+    store = MemoryStore()
+    p = plan(PlanRequest(graph, CLUSTER, None, None, 2, OPTIONS), store=store)
+    shapes = [tuple(r["shape"]) for r in p.diagnostics["mesh_search"]]
+    assert shapes == [(4,), (2, 2)]
+    best = min(r["step_time_s"] for r in p.diagnostics["mesh_search"])
+    assert p.step_time_s == pytest.approx(best)
+    assert len(store) > 0  # the cost tables went through the caller's store
+
+
+def test_previous_plan_as_hint_gives_the_same_answer(graph, unconstrained):
+    again = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), hint=unconstrained)
+    assert again.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-9)
+
+
+def test_bad_requests():
+    g = build("tiny-gpt")
+    with pytest.raises(ConfigError, match="ZeRO stage"):
+        PlanRequest(g, CLUSTER, (2, 2), None, 5, OPTIONS)
+    with pytest.raises(ConfigError, match="has 6 devices"):
+        PlanRequest(g, CLUSTER, (3, 2), None, 2, OPTIONS)
+    with pytest.raises(ConfigError, match="budget"):
+        PlanRequest(g, CLUSTER, (2, 2), -1, 2, OPTIONS)
+
+
+def test_request_key_ignores_op_order(graph):
+    from autopar.graph import Graph
+
+    d = graph.to_dict()
+    d["ops"] = list(reversed(d["ops"]))
+    shuffled = Graph.from_dict(d)
+    a = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS).key()
+    b = PlanRequest(shuffled, CLUSTER, (2, 2), None, 2, OPTIONS).key()
+    assert a == b
+    assert a != PlanRequest(graph, CLUSTER, (2, 2), None, 1, OPTIONS).key()
