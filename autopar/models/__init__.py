@@ -75,19 +75,29 @@ _T5_ALIASES: MappingProxyType[str, tuple[str, ...]] = MappingProxyType(
     {"layers": ("encoder_layers", "decoder_layers"), "seq": ("encoder_seq", "decoder_seq")}
 )
 
+_TINY: dict[str, Any] = {"hidden": 64, "heads": 4, "vocab": 512, "batch": 8}
+"""Sizes of every tiny-* test model (per-family extras below)."""
+_TINY_T5: dict[str, Any] = {
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_seq": 32,
+    "decoder_seq": 16,
+    **_TINY,
+}
+_TINY_LM: dict[str, Any] = {"layers": 2, **_TINY, "seq": 32, "max_position": 64}
+_MEGATRON_T5: dict[str, Any] = {
+    "style": "t5",
+    "d_kv": None,
+    "make_vocab_size_divisible_by": 128,
+    "layer_norm_epsilon": 1e-5,
+}
+"""What sets a Megatron / LiBai T5 apart from the MT5 defaults of T5Config."""
+
 _MODELS: MappingProxyType[str, _Spec] = MappingProxyType(
     {
         "mt5-base": _Spec(T5Config(name="mt5-base"), build_t5, _T5_ALIASES),
         "t5-base": _Spec(
-            T5Config(
-                name="t5-base",
-                style="t5",
-                d_kv=None,
-                ffn=3072,
-                vocab=32128,
-                make_vocab_size_divisible_by=128,
-                layer_norm_epsilon=1e-5,
-            ),
+            T5Config(name="t5-base", ffn=3072, vocab=32128, **_MEGATRON_T5),
             build_t5,
             _T5_ALIASES,
         ),
@@ -97,72 +107,17 @@ _MODELS: MappingProxyType[str, _Spec] = MappingProxyType(
         ),
         "bert-large": _Spec(BertConfig(name="bert-large"), build_bert, _NO_ALIASES),
         "tiny-mt5": _Spec(
-            T5Config(
-                name="tiny-mt5",
-                encoder_layers=2,
-                decoder_layers=2,
-                d_kv=16,
-                ffn=128,
-                encoder_seq=32,
-                decoder_seq=16,
-                relative_attention_buckets=8,
-                hidden=64,
-                heads=4,
-                vocab=512,
-                batch=8,
-            ),
+            T5Config(name="tiny-mt5", d_kv=16, ffn=128, relative_attention_buckets=8, **_TINY_T5),
             build_t5,
             _T5_ALIASES,
         ),
         "tiny-t5": _Spec(
-            T5Config(
-                name="tiny-t5",
-                style="t5",
-                encoder_layers=2,
-                decoder_layers=2,
-                d_kv=None,
-                ffn=256,
-                make_vocab_size_divisible_by=128,
-                encoder_seq=32,
-                decoder_seq=16,
-                max_position=64,
-                layer_norm_epsilon=1e-5,
-                hidden=64,
-                heads=4,
-                vocab=512,
-                batch=8,
-            ),
+            T5Config(name="tiny-t5", ffn=256, max_position=64, **_MEGATRON_T5, **_TINY_T5),
             build_t5,
             _T5_ALIASES,
         ),
-        "tiny-gpt": _Spec(
-            GPTConfig(
-                name="tiny-gpt",
-                layers=2,
-                hidden=64,
-                heads=4,
-                vocab=512,
-                batch=8,
-                seq=32,
-                max_position=64,
-            ),
-            build_gpt,
-            _NO_ALIASES,
-        ),
-        "tiny-bert": _Spec(
-            BertConfig(
-                name="tiny-bert",
-                layers=2,
-                hidden=64,
-                heads=4,
-                vocab=512,
-                batch=8,
-                seq=32,
-                max_position=64,
-            ),
-            build_bert,
-            _NO_ALIASES,
-        ),
+        "tiny-gpt": _Spec(GPTConfig(name="tiny-gpt", **_TINY_LM), build_gpt, _NO_ALIASES),
+        "tiny-bert": _Spec(BertConfig(name="tiny-bert", **_TINY_LM), build_bert, _NO_ALIASES),
     }
 )
 

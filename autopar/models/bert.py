@@ -15,27 +15,18 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from autopar.errors import ConfigError
 from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder
-from autopar.models.config import (
-    OptimizerConfig,
-    check_divisible,
-    check_dtype,
-    check_positive_int,
-    check_rate,
-    padded_vocab,
-)
-from autopar.models.layers import LayerStyle, linear_params, norm, transformer_layer
+from autopar.models.config import OptimizerConfig, TransformerLMConfig
+from autopar.models.layers import dense, embedding_sum, layer_stack, norm, tied_lm_head, training_step
 
 __all__ = ["BertConfig", "build_bert"]
 
 
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(TransformerLMConfig):
     """A BERT encoder with the MLM head.  Defaults are BERT-large (336M)."""
 
     name: str = "bert-large"
@@ -69,62 +60,6 @@ class BertConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """AdamW settings."""
 
-    def __post_init__(self) -> None:
-        for f in (
-            "layers",
-            "hidden",
-            "heads",
-            "vocab",
-            "make_vocab_size_divisible_by",
-            "type_vocab",
-            "batch",
-            "seq",
-        ):
-            check_positive_int(self.name, f, getattr(self, f))
-        for f in ("ffn", "max_position"):
-            if getattr(self, f) is not None:
-                check_positive_int(self.name, f, getattr(self, f))
-        check_divisible(self.name, "hidden", self.hidden, self.heads, "change hidden or heads")
-        check_rate(self.name, "dropout", self.dropout)
-        check_dtype(self.name, self.dtype)
-        if self.max_position is not None and self.seq > self.max_position:
-            raise ConfigError(
-                "bad_model_config",
-                f"{self.name}: seq ({self.seq}) exceeds max_position ({self.max_position}); "
-                f"pass max_position={self.seq} or a shorter seq",
-                field="max_position",
-            )
-
-    @property
-    def ffn_dim(self) -> int:
-        return self.ffn if self.ffn is not None else 4 * self.hidden
-
-    @property
-    def positions(self) -> int:
-        return self.max_position if self.max_position is not None else self.seq
-
-    @property
-    def padded_vocab(self) -> int:
-        return padded_vocab(self.vocab, self.make_vocab_size_divisible_by)
-
-    def style_of_layers(self) -> LayerStyle:
-        head_dim = self.hidden // self.heads
-        return LayerStyle(
-            heads=self.heads,
-            head_dim=head_dim,
-            ffn=self.ffn_dim,
-            norm="layer",
-            norm_epsilon=self.layer_norm_epsilon,
-            bias=True,
-            gated=False,
-            activation="gelu",
-            alpha=1.0 / math.sqrt(head_dim),
-            softmax_fp32=False,
-            hidden_dropout=self.dropout,
-            attention_dropout=self.dropout,
-            weight_decay=self.optimizer.weight_decay,
-        )
-
 
 def build_bert(cfg: BertConfig) -> Graph:
     """The training-step graph (forward, backward, AdamW) of ``cfg``; not yet validated."""
@@ -144,43 +79,12 @@ def build_bert(cfg: BertConfig) -> Graph:
         word = b.param("word_embeddings.weight", (cfg.padded_vocab, h), weight_decay=wd)
         pos = b.param("position_embeddings.weight", (cfg.positions, h), weight_decay=wd)
         types = b.param("tokentype_embeddings.weight", (cfg.type_vocab, h), weight_decay=wd)
-        x = b.add(
-            b.gather(b.use(word), ids, name="word"),
-            b.gather(b.use(pos), position_ids, name="position"),
-            b.gather(b.use(types), token_types, name="tokentype"),
-            name="add",
-        )
-        x = b.dropout(x, cfg.dropout, name="dropout")
-    for i in range(cfg.layers):
-        x = transformer_layer(b, x, style, name=f"layers.{i}", self_mask=padding)
-    x = norm(b, x, style, name="final_norm")
+        lookups = [("word", word, ids), ("position", pos, position_ids), ("tokentype", types, token_types)]
+        x = embedding_sum(b, lookups, cfg.dropout)
+    x = layer_stack(b, x, style, cfg.layers, self_mask=padding)
 
     with b.scope("lm_head"):
-        w, bias = linear_params(b, "dense", h, h, bias=True, weight_decay=wd)
-        x = b.gelu(b.linear(x, w, bias, name="dense"), name="act")
+        x = b.gelu(dense(b, x, "dense", h, bias=True, weight_decay=wd), name="act")
         x = norm(b, x, style, name="norm")
-        out_bias = b.param("bias", (cfg.padded_vocab,), weight_decay=0.0)
-        logits = b.broadcast_matmul(x, b.use(word), transpose_b=True, name="matmul")
-        logits = b.broadcast_add(logits, b.use(out_bias), name="bias_add")
-    loss = b.lm_loss(logits, labels, loss_mask, name="loss")
-
-    b.backward(loss)
-    opt = cfg.optimizer
-    b.optimizer(
-        lr=opt.lr,
-        beta1=opt.beta1,
-        beta2=opt.beta2,
-        epsilon=opt.epsilon,
-        clip_grad_max_norm=opt.clip_grad_max_norm,
-        clip_grad_norm_type=opt.clip_grad_norm_type,
-    )
-    return b.build(
-        meta={
-            "model": cfg.name,
-            "family": "bert",
-            "config": asdict(cfg),
-            "padded_vocab": cfg.padded_vocab,
-            "parameters": sum(p.numel for p in b.params),
-            "loss": loss,
-        }
-    )
+        logits = tied_lm_head(b, x, word, bias=True)
+    return training_step(b, cfg, family="bert", logits=logits, labels=labels, loss_mask=loss_mask)

@@ -225,6 +225,36 @@ class GraphBuilder:
             self._tape.append(_TapeEntry(op, tuple(inputs), tuple(outputs), fn))
             self._requires_grad.update(outputs)
 
+    def _record_grad(
+        self,
+        op: str,
+        x: str,
+        y: str,
+        grad_type: str,
+        grad_inputs: Callable[[str], dict[str, str]],
+        grad_output: tuple[str, Shape],
+        attrs: dict[str, Any] | None = None,
+        *,
+        dtype: str | None = None,
+    ) -> None:
+        """Tape ``op`` (``x`` -> ``y``) whose backward is one ``{op}_grad`` op of ``grad_type``.
+
+        The grad op reads ``grad_inputs(dy)`` and writes ``grad_output`` (port, shape) in
+        ``dtype`` (default: the dtype of ``dy``).
+        """
+
+        def bw(g: GradList) -> GradList:
+            dy = g[0]
+            assert dy is not None
+            port, shape = grad_output
+            return [
+                self.emit(
+                    f"{op}_grad", grad_type, grad_inputs(dy), [(port, shape, dtype or self.dtype(dy))], attrs
+                )[0]
+            ]
+
+        self._record(op, [x], [y], bw)
+
     # ------------------------------------------------------------ inputs and parameters
 
     def input(self, name: str, shape: Shape, dtype: str) -> str:
@@ -278,23 +308,17 @@ class GraphBuilder:
             [("out_0", self.shape(x), dtype)],
             {"dtype": dtype, "pin_memory": False},
         )
-
-        def bw(g: GradList) -> GradList:
-            return [self._bw_cast(op, "", g[0], src)]
-
-        self._record(op, [x], [y], bw)
-        return y
-
-    def _bw_cast(self, fwd: str, suffix: str, dy: str | None, dtype: str) -> str | None:
-        if dy is None:
-            return None
-        return self.emit(
-            f"{fwd}_grad{suffix}",
+        self._record_grad(
+            op,
+            x,
+            y,
             "cast",
-            {"in_0": dy},
-            [("out_0", self.shape(dy), dtype)],
-            {"dtype": dtype, "pin_memory": False},
-        )[0]
+            lambda dy: {"in_0": dy},
+            ("out_0", self.shape(x)),
+            {"dtype": src, "pin_memory": False},
+            dtype=src,
+        )
+        return y
 
     def reshape(self, x: str, shape: Shape, *, name: str) -> str:
         if math.prod(shape) != self.spec(x).numel:
@@ -304,21 +328,7 @@ class GraphBuilder:
         (y,) = self.emit(
             op, "reshape", {"in_0": x}, [("out_0", shape, self.dtype(x))], {"shape": list(shape)}
         )
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "reshape",
-                    {"in_0": dy},
-                    [("out_0", src, self.dtype(dy))],
-                    {"shape": list(src)},
-                )[0]
-            ]
-
-        self._record(op, [x], [y], bw)
+        self._record_grad(op, x, y, "reshape", lambda dy: {"in_0": dy}, ("out_0", src), {"shape": list(src)})
         return y
 
     def transpose(self, x: str, perm: Sequence[int], *, name: str) -> str:
@@ -337,21 +347,9 @@ class GraphBuilder:
         inverse = [0] * len(perm)
         for i, p in enumerate(perm):
             inverse[p] = i
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "transpose",
-                    {"input_0": dy},
-                    [("output_0", src, self.dtype(dy))],
-                    {"perm": inverse},
-                )[0]
-            ]
-
-        self._record(op, [x], [y], bw)
+        self._record_grad(
+            op, x, y, "transpose", lambda dy: {"input_0": dy}, ("output_0", src), {"perm": inverse}
+        )
         return y
 
     def add(self, *xs: str, name: str) -> str:
@@ -386,24 +384,17 @@ class GraphBuilder:
         )[0]
 
     def broadcast_add(self, x: str, y: str, *, name: str) -> str:
-        op = self.qualify(name)
-        shape = _broadcast_shape(self.shape(x), self.shape(y))
-        (z,) = self.emit(op, "broadcast_add", {"x_0": x, "y_0": y}, [("z_0", shape, self.dtype(x))])
-
-        def bw(g: GradList) -> GradList:
-            dz = g[0]
-            assert dz is not None
-            gx = self._binary_grad_side(op, "_x", dz, x) if self.requires_grad(x) else None
-            gy = self._binary_grad_side(op, "_y", dz, y) if self.requires_grad(y) else None
-            return [gx, gy]
-
-        self._record(op, [x, y], [z], bw)
-        return z
+        return self._broadcast_binary("broadcast_add", x, y, name=name)
 
     def broadcast_mul(self, x: str, y: str, *, name: str) -> str:
+        return self._broadcast_binary("broadcast_mul", x, y, name=name)
+
+    def _broadcast_binary(self, op_type: str, x: str, y: str, *, name: str) -> str:
+        """``broadcast_add`` / ``broadcast_mul``.  Backward, per operand that needs a gradient:
+        ``dz`` (add) or ``broadcast_mul(dz, other)`` (mul), summed over the broadcast axes."""
         op = self.qualify(name)
         shape = _broadcast_shape(self.shape(x), self.shape(y))
-        (z,) = self.emit(op, "broadcast_mul", {"x_0": x, "y_0": y}, [("z_0", shape, self.dtype(x))])
+        (z,) = self.emit(op, op_type, {"x_0": x, "y_0": y}, [("z_0", shape, self.dtype(x))])
 
         def bw(g: GradList) -> GradList:
             dz = g[0]
@@ -412,14 +403,16 @@ class GraphBuilder:
             for side, other, tag in ((x, y, "x"), (y, x, "y")):
                 if not self.requires_grad(side):
                     grads.append(None)
-                    continue
-                (prod,) = self.emit(
-                    f"{op}_grad_{tag}",
-                    "broadcast_mul",
-                    {"x_0": dz, "y_0": other},
-                    [("z_0", shape, self.dtype(dz))],
-                )
-                grads.append(self._binary_grad_side(op, f"_{tag}_sum", prod, side))
+                elif op_type == "broadcast_add":
+                    grads.append(self._binary_grad_side(op, f"_{tag}", dz, side))
+                else:
+                    (prod,) = self.emit(
+                        f"{op}_grad_{tag}",
+                        "broadcast_mul",
+                        {"x_0": dz, "y_0": other},
+                        [("z_0", shape, self.dtype(dz))],
+                    )
+                    grads.append(self._binary_grad_side(op, f"_{tag}_sum", prod, side))
             return grads
 
         self._record(op, [x, y], [z], bw)
@@ -434,21 +427,9 @@ class GraphBuilder:
             [("out_0", self.shape(x), self.dtype(x))],
             _scalar_attrs(value),
         )
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "scalar_mul",
-                    {"in_0": dy},
-                    [("out_0", self.shape(x), self.dtype(dy))],
-                    _scalar_attrs(value),
-                )[0]
-            ]
-
-        self._record(op, [x], [y], bw)
+        self._record_grad(
+            op, x, y, "scalar_mul", lambda dy: {"in_0": dy}, ("out_0", self.shape(x)), _scalar_attrs(value)
+        )
         return y
 
     def _unary(self, x: str, op_type: str, grad_type: str, grad_ports: tuple[str, str], *, name: str) -> str:
@@ -456,20 +437,11 @@ class GraphBuilder:
         op = self.qualify(name)
         (y,) = self.emit(op, op_type, {"in_0": x}, [("out_0", self.shape(x), self.dtype(x))])
 
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
+        def grad_inputs(dy: str) -> dict[str, str]:
             tensors = {"x": x, "dy": dy}
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    grad_type,
-                    {f"{p}_0": tensors[p] for p in grad_ports},
-                    [("dx_0", self.shape(x), self.dtype(dy))],
-                )[0]
-            ]
+            return {f"{p}_0": tensors[p] for p in grad_ports}
 
-        self._record(op, [x], [y], bw)
+        self._record_grad(op, x, y, grad_type, grad_inputs, ("dx_0", self.shape(x)))
         return y
 
     def gelu(self, x: str, *, name: str) -> str:
@@ -484,20 +456,9 @@ class GraphBuilder:
         """Softmax over the last dim: ``softmax`` / ``softmax_grad(y, dy)``."""
         op = self.qualify(name)
         (y,) = self.emit(op, "softmax", {"in_0": x}, [("out_0", self.shape(x), self.dtype(x))])
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "softmax_grad",
-                    {"y_0": y, "dy_0": dy},
-                    [("dx_0", self.shape(x), self.dtype(dy))],
-                )[0]
-            ]
-
-        self._record(op, [x], [y], bw)
+        self._record_grad(
+            op, x, y, "softmax_grad", lambda dy: {"y_0": y, "dy_0": dy}, ("dx_0", self.shape(x))
+        )
         return y
 
     def dropout(self, x: str, rate: float, *, name: str) -> str:
@@ -515,22 +476,15 @@ class GraphBuilder:
             [("out_0", self.shape(x), self.dtype(x)), ("mask_0", self.shape(x), "bool")],
             {"rate": rate},
         )
-        scale = 1.0 / (1.0 - rate)
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "dropout_grad",
-                    {"dy_0": dy, "mask_0": mask},
-                    [("dx_0", self.shape(x), self.dtype(dy))],
-                    {"scale": scale},
-                )[0]
-            ]
-
-        self._record(op, [x], [y], bw)
+        self._record_grad(
+            op,
+            x,
+            y,
+            "dropout_grad",
+            lambda dy: {"dy_0": dy, "mask_0": mask},
+            ("dx_0", self.shape(x)),
+            {"scale": 1.0 / (1.0 - rate)},
+        )
         return y
 
     # ------------------------------------------------------------ matmuls
@@ -769,21 +723,15 @@ class GraphBuilder:
             [("out_0", (*self.shape(indices), *tshape[1:]), self.dtype(table))],
             {"axis": 0},
         )
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "unsorted_segment_sum_like",
-                    {"data_0": dy, "segment_ids_0": indices, "like_0": table},
-                    [("out_0", tshape, self.dtype(dy))],
-                    {"axis": 0},
-                )[0]
-            ]
-
-        self._record(op, [table], [out], bw)
+        self._record_grad(
+            op,
+            table,
+            out,
+            "unsorted_segment_sum_like",
+            lambda dy: {"data_0": dy, "segment_ids_0": indices, "like_0": table},
+            ("out_0", tshape),
+            {"axis": 0},
+        )
         return out
 
     def reduce_sum(self, x: str, axis: Sequence[int], *, keepdims: bool = False, name: str) -> str:
@@ -799,21 +747,15 @@ class GraphBuilder:
             [("output_tensor_0", out_shape, self.dtype(x))],
             {"axis": axes, "keepdims": keepdims},
         )
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "broadcast_like",
-                    {"x_0": dy, "like_0": x},
-                    [("y_0", shape, self.dtype(dy))],
-                    {"broadcast_axes": axes},
-                )[0]
-            ]
-
-        self._record(op, [x], [y], bw)
+        self._record_grad(
+            op,
+            x,
+            y,
+            "broadcast_like",
+            lambda dy: {"x_0": dy, "like_0": x},
+            ("y_0", shape),
+            {"broadcast_axes": axes},
+        )
         return y
 
     def sparse_softmax_cross_entropy(self, logits: str, labels: str, *, name: str) -> str:
@@ -830,21 +772,15 @@ class GraphBuilder:
             [("prob_0", (n, depth), self.dtype(logits)), ("out_0", (n,), self.dtype(logits))],
             {"depth": depth},
         )
-
-        def bw(g: GradList) -> GradList:
-            dy = g[0]
-            assert dy is not None
-            return [
-                self.emit(
-                    f"{op}_grad",
-                    "sparse_softmax_cross_entropy_grad",
-                    {"label_0": labels, "dy_0": dy, "prob_0": prob},
-                    [("prediction_diff_0", (n, depth), self.dtype(dy))],
-                    {"depth": depth},
-                )[0]
-            ]
-
-        self._record(op, [logits], [out], bw)
+        self._record_grad(
+            op,
+            logits,
+            out,
+            "sparse_softmax_cross_entropy_grad",
+            lambda dy: {"label_0": labels, "dy_0": dy, "prob_0": prob},
+            ("prediction_diff_0", (n, depth)),
+            {"depth": depth},
+        )
         return out
 
     def lm_loss(self, logits: str, labels: str, loss_mask: str, *, name: str = "loss") -> str:

@@ -3,28 +3,36 @@
 Each model family has its own frozen config dataclass (``T5Config``,
 ``GPTConfig``, ``BertConfig``) whose ``__post_init__`` raises
 :class:`~autopar.errors.ConfigError` (code ``bad_model_config``) naming the
-field, the value and what to do.  :func:`apply_overrides` turns the keyword
-overrides of :func:`autopar.models.build` into a new config.
+field, the value and what to do.  :class:`TransformerLMConfig` holds the checks
+and derived sizes that ``GPTConfig`` and ``BertConfig`` share.
+:func:`apply_overrides` turns the keyword overrides of
+:func:`autopar.models.build` into a new config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from autopar.errors import ConfigError
+from autopar.models.layers import LayerStyle
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "FamilyConfig",
     "OptimizerConfig",
+    "PaddedVocab",
+    "TransformerLMConfig",
     "apply_overrides",
     "check_divisible",
     "check_dtype",
+    "check_max_position",
     "check_positive_int",
     "check_rate",
+    "check_sizes",
     "padded_vocab",
 ]
 
@@ -39,6 +47,15 @@ def check_positive_int(model: str, field: str, value: Any) -> None:
     """``value`` must be an int >= 1 (bools are refused)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise _bad(model, field, f"must be a positive integer, got {value!r}", value)
+
+
+def check_sizes(config: Any, required: Iterable[str], optional: Iterable[str] = ()) -> None:
+    """Each ``required`` field of ``config`` is a positive int, each ``optional`` one too unless None."""
+    for f in required:
+        check_positive_int(config.name, f, getattr(config, f))
+    for f in optional:
+        if getattr(config, f) is not None:
+            check_positive_int(config.name, f, getattr(config, f))
 
 
 def check_rate(model: str, field: str, value: Any) -> None:
@@ -60,6 +77,16 @@ def check_divisible(model: str, what: str, numerator: int, denominator: int, hin
             "bad_model_config",
             f"{model}: {what} ({numerator}) is not divisible by {denominator}; {hint}",
             field=what,
+        )
+
+
+def check_max_position(model: str, what: str, length: int, max_position: int, hint: str) -> None:
+    """A sequence of ``length`` (described by ``what``) must fit the position embedding."""
+    if length > max_position:
+        raise ConfigError(
+            "bad_model_config",
+            f"{model}: {what} exceeds max_position ({max_position}); pass max_position={length} or {hint}",
+            field="max_position",
         )
 
 
@@ -113,15 +140,95 @@ class OptimizerConfig:
             raise _bad(name, "clip_grad_max_norm", f"must be > 0 or None, got {clip!r}", clip)
 
 
-class _ModelConfig(Protocol):
+class FamilyConfig(Protocol):
+    """What every family's config dataclass offers the shared code."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
     @property
     def name(self) -> str: ...
 
     @property
     def optimizer(self) -> OptimizerConfig: ...
 
+    @property
+    def padded_vocab(self) -> int: ...
 
-C = TypeVar("C", bound=_ModelConfig)
+
+class PaddedVocab:
+    """Mixin of every family's config: ``padded_vocab``, the embedding rows."""
+
+    vocab: int
+    make_vocab_size_divisible_by: int
+
+    @property
+    def padded_vocab(self) -> int:
+        return padded_vocab(self.vocab, self.make_vocab_size_divisible_by)
+
+
+class TransformerLMConfig(PaddedVocab):
+    """Checks and derived sizes shared by ``GPTConfig`` and ``BertConfig``.
+
+    A mixin: each of those frozen dataclasses declares the fields (with its own
+    defaults, in its own order) and inherits ``__post_init__`` and the properties.
+    """
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int | None
+    max_position: int | None
+    batch: int
+    seq: int
+    dropout: float
+    layer_norm_epsilon: float
+    dtype: str
+    optimizer: OptimizerConfig
+
+    _SIZES: ClassVar[tuple[str, ...]] = (
+        "layers",
+        "hidden",
+        "heads",
+        "vocab",
+        "make_vocab_size_divisible_by",
+        "type_vocab",
+        "batch",
+        "seq",
+    )
+    """Fields that must be positive ints (those a family has, in its field order)."""
+
+    def __post_init__(self) -> None:
+        sizes = [f.name for f in dataclasses.fields(self) if f.name in self._SIZES]
+        check_sizes(self, sizes, optional=("ffn", "max_position"))
+        check_divisible(self.name, "hidden", self.hidden, self.heads, "change hidden or heads")
+        check_rate(self.name, "dropout", self.dropout)
+        check_dtype(self.name, self.dtype)
+        if self.max_position is not None:
+            check_max_position(self.name, f"seq ({self.seq})", self.seq, self.max_position, "a shorter seq")
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def positions(self) -> int:
+        return self.max_position if self.max_position is not None else self.seq
+
+    def style_of_layers(self) -> LayerStyle:
+        return LayerStyle.create(
+            hf_t5=False,
+            heads=self.heads,
+            head_dim=self.hidden // self.heads,
+            ffn=self.ffn_dim,
+            norm_epsilon=self.layer_norm_epsilon,
+            dropout=self.dropout,
+            weight_decay=self.optimizer.weight_decay,
+        )
+
+
+C = TypeVar("C", bound=FamilyConfig)
 
 
 def apply_overrides(config: C, overrides: Mapping[str, Any], aliases: Mapping[str, tuple[str, ...]]) -> C:
@@ -133,7 +240,7 @@ def apply_overrides(config: C, overrides: Mapping[str, Any], aliases: Mapping[st
     T5).  Explicit fields win over aliases.  Unknown keys raise ConfigError
     (code ``unknown_override``) listing the valid ones.
     """
-    own = {f.name for f in dataclasses.fields(config)} - {"name", "optimizer"}  # type: ignore[arg-type]
+    own = {f.name for f in dataclasses.fields(config)} - {"name", "optimizer"}
     optimizer_fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
     direct: dict[str, Any] = {}
     optimizer: dict[str, Any] = {}
@@ -157,4 +264,4 @@ def apply_overrides(config: C, overrides: Mapping[str, Any], aliases: Mapping[st
             )
     if optimizer:
         direct["optimizer"] = dataclasses.replace(config.optimizer, **optimizer)
-    return dataclasses.replace(config, **direct)  # type: ignore[type-var]
+    return dataclasses.replace(config, **direct)

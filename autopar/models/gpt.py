@@ -16,27 +16,18 @@ seq 1024.  ``gpt-1.3b``: 24 layers by default (48 for the stress test), hidden
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from autopar.errors import ConfigError
 from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder
-from autopar.models.config import (
-    OptimizerConfig,
-    check_divisible,
-    check_dtype,
-    check_positive_int,
-    check_rate,
-    padded_vocab,
-)
-from autopar.models.layers import LayerStyle, norm, transformer_layer
+from autopar.models.config import OptimizerConfig, TransformerLMConfig
+from autopar.models.layers import embedding_sum, layer_stack, tied_lm_head, training_step
 
 __all__ = ["GPTConfig", "build_gpt"]
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(TransformerLMConfig):
     """A GPT (decoder-only) model.  Defaults are GPT-2 medium (Megatron's 345M)."""
 
     name: str = "gpt2-medium"
@@ -68,66 +59,10 @@ class GPTConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """AdamW settings."""
 
-    def __post_init__(self) -> None:
-        for f in (
-            "layers",
-            "hidden",
-            "heads",
-            "vocab",
-            "make_vocab_size_divisible_by",
-            "batch",
-            "seq",
-        ):
-            check_positive_int(self.name, f, getattr(self, f))
-        for f in ("ffn", "max_position"):
-            if getattr(self, f) is not None:
-                check_positive_int(self.name, f, getattr(self, f))
-        check_divisible(self.name, "hidden", self.hidden, self.heads, "change hidden or heads")
-        check_rate(self.name, "dropout", self.dropout)
-        check_dtype(self.name, self.dtype)
-        if self.max_position is not None and self.seq > self.max_position:
-            raise ConfigError(
-                "bad_model_config",
-                f"{self.name}: seq ({self.seq}) exceeds max_position ({self.max_position}); "
-                f"pass max_position={self.seq} or a shorter seq",
-                field="max_position",
-            )
-
-    @property
-    def ffn_dim(self) -> int:
-        return self.ffn if self.ffn is not None else 4 * self.hidden
-
-    @property
-    def positions(self) -> int:
-        return self.max_position if self.max_position is not None else self.seq
-
-    @property
-    def padded_vocab(self) -> int:
-        return padded_vocab(self.vocab, self.make_vocab_size_divisible_by)
-
-    def style_of_layers(self) -> LayerStyle:
-        head_dim = self.hidden // self.heads
-        return LayerStyle(
-            heads=self.heads,
-            head_dim=head_dim,
-            ffn=self.ffn_dim,
-            norm="layer",
-            norm_epsilon=self.layer_norm_epsilon,
-            bias=True,
-            gated=False,
-            activation="gelu",
-            alpha=1.0 / math.sqrt(head_dim),
-            softmax_fp32=False,
-            hidden_dropout=self.dropout,
-            attention_dropout=self.dropout,
-            weight_decay=self.optimizer.weight_decay,
-        )
-
 
 def build_gpt(cfg: GPTConfig) -> Graph:
     """The training-step graph (forward, backward, AdamW) of ``cfg``; not yet validated."""
     b = GraphBuilder(cfg.name, compute_dtype=cfg.dtype)
-    style = cfg.style_of_layers()
     bsz, seq, h = cfg.batch, cfg.seq, cfg.hidden
     wd = cfg.optimizer.weight_decay
 
@@ -140,35 +75,8 @@ def build_gpt(cfg: GPTConfig) -> Graph:
     with b.scope("embedding"):
         word = b.param("word_embeddings.weight", (cfg.padded_vocab, h), weight_decay=wd)
         pos = b.param("position_embeddings.weight", (cfg.positions, h), weight_decay=wd)
-        x = b.add(
-            b.gather(b.use(word), ids, name="word"),
-            b.gather(b.use(pos), position_ids, name="position"),
-            name="add",
-        )
-        x = b.dropout(x, cfg.dropout, name="dropout")
-    for i in range(cfg.layers):
-        x = transformer_layer(b, x, style, name=f"layers.{i}", self_mask=causal)
-    x = norm(b, x, style, name="final_norm")
-    logits = b.broadcast_matmul(x, b.use(word), transpose_b=True, name="lm_head.matmul")
-    loss = b.lm_loss(logits, labels, loss_mask, name="loss")
-
-    b.backward(loss)
-    opt = cfg.optimizer
-    b.optimizer(
-        lr=opt.lr,
-        beta1=opt.beta1,
-        beta2=opt.beta2,
-        epsilon=opt.epsilon,
-        clip_grad_max_norm=opt.clip_grad_max_norm,
-        clip_grad_norm_type=opt.clip_grad_norm_type,
-    )
-    return b.build(
-        meta={
-            "model": cfg.name,
-            "family": "gpt",
-            "config": asdict(cfg),
-            "padded_vocab": cfg.padded_vocab,
-            "parameters": sum(p.numel for p in b.params),
-            "loss": loss,
-        }
-    )
+        x = embedding_sum(b, [("word", word, ids), ("position", pos, position_ids)], cfg.dropout)
+    x = layer_stack(b, x, cfg.style_of_layers(), cfg.layers, self_mask=causal)
+    with b.scope("lm_head"):
+        logits = tied_lm_head(b, x, word, bias=False)
+    return training_step(b, cfg, family="gpt", logits=logits, labels=labels, loss_mask=loss_mask)

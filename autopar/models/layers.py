@@ -11,15 +11,38 @@ Two styles are covered by :class:`LayerStyle`:
 
 Both are pre-norm: ``x + dropout(attn(norm(x)))`` then ``x + dropout(mlp(norm(x)))``.
 Weights use OneFlow's ``[out, in]`` layout.
+
+Model-level pieces shared by the families: :func:`embedding_sum`,
+:func:`layer_stack`, :func:`tied_lm_head` and :func:`training_step` (loss,
+backward, AdamW, graph metadata).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
+from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder, Param
 
-__all__ = ["LayerStyle", "attention", "linear_params", "mlp", "norm", "transformer_layer"]
+if TYPE_CHECKING:
+    from autopar.models.config import FamilyConfig
+
+__all__ = [
+    "LayerStyle",
+    "attention",
+    "dense",
+    "embedding_sum",
+    "layer_stack",
+    "linear_params",
+    "mlp",
+    "norm",
+    "tied_lm_head",
+    "training_step",
+    "transformer_layer",
+]
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,39 @@ class LayerStyle:
     attention_dropout: float
     weight_decay: float
 
+    @classmethod
+    def create(
+        cls,
+        *,
+        hf_t5: bool,
+        heads: int,
+        head_dim: int,
+        ffn: int,
+        norm_epsilon: float,
+        dropout: float,
+        weight_decay: float,
+        softmax_fp32: bool = False,
+    ) -> LayerStyle:
+        """The HF T5 v1.1 / MT5 style (``hf_t5``) or the Megatron / LiBai one.
+
+        ``softmax_fp32`` applies to the HF style only; Megatron scales scores by 1/sqrt(head_dim).
+        """
+        return cls(
+            heads=heads,
+            head_dim=head_dim,
+            ffn=ffn,
+            norm="rms" if hf_t5 else "layer",
+            norm_epsilon=norm_epsilon,
+            bias=not hf_t5,
+            gated=hf_t5,
+            activation="fast_gelu" if hf_t5 else "gelu",
+            alpha=1.0 if hf_t5 else 1.0 / math.sqrt(head_dim),
+            softmax_fp32=softmax_fp32 and hf_t5,
+            hidden_dropout=dropout,
+            attention_dropout=dropout,
+            weight_decay=weight_decay,
+        )
+
 
 def linear_params(
     b: GraphBuilder, name: str, in_dim: int, out_dim: int, *, bias: bool, weight_decay: float
@@ -48,6 +104,12 @@ def linear_params(
     w = b.param(f"{name}.weight", (out_dim, in_dim), weight_decay=weight_decay)
     bb = b.param(f"{name}.bias", (out_dim,), weight_decay=0.0) if bias else None
     return w, bb
+
+
+def dense(b: GraphBuilder, x: str, name: str, out_dim: int, *, bias: bool, weight_decay: float) -> str:
+    """Parameters of :func:`linear_params`, then ``b.linear`` named ``name``."""
+    w, bb = linear_params(b, name, b.shape(x)[-1], out_dim, bias=bias, weight_decay=weight_decay)
+    return b.linear(x, w, bb, name=name)
 
 
 def norm(b: GraphBuilder, x: str, style: LayerStyle, *, name: str) -> str:
@@ -83,10 +145,7 @@ def attention(
         heads: dict[str, str] = {}
         for proj, src in (("q", x_q), ("k", x_kv), ("v", x_kv)):
             seq = b.shape(src)[1]
-            w, bias = linear_params(
-                b, proj, b.shape(src)[-1], inner, bias=style.bias, weight_decay=style.weight_decay
-            )
-            y = b.linear(src, w, bias, name=proj)
+            y = dense(b, src, proj, inner, bias=style.bias, weight_decay=style.weight_decay)
             y = b.reshape(y, (bsz, seq, style.heads, style.head_dim), name=f"{proj}.reshape")
             heads[proj] = b.transpose(y, (0, 2, 1, 3), name=f"{proj}.transpose")
         scores = b.matmul(heads["q"], heads["k"], transpose_b=True, alpha=style.alpha, name="scores")
@@ -103,8 +162,7 @@ def attention(
         ctx = b.matmul(probs, heads["v"], name="context")
         ctx = b.transpose(ctx, (0, 2, 1, 3), name="context.transpose")
         ctx = b.reshape(ctx, (bsz, sq, inner), name="context.reshape")
-        w, bias = linear_params(b, "o", inner, hidden, bias=style.bias, weight_decay=style.weight_decay)
-        return b.linear(ctx, w, bias, name="o")
+        return dense(b, ctx, "o", hidden, bias=style.bias, weight_decay=style.weight_decay)
 
 
 def mlp(b: GraphBuilder, x: str, style: LayerStyle, *, name: str) -> str:
@@ -120,12 +178,9 @@ def mlp(b: GraphBuilder, x: str, style: LayerStyle, *, name: str) -> str:
             lin = b.linear(x, w1, b1, name="wi_1")
             h = b.broadcast_mul(gate, lin, name="gate_mul")
             h = b.dropout(h, style.hidden_dropout, name="dropout")
-            wo, bo = linear_params(b, "wo", style.ffn, hidden, bias=style.bias, weight_decay=wd)
-            return b.linear(h, wo, bo, name="wo")
-        w1, b1 = linear_params(b, "fc1", hidden, style.ffn, bias=style.bias, weight_decay=wd)
-        h = act(b.linear(x, w1, b1, name="fc1"), name="act")
-        w2, b2 = linear_params(b, "fc2", style.ffn, hidden, bias=style.bias, weight_decay=wd)
-        return b.linear(h, w2, b2, name="fc2")
+            return dense(b, h, "wo", hidden, bias=style.bias, weight_decay=wd)
+        h = act(dense(b, x, "fc1", style.ffn, bias=style.bias, weight_decay=wd), name="act")
+        return dense(b, h, "fc2", hidden, bias=style.bias, weight_decay=wd)
 
 
 def transformer_layer(
@@ -159,3 +214,55 @@ def transformer_layer(
         h = norm(b, x, style, name="mlp_norm")
         m = mlp(b, h, style, name="mlp")
         return b.add(x, b.dropout(m, style.hidden_dropout, name="mlp_dropout"), name="mlp_residual")
+
+
+def layer_stack(b: GraphBuilder, x: str, style: LayerStyle, layers: int, **inputs: str | None) -> str:
+    """``layers`` transformer layers (``layers.{i}``) and the stack's ``final_norm``.
+
+    ``inputs`` (masks, position bias, encoder output) go to every :func:`transformer_layer`.
+    """
+    for i in range(layers):
+        x = transformer_layer(b, x, style, name=f"layers.{i}", **inputs)
+    return norm(b, x, style, name="final_norm")
+
+
+def embedding_sum(b: GraphBuilder, lookups: Sequence[tuple[str, Param, str]], rate: float) -> str:
+    """Megatron embeddings: ``add_n`` of the gathers ``name: table[ids]``, then ``dropout``."""
+    x = b.add(*(b.gather(b.use(table), ids, name=name) for name, table, ids in lookups), name="add")
+    return b.dropout(x, rate, name="dropout")
+
+
+def tied_lm_head(b: GraphBuilder, x: str, word: Param, *, bias: bool) -> str:
+    """Logits ``x @ word^T`` (``matmul``), plus an output ``bias [vocab]`` (``bias_add``) if asked."""
+    out_bias = b.param("bias", (word.shape[0],), weight_decay=0.0) if bias else None
+    logits = b.broadcast_matmul(x, b.use(word), transpose_b=True, name="matmul")
+    if out_bias is not None:
+        logits = b.broadcast_add(logits, b.use(out_bias), name="bias_add")
+    return logits
+
+
+def training_step(
+    b: GraphBuilder, cfg: FamilyConfig, *, family: str, logits: str, labels: str, loss_mask: str
+) -> Graph:
+    """LM loss, backward and AdamW (``cfg.optimizer``); the graph with its ``meta`` (not validated)."""
+    loss = b.lm_loss(logits, labels, loss_mask, name="loss")
+    b.backward(loss)
+    opt = cfg.optimizer
+    b.optimizer(
+        lr=opt.lr,
+        beta1=opt.beta1,
+        beta2=opt.beta2,
+        epsilon=opt.epsilon,
+        clip_grad_max_norm=opt.clip_grad_max_norm,
+        clip_grad_norm_type=opt.clip_grad_norm_type,
+    )
+    return b.build(
+        meta={
+            "model": cfg.name,
+            "family": family,
+            "config": asdict(cfg),
+            "padded_vocab": cfg.padded_vocab,
+            "parameters": sum(p.numel for p in b.params),
+            "loss": loss,
+        }
+    )

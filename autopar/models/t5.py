@@ -27,20 +27,20 @@ and either relative-position bucket ids or absolute position ids.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
 from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder
 from autopar.models.config import (
     OptimizerConfig,
+    PaddedVocab,
     check_dtype,
-    check_positive_int,
+    check_max_position,
     check_rate,
-    padded_vocab,
+    check_sizes,
 )
-from autopar.models.layers import LayerStyle, norm, transformer_layer
+from autopar.models.layers import LayerStyle, embedding_sum, layer_stack, tied_lm_head, training_step
 
 __all__ = ["T5Config", "build_t5"]
 
@@ -48,7 +48,7 @@ STYLES = ("mt5", "t5")
 
 
 @dataclass(frozen=True)
-class T5Config:
+class T5Config(PaddedVocab):
     """An encoder-decoder T5.  Defaults are MT5-base (HF ``google/mt5-base``)."""
 
     name: str = "mt5-base"
@@ -99,44 +99,39 @@ class T5Config:
                 f"{self.name}: style must be one of {list(STYLES)}, got {self.style!r}",
                 field="style",
             )
-        for f in (
-            "encoder_layers",
-            "decoder_layers",
-            "hidden",
-            "heads",
-            "ffn",
-            "vocab",
-            "make_vocab_size_divisible_by",
-            "batch",
-            "encoder_seq",
-            "decoder_seq",
-            "relative_attention_buckets",
-            "max_position",
-        ):
-            check_positive_int(self.name, f, getattr(self, f))
-        if self.d_kv is None:
-            if self.hidden % self.heads:
-                raise ConfigError(
-                    "bad_model_config",
-                    f"{self.name}: hidden ({self.hidden}) is not divisible by heads "
-                    f"({self.heads}); "
-                    "change one of them or set d_kv explicitly",
-                    field="heads",
-                )
-        else:
-            check_positive_int(self.name, "d_kv", self.d_kv)
+        check_sizes(
+            self,
+            (
+                "encoder_layers",
+                "decoder_layers",
+                "hidden",
+                "heads",
+                "ffn",
+                "vocab",
+                "make_vocab_size_divisible_by",
+                "batch",
+                "encoder_seq",
+                "decoder_seq",
+                "relative_attention_buckets",
+                "max_position",
+            ),
+            optional=("d_kv",),
+        )
+        if self.d_kv is None and self.hidden % self.heads:
+            raise ConfigError(
+                "bad_model_config",
+                f"{self.name}: hidden ({self.hidden}) is not divisible by heads "
+                f"({self.heads}); "
+                "change one of them or set d_kv explicitly",
+                field="heads",
+            )
         check_rate(self.name, "dropout", self.dropout)
         check_dtype(self.name, self.dtype)
         if self.style == "t5":
             longest = max(self.encoder_seq, self.decoder_seq)
-            if longest > self.max_position:
-                raise ConfigError(
-                    "bad_model_config",
-                    f"{self.name}: sequence length {longest} exceeds max_position "
-                    f"({self.max_position}); "
-                    f"pass max_position={longest} or shorter sequences",
-                    field="max_position",
-                )
+            check_max_position(
+                self.name, f"sequence length {longest}", longest, self.max_position, "shorter sequences"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -147,26 +142,16 @@ class T5Config:
         """Width of q, k, v (heads * head_dim)."""
         return self.heads * self.head_dim
 
-    @property
-    def padded_vocab(self) -> int:
-        return padded_vocab(self.vocab, self.make_vocab_size_divisible_by)
-
     def style_of_layers(self) -> LayerStyle:
-        mt5 = self.style == "mt5"
-        return LayerStyle(
+        return LayerStyle.create(
+            hf_t5=self.style == "mt5",
             heads=self.heads,
             head_dim=self.head_dim,
             ffn=self.ffn,
-            norm="rms" if mt5 else "layer",
             norm_epsilon=self.layer_norm_epsilon,
-            bias=not mt5,
-            gated=mt5,
-            activation="fast_gelu" if mt5 else "gelu",
-            alpha=1.0 if mt5 else 1.0 / math.sqrt(self.head_dim),
-            softmax_fp32=self.softmax_fp32 and mt5,
-            hidden_dropout=self.dropout,
-            attention_dropout=self.dropout,
+            dropout=self.dropout,
             weight_decay=self.optimizer.weight_decay,
+            softmax_fp32=self.softmax_fp32,
         )
 
 
@@ -204,12 +189,9 @@ def build_t5(cfg: T5Config) -> Graph:
 
         def embed(ids: str, stack: str) -> str:
             with b.scope(f"{stack}.embedding"):
-                x = b.add(
-                    b.gather(b.use(word), ids, name="word"),
-                    b.gather(b.use(pos), positions[stack], name="position"),
-                    name="add",
+                return embedding_sum(
+                    b, [("word", word, ids), ("position", pos, positions[stack])], cfg.dropout
                 )
-                return b.dropout(x, cfg.dropout, name="dropout")
 
     def position_bias(buckets: str, mask: str) -> str:
         """HF ``compute_bias`` + mask: ``[B, heads, Sq, Sk]`` in the compute dtype."""
@@ -232,18 +214,16 @@ def build_t5(cfg: T5Config) -> Graph:
             if mt5:
                 with b.scope("layers.0.self_attn"):
                     bias = position_bias(enc_buckets if encoder_out is None else dec_buckets, self_mask)
-            for i in range(layers):
-                x = transformer_layer(
-                    b,
-                    x,
-                    style,
-                    name=f"layers.{i}",
-                    self_mask=None if mt5 else self_mask,
-                    self_position_bias=bias,
-                    encoder_out=encoder_out,
-                    cross_mask=enc_mask,
-                )
-            x = norm(b, x, style, name="final_norm")
+            x = layer_stack(
+                b,
+                x,
+                style,
+                layers,
+                self_mask=None if mt5 else self_mask,
+                self_position_bias=bias,
+                encoder_out=encoder_out,
+                cross_mask=enc_mask,
+            )
             if mt5:
                 x = b.dropout(x, cfg.dropout, name="final_dropout")
             return x
@@ -256,28 +236,5 @@ def build_t5(cfg: T5Config) -> Graph:
         logits = b.linear(decoder_out, lm_head, name="lm_head")
     else:
         with b.scope("lm_head"):
-            lm_bias = b.param("bias", (cfg.padded_vocab,), weight_decay=0.0)
-            logits = b.broadcast_matmul(decoder_out, b.use(word), transpose_b=True, name="matmul")
-            logits = b.broadcast_add(logits, b.use(lm_bias), name="bias_add")
-    loss = b.lm_loss(logits, labels, loss_mask, name="loss")
-
-    b.backward(loss)
-    opt = cfg.optimizer
-    b.optimizer(
-        lr=opt.lr,
-        beta1=opt.beta1,
-        beta2=opt.beta2,
-        epsilon=opt.epsilon,
-        clip_grad_max_norm=opt.clip_grad_max_norm,
-        clip_grad_norm_type=opt.clip_grad_norm_type,
-    )
-    return b.build(
-        meta={
-            "model": cfg.name,
-            "family": "t5",
-            "config": asdict(cfg),
-            "padded_vocab": cfg.padded_vocab,
-            "parameters": sum(p.numel for p in b.params),
-            "loss": loss,
-        }
-    )
+            logits = tied_lm_head(b, decoder_out, word, bias=True)
+    return training_step(b, cfg, family="t5", logits=logits, labels=labels, loss_mask=loss_mask)
