@@ -46,7 +46,14 @@ from autopar.errors import AutoparError
 from solver.options import Progress, ProgressFn, SolverOptions
 from solver.problem import Problem, evaluate
 
-__all__ = ["CpSatResult", "Progress", "min_feasible_memory", "solve_cpsat"]
+__all__ = [
+    "CpSatResult",
+    "Progress",
+    "find_feasible",
+    "min_feasible_memory",
+    "model_size",
+    "solve_cpsat",
+]
 
 logger = logging.getLogger("solver.cpsat")
 
@@ -239,12 +246,8 @@ class _Builder:
                 self.counts["edges_none"] += 1
                 continue
             n_g, n_h = plan.pair.shape
-            xs = [
-                self.group_literal(plan.u, np.flatnonzero(plan.row_group == g)) for g in range(n_g)
-            ]
-            ys = [
-                self.group_literal(plan.v, np.flatnonzero(plan.col_group == h)) for h in range(n_h)
-            ]
+            xs = [self.group_literal(plan.u, np.flatnonzero(plan.row_group == g)) for g in range(n_g)]
+            ys = [self.group_literal(plan.v, np.flatnonzero(plan.col_group == h)) for h in range(n_h)]
             coefs = self._int(np.where(np.isfinite(plan.pair), plan.pair, 0.0))
             self.counts[f"edges_{plan.encoding}"] += 1
             zs: list[tuple[cp_model.IntVar, int, int]] = []
@@ -335,21 +338,24 @@ class _Builder:
         return rows
 
     def choose_memory_unit(
-        self, rows: list[tuple[float, list[cp_model.IntVar], list[float]]]
+        self, rows: list[tuple[float, list[cp_model.IntVar], list[float]]], with_base: bool
     ) -> None:
+        """Smallest power-of-two unit keeping every row's variable part below 2**31 units
+        (and the constant part too when it enters the model, ``with_base``)."""
         largest = max((sum(extra) for _, _, extra in rows), default=0.0)
-        largest = max([largest] + [abs(base) for base, _, _ in rows])
+        if with_base:
+            largest = max([largest] + [abs(base) for base, _, _ in rows])
         unit = 1.0
         while largest / unit > MEMORY_UNITS_MAX:
             unit *= 2.0
         self.memory_unit = unit
-        self.memory_exact = all(
-            float(v / unit).is_integer() for _, _, extra in rows for v in extra
-        ) and all(float(base / unit).is_integer() for base, _, _ in rows)
+        self.memory_exact = all(float(v / unit).is_integer() for _, _, extra in rows for v in extra) and (
+            not with_base or all(float(base / unit).is_integer() for base, _, _ in rows)
+        )
 
     def add_memory_limits(self, budget: float) -> None:
         rows = self.memory_rows()
-        self.choose_memory_unit(rows)
+        self.choose_memory_unit(rows, with_base=False)
         unit = self.memory_unit
         for base, lits, extra in rows:
             # (C5) coefficients round up, the right-hand side rounds down: model-feasible
@@ -363,22 +369,17 @@ class _Builder:
     def add_memory_peak(self) -> cp_model.IntVar:
         """``peak >= every row`` (in units); returns ``peak``."""
         rows = self.memory_rows()
-        self.choose_memory_unit(rows)
+        self.choose_memory_unit(rows, with_base=True)
         unit = self.memory_unit
         upper = max(
-            (
-                math.ceil(base / unit) + sum(math.ceil(v / unit) for v in extra)
-                for base, _, extra in rows
-            ),
+            (math.ceil(base / unit) + sum(math.ceil(v / unit) for v in extra) for base, _, extra in rows),
             default=0,
         )
         lower = min((math.floor(base / unit) for base, _, _ in rows), default=0)
         peak = self.model.new_int_var(min(lower, 0), max(upper, 0), "peak")
         for base, lits, extra in rows:
             coefs = [math.ceil(v / unit) for v in extra]
-            self.model.add(
-                cp_model.LinearExpr.weighted_sum(lits, coefs) + math.ceil(base / unit) <= peak
-            )
+            self.model.add(cp_model.LinearExpr.weighted_sum(lits, coefs) + math.ceil(base / unit) <= peak)
         return peak
 
     # ----------------------------------------------------------------- hints
@@ -472,6 +473,7 @@ def solve_cpsat(
     time_limit_s: float | None = None,
     t0: float | None = None,
     encoding: str = "auto",
+    lower_bound_s: float | None = None,
 ) -> CpSatResult:
     """Minimise ``problem`` with CP-SAT.
 
@@ -480,7 +482,10 @@ def solve_cpsat(
     ``options.time_limit_s``) after ``t0`` (default: now), so time already spent
     by the caller and by building the model counts; in deterministic mode the
     whole limit goes to CP-SAT in its deterministic units.  ``encoding`` forces
-    the edge encoding ("full", "sparse") for experiments.
+    the edge encoding ("full", "sparse") for experiments.  ``lower_bound_s`` (a
+    proven bound on ``problem``, e.g. from :mod:`solver.bounds`) becomes a floor
+    on the objective's domain (minus the rounding slack), so CP-SAT's gap test
+    and bound start from it.
     """
     t0 = time.perf_counter() if t0 is None else t0
     build_start = time.perf_counter()
@@ -494,6 +499,12 @@ def solve_cpsat(
     edge_vars, edge_coefs = builder.build_edges()
     node_vars, node_coefs = builder.node_objective()
     builder.set_objective(node_vars + edge_vars, node_coefs + edge_coefs)
+    if lower_bound_s is not None and math.isfinite(lower_bound_s):
+        slack = 0.5 * (problem.num_nodes + len(problem.edges)) + 1
+        floor = math.floor((lower_bound_s - builder.constant_s) * builder.scale - slack)
+        ceiling = sum(abs(c) for c in node_coefs + edge_coefs) + 1
+        if floor > 0 and floor < ceiling:
+            builder.model.proto.objective.domain.extend([floor, ceiling])
     if with_memory and problem.budget_bytes is not None:
         builder.add_memory_limits(problem.budget_bytes)
     hinted = 0
@@ -542,9 +553,7 @@ def solve_cpsat(
     stats["conflicts"] = solver.num_conflicts
     stats["branches"] = solver.num_branches
     if code == cp_model.MODEL_INVALID:
-        raise AutoparError(
-            "solver_model_invalid", f"CP-SAT rejected the model: {builder.model.validate()}"
-        )
+        raise AutoparError("solver_model_invalid", f"CP-SAT rejected the model: {builder.model.validate()}")
     if code == cp_model.INFEASIBLE:
         return CpSatResult("infeasible", None, None, math.inf, rounding, stats)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -565,9 +574,21 @@ def solve_cpsat(
     )
 
 
-def min_feasible_memory(
-    problem: Problem, options: SolverOptions | None = None
-) -> tuple[float, bool]:
+def model_size(problem: Problem) -> int:
+    """Booleans a full model of ``problem`` would have, at most (choices + grouped pairs).
+
+    Cheap (one ``np.unique`` per edge); used to decide between one CP-SAT model
+    and window search.
+    """
+    total = sum(int(np.isfinite(c).sum()) for c in problem.node_costs)
+    for _, _, matrix in problem.edges:
+        rows = len(np.unique(matrix, axis=0))
+        cols = len(np.unique(matrix.T, axis=0))
+        total += rows * cols + rows + cols
+    return total
+
+
+def min_feasible_memory(problem: Problem, options: SolverOptions | None = None) -> tuple[float, bool]:
     """Smallest per-device budget (bytes) for which some plan with finite cost fits.
 
     Minimises the largest memory row, ignoring time.  Returns ``(bytes, proven)``:
@@ -599,3 +620,37 @@ def min_feasible_memory(
         and solver.best_objective_bound >= solver.objective_value - 1e-6
     )
     return max(memory, default=0.0), proven
+
+
+def find_feasible(
+    problem: Problem,
+    options: SolverOptions,
+    hint: Sequence[int] | None = None,
+    time_limit_s: float | None = None,
+) -> list[int] | None:
+    """Any plan with finite cost that fits every memory row, ignoring time.
+
+    A much smaller model than :func:`solve_cpsat` (no pair variables except on
+    edges with forbidden pairs or pairwise memory), for problems too large for
+    one full model when the heuristic found nothing that fits.  None when
+    CP-SAT proves there is none or runs out of time.
+    """
+    builder = _Builder(problem, "sparse", with_objective=False)
+    builder.make_node_vars()
+    if builder.infeasible:
+        return None
+    builder.plan_edges(with_memory=problem.budget_bytes is not None)
+    builder.build_edges()
+    if problem.budget_bytes is not None:
+        builder.add_memory_limits(problem.budget_bytes)
+    if builder.infeasible:
+        return None
+    if hint is not None:
+        builder.add_hint(hint)
+    solver = cp_model.CpSolver()
+    _configure(solver, options, options.time_limit_s if time_limit_s is None else time_limit_s)
+    solver.parameters.relative_gap_limit = 0.0
+    code = solver.solve(builder.model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return builder.extract(solver)

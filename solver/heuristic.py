@@ -33,10 +33,15 @@ import numpy as np
 
 from solver.problem import Problem, evaluate, memory_fits
 
-__all__ = ["HeuristicResult", "greedy_assignment", "improve", "solve_heuristic"]
+__all__ = ["HeuristicResult", "greedy_assignment", "improve", "refine", "solve_heuristic"]
 
 _LAGRANGE_ROUNDS = 24
-_BLOCK_MOVES = 4
+_LAGRANGE_STALL = 2
+_LAGRANGE_MOVES = 2
+_LAGRANGE_SWEEPS = 5
+_FREE_SHARE = 0.3
+_STALL = 8
+_MAX_MOVES = 1000
 
 
 @dataclass
@@ -50,6 +55,9 @@ class HeuristicResult:
     """Bytes per memory row."""
     feasible: bool
     stats: dict[str, float] = field(default_factory=dict)
+    price: np.ndarray | None = None
+    """Seconds per byte of each memory row at which the plan fitted (Lagrangian
+    prices; None when memory did not bind).  Useful for a Lagrangian bound."""
 
 
 class _Index:
@@ -93,8 +101,7 @@ class _Index:
                 pair.setdefault(key, np.zeros_like(oriented))
         self.mem_rows = [np.array(ids, dtype=np.int64) for ids in row_ids]
         self.mem = [
-            np.vstack(t) if t else np.zeros((0, len(problem.node_costs[i])))
-            for i, t in enumerate(row_terms)
+            np.vstack(t) if t else np.zeros((0, len(problem.node_costs[i]))) for i, t in enumerate(row_terms)
         ]
         self.pairs = pair
         self.nbrs: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
@@ -247,12 +254,14 @@ def _icm(
     max_sweeps: int,
 ) -> list[int]:
     order = list(range(index.n)) if order is None else list(order)
-    budget = index.budget
-    check = hard_memory and index.num_rows > 0 and budget is not None
+    budget = index.budget if index.budget is not None else math.inf
+    check = hard_memory and index.num_rows > 0 and index.budget is not None
     usage = index.usage(choices) if check else np.zeros(0)
     for _ in range(max_sweeps):
         gained = False
-        for i in order:
+        for step, i in enumerate(order):
+            if step % 256 == 255 and time.perf_counter() > deadline:
+                return choices
             if len(costs[i]) == 1:
                 continue
             local = index.local_cost(i, choices, costs)
@@ -340,27 +349,24 @@ def _tree_block(
                     seen[j] = True
                     parent[j] = a
                     order.append(j)
-        belief = {i: unary[i].copy() for i in order}
+        belief = unary  # built above for this call only: safe to update in place
         argmins: dict[int, np.ndarray] = {}
         for c in reversed(order[1:]):
             p = parent[c]
-            total = nbrs[p][c] + belief[c][None, :]  # [choice of p, choice of c]
-            best = np.argmin(total, axis=1)
+            total = nbrs[p][c] + belief[c]  # [choice of p, choice of c]
+            best = total.argmin(axis=1)
             argmins[c] = best
             belief[p] += total[np.arange(total.shape[0]), best]
-        new[root] = int(np.argmin(belief[root]))
+        new[root] = int(belief[root].argmin())
         for c in order[1:]:
             new[c] = int(argmins[c][new[parent[c]]])
     return new
 
 
 def _priced_objective(index: _Index, choices: Sequence[int], costs: list[np.ndarray]) -> float:
-    total = math.fsum(float(costs[i][c]) for i, c in enumerate(choices))
-    for i in range(index.n):
-        for j, matrix in index.nbrs[i].items():
-            if i < j:
-                total += float(matrix[choices[i], choices[j]])
-    return total
+    parts = [float(costs[i][c]) for i, c in enumerate(choices)]
+    parts.extend(float(index.nbrs[u][v][choices[u], choices[v]]) for u, v in index.pairs)
+    return math.fsum(parts)
 
 
 def _descend(
@@ -368,19 +374,33 @@ def _descend(
     choices: list[int],
     costs: list[np.ndarray],
     rng: np.random.Generator,
-    moves: int,
     deadline: float,
+    *,
+    stall: int = _STALL,
+    max_moves: int = _MAX_MOVES,
+    fits: bool = False,
+    sweeps: int = 20,
 ) -> list[int]:
-    """Tree-block moves then ICM on ``costs`` (no memory limit)."""
+    """Tree-block moves on ``costs`` until ``stall`` moves in a row gain nothing,
+    then ICM.  With ``fits`` a move must keep every memory row within budget."""
     best = _priced_objective(index, choices, costs)
-    for _ in range(moves):
+    idle = 0
+    for _ in range(max_moves):
         candidate = _tree_block(index, choices, costs, index.nbrs, rng)
         value = _priced_objective(index, candidate, costs)
-        if value <= best:
+        gain = value < best - 1e-12 * max(1.0, abs(best))
+        if value <= best and (not fits or _fits(index, candidate)):
             choices, best = candidate, value
-        if time.perf_counter() > deadline:
+        else:
+            gain = False
+        idle = 0 if gain else idle + 1
+        if idle >= stall or time.perf_counter() > deadline:
             break
-    return _icm(index, choices, None, costs, False, deadline, 20)
+    return _icm(index, choices, None, costs, fits, deadline, sweeps)
+
+
+def _fits(index: _Index, choices: Sequence[int]) -> bool:
+    return index.budget is None or bool((index.usage(choices) <= index.budget).all())
 
 
 # ------------------------------------------------------------------- top level
@@ -416,9 +436,12 @@ def solve_heuristic(
             best, best_cost = list(candidate), cost
 
     consider(choices)
-    free = _descend(index, list(choices), index.costs, rng, _BLOCK_MOVES, deadline)
+    # With memory rows, keep most of the time for pricing memory if it binds.
+    free_deadline = t0 + _FREE_SHARE * time_budget_s if index.num_rows else deadline
+    free = _descend(index, list(choices), index.costs, rng, free_deadline)
     consider(free)
     rounds = 0
+    fit_price: np.ndarray | None = None
     free_fits = budget is None or bool((index.usage(free) <= budget).all())
     if index.num_rows and budget is not None and not free_fits:
         # Memory binds: price it (Lagrangian relaxation of the memory rows) and
@@ -429,7 +452,8 @@ def solve_heuristic(
         unit = _price_unit(index)
         current = free
         usage = index.usage(current)
-        for rounds in range(1, _LAGRANGE_ROUNDS + 1):
+        for round_number in range(1, _LAGRANGE_ROUNDS + 1):
+            rounds = round_number
             over = usage > budget
             low = np.where(over, np.maximum(low, price), low)
             high = np.where(over, high, np.minimum(high, price))
@@ -440,29 +464,57 @@ def solve_heuristic(
                     np.maximum(4 * low, unit),
                 )
             index.set_edge_prices(price)
-            current = _descend(index, current, index.priced_costs(price), rng, 2, deadline)
+            current = _descend(
+                index,
+                current,
+                index.priced_costs(price),
+                rng,
+                deadline,
+                stall=_LAGRANGE_STALL,
+                max_moves=_LAGRANGE_MOVES,
+                sweeps=_LAGRANGE_SWEEPS,
+            )
             usage = index.usage(current)
             consider(current)
             if time.perf_counter() > deadline:
                 break
         index.set_edge_prices(np.zeros(index.num_rows))
+        fit_price = np.where(np.isfinite(high), high, price)
     stats["lagrange_rounds"] = float(rounds)
+    if best is not None and rounds:
+        # Memory binds: descend on the true cost, refusing moves that overflow.
+        consider(_descend(index, list(best), index.costs, rng, deadline, fits=True))
     start_choices = best if best is not None else choices
-    polished = _icm(index, list(start_choices), order, index.costs, True, deadline + 0.5, 50)
+    polished = _icm(index, list(start_choices), order, index.costs, True, deadline, 50)
     consider(polished)
     final = best if best is not None else polished
     cost, memory = evaluate(problem, final)
     stats["heuristic_s"] = time.perf_counter() - t0
     feasible = math.isfinite(cost) and memory_fits(budget, memory)
-    return HeuristicResult(list(final), cost, memory, feasible, stats)
+    return HeuristicResult(list(final), cost, memory, feasible, stats, fit_price)
+
+
+def refine(
+    problem: Problem, start: Sequence[int], time_budget_s: float = 2.0, seed: int = 0
+) -> HeuristicResult:
+    """Descent from a complete plan: tree-block moves and ICM on the true cost that
+    never leave the memory budget.  A start that does not fit goes through
+    :func:`solve_heuristic` instead (greedy repair and Lagrangian pricing)."""
+    t0 = time.perf_counter()
+    index = _Index(problem)
+    if not _fits(index, start):
+        return solve_heuristic(problem, start=start, time_budget_s=time_budget_s, seed=seed)
+    rng = np.random.default_rng(seed)
+    choices = _descend(index, list(start), index.costs, rng, t0 + time_budget_s, fits=True)
+    cost, memory = evaluate(problem, choices)
+    feasible = math.isfinite(cost) and memory_fits(problem.budget_bytes, memory)
+    return HeuristicResult(choices, cost, memory, feasible, {"heuristic_s": time.perf_counter() - t0})
 
 
 def _price_unit(index: _Index) -> float:
     """Seconds per byte at which memory and time weigh about the same."""
     spreads = [float(np.ptp(c[np.isfinite(c)])) for c in index.costs if np.isfinite(c).sum() > 1]
-    mem_spreads = [
-        float(np.ptp(m, axis=1).max()) for m in index.mem if m.shape[0] and m.shape[1] > 1
-    ]
+    mem_spreads = [float(np.ptp(m, axis=1).max()) for m in index.mem if m.shape[0] and m.shape[1] > 1]
     cost_scale = float(np.median(spreads)) if spreads else 1.0
     mem_scale = float(np.median(mem_spreads)) if mem_spreads else 1.0
     return max(cost_scale, 1e-30) / max(mem_scale, 1.0)

@@ -44,27 +44,29 @@ class SolverOptions:
     """Give CP-SAT the heuristic (or caller's) assignment as a complete hint."""
     reductions: bool = True
     """Apply the exact reductions of :mod:`solver.reductions` before CP-SAT."""
+    max_model_vars: int = 100_000
+    """Largest reduced problem (Booleans: choices + grouped edge pairs) given to CP-SAT
+    as one model; above it CP-SAT improves the heuristic plan window by window
+    (:mod:`solver.lns`) and the bound comes from :mod:`solver.bounds`.  Measured on
+    2 workers: one model wins below ~60k Booleans, windows above ~150k."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):
-            raise _bad(
-                f"time_limit_s must be a finite number of seconds, got {self.time_limit_s!r}"
-            )
+            raise _bad(f"time_limit_s must be a finite number of seconds, got {self.time_limit_s!r}")
         if self.time_limit_s <= 0:
             raise _bad(f"time_limit_s must be > 0, got {self.time_limit_s}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise _bad(f"workers must be an integer >= 1, got {self.workers!r}")
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not 0 <= self.seed < 2**31
-        ):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             raise _bad(f"seed must be an integer in [0, 2**31), got {self.seed!r}")
         if not isinstance(self.relative_gap, (int, float)) or not 0 <= self.relative_gap < 1:
-            raise _bad(
-                "relative_gap must be in [0, 1) (0.01 = stop within 1 %), "
-                f"got {self.relative_gap!r}"
-            )
+            raise _bad(f"relative_gap must be in [0, 1) (0.01 = stop within 1 %), got {self.relative_gap!r}")
+        if (
+            isinstance(self.max_model_vars, bool)
+            or not isinstance(self.max_model_vars, int)
+            or self.max_model_vars < 0
+        ):
+            raise _bad(f"max_model_vars must be an integer >= 0, got {self.max_model_vars!r}")
         for name in ("deterministic", "log", "use_hint", "reductions"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -55,7 +55,7 @@ log = logging.getLogger("autopar.planner")
 
 MAX_MEMORY_ROUNDS = 6
 TIE_ROUNDS = int(os.environ.get("AUTOPAR_TIE_ROUNDS", "1"))
-TIE_THRESHOLD_OPS = 1500
+TIE_THRESHOLD_OPS = 8000
 """Graphs with more ops are solved with identical layers tied (see :mod:`solver.tying`)."""
 VERIFY_RTOL = 1e-6
 

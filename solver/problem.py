@@ -91,9 +91,7 @@ class Problem:
         self.edges = [(int(u), int(v), np.asarray(m, dtype=np.float64)) for u, v, m in self.edges]
         for row in self.memory_rows:
             row.terms = {int(i): np.asarray(t, dtype=np.float64) for i, t in row.terms.items()}
-            row.edge_terms = {
-                int(e): np.asarray(t, dtype=np.float64) for e, t in row.edge_terms.items()
-            }
+            row.edge_terms = {int(e): np.asarray(t, dtype=np.float64) for e, t in row.edge_terms.items()}
         self.validate()
 
     @property
@@ -109,20 +107,14 @@ class Problem:
         """Check shapes and values; raise :class:`ConfigError` naming the bad part."""
         n = len(self.node_costs)
         if len(self.node_names) != n:
-            raise _bad(
-                f"{len(self.node_names)} node names for {n} node cost vectors; "
-                "give one name per node"
-            )
+            raise _bad(f"{len(self.node_names)} node names for {n} node cost vectors; give one name per node")
         for i, costs in enumerate(self.node_costs):
             if costs.ndim != 1 or costs.size == 0:
                 raise _bad(
-                    f"node {self._name(i)}: costs must be a non-empty 1-D array, "
-                    f"got shape {costs.shape}"
+                    f"node {self._name(i)}: costs must be a non-empty 1-D array, got shape {costs.shape}"
                 )
             if np.isnan(costs).any() or (costs == -np.inf).any():
-                raise _bad(
-                    f"node {self._name(i)}: costs contain NaN or -inf; use +inf to forbid a choice"
-                )
+                raise _bad(f"node {self._name(i)}: costs contain NaN or -inf; use +inf to forbid a choice")
         for e, (u, v, matrix) in enumerate(self.edges):
             if not (0 <= u < n and 0 <= v < n):
                 raise _bad(f"edge {e}: endpoints ({u}, {v}) out of range for {n} nodes")
@@ -137,9 +129,7 @@ class Problem:
         if self.budget_bytes is not None and not (
             math.isfinite(self.budget_bytes) and self.budget_bytes >= 0
         ):
-            raise _bad(
-                f"budget_bytes must be a finite number >= 0 or None, got {self.budget_bytes}"
-            )
+            raise _bad(f"budget_bytes must be a finite number >= 0 or None, got {self.budget_bytes}")
         for r, row in enumerate(self.memory_rows):
             if not math.isfinite(row.constant):
                 raise _bad(f"memory row {row.name!r}: constant must be finite, got {row.constant}")
@@ -150,15 +140,11 @@ class Problem:
                         f"expected a node index < {n} and one value per choice"
                     )
                 if not np.isfinite(t).all() or (t < 0).any():
-                    raise _bad(
-                        f"memory row {row.name!r}: node {self._name(i)} term "
-                        "must be finite and >= 0"
-                    )
+                    raise _bad(f"memory row {row.name!r}: node {self._name(i)} term must be finite and >= 0")
             for e, t in row.edge_terms.items():
                 if not 0 <= e < len(self.edges) or t.shape != self.edges[e][2].shape:
                     raise _bad(
-                        f"memory row {row.name!r}: edge term {e} must name an edge "
-                        "and match its matrix shape"
+                        f"memory row {row.name!r}: edge term {e} must name an edge and match its matrix shape"
                     )
                 if not np.isfinite(t).all() or (t < 0).any():
                     raise _bad(f"memory row {row.name!r}: edge {e} term must be finite and >= 0")
@@ -210,9 +196,7 @@ def evaluate(problem: Problem, choices: Sequence[int]) -> tuple[float, list[floa
     """
     n = problem.num_nodes
     if len(choices) != n:
-        raise PlanError(
-            "bad_choices", f"{len(choices)} choices for {n} nodes; give one choice per node"
-        )
+        raise PlanError("bad_choices", f"{len(choices)} choices for {n} nodes; give one choice per node")
     for i, c in enumerate(choices):
         if not 0 <= c < len(problem.node_costs[i]):
             raise PlanError(

@@ -159,9 +159,7 @@ def reduce_problem(problem: Problem, enabled: Iterable[str] | None = None) -> Re
     names = ALL_REDUCTIONS if enabled is None else frozenset(enabled)
     unknown = names - ALL_REDUCTIONS
     if unknown:
-        raise ValueError(
-            f"unknown reductions {sorted(unknown)}; choose from {sorted(ALL_REDUCTIONS)}"
-        )
+        raise ValueError(f"unknown reductions {sorted(unknown)}; choose from {sorted(ALL_REDUCTIONS)}")
     work = _Work(problem, names)
     work.run()
     return work.result()
@@ -496,9 +494,7 @@ class _Work:
                 out = out + self._oriented_mem(e, r, nbr)
             return out
         (e1, u), (e2, w) = edges
-        out = np.broadcast_to(
-            base[None, :, None], (len(self.cost[u]), len(base), len(self.cost[w]))
-        ).copy()
+        out = np.broadcast_to(base[None, :, None], (len(self.cost[u]), len(base), len(self.cost[w]))).copy()
         if e1 in row.edge_terms:
             out = out + self._oriented_mem(e1, r, u)[:, :, None]
         if e2 in row.edge_terms:
@@ -525,13 +521,9 @@ class _Work:
         best = np.argmax(ok, axis=2)  # [a, c]
         ia, ic = np.meshgrid(np.arange(nu), np.arange(nw), indexing="ij")
         matrix = np.where(needed, total[ia, best, ic], np.inf)
-        new_mems = {
-            r: np.where(needed, m[ia, best, ic], 0.0) for r, m in zip(rows, mems, strict=True)
-        }
+        new_mems = {r: np.where(needed, m[ia, best, ic], 0.0) for r, m in zip(rows, mems, strict=True)}
         new_mems = {r: t for r, t in new_mems.items() if t.any()}
-        table = np.zeros(
-            (len(self.problem.node_costs[u]), len(self.problem.node_costs[w])), dtype=np.int64
-        )
+        table = np.zeros((len(self.problem.node_costs[u]), len(self.problem.node_costs[w])), dtype=np.int64)
         table[np.ix_(self.choices[u], self.choices[w])] = self.choices[x][best]
         self.undo.append(_Chain(x, u, w, table))
         self._remove_node(x)
@@ -627,13 +619,9 @@ class _Work:
         before = problem_size(problem)
         node_ids = sorted(self.cost)
         index = {node: j for j, node in enumerate(node_ids)}
-        edge_ids = sorted(
-            self.edges, key=lambda e: (index[self.edges[e][0]], index[self.edges[e][1]])
-        )
+        edge_ids = sorted(self.edges, key=lambda e: (index[self.edges[e][0]], index[self.edges[e][1]]))
         edge_index = {e: k for k, e in enumerate(edge_ids)}
-        edges = [
-            (index[self.edges[e][0]], index[self.edges[e][1]], self.edges[e][2]) for e in edge_ids
-        ]
+        edges = [(index[self.edges[e][0]], index[self.edges[e][1]], self.edges[e][2]) for e in edge_ids]
         rows = [
             MemoryRow(
                 row.name,

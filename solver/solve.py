@@ -2,14 +2,21 @@
 
 ::
 
-    Problem ─ reduce ─> reduced Problem ─ heuristic ─> hint ─ CP-SAT ─> reduced choices
-                                                                            │
-    Solution <─ verify (evaluate on the ORIGINAL problem) <─ expand (undo stack)
+    Problem ─ reduce ─> reduced Problem ─ heuristic ─> plan that fits (usually)
+                                        ─ diffusion bound (Lagrangian on memory)
+            ─ model small enough?  yes ─> CP-SAT on the whole reduced problem, hinted
+                                   no  ─> CP-SAT on windows (LNS) from the heuristic plan
+            ─ expand (undo stack) ─> verify on the ORIGINAL problem ─> Solution
 
 The objective in :class:`Solution` is always recomputed by :func:`evaluate` on the
-original problem; it must agree with CP-SAT's integer objective (plus the
-seconds folded out by the reductions) within the documented rounding error, and
-every memory row must fit, or :class:`~autopar.errors.VerificationError` is raised.
+original problem; it must agree with the reduced problem's cost plus the seconds
+folded out by the reductions, and with CP-SAT's integer objective within the
+documented rounding error, and every memory row must fit, or
+:class:`~autopar.errors.VerificationError` is raised.
+
+The bound is the best of CP-SAT's bound (minus its rounding error) and the
+diffusion bound, plus the folded seconds; when it meets the objective the
+status is "optimal" whichever search found the plan.
 """
 
 from __future__ import annotations
@@ -17,12 +24,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from autopar.errors import VerificationError
-from solver.cpsat import CpSatResult, solve_cpsat
-from solver.heuristic import HeuristicResult, solve_heuristic
+from solver.bounds import DiffusionBound, reparametrized
+from solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
+from solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
+from solver.lns import WINDOW_TIME_S, window_search
 from solver.options import Progress, ProgressFn, SolverOptions
 from solver.problem import Problem, Solution, evaluate, memory_fits
 from solver.reductions import Reduction, problem_size, reduce_problem
@@ -33,6 +44,32 @@ logger = logging.getLogger("solver")
 
 _FLOAT_RTOL = 1e-9
 """Relative slack between float sums taken in different orders (reduced vs original)."""
+_OPTIMAL_RTOL = 1e-7
+"""A plan within this (relative) of a proven bound is reported "optimal": float noise
+and the last digits a converging bound never reaches."""
+_SHARES = {"model": (0.05, 0.3), "windows": (0.1, 1.0)}
+"""Share of the time limit for (heuristic, dual phase) per strategy.  The dual phase
+stops early once its bound meets the best plan (within ``relative_gap`` for big
+problems, to optimality for small ones) or when diffusion has converged.  On the
+planner's problems the local-polytope LP is nearly tight, so plans decoded from the
+diffusion are near-optimal and the dual phase gets the time: for big problems all
+of it, windows only run once diffusion has converged (on MT5-base tables windows
+never improved a decoded plan; on tiny-gpt the dual phase proves optimality in
+under a second where one CP-SAT model reached a 23 % gap in 50 s)."""
+_DETERMINISTIC_SWEEPS = 320
+_FIRST_CHUNK = 10
+_MAX_CHUNK = 64
+_MAX_ROUNDS = 16
+"""Decode rounds per solve (10 + 20 + 40 + 13 x 64 sweeps at most)."""
+_PRICE_UP = 1.5
+_PRICE_DOWN = 1.25
+_MARGIN_S = 0.3
+"""Kept free before the deadline for the last sweep, expansion and verification."""
+_DECODE_S = 2.0
+_WINDOW_STALL = 8
+"""Windows in a row without a gain before the rest of the time goes to the bound."""
+
+_Report = Callable[..., None]
 
 
 def solve(
@@ -41,7 +78,7 @@ def solve(
     progress: ProgressFn | None = None,
     hint: Sequence[int] | None = None,
 ) -> Solution:
-    """Reductions -> heuristic -> CP-SAT -> expand -> verify.
+    """Reductions -> heuristic -> bound -> CP-SAT (whole or windows) -> expand -> verify.
 
     ``hint`` (one choice per original node, e.g. a cached plan) seeds the
     heuristic; the better of it and the plain heuristic becomes CP-SAT's hint.
@@ -49,6 +86,7 @@ def solve(
     """
     options = options or SolverOptions()
     t0 = time.perf_counter()
+    deadline = t0 + options.time_limit_s
     phases: dict[str, float] = {}
     stats: dict[str, Any] = {"phases_s": phases}
 
@@ -66,62 +104,232 @@ def solve(
     if reduction.infeasible:
         return _finish_infeasible(stats, t0, report)
     reduced = reduction.reduced
+    offset = reduction.offset
+    size = model_size(reduced)
+    strategy = "model" if size <= options.max_model_vars else "windows"
+    stats["model_size"] = size
+    heuristic_share, dual_share = _SHARES[strategy]
 
     # -- heuristic
     report("heuristic")
     start = time.perf_counter()
-    heuristic_budget = math.inf if options.deterministic else min(0.1 * options.time_limit_s, 5.0)
-    best = solve_heuristic(reduced, time_budget_s=heuristic_budget, seed=options.seed)
-    stats["heuristic"] = dict(best.stats)
-    seed = _restricted_hint(problem, reduction, hint, stats)
-    if seed is not None:
-        seeded = solve_heuristic(
-            reduced, start=seed, time_budget_s=heuristic_budget, seed=options.seed
-        )
-        if _better(seeded, best):
-            best = seeded
-            stats["hint"] = "used"
+    best = _heuristic(problem, reduction, hint, options, stats, heuristic_share)
     phases["heuristic"] = time.perf_counter() - start
-    stats["heuristic"].update(cost=best.cost + reduction.offset, feasible=best.feasible)
-    report("heuristic", best.cost + reduction.offset if best.feasible else None)
+    stats["heuristic"].update(cost=best.cost + offset, feasible=best.feasible)
+    report("heuristic", best.cost + offset if best.feasible else None)
 
     # -- nothing left: the reductions solved it
     if reduced.num_nodes == 0:
         stats["cpsat"] = None
-        return _finish(problem, reduction, [], "optimal", None, None, stats, t0, report)
+        return _finish(problem, reduction, [], "optimal", None, -math.inf, stats, t0, report)
 
-    # -- CP-SAT
+    # -- dual: diffusion bound, decoded into plans
+    start = time.perf_counter()
+    dual = _Dual(reduced, best, options)
+    dual.advance(
+        min(deadline - _MARGIN_S, start + dual_share * options.time_limit_s),
+        options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL,
+    )
+    best = dual.best
+    phases["bound"] = time.perf_counter() - start
+    stats["dual"] = dual.stats
+    report("heuristic", best.cost + offset if best.feasible else None, dual.lower + offset)
+    enough = options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL
+    if best.feasible and _relative_gap(best.cost, dual.lower) <= enough:
+        # The bound already meets the plan: within the requested gap for big
+        # problems; proven optimal for ones small enough for one CP-SAT model.
+        stats["strategy"] = "dual"
+        stats["cpsat"] = None
+        stats["source"] = "dual"
+        return _finish(problem, reduction, best.choices, "feasible", None, dual.lower, stats, t0, report)
+
+    # -- search: one model, or windows of the problem
+    if strategy == "windows" and not best.feasible:
+        # Too big for one model and the heuristic found no plan that fits: ask
+        # CP-SAT for any plan that fits (a much smaller model), then windows.
+        start = time.perf_counter()
+        limit = options.time_limit_s if options.deterministic else deadline - start
+        found = find_feasible(reduced, options, best.choices, time_limit_s=max(limit, 0.05))
+        phases["feasibility"] = time.perf_counter() - start
+        stats["feasibility"] = found is not None
+        if found is not None:
+            cost, memory = evaluate(reduced, found)
+            best = HeuristicResult(found, cost, memory, memory_fits(reduced.budget_bytes, memory))
+    if strategy == "windows" and best.feasible:
+        stats["strategy"] = "windows"
+        report("solve", best.cost + offset, dual.lower + offset)
+        start = time.perf_counter()
+        lns = window_search(
+            reduced,
+            best.choices,
+            options,
+            # Deterministic runs count windows instead of watching the clock.
+            deadline=math.inf if options.deterministic else deadline,
+            max_windows=(
+                max(1, int(options.time_limit_s / WINDOW_TIME_S)) if options.deterministic else None
+            ),
+            t0=t0,
+            offset=offset,
+            progress=progress,
+            stall=None if options.deterministic else _WINDOW_STALL,
+        )
+        phases["solve"] = time.perf_counter() - start
+        choices = lns.choices
+        if not options.deterministic and time.perf_counter() < deadline - 2 * _MARGIN_S:
+            # Windows stopped paying off: spend the rest on the dual.
+            start = time.perf_counter()
+            dual.best = HeuristicResult(lns.choices, lns.cost, *_memory_and_fit(reduced, lns.choices))
+            dual.advance(deadline - _MARGIN_S, options.relative_gap)
+            choices = dual.best.choices
+            phases["bound"] += time.perf_counter() - start
+            stats["dual"] = dual.stats
+        stats["cpsat"] = None
+        stats["windows"] = lns.stats
+        stats["source"] = "windows"
+        return _finish(problem, reduction, choices, "feasible", None, dual.lower, stats, t0, report)
+
+    stats["strategy"] = "model"
     result = solve_cpsat(
         reduced,
         options,
         hint=best.choices if options.use_hint else None,
         progress=progress,
-        offset=reduction.offset,
+        offset=offset,
         t0=t0,
+        lower_bound_s=dual.lower,
     )
     phases["build"] = result.stats["build_s"]
     phases["solve"] = result.stats["solve_s"]
     stats["cpsat"] = result.stats
     stats["rounding_error_s"] = result.rounding_error_s
+    lower = dual.lower
+    if math.isfinite(result.bound_s):
+        lower = max(lower, result.bound_s - result.rounding_error_s)
 
-    choices, status, source = _pick(reduced, result, best)
+    picked, status, source = _pick(reduced, result, best)
     stats["source"] = source
-    if choices is None:
+    if picked is None:
         if status == "infeasible":
             return _finish_infeasible(stats, t0, report)
         # Unknown and the heuristic found nothing that fits: return its best effort.
-        choices = best.choices
+        picked = best.choices
     return _finish(
         problem,
         reduction,
-        choices,
+        picked,
         status,
         result if source == "cpsat" else None,
-        result,
+        lower,
         stats,
         t0,
         report,
     )
+
+
+def _heuristic(
+    problem: Problem,
+    reduction: Reduction,
+    hint: Sequence[int] | None,
+    options: SolverOptions,
+    stats: dict[str, Any],
+    share: float,
+) -> HeuristicResult:
+    budget = math.inf if options.deterministic else share * options.time_limit_s
+    best = solve_heuristic(reduction.reduced, time_budget_s=budget, seed=options.seed)
+    stats["heuristic"] = dict(best.stats)
+    seed = _restricted_hint(problem, reduction, hint, stats)
+    if seed is not None:
+        seeded = solve_heuristic(reduction.reduced, start=seed, time_budget_s=budget, seed=options.seed)
+        if _better(seeded, best):
+            best = seeded
+            stats["hint"] = "used"
+    return best
+
+
+class _Dual:
+    """Diffusion runs (without prices and, if memory binds, with the heuristic's
+    prices) whose reparametrised problems are decoded into plans: a greedy pass on
+    the reparametrised costs, then the heuristic's descent on the true costs."""
+
+    def __init__(self, reduced: Problem, best: HeuristicResult, options: SolverOptions) -> None:
+        self.reduced = reduced
+        self.best = best
+        self.options = options
+        self.runs = [DiffusionBound(reduced)]
+        if best.price is not None and math.isfinite(self.runs[0].value):
+            self.runs.append(DiffusionBound(reduced, best.price))
+        self.chunk = _FIRST_CHUNK
+        self.rounds = 0
+        self.decode_s = 0.0
+        """Seconds the last decode took (time kept free for the next one)."""
+        self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": [0] * len(self.runs)}
+
+    @property
+    def lower(self) -> float:
+        return max(run.value for run in self.runs)
+
+    def advance(self, deadline: float, target_gap: float) -> None:
+        """Sweep and decode until ``deadline`` (deterministic: a fixed sweep count),
+        until every run has converged, or until the gap is at most ``target_gap``.
+
+        Decodes follow every chunk of sweeps (10, 20, 40, then every 64); time for
+        one more decode is kept before the deadline; after two rounds only the
+        run with the higher bound goes on."""
+        deterministic = self.options.deterministic
+        while True:
+            live = [r for r in self.runs if not r.converged]
+            if deterministic:
+                live = [r for r in live if r.sweeps < _DETERMINISTIC_SWEEPS]
+            if self.rounds >= _MAX_ROUNDS:
+                break
+            if self.rounds >= 2 and len(live) > 1:
+                live = [max(live, key=lambda r: r.value)]
+            stop = math.inf if deterministic else deadline - 1.5 * self.decode_s
+            now = time.perf_counter()
+            if not live or now >= stop:
+                break
+            for k, run in enumerate(live):
+                share = stop if deterministic else now + (stop - now) * (k + 1) / len(live)
+                run.run(self.chunk, share)
+                self._decode(run, deadline)
+            self.chunk = min(2 * self.chunk, _MAX_CHUNK)
+            self.rounds += 1
+            if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
+                break
+        self.stats["sweeps"] = [r.sweeps for r in self.runs]
+
+    def _decode(self, run: DiffusionBound, deadline: float) -> None:
+        """Greedy on the reparametrised costs, then descent on the true costs; a
+        priced run also moves its prices toward the plan's memory (up where the
+        decoded plan overflows a row, down where it fits)."""
+        if not math.isfinite(run.current):
+            return
+        began = time.perf_counter()
+        raw = greedy_assignment(reparametrized(run))
+        _, memory = evaluate(self.reduced, raw)
+        if run.price.any() and self.reduced.budget_bytes is not None:
+            over = np.array(memory) > self.reduced.budget_bytes
+            floor = float(run.price.max())
+            run.reprice(
+                np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
+            )
+        if self.options.deterministic:
+            budget = math.inf
+        else:
+            budget = max(0.05, min(_DECODE_S, 0.5 * (deadline - time.perf_counter())))
+        candidate = solve_heuristic(self.reduced, start=raw, time_budget_s=budget, seed=self.options.seed)
+        self.stats["decodes"] += 1
+        self.decode_s = time.perf_counter() - began
+        if _better(candidate, self.best):
+            if candidate.price is None:
+                candidate.price = self.best.price
+            self.best = candidate
+            self.stats["improved"] += 1
+
+
+def _memory_and_fit(problem: Problem, choices: list[int]) -> tuple[list[float], bool]:
+    cost, memory = evaluate(problem, choices)
+    return memory, math.isfinite(cost) and memory_fits(problem.budget_bytes, memory)
 
 
 def _better(a: HeuristicResult, b: HeuristicResult) -> bool:
@@ -163,7 +371,7 @@ def _pick(
     return None, "unknown", "heuristic"
 
 
-def _finish_infeasible(stats: dict[str, Any], t0: float, report: Any) -> Solution:
+def _finish_infeasible(stats: dict[str, Any], t0: float, report: _Report) -> Solution:
     report("done")
     return Solution(
         choices=[],
@@ -182,10 +390,10 @@ def _finish(
     reduced_choices: list[int],
     status: str,
     from_cpsat: CpSatResult | None,
-    result: CpSatResult | None,
+    reduced_bound: float,
     stats: dict[str, Any],
     t0: float,
-    report: Any,
+    report: _Report,
 ) -> Solution:
     report("expand")
     start = time.perf_counter()
@@ -196,12 +404,12 @@ def _finish(
     stats["sizes"] = {"before": problem_size(problem), "after": problem_size(reduction.reduced)}
     if status in ("optimal", "feasible"):
         _verify(problem, reduction, reduced_choices, objective, memory, from_cpsat)
-    bound = _bound(objective, status, result, reduction.offset)
-    gap = (
-        0.0
-        if objective <= bound
-        else ((objective - bound) / abs(objective) if objective != 0 else math.inf)
-    )
+    bound = min(objective, reduced_bound + reduction.offset)
+    if status == "feasible" and objective - bound <= _OPTIMAL_RTOL * abs(objective):
+        status = "optimal"  # the bound meets the plan: proven optimal
+    if status == "optimal":
+        bound = objective
+    gap = _relative_gap(objective, bound)
     report("done", objective if math.isfinite(objective) else None, bound)
     return Solution(
         choices=choices,
@@ -214,13 +422,11 @@ def _finish(
     )
 
 
-def _bound(objective: float, status: str, result: CpSatResult | None, offset: float) -> float:
-    if status == "optimal":
-        return objective
-    if result is None or not math.isfinite(result.bound_s):
-        return -math.inf
-    # A valid bound on the float problem: the integer bound minus the rounding slack.
-    return min(objective, result.bound_s + offset - result.rounding_error_s)
+def _relative_gap(objective: float, bound: float) -> float:
+    """``(objective - bound) / objective``; 0 when the bound meets the objective."""
+    if objective <= bound:
+        return 0.0
+    return (objective - bound) / abs(objective) if objective != 0 else math.inf
 
 
 def _verify(

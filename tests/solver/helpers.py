@@ -53,7 +53,7 @@ def brute_force(problem: Problem) -> tuple[float, list[int] | None]:
 
 def min_peak(problem: Problem) -> float:
     """Smallest largest-memory-row over assignments with finite cost (inf if none)."""
-    grid, cost, memory = table(problem)
+    _, cost, memory = table(problem)
     ok = np.isfinite(cost)
     if not ok.any():
         return math.inf
@@ -101,11 +101,7 @@ def problems(
     budget = None
     if memory and draw(st.booleans()):
         for r in range(draw(st.integers(1, 3))):
-            terms = {
-                i: rng.integers(0, 10, size=ks[i]).astype(float)
-                for i in range(n)
-                if rng.random() < 0.6
-            }
+            terms = {i: rng.integers(0, 10, size=ks[i]).astype(float) for i in range(n) if rng.random() < 0.6}
             if rng.random() < 0.3:
                 for i in list(terms)[:1]:
                     terms[i] = np.full(ks[i], float(rng.integers(0, 10)))  # choice-independent

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autopar.errors import AutoparError
-from solver.cpsat import min_feasible_memory, solve_cpsat
+from solver.cpsat import find_feasible, min_feasible_memory, model_size, solve_cpsat
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, evaluate, is_feasible
 from solver.reductions import reduce_problem
@@ -66,25 +66,25 @@ def test_min_feasible_memory_budget_then_fits():
 
 
 def test_large_memory_values_round_conservatively():
-    # Terms near 2**40 bytes force a unit above one byte; odd byte counts are then
-    # rounded up, so the model may refuse a plan that fits by a few bytes, never
-    # accept one that does not.
+    # Terms near 2**40 bytes force a unit above one byte.  Coefficients round up and
+    # the budget rounds down, so the model refuses the two plans that fit within a
+    # few bytes, and never accepts one that overflows.
     big = float(2**40)
-    terms = {0: np.array([big + 3, big - 5]), 1: np.array([big + 1, big + 7])}
+    terms = {0: np.array([big + 3, 5.0]), 1: np.array([big + 1, 7.0])}
     problem = Problem(
         ["a", "b"],
         [np.array([0.0, 1.0]), np.array([0.0, 1.0])],
         [],
-        [MemoryRow("peak", 11.0, terms)],
-        budget_bytes=2 * big + 14,
+        [MemoryRow("peak", 100.0, terms)],
+        budget_bytes=big + 110,
     )
+    assert is_feasible(problem, [0, 1]) and is_feasible(problem, [1, 0])
     result = solve_cpsat(problem, EXACT)
-    assert result.stats["memory_unit_bytes"] > 1
+    assert result.stats["memory_unit_bytes"] == 1024  # about 2**41 variable bytes / 2**31
     assert not result.stats["memory_exact"]
     assert result.status == "optimal"
+    assert result.choices == [1, 1]
     assert is_feasible(problem, result.choices)
-    # (0, 0) needs 2**41 + 15 > budget; (0, 1)... the model must not pick an overflow.
-    assert evaluate(problem, result.choices)[1][0] <= problem.budget_bytes
 
 
 def test_costs_of_very_different_sizes_keep_a_small_rounding_error():
@@ -135,3 +135,33 @@ def test_self_loops_must_be_reduced_first():
     with pytest.raises(AutoparError, match="reductions") as info:
         solve_cpsat(problem, EXACT)
     assert info.value.code == "self_loop"
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(max_nodes=6))
+def test_find_feasible_finds_a_plan_iff_one_fits(problem):
+    problem = _merged(problem)
+    found = find_feasible(problem, EXACT)
+    best, _ = brute_force(problem)
+    if math.isinf(best):
+        assert found is None
+    else:
+        assert found is not None and is_feasible(problem, found)
+
+
+def test_model_size_counts_choices_and_grouped_pairs():
+    matrix = np.array([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])  # 1 row group, 2 column groups
+    problem = Problem(["a", "b"], [np.array([0.0, np.inf]), np.zeros(3)], [(0, 1, matrix)], [], None)
+    assert model_size(problem) == 1 + 3 + (1 * 2 + 1 + 2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems(max_nodes=6))
+def test_a_valid_lower_bound_keeps_the_optimum(problem):
+    problem = _merged(problem)
+    best, _ = brute_force(problem)
+    if math.isinf(best):
+        return
+    result = solve_cpsat(problem, EXACT, lower_bound_s=best)  # the tightest valid bound
+    assert result.status == "optimal"
+    assert abs(evaluate(problem, result.choices)[0] - best) <= 2 * result.rounding_error_s + 1e-9

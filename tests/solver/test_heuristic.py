@@ -30,9 +30,7 @@ def test_result_is_consistent_and_never_below_the_optimum(problem):
 def _random_tree(n, k, seed):
     rng = np.random.default_rng(seed)
     edges = [(int(rng.integers(0, i)), i, rng.uniform(0, 1, (k, k))) for i in range(1, n)]
-    return Problem(
-        [f"op{i}" for i in range(n)], [rng.uniform(0, 1, k) for _ in range(n)], edges, [], None
-    )
+    return Problem([f"op{i}" for i in range(n)], [rng.uniform(0, 1, k) for _ in range(n)], edges, [], None)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -92,3 +90,14 @@ def test_fast_on_10k_nodes_with_40_choices():
     assert result.feasible
     assert elapsed < 20.0
     assert result.cost < result.stats["greedy_cost"]
+
+
+def test_refine_keeps_a_fitting_plan_fitting_and_never_worse():
+    from solver.heuristic import refine
+
+    problem = synthetic_problem(120, 8, seed=8, shape="ladder", budget_fraction=0.5)
+    start = greedy_assignment(problem)
+    assert is_feasible(problem, start)
+    result = refine(problem, start, time_budget_s=2.0)
+    assert result.feasible
+    assert result.cost <= evaluate(problem, start)[0]

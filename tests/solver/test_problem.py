@@ -97,7 +97,5 @@ def test_memory_fits_tolerance_is_relative():
 
 
 def test_edge_terms_count_pairs():
-    p = _two_nodes(
-        memory_rows=[MemoryRow("peak", 1.0, {}, {0: np.arange(6.0).reshape(2, 3)})]
-    )
+    p = _two_nodes(memory_rows=[MemoryRow("peak", 1.0, {}, {0: np.arange(6.0).reshape(2, 3)})])
     assert evaluate(p, [1, 1])[1] == [1.0 + 4.0]

@@ -212,9 +212,7 @@ def test_memory_pass_drops_redundant_rows_and_oversized_choices():
 
 
 def test_infeasible_budget_is_detected():
-    problem = Problem(
-        ["a"], [np.zeros(2)], [], [MemoryRow("peak", 5.0, {0: np.array([2.0, 3.0])})], 6.0
-    )
+    problem = Problem(["a"], [np.zeros(2)], [], [MemoryRow("peak", 5.0, {0: np.array([2.0, 3.0])})], 6.0)
     assert reduce_problem(problem).infeasible
     assert not reduce_problem(problem, ()).infeasible
 

@@ -1,0 +1,77 @@
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver.bounds import diffusion_bound
+from solver.problem import Problem
+from solver.reductions import reduce_problem
+from solver.synthetic import synthetic_problem
+from tests.solver.helpers import brute_force, problems
+
+
+def _trivial(problem: Problem) -> float:
+    return sum(float(c.min()) for c in problem.node_costs) + sum(float(m.min()) for _, _, m in problem.edges)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.lists(st.floats(0, 3), min_size=3, max_size=3))
+def test_bound_never_exceeds_the_optimum(problem, prices):
+    best, _ = brute_force(problem)
+    price = np.array(prices[: len(problem.memory_rows)])
+    for p in (None, price):
+        bound = diffusion_bound(problem, p)
+        if math.isfinite(best):
+            assert bound <= best + 1e-9
+        elif p is None and math.isinf(bound):
+            # inf is only claimed when nothing has a finite cost, whatever the memory
+            assert math.isinf(brute_force(replace(problem, memory_rows=[], budget_bytes=None))[0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems(memory=False))
+def test_bound_improves_on_the_trivial_bound(problem):
+    bound = diffusion_bound(problem)
+    trivial = _trivial(problem)
+    if math.isfinite(trivial):
+        assert bound >= trivial - 1e-9
+
+
+def test_bound_is_tight_on_a_chain():
+    rng = np.random.default_rng(0)
+    problem = Problem(
+        [f"op{i}" for i in range(6)],
+        [rng.uniform(0, 1, 4) for _ in range(6)],
+        [(i, i + 1, rng.uniform(0, 1, (4, 4))) for i in range(5)],
+        [],
+        None,
+    )
+    best, _ = brute_force(problem)
+    assert _trivial(problem) < best - 0.1
+    assert diffusion_bound(problem, max_sweeps=500) == pytest.approx(best, rel=1e-6)
+
+
+def test_memory_prices_raise_the_bound_when_memory_binds():
+    problem = reduce_problem(synthetic_problem(120, 8, seed=1, shape="chain", budget_fraction=0.2)).reduced
+    free = diffusion_bound(problem)
+    unit = np.array([1e-10])
+    priced = max(diffusion_bound(problem, unit * 10**k) for k in range(0, 4))
+    assert priced > free
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(), st.lists(st.floats(0, 3), min_size=3, max_size=3))
+def test_repriced_runs_stay_valid_and_resume(problem, prices):
+    from solver.bounds import DiffusionBound
+
+    best, _ = brute_force(problem)
+    run = DiffusionBound(problem, np.ones(len(problem.memory_rows)))
+    run.run(5)
+    run.reprice(np.array(prices[: len(problem.memory_rows)]))
+    run.run(20)
+    if math.isfinite(best):
+        assert run.value <= best + 1e-9
+        assert run.current <= best + 1e-9
