@@ -408,7 +408,17 @@ class _Work:
             self._restrict(x, ~dominated)
 
     def _fix(self, x: int, local: int) -> None:
-        """Fix ``x`` to its choice ``local`` and fold it into neighbours and rows."""
+        """Fix ``x`` to its choice ``local`` and fold it into neighbours and rows.
+
+        Callers fix ``x`` only when some optimal (or every) assignment uses
+        ``local``; a forbidden (``inf``) cost there means nothing fits at all.
+        An ``inf`` offset would instead vanish from the reduced problem, which
+        could then look feasible, so the problem is marked infeasible.
+        """
+        if not math.isfinite(float(self.cost[x][local])):
+            self.infeasible = True
+            self.counts["infeasible_node"] += 1
+            return
         self.offset_parts.append(float(self.cost[x][local]))
         for nbr, e in list(self.adj[x].items()):
             self.cost[nbr] = self.cost[nbr] + self._oriented(e, x)[local, :]

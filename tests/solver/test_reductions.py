@@ -240,3 +240,21 @@ def test_restrict_maps_original_choices_and_marks_removed_ones():
 def test_unknown_reduction_is_rejected():
     with pytest.raises(ValueError, match="unknown reductions"):
         reduce_problem(_chain(2, 2, 0), {"magic"})
+
+
+def test_singleton_with_forbidden_choice_is_infeasible():
+    # Regression: node 1's only choice is forbidden, so nothing fits.  Fixing it
+    # folded ``inf`` into the offset and left a reduced problem that looked feasible.
+    problem = Problem(
+        ["op0", "op1", "op2"],
+        [np.array([17.0]), np.array([np.inf]), np.array([1.0])],
+        [],
+        [],
+        None,
+    )
+    assert math.isinf(brute_force(problem)[0])
+    reduction = reduce_problem(problem, {"singleton"})
+    assert reduction.infeasible
+    assert reduction.stats["removed"].get("infeasible_node") == 1
+    check_exact(problem, {"singleton"})
+    check_exact(problem, None)
