@@ -2,9 +2,9 @@
 
 ::
 
-    OneFlow nn.Graph --export_job--> Job bytes --import_job--> autopar Graph --planner--> Plan
+    OneFlow nn.Graph --export_job--> Job bytes --import_job--> autopar Graph --request_plan--> Plan
          ^                                   \\--import_plan--> Plan (OneFlow's own SBP)
-         \\---------- apply_plan(module, plan, placement) <----------------------/
+         \\--- apply_plan(module, plan, placement), compile_with_plan(make_graph, plan) <--/
     compiled job --check_fidelity--> share of ops / boxing bytes that follow the plan
 
 Everything that needs OneFlow imports it inside the function, so ``import
@@ -17,18 +17,28 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ApplyReport",
+    "CompileReport",
     "FidelityReport",
     "apply_plan",
     "check_fidelity",
+    "compile_with_plan",
     "export_job",
     "import_job",
     "import_plan",
     "load_job",
     "make_train_graph",
+    "pin_plan",
+    "request_plan",
 ]
 
 _LAZY = {
+    "ApplyReport": "autopar.oneflow.apply",
+    "CompileReport": "autopar.oneflow.apply",
     "FidelityReport": "autopar.oneflow.apply",
+    "compile_with_plan": "autopar.oneflow.apply",
+    "pin_plan": "autopar.oneflow.apply",
+    "request_plan": "autopar.oneflow.planning",
     "apply_plan": "autopar.oneflow.apply",
     "check_fidelity": "autopar.oneflow.apply",
     "export_job": "autopar.oneflow.jobs",

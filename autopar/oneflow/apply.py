@@ -19,7 +19,10 @@
    ``nn.Graph`` with identity *probes* on every module input and output: a
    probe's input blob names the tensor.  The real build then compares
    ``tensor.sbp`` (OneFlow's inference so far) with the plan at the same
-   boundaries and adds a hint only where they differ.  Ops are matched between
+   boundaries and adds a hint only where they differ.  The probe build also
+   runs the backward, with tensor hooks probing the gradient that arrives at
+   each module output; in the real build a hook lays that gradient out as the
+   plan's backward ops produce it.  Ops are matched between
    builds by op key (:func:`autopar.oneflow.convert.op_keys`), which hints and
    probes do not disturb.
 
@@ -50,10 +53,13 @@ from autopar.sbp import B, Broadcast, NdSbp, P, SbpValue, Split
 
 __all__ = [
     "ApplyReport",
+    "CompileReport",
     "FidelityReport",
     "apply_plan",
     "check_fidelity",
+    "compile_with_plan",
     "from_flow_sbp",
+    "pin_plan",
     "plan_input_sbps",
     "remove_hints",
     "to_flow_sbp",
@@ -163,7 +169,8 @@ class FidelityReport:
 
     def summary(self, limit: int = 10) -> str:
         lines = [
-            f"fidelity: {self.ops_matched}/{self.ops_total} ops follow the plan ({100 * self.op_share:.1f}%), "
+            f"fidelity: {self.ops_matched}/{self.ops_total} ops follow the plan "
+            f"({100 * self.op_share:.1f}%), "
             f"{100 * self.boxing_share:.1f}% of planned boxing bytes "
             f"({self.boxing_bytes_matched / 2**20:.2f} of {self.boxing_bytes_total / 2**20:.2f} MiB)"
         ]
@@ -265,6 +272,7 @@ class _Hinter:
         self.graph_attr = graph_attr
         self.report = report
         self.mode = "off"
+        self.job = ""
         self.calls: dict[str, int] = {}
         self.probes: dict[tuple[str, int, str, int], str] = {}  # boundary -> probe op name
         self.wanted: dict[tuple[str, int, str, int], NdSbp] = {}
@@ -278,6 +286,11 @@ class _Hinter:
         self.calls = {}
 
     def next_call(self, path: str) -> int:
+        flow = _require_oneflow()
+        job = flow._oneflow_internal.JobBuildAndInferCtx_GetCurrentJobName()
+        if job != self.job:  # a new nn.Graph is being built: count calls afresh
+            self.job = job
+            self.calls = {}
         n = self.calls.get(path, 0)
         self.calls[path] = n + 1
         return n
@@ -295,6 +308,22 @@ class _Hinter:
         job = job_pb2.Job()
         job.ParseFromString(flow._oneflow_internal.GetSerializedCurrentJob())
         self.probes[boundary] = job.net.op[-1].name
+
+    def grad_probe(self, boundary: tuple[str, int, str, int]) -> Callable[[Any], None]:
+        """A tensor hook that probes the gradient arriving at a module output."""
+
+        def hook(grad: Any) -> None:
+            self.probe(boundary, grad)
+
+        return hook
+
+    def grad_hint(self, boundary: tuple[str, int, str, int]) -> Callable[[Any], Any]:
+        """A tensor hook that lays the gradient arriving at a module output out as planned."""
+
+        def hook(grad: Any) -> Any:
+            return self.hint(boundary, grad)
+
+        return hook
 
     def finish_probe(self, job: Any) -> None:
         """Turn the probes of a built job into the planned SBP at each boundary."""
@@ -316,7 +345,7 @@ class _Hinter:
             if lbn is None:
                 continue
             path, _, kind, _ = boundary
-            if kind == "out":
+            if kind in ("out", "grad"):
                 producer, port = lbn.split("/", 1)
                 plan_op = self.plan_by_key.get(keys.get(producer, ""))
                 if plan_op is not None and port in self.plan.ports[plan_op][1]:
@@ -344,9 +373,8 @@ class _Hinter:
         if current == wanted:
             return tensor
         path, call, kind, index = boundary
-        self.report.hints.append(
-            f"{self.scope(path)}[{call}]: {'output' if kind == 'out' else 'input'} {index} {current} -> {wanted}"
-        )
+        what = {"out": "output", "in": "input", "grad": "gradient of output"}[kind]
+        self.report.hints.append(f"{self.scope(path)}[{call}]: {what} {index} {current} -> {wanted}")
         return tensor.to_global(placement=tensor.placement, sbp=to_flow_sbp(wanted))
 
 
@@ -366,13 +394,23 @@ def _wrap(module: Any, path: str, hinter: _Hinter) -> None:
             out = original(self, *args, **kwargs)
             for n, t in enumerate(_flatten(out, is_tensor)):
                 hinter.probe((path, call, "out", n), t)
+                if t.requires_grad:
+                    t.register_hook(hinter.grad_probe((path, call, "grad", n)))
             return out
         new_args = list(args)
         for n, i in enumerate(tensors_in):
             new_args[i] = hinter.hint((path, call, "in", n), args[i])
         out = original(self, *new_args, **kwargs)
         counter = iter(range(1 << 30))
-        return _rebuild(out, is_tensor, lambda t: hinter.hint((path, call, "out", next(counter)), t))
+
+        def hint_output(t: Any) -> Any:
+            n = next(counter)
+            t = hinter.hint((path, call, "out", n), t)
+            if t.requires_grad and (path, call, "grad", n) in hinter.wanted:
+                t.register_hook(hinter.grad_hint((path, call, "grad", n)))
+            return t
+
+        return _rebuild(out, is_tensor, hint_output)
 
     setattr(module, _ORIGINAL, original)
     module.forward = types.MethodType(forward, module)
@@ -395,6 +433,7 @@ def apply_plan(
     graph_attr: str = "model",
     prefix: str | None = None,
     copy_values: bool = True,
+    backward_hints: bool = True,
 ) -> ApplyReport:
     """Lay out ``module``'s parameters as ``plan`` says and install activation hints.
 
@@ -408,6 +447,9 @@ def apply_plan(
     variable ops (default: the unique variable whose name ends with the
     parameter's).  ``copy_values=False`` allocates the laid-out parameters
     without copying values (enough to build and export a job).
+    ``backward_hints`` (for modules whose forward returns the loss) also lays
+    out, with tensor hooks, the gradient arriving at each module output as the
+    plan's backward ops produce it.
 
     Call it before creating the optimizer.  Returns an :class:`ApplyReport`;
     its ``hints`` list fills in while the training graph builds.
@@ -420,24 +462,186 @@ def apply_plan(
     if example_inputs is None:
         return report
     hinter = _Hinter(plan, graph_attr, report)
+    remove_hints(module)  # a module applied twice follows the latest plan
     for path, sub in module.named_modules():
-        if not hasattr(sub, _ORIGINAL):
-            _wrap(sub, path, hinter)
+        _wrap(sub, path, hinter)
+
+    trainable = [p for p in module.parameters() if p.requires_grad]
 
     class Probe(flow.nn.Graph):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
             super().__init__()
             setattr(self, graph_attr, module)
+            if trainable and backward_hints:
+                self.add_optimizer(flow.optim.SGD(trainable, lr=0.0))
 
         def build(self, *inputs: Any) -> Any:
-            return getattr(self, graph_attr)(*inputs)
+            out = getattr(self, graph_attr)(*inputs)
+            if trainable and backward_hints:
+                out.backward()
+            return out
 
     hinter.start_build("probe")
     probe = Probe()
     probe.build_graph(*example_inputs)
+    _clear_lazy_grads(probe)  # the probe's backward left lazy gradients on the leaves
     hinter.finish_probe(probe._full_job_proto)
     hinter.start_build("hint")
     return report
+
+
+# ------------------------------------------------------------------ pinning
+
+
+def _nd_sbp_message(sbp: NdSbp) -> Any:
+    from oneflow.core.job import sbp_parallel_pb2
+
+    msg = sbp_parallel_pb2.NdSbp()
+    for v in sbp:
+        part = msg.sbp_parallel.add()
+        if isinstance(v, Split):
+            part.split_parallel.axis = v.dim
+        elif isinstance(v, Broadcast):
+            part.broadcast_parallel.SetInParent()
+        else:
+            part.partial_sum_parallel.SetInParent()
+    return msg
+
+
+def pin_plan(
+    graph: Any,
+    plan: Plan | dict[str, Any],
+    *,
+    skip_types: Sequence[str] = ("constant",),
+    skip_partial_types: Sequence[str] = (),
+) -> int:
+    """Write the plan's N-D SBP of every op into a built, not yet compiled ``nn.Graph``'s job.
+
+    OneFlow compiles the job with the signatures it records
+    (``job_parallel_view_conf``) and inserts the boxing between producers and
+    consumers that disagree, so a pinned job follows the plan op by op, not only
+    at module boundaries.  Ops are matched by op key; ports the plan does not
+    have (an optimizer's learning rate ...) and ops of ``skip_types`` (folded
+    constants, whose inputs the plan does not see), and ops of
+    ``skip_partial_types`` whose planned signature has a ``P``, keep OneFlow's
+    choice.
+    Returns the number of ops pinned.  Call after ``build_graph`` and
+    :func:`apply_plan`, before ``finish_complie_and_init_runtime``.
+    """
+    from autopar.oneflow.importer import import_job
+
+    if isinstance(plan, dict):
+        plan = Plan.from_dict(plan)
+    job = graph._full_job_proto
+    if job is None:
+        raise PlanError("not_built", "build the graph (graph.build_graph(*inputs)) before pinning a plan")
+    imported = import_job(job, zero_stage=plan.zero_stage)
+    job_keys = op_keys(op.name for op in imported.ops)
+    plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
+    conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+    pinned = 0
+    for op in imported.ops:
+        name = plan_by_key.get(job_keys[op.name])
+        if name is None or op.type in skip_types or op.name not in conf:
+            continue
+        sig = plan.signatures[name]
+        if op.type in skip_partial_types and any(s.has_partial for s in (*sig.inputs, *sig.outputs)):
+            continue
+        by_port = conf[op.name].bn_in_op2nd_sbp
+        ins, outs = plan.ports[name]
+        if set(ins) != set(op.inputs) or set(outs) != set(op.outputs):
+            continue  # the ops differ in structure (e.g. an add_n of other arity): not the same op
+        for ports, sbps in ((ins, sig.inputs), (outs, sig.outputs)):
+            for port, sbp in zip(ports, sbps):
+                if port in by_port:
+                    by_port[port].CopyFrom(_nd_sbp_message(sbp))
+        pinned += 1
+    graph._full_graph_proto = job
+    return pinned
+
+
+def _clear_lazy_grads(graph: Any) -> None:
+    """Drop the lazy gradients a graph build left on its modules' parameters (before rebuilding)."""
+    flow = _require_oneflow()
+    for block in graph._blocks.values():
+        module = block.to(flow.nn.Module)
+        if isinstance(module, flow.nn.Module):
+            for param in module.parameters():
+                param.grad = None
+
+
+@dataclass
+class CompileReport:
+    """What :func:`compile_with_plan` did."""
+
+    attempts: int
+    pinned_ops: int
+    rejected: list[str]
+    """``type`` (all its ops) or ``type with P`` (its ops planned with a partial sum) whose
+    planned signatures OneFlow refused: left to OneFlow's inference"""
+    fidelity: FidelityReport | None = None
+
+
+_REJECTED_RE = re.compile(r"Empty sbp signature after filtering for (\S+)")
+
+
+def compile_with_plan(
+    make_graph: Callable[[], Any],
+    plan: Plan | dict[str, Any],
+    *inputs: Any,
+    max_attempts: int = 8,
+    check: bool = True,
+) -> tuple[Any, CompileReport]:
+    """Build ``make_graph()`` on ``inputs``, pin ``plan`` into it, compile it; return it compiled.
+
+    OneFlow rejects a pinned signature that is not among its own candidates for
+    the op ("Empty sbp signature after filtering for OP"); the graph is then
+    rebuilt without pinning the ops of that type planned with a ``P`` (if the
+    refused one had one; else all ops of that type), which keep OneFlow's
+    inference, and compiled again, up to ``max_attempts`` times.  ``make_graph`` returns a
+    fresh, unbuilt ``nn.Graph`` (for example ``lambda: make_train_graph(module,
+    optimizer)`` after :func:`apply_plan`).  With ``check`` the report carries
+    :func:`check_fidelity` of the compiled job.
+    """
+    from autopar.oneflow.importer import import_job
+
+    if isinstance(plan, dict):
+        plan = Plan.from_dict(plan)
+    whole: list[str] = []
+    partial: list[str] = []
+    for attempt in range(1, max_attempts + 1):
+        graph = make_graph()
+        graph.build_graph(*inputs)
+        imported = import_job(graph._full_job_proto, zero_stage=plan.zero_stage)
+        types_by_op = {op.name: op.type for op in imported.ops}
+        plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
+        job_keys = op_keys(op.name for op in imported.ops)
+        pinned = pin_plan(graph, plan, skip_types=("constant", *whole), skip_partial_types=partial)
+        try:
+            graph.finish_complie_and_init_runtime()
+        except RuntimeError as exc:
+            found = _REJECTED_RE.search(str(exc))
+            if found is None or attempt == max_attempts:
+                raise
+            refused = found.group(1)
+            op_type = types_by_op.get(refused)
+            if op_type is None or op_type in whole:
+                raise
+            planned = plan.signatures.get(plan_by_key.get(job_keys.get(refused, ""), ""))
+            with_p = planned is not None and any(s.has_partial for s in (*planned.inputs, *planned.outputs))
+            if with_p and op_type not in partial:
+                partial.append(op_type)
+            else:
+                whole.append(op_type)
+            _clear_lazy_grads(graph)
+            continue
+        report = CompileReport(attempt, pinned, [*whole, *(f"{t} with P" for t in partial if t not in whole)])
+        if check:
+            report.fidelity = check_fidelity(graph, plan)
+        return graph, report
+    raise PlanError(
+        "pin_failed", f"OneFlow refused the plan after {max_attempts} attempts"
+    )  # pragma: no cover
 
 
 # ------------------------------------------------------------------ fidelity
@@ -447,7 +651,8 @@ def _job_of(source: Any, inputs: Sequence[Any]) -> Any:
     if hasattr(source, "build_graph") and hasattr(source, "_full_job_proto"):
         if source._full_job_proto is None:
             source.build_graph(*inputs)
-        return source._full_job_proto
+        compiled = getattr(source, "_compiled_job_proto", None)
+        return compiled if compiled is not None else source._full_job_proto
     return load_job(source)
 
 
@@ -455,7 +660,8 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
     """Compare the N-D SBP OneFlow chose in ``graph``'s job with ``plan``.
 
     ``graph`` is an ``nn.Graph`` (built here on ``inputs`` if it is not built
-    yet), a OneFlow ``Job``, its bytes or a ``.pb`` path.  Plan ops are matched
+    yet; its compiled job once compiled, else its built job), a OneFlow
+    ``Job``, its bytes or a ``.pb`` path.  Plan ops are matched
     to job ops by op key; ops and ports the job lacks count as mismatches.
     Boxing bytes are those the plan itself schedules (producer output SBP !=
     consumer input SBP), ring bytes per device from :mod:`autopar.boxing`; a
@@ -471,7 +677,8 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
     if tuple(compiled_graph.meta["mesh_shape"]) != tuple(plan.mesh.shape):
         raise PlanError(
             "mesh_mismatch",
-            f"the job runs on mesh {compiled_graph.meta['mesh_shape']} but the plan is for {list(plan.mesh.shape)}",
+            f"the job runs on mesh {compiled_graph.meta['mesh_shape']} "
+            f"but the plan is for {list(plan.mesh.shape)}",
         )
     compiled = import_plan(job, graph=compiled_graph, cluster=plan.mesh.cluster, zero_stage=plan.zero_stage)
     plan_key = op_keys(plan.signatures)
@@ -515,7 +722,10 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
             if port not in plan.ports[consumer_plan][0]:
                 continue
             src_op, src_port = producer[tensor]
-            while plan_by_key.get(job_key[src_op]) is None and len(compiled_graph.op_by_name[src_op].inputs) == 1:
+            while (
+                plan_by_key.get(job_key[src_op]) is None
+                and len(compiled_graph.op_by_name[src_op].inputs) == 1
+            ):
                 (upstream,) = compiled_graph.op_by_name[src_op].inputs.values()
                 src_op, src_port = producer[upstream]
             producer_plan = plan_by_key.get(job_key[src_op])
@@ -531,10 +741,6 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
             if not math.isfinite(moved):
                 moved = float(spec.nbytes)
             total_bytes += moved
-            if (
-                compiled.output_sbp(src_op, src_port) == src
-                and compiled.input_sbp(op.name, port) == dst
-            ):
+            if compiled.output_sbp(src_op, src_port) == src and compiled.input_sbp(op.name, port) == dst:
                 matched_bytes += moved
     return FidelityReport(len(plan.signatures), matched, total_bytes, matched_bytes, mismatches, missing)
-

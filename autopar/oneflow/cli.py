@@ -38,7 +38,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"{args.job}: {graph.meta['oneflow']['op_count']} OneFlow ops -> {len(graph.ops)} ops "
         f"({', '.join(f'{n} {r}' for r, n in sorted(roles.items()))}), {len(graph.tensors)} tensors, "
-        f"{len(graph.variables)} variables; mesh {graph.meta['mesh_shape']}, ZeRO-{graph.meta['zero_stage']}; "
+        f"{len(graph.variables)} variables; mesh {graph.meta['mesh_shape']}, "
+        f"ZeRO-{graph.meta['zero_stage']}; "
         f"dropped {dropped}; {wall:.2f} s -> {args.out}\n"
     )
     return 0
@@ -83,7 +84,9 @@ def add_oneflow_commands(subparsers: Any) -> dict[str, Callable[[argparse.Namesp
     p.add_argument("--out", required=True, help="plan JSON to write")
     p.add_argument("--cluster", default=None, help="NODESxDEVICES to cost on (default: one node)")
     p.add_argument("--preset", default="a100-40g", choices=sorted(PRESETS))
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None, help="ZeRO stage (default: the job's)")
+    p.add_argument(
+        "--zero", type=int, choices=[0, 1, 2, 3], default=None, help="ZeRO stage (default: the job's)"
+    )
     p.add_argument("--graph-out", default=None, help="also write the imported graph here")
     p.add_argument("--no-evaluate", action="store_true", help="do not attach autopar's evaluation")
     handlers["import-plan"] = _cmd_import_plan

@@ -131,7 +131,10 @@ def parallel_size(device_names: Iterable[str]) -> int:
     return total
 
 
-_OP_NAME_RE = re.compile(r"^(?P<scope>.*)-(?P<type>[A-Za-z0-9_]+)-(?P<counter>\d+)$")
+_OP_NAME_RE = re.compile(r"^(?:(?P<scope>.*)-)?(?P<type>[A-Za-z0-9_]+)-(?P<counter>\d+)$")
+
+
+_INTERFACE_RE = re.compile(r"^_.+_\d+_(?P<kind>input|output)\.(?P<arg>[0-9.]+)_\d+$")
 
 
 def op_key_parts(name: str) -> tuple[str, str] | None:
@@ -139,7 +142,7 @@ def op_key_parts(name: str) -> tuple[str, str] | None:
     m = _OP_NAME_RE.match(name)
     if m is None:
         return None
-    return m.group("scope"), m.group("type")
+    return m.group("scope") or "", m.group("type")
 
 
 def op_keys(names: Iterable[str], skip: Iterable[str] = ()) -> dict[str, str]:
@@ -147,7 +150,9 @@ def op_keys(names: Iterable[str], skip: Iterable[str] = ()) -> dict[str, str]:
 
     ``model.l1-matmul-7`` becomes ``model.l1-matmul#0`` if it is the first
     ``matmul`` named in scope ``model.l1``; names without OneFlow's
-    ``-{type}-{counter}`` suffix (variables, system ops) are their own key.
+    ``-{type}-{counter}`` suffix (variables, system ops) are their own key,
+    except ``nn.Graph``'s input and output ops (``_TrainGraph_0_input.0.1_3``),
+    which are keyed by argument (``input:0.1``) since they carry the graph's name.
     Names in ``skip`` (ops this bridge inserted) get no key and are not counted.
     """
     skipped = set(skip)
@@ -155,6 +160,10 @@ def op_keys(names: Iterable[str], skip: Iterable[str] = ()) -> dict[str, str]:
     keys: dict[str, str] = {}
     for name in names:
         if name in skipped:
+            continue
+        interface = _INTERFACE_RE.match(name)
+        if interface is not None:  # nn.Graph I/O ops carry the graph's name: key by argument
+            keys[name] = f"{interface.group('kind')}:{interface.group('arg')}"
             continue
         parts = op_key_parts(name)
         if parts is None:

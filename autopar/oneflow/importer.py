@@ -28,11 +28,17 @@ What the import removes, and why (all recorded in ``graph.meta["oneflow"]``):
 * ZeRO's ``System-ZeRO-ParallelCast-*`` ops, which pin a variable's layout for
   the forward pass: their consumers read the variable directly, so the plan
   chooses that layout; the pinned layout is kept in
-  ``meta["oneflow"]["zero_layouts"]``.
+  ``meta["oneflow"]["zero_layouts"]``;
+* ``identity`` ops whose input is a parameter (a model reads parameters so to
+  keep OneFlow from boxing a variable's own buffer): consumers read the
+  parameter.
 
-Other ops with no data dependence on the model or the inputs (``arange`` and the
-relative-position bucket arithmetic, constants) are kept when a kept op reads
-them and dropped otherwise.
+Ops with no data dependence on the model or the inputs (``arange`` and the
+relative-position bucket arithmetic, masks, constants) compute the same value
+whatever the plan; OneFlow computes them replicated.  The ones whose outputs a
+data-dependent op reads are kept as inputless ops (same name and outputs; type
+``constant`` with ``attrs["folded_type"]`` when they had inputs), the ops
+feeding them are dropped (``meta["oneflow"]["dropped"]["constant_input"]``).
 
 Roles: ops downstream of the loss-gradient seed (``train_conf.loss_grad_lbn``)
 are backward; optimizer update ops (they read ``model_0`` and ``model_diff_0``)
@@ -57,7 +63,12 @@ __all__ = ["OPTIMIZER_MODEL_PORTS", "import_job", "job_mesh_shape"]
 OPTIMIZER_MODEL_PORTS = ("model_0", "model_diff_0")
 """Ports of an optimizer update op that the import keeps (parameter and gradient)."""
 
-_NON_USER_TYPES = {"variable_conf": "variable", "input_conf": "input", "output_conf": "output", "return_conf": "output"}
+_NON_USER_TYPES = {
+    "variable_conf": "variable",
+    "input_conf": "input",
+    "output_conf": "output",
+    "return_conf": "output",
+}
 _ZERO_CAST_PREFIX = "System-ZeRO-"
 
 
@@ -144,7 +155,9 @@ def _read_system_op(op: Any, kind: str, lbns: set[str], outputs_by_op: dict[str,
     if kind == "variable_conf":
         attrs = {
             "shape": [int(d) for d in conf.shape.dim],
-            "dtype": _dtype_or_raw(conf.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[conf.data_type].name),
+            "dtype": _dtype_or_raw(
+                conf.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[conf.data_type].name
+            ),
             "trainable": bool(conf.trainable),
             "nd_sbp": list(conf.nd_sbp),
         }
@@ -187,11 +200,19 @@ def _descendants(starts: Iterable[str], consumers: dict[str, list[str]]) -> set[
     return seen
 
 
-def import_job(job: Any, *, name: str | None = None, zero_stage: int | None = None) -> Graph:
+def import_job(
+    job: Any,
+    *,
+    name: str | None = None,
+    zero_stage: int | None = None,
+    bypass_parameter_identities: bool = True,
+) -> Graph:
     """Import a OneFlow ``Job`` (message, serialized bytes or ``.pb`` path) as a validated :class:`Graph`.
 
     ``zero_stage`` overrides the ZeRO stage recorded in ``meta`` (OneFlow's job
     only says whether ZeRO is on; it is recorded as stage 2, OneFlow's default).
+    ``bypass_parameter_identities`` makes ``identity`` ops that only re-read a
+    parameter transparent (the example models read parameters so on CPU).
     Raises :class:`~autopar.errors.GraphError` naming the op or blob when the job
     cannot be represented (unknown dtype, blob without a descriptor).
     """
@@ -237,16 +258,39 @@ def import_job(job: Any, *, name: str | None = None, zero_stage: int | None = No
     for r in kept:
         r.inputs = {p: rename.get(t, t) for p, t in r.inputs.items()}
 
+    # 1b. identities that only re-read a parameter (what a model does so that OneFlow
+    #     boxes a copy, not the variable's own buffer): consumers read the parameter.
+    variable_lbns = {
+        lbn
+        for r in kept
+        if r.kind == "variable_conf" and not r.name.startswith("System-")
+        for lbn in r.outputs.values()
+    }
+    if bypass_parameter_identities:
+        for r in kept:
+            if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
+                (src,) = r.inputs.values()
+                if src in variable_lbns:
+                    rename[next(iter(r.outputs.values()))] = src
+                    dropped["parameter_identity"].append(r.name)
+        if dropped["parameter_identity"]:
+            gone = set(dropped["parameter_identity"])
+            kept = [r for r in kept if r.name not in gone]
+            for r in kept:
+                r.inputs = {p: rename.get(t, t) for p, t in r.inputs.items()}
+
     # 2. optimizer update ops keep only the parameter and its gradient.
-    update_ops = {r.name for r in kept if r.kind == "user_conf" and all(p in r.inputs for p in OPTIMIZER_MODEL_PORTS)}
+    update_ops = {
+        r.name for r in kept if r.kind == "user_conf" and all(p in r.inputs for p in OPTIMIZER_MODEL_PORTS)
+    }
     state_candidates: dict[str, int] = defaultdict(int)
     for upd in update_ops:
         r = by_name[upd]
         extra = [p for p in r.inputs if p not in OPTIMIZER_MODEL_PORTS]
         for p in extra:
-            src = producer.get(r.inputs[p])
-            if src is not None and by_name[src].kind == "variable_conf" and src not in trainable:
-                state_candidates[src] += 1
+            state = producer.get(r.inputs[p])
+            if state is not None and by_name[state].kind == "variable_conf" and state not in trainable:
+                state_candidates[state] += 1
         if extra:
             dropped_ports[upd] = extra
             r.inputs = {p: t for p, t in r.inputs.items() if p in OPTIMIZER_MODEL_PORTS}
@@ -255,34 +299,49 @@ def import_job(job: Any, *, name: str | None = None, zero_stage: int | None = No
     consumers_of: dict[str, list[str]] = defaultdict(list)
     for r in kept:
         for t in r.inputs.values():
-            src = producer.get(t)
-            if src is not None:
-                consumers_of[src].append(r.name)
+            maker = producer.get(t)
+            if maker is not None:
+                consumers_of[maker].append(r.name)
     for var in state_candidates:
         if not consumers_of.get(var):
             dropped["optimizer_state"].append(var)
     kept = [r for r in kept if r.name not in set(dropped["optimizer_state"])]
 
-    # 4. ops with no data dependence on the model or the data, read by nothing kept.
+    # 4. ops with no data dependence on the model or the data: those a kept op reads
+    #    become inputless `constant` ops (same name and outputs); the rest are dropped.
     sources = [
         r.name
         for r in kept
-        if r.kind == "input_conf"
-        or (r.kind == "variable_conf" and not r.name.startswith("System-"))
+        if r.kind == "input_conf" or (r.kind == "variable_conf" and not r.name.startswith("System-"))
     ]
     dependent = _descendants(sources, consumers_of)
-    needed: set[str] = set(n for n in (r.name for r in kept) if n in dependent)
-    queue = deque(needed)
-    while queue:
-        for t in by_name[queue.popleft()].inputs.values():
-            src = producer.get(t)
-            if src is not None and src not in needed:
-                needed.add(src)
-                queue.append(src)
+    kept_names = {r.name for r in kept}
+    frontier: set[str] = set()
     for r in kept:
-        if r.name not in needed:
-            dropped["system"].append(r.name)
-    kept = [r for r in kept if r.name in needed]
+        if r.name in dependent:
+            for t in r.inputs.values():
+                maker = producer.get(t)
+                if maker is not None and maker in kept_names and maker not in dependent:
+                    frontier.add(maker)
+    folded_into: set[str] = set()
+    folded: list[str] = []
+    for r in kept:
+        if r.name in frontier and r.inputs:
+            queue = deque(producer[t] for t in r.inputs.values() if t in producer)
+            while queue:
+                up = queue.popleft()
+                if up not in folded_into:
+                    folded_into.add(up)
+                    queue.extend(producer[t] for t in by_name[up].inputs.values() if t in producer)
+            r.attrs = {"folded_type": r.type}
+            r.type = "constant"
+            r.inputs = {}
+            folded.append(r.name)
+    keep = dependent | frontier
+    for r in kept:
+        if r.name not in keep:
+            dropped["constant_input" if r.name in folded_into else "system"].append(r.name)
+    kept = [r for r in kept if r.name in keep]
 
     # 5. roles.
     consumers_kept: dict[str, list[str]] = defaultdict(list)
@@ -323,14 +382,16 @@ def import_job(job: Any, *, name: str | None = None, zero_stage: int | None = No
 
     ops: list[Op] = []
     for r in kept:
-        role = Role.OPTIMIZER if r.name in optimizer else Role.BACKWARD if r.name in backward else Role.FORWARD
+        role = (
+            Role.OPTIMIZER if r.name in optimizer else Role.BACKWARD if r.name in backward else Role.FORWARD
+        )
         ops.append(Op(r.name, r.type, dict(r.inputs), dict(r.outputs), r.attrs, role))
 
     update_of_var: dict[str, str] = {}
     for upd in update_ops:
-        src = producer.get(by_name[upd].inputs["model_0"])
-        if src is not None:
-            update_of_var[src] = upd
+        param_op = producer.get(by_name[upd].inputs["model_0"])
+        if param_op is not None:
+            update_of_var[param_op] = upd
     variables: list[Variable] = []
     for r in kept:
         if r.kind != "variable_conf" or r.name.startswith("System-"):
@@ -358,6 +419,7 @@ def import_job(job: Any, *, name: str | None = None, zero_stage: int | None = No
             "tensor_count": len(lbns),
             "dropped": {k: sorted(v) for k, v in sorted(dropped.items())},
             "dropped_ports": dropped_ports,
+            "folded_to_constant": sorted(folded),
             "zero_layouts": {
                 var: str(nd_sbp_from_strings(v, len(mesh_shape))) for var, v in sorted(zero_layouts.items())
             },

@@ -112,13 +112,11 @@ def load_job(job: Any) -> Any:
         message = job_pb2.Job()
         try:
             message.ParseFromString(bytes(job))
-        except DecodeError as exc:
+        except (DecodeError, SystemError) as exc:  # protobuf's C++ backend wraps DecodeError
             raise GraphError(
                 "bad_job", f"not a OneFlow Job protobuf ({exc}); export it with graph._full_job_proto"
             ) from None
         if not message.net.op:
             raise GraphError("bad_job", "the OneFlow job has no ops; build the graph before exporting it")
         return message
-    raise GraphError(
-        "bad_job", f"expected a OneFlow Job, its bytes or a file path, got {type(job).__name__}"
-    )
+    raise GraphError("bad_job", f"expected a OneFlow Job, its bytes or a file path, got {type(job).__name__}")

@@ -61,7 +61,16 @@ def request_plan(
     mesh = ",".join(str(int(s)) for s in mesh_shape)
     common = ["--cluster", cluster, "--preset", preset, "--mesh-shape", mesh, "--zero", str(zero_stage)]
     if planner == "solver":
-        args = ["plan", graph_path, *common, "--time-limit", str(time_limit_s), "--no-progress", "--out", out_path]
+        args = [
+            "plan",
+            graph_path,
+            *common,
+            "--time-limit",
+            str(time_limit_s),
+            "--no-progress",
+            "--out",
+            out_path,
+        ]
         if memory:
             args += ["--memory", memory]
     elif planner in BASELINE_PLANNERS:

@@ -102,7 +102,9 @@ def import_plan(
     graph = graph if graph is not None else import_job(job)
     shape = tuple(int(s) for s in graph.meta.get("mesh_shape") or ())
     if not shape:
-        raise PlanError("no_mesh", "the graph does not record the mesh it was built on; import it from a OneFlow job")
+        raise PlanError(
+            "no_mesh", "the graph does not record the mesh it was built on; import it from a OneFlow job"
+        )
     size = 1
     for s in shape:
         size *= s
@@ -111,7 +113,8 @@ def import_plan(
     if cluster.world_size != size:
         raise ConfigError(
             "bad_cluster",
-            f"the job runs on {size} devices (mesh {list(shape)}) but cluster {cluster} has {cluster.world_size}",
+            f"the job runs on {size} devices (mesh {list(shape)}) "
+            f"but cluster {cluster} has {cluster.world_size}",
         )
     mesh = Mesh(cluster, shape)
     stage = int(graph.meta.get("zero_stage", 0)) if zero_stage is None else zero_stage

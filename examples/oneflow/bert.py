@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import oneflow as flow
 import oneflow.nn as nn
-from oflayers import Embedding, LayerNorm, Linear, arange, zeros_param
+from oflayers import Embedding, LayerNorm, Linear, arange, read_param, zeros_param
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,11 @@ class BertForMaskedLM(nn.Module):
         self.decoder_bias = zeros_param((config.vocab_size,))
 
     def forward(
-        self, input_ids: flow.Tensor, token_type_ids: flow.Tensor, attention_mask: flow.Tensor, labels: flow.Tensor
+        self,
+        input_ids: flow.Tensor,
+        token_type_ids: flow.Tensor,
+        attention_mask: flow.Tensor,
+        labels: flow.Tensor,
     ) -> flow.Tensor:
         b, s = input_ids.shape
         x = (
@@ -105,9 +109,13 @@ class BertForMaskedLM(nn.Module):
         for layer in self.layer:
             x = layer(x, mask)
         x = self.transform_norm(flow._C.gelu(self.transform(x)))
-        logits = flow._C.matmul(x, self.word_embeddings.weight, transpose_a=False, transpose_b=True)
-        logits = logits + self.decoder_bias
-        loss = flow._C.sparse_softmax_cross_entropy(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1))
+        logits = flow._C.matmul(
+            x, read_param(self, self.word_embeddings.weight), transpose_a=False, transpose_b=True
+        )
+        logits = logits + read_param(self, self.decoder_bias)
+        loss = flow._C.sparse_softmax_cross_entropy(
+            logits.reshape(-1, self.config.vocab_size), labels.reshape(-1)
+        )
         return loss.mean()
 
 

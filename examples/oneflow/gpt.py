@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import oneflow as flow
 import oneflow.nn as nn
-from oflayers import Embedding, LayerNorm, Linear, arange, causal_mask
+from oflayers import Embedding, LayerNorm, Linear, arange, causal_mask, read_param
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,9 @@ class GPTLMHeadModel(nn.Module):
         x = self.wte(input_ids) + self.wpe(arange(s, input_ids))
         for block in self.h:
             x = block(x)
-        logits = flow._C.matmul(self.ln_f(x), self.wte.weight, transpose_a=False, transpose_b=True)
+        logits = flow._C.matmul(
+            self.ln_f(x), read_param(self, self.wte.weight), transpose_a=False, transpose_b=True
+        )
         loss = flow._C.sparse_softmax_cross_entropy(
             logits.reshape(-1, self.config.vocab_size), labels.reshape(-1)
         )

@@ -107,7 +107,12 @@ class T5Attention(nn.Module):
     """Multi-head attention without scaling or biases; optional relative position bias."""
 
     def __init__(
-        self, config: MT5Config, *, has_relative_attention_bias: bool, is_decoder: bool, rng: np.random.Generator | None
+        self,
+        config: MT5Config,
+        *,
+        has_relative_attention_bias: bool,
+        is_decoder: bool,
+        rng: np.random.Generator | None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -165,7 +170,9 @@ class T5Attention(nn.Module):
 
 
 class T5LayerSelfAttention(nn.Module):
-    def __init__(self, config: MT5Config, *, has_relative_attention_bias: bool, is_decoder: bool, rng) -> None:
+    def __init__(
+        self, config: MT5Config, *, has_relative_attention_bias: bool, is_decoder: bool, rng
+    ) -> None:
         super().__init__()
         self.SelfAttention = T5Attention(
             config, has_relative_attention_bias=has_relative_attention_bias, is_decoder=is_decoder, rng=rng
@@ -181,7 +188,9 @@ class T5LayerSelfAttention(nn.Module):
 class T5LayerCrossAttention(nn.Module):
     def __init__(self, config: MT5Config, rng) -> None:
         super().__init__()
-        self.EncDecAttention = T5Attention(config, has_relative_attention_bias=False, is_decoder=True, rng=rng)
+        self.EncDecAttention = T5Attention(
+            config, has_relative_attention_bias=False, is_decoder=True, rng=rng
+        )
         self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon, fused=config.fused_rms_norm)
         self.dropout = nn.Dropout(config.dropout_rate)
 
@@ -244,7 +253,9 @@ class T5Stack(nn.Module):
         self.block = nn.ModuleList(
             [T5Block(config, is_decoder=is_decoder, first=i == 0, rng=rng) for i in range(n)]
         )
-        self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon, fused=config.fused_rms_norm)
+        self.final_layer_norm = RMSNorm(
+            config.d_model, config.layer_norm_epsilon, fused=config.fused_rms_norm
+        )
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def forward(self, input_ids: flow.Tensor, encoder_hidden: flow.Tensor | None = None) -> flow.Tensor:
@@ -281,7 +292,7 @@ class MT5ForConditionalGeneration(nn.Module):
 def example_inputs(
     config: MT5Config, batch: int, enc_len: int, dec_len: int, seed: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Deterministic token ids: ``input_ids [b, enc]``, ``decoder_input_ids [b, dec]``, ``labels [b, dec]``."""
+    """Deterministic ids: ``input_ids [b, enc]``, ``decoder_input_ids [b, dec]``, ``labels [b, dec]``."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, config.vocab_size, size=(batch, enc_len), dtype=np.int64)
     dec = rng.integers(0, config.vocab_size, size=(batch, dec_len), dtype=np.int64)

@@ -4,6 +4,14 @@ Parameters are initialised from a numpy ``Generator`` so every rank builds the
 same values without any communication (and a one-rank run gives the same
 model); with ``rng=None`` they are left uninitialised (``flow.empty``, no
 memory touched), which is enough to build and export a job for planning.
+
+``read_param(module, p)`` is how every layer reads a parameter: when the
+module's ``identity_reads`` is set it goes through an ``identity`` op.  OneFlow
+0.9 on CPU aborts (``Check failed: separated_header_mem_ptr() == nullptr``)
+when a boxing sends a *variable's* own buffer to another rank (the buffer is
+shared with the eager tensor and has a separated header the socket comm net
+cannot send); an identity gives the boxing an ordinary buffer.  autopar's
+import makes these identities transparent, so plans are the same either way.
 """
 
 from __future__ import annotations
@@ -21,6 +29,11 @@ def make_param(shape: tuple[int, ...], rng: np.random.Generator | None, std: flo
         return nn.Parameter(flow.empty(*shape, dtype=flow.float32))
     data = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
     return nn.Parameter(flow.tensor(data, dtype=flow.float32))
+
+
+def read_param(module: nn.Module, param: flow.Tensor) -> flow.Tensor:
+    """``param``, through an ``identity`` op when ``module.identity_reads`` (see the module docstring)."""
+    return flow._C.identity(param) if getattr(module, "identity_reads", False) else param
 
 
 def ones_param(shape: tuple[int, ...]) -> nn.Parameter:
@@ -50,9 +63,9 @@ class Linear(nn.Module):
         self.bias = zeros_param((out_features,)) if bias else None
 
     def forward(self, x: flow.Tensor) -> flow.Tensor:
-        out = flow._C.matmul(x, self.weight, transpose_a=False, transpose_b=True)
+        out = flow._C.matmul(x, read_param(self, self.weight), transpose_a=False, transpose_b=True)
         if self.bias is not None:
-            out = out + self.bias
+            out = out + read_param(self, self.bias)
         return out
 
 
@@ -66,7 +79,7 @@ class Embedding(nn.Module):
         self.weight = make_param((num_embeddings, dim), rng, std)
 
     def forward(self, ids: flow.Tensor) -> flow.Tensor:
-        return flow._C.gather(self.weight, ids, axis=0)
+        return flow._C.gather(read_param(self, self.weight), ids, axis=0)
 
 
 class LayerNorm(nn.Module):
@@ -86,12 +99,13 @@ class LayerNorm(nn.Module):
         self.bias = zeros_param((dim,))
 
     def forward(self, x: flow.Tensor) -> flow.Tensor:
+        weight, bias = read_param(self, self.weight), read_param(self, self.bias)
         if self.fused:
             axis = x.ndim - 1
             return flow._C.layer_norm_affine(
-                x, self.weight, self.bias, begin_norm_axis=axis, begin_params_axis=axis, epsilon=self.eps
+                x, weight, bias, begin_norm_axis=axis, begin_params_axis=axis, epsilon=self.eps
             )
-        return flow.nn.functional.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        return flow.nn.functional.layer_norm(x, (self.dim,), weight, bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -110,9 +124,17 @@ class RMSNorm(nn.Module):
         self.weight = ones_param((dim,))
 
     def forward(self, x: flow.Tensor) -> flow.Tensor:
+        weight = read_param(self, self.weight)
         if self.fused:
-            return flow._C.rms_norm(x, self.weight, normalized_shape=(self.dim,), epsilon=self.eps)
-        return flow._C.rms_layer_norm(x, self.weight, self.eps)
+            return flow._C.rms_norm(x, weight, normalized_shape=(self.dim,), epsilon=self.eps)
+        return flow._C.rms_layer_norm(x, weight, self.eps)
+
+
+def set_identity_reads(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Read every parameter of ``model`` through an ``identity`` op (see the module docstring)."""
+    for sub in model.modules():
+        sub.identity_reads = enabled
+    return model
 
 
 def factory_kwargs(ref: flow.Tensor) -> dict:

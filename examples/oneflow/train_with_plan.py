@@ -36,12 +36,12 @@ import oneflow as flow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import zoo  # noqa: E402
+import zoo
 
-from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph  # noqa: E402
-from autopar.oneflow.apply import plan_input_sbps, to_flow_sbp  # noqa: E402
-from autopar.oneflow.planning import request_plan  # noqa: E402
-from autopar.plan import Plan  # noqa: E402
+from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph
+from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp
+from autopar.oneflow.planning import request_plan
+from autopar.plan import Plan
 
 LEARNING_RATE = 1e-3
 
@@ -54,7 +54,7 @@ def _loss_value(loss: flow.Tensor, placement: flow.placement) -> float:
 def export_and_reference(args: argparse.Namespace, out: Path) -> list[float]:
     """Build the job on one rank, export and import it, and train the reference steps."""
     placement = flow.placement("cpu", ranks=[0])
-    module, arrays = zoo.build(args.model, seed=0, batch=args.batch)
+    module, arrays = zoo.build(args.model, seed=0, batch=args.batch, identity_reads=True)
     module = module.to_global(placement, flow.sbp.broadcast)
     inputs = [flow.tensor(a).to_global(placement, flow.sbp.broadcast) for a in arrays]
     graph = make_train_graph(module, flow.optim.AdamW(module.parameters(), lr=LEARNING_RATE))
@@ -75,30 +75,47 @@ def run_rank(args: argparse.Namespace) -> None:
     shape = tuple(plan.mesh.shape)
     placement = flow.placement("cpu", ranks=np.arange(int(np.prod(shape))).reshape(shape).tolist())
     broadcast = [flow.sbp.broadcast] * len(shape)
-    module, arrays = zoo.build(args.model, seed=0, batch=args.batch)
+    module, arrays = zoo.build(args.model, seed=0, batch=args.batch, identity_reads=True)
     inputs = [
         flow.tensor(a).to_global(placement, broadcast).to_global(placement, to_flow_sbp(sbp))
         for a, sbp in zip(arrays, plan_input_sbps(plan))
     ]
-    report = apply_plan(module, plan, placement, example_inputs=inputs)
-    graph = make_train_graph(module, flow.optim.AdamW(module.parameters(), lr=LEARNING_RATE))
-    graph.build_graph(*inputs)
-    fidelity = check_fidelity(graph, plan)
-    graph.finish_complie_and_init_runtime()
+    report = apply_plan(
+        module,
+        plan,
+        placement,
+        example_inputs=inputs if args.hints != "none" else None,
+        backward_hints=args.hints == "all",
+    )
+    optimizer = flow.optim.AdamW(module.parameters(), lr=LEARNING_RATE)
+    if args.pin:
+        graph, compiled = compile_with_plan(lambda: make_train_graph(module, optimizer), plan, *inputs)
+        fidelity = compiled.fidelity
+        pinned, rejected = compiled.pinned_ops, compiled.rejected
+    else:
+        graph = make_train_graph(module, optimizer)
+        graph.build_graph(*inputs)
+        graph.finish_complie_and_init_runtime()
+        fidelity = check_fidelity(graph, plan)
+        pinned, rejected = 0, []
     losses = [_loss_value(graph(*inputs), placement) for _ in range(args.steps)]
     if flow.env.get_rank() == 0:
+        (out / "job_run.pb").write_bytes(graph._full_job_proto.SerializeToString())
         result = {
             "mesh": list(shape),
             "plan_source": plan.source,
             "losses": losses,
             "fidelity": fidelity.to_dict(),
+            "pinned_ops": pinned,
+            "rejected": rejected,
             "parameters": report.parameters,
             "unplanned_parameters": report.unplanned,
             "boundaries": report.boundaries,
             "hints": report.hints,
         }
         (out / "rank0.json").write_text(json.dumps(result, indent=1))
-        print(fidelity.summary())
+        print(f"[run] {pinned} ops pinned (OneFlow refused the planned signatures of {rejected})")
+        print(f"[run] compiled job: {fidelity.summary()}")
         print(f"[run] {len(report.hints)} activation hints; losses {losses}")
 
 
@@ -112,8 +129,24 @@ def main() -> None:
     parser.add_argument("--planner", default="solver", help="solver, megatron, inferred, data-parallel")
     parser.add_argument("--plan", default=None, help="use this plan JSON instead of planning")
     parser.add_argument("--zero", type=int, default=0, help="ZeRO stage to plan for")
+    parser.add_argument("--memory", default=None, help="per-device budget for the solver, e.g. 6MiB")
+    parser.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        help="budget = this fraction of the memory of the replicated (single-device) plan",
+    )
     parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit, s")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--hints",
+        choices=["all", "forward", "none"],
+        default="forward",
+        help="activation layout hints at module boundaries (all: also gradients, via hooks)",
+    )
+    parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="only parameter layouts and hints, no pinning"
+    )
     parser.add_argument("--out", default="/tmp/autopar-train-with-plan")
     args = parser.parse_args()
     if args.phase == "run":
@@ -130,29 +163,63 @@ def main() -> None:
     plan_path = args.plan
     if plan_path is None:
         plan_path = str(out / "plan.json")
+        cluster = args.cluster or f"1x{ranks}"
+        memory = args.memory
+        if args.memory_fraction is not None:
+            replicated = request_plan(
+                str(out / "graph.json"),
+                str(out / "plan_single_device.json"),
+                mesh_shape=shape,
+                cluster=cluster,
+                zero_stage=args.zero,
+                planner="single-device",
+            )
+            memory = f"{int(args.memory_fraction * replicated.memory_per_device_bytes)}B"
+            print(f"[plan] budget {memory}: {args.memory_fraction} x the replicated plan's memory")
         t0 = time.perf_counter()
         plan = request_plan(
             str(out / "graph.json"),
             plan_path,
             mesh_shape=shape,
-            cluster=args.cluster or f"1x{ranks}",
+            cluster=cluster,
             zero_stage=args.zero,
             planner=args.planner,
+            memory=memory,
             time_limit_s=args.time_limit,
         )
         print(f"[plan] {plan.source}: planned in {time.perf_counter() - t0:.1f} s\n{plan.summary()}")
 
     command = [
-        sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", str(ranks),
-        str(Path(__file__).resolve()), "run", "--model", args.model, "--plan", plan_path,
-        "--steps", str(args.steps), "--out", str(out),
+        sys.executable,
+        "-m",
+        "oneflow.distributed.launch",
+        "--nproc_per_node",
+        str(ranks),
+        str(Path(__file__).resolve()),
+        "run",
+        "--model",
+        args.model,
+        "--plan",
+        plan_path,
+        "--steps",
+        str(args.steps),
+        "--out",
+        str(out),
     ]
+    command += ["--hints", args.hints]
+    if not args.pin:
+        command.append("--no-pin")
     if args.batch:
         command += ["--batch", str(args.batch)]
     t0 = time.perf_counter()
     subprocess.run(command, check=True, env=dict(os.environ))
     launched = json.loads((out / "rank0.json").read_text())
-    result = {**launched, "reference_losses": reference, "launch_s": time.perf_counter() - t0, "plan": plan_path}
+    result = {
+        **launched,
+        "reference_losses": reference,
+        "launch_s": time.perf_counter() - t0,
+        "plan": plan_path,
+    }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(launched["losses"], reference)]
     print(f"[result] losses on {ranks} ranks {launched['losses']}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 import bert
 import gpt
 import mt5
+import numpy as np
+from oflayers import set_identity_reads
 
 NAMES = ("mt5-tiny", "mt5-base", "gpt-tiny", "bert-tiny")
 
@@ -29,8 +29,26 @@ def build(
     decoder_seq: int | None = None,
     layers: int | None = None,
     fused: bool = False,
+    identity_reads: bool = False,
 ) -> tuple[Any, list[np.ndarray]]:
-    """Module and example inputs of model ``name`` (``seed=None``: parameters left uninitialised)."""
+    """Module and example inputs of model ``name`` (``seed=None``: parameters left uninitialised).
+
+    ``identity_reads`` reads parameters through ``identity`` ops (needed to run
+    multi-rank jobs on CPU, see ``oflayers``).
+    """
+    module, arrays = _build(name, seed, batch, seq, decoder_seq, layers, fused)
+    return set_identity_reads(module, identity_reads), arrays
+
+
+def _build(
+    name: str,
+    seed: int | None,
+    batch: int | None,
+    seq: int | None,
+    decoder_seq: int | None,
+    layers: int | None,
+    fused: bool,
+) -> tuple[Any, list[np.ndarray]]:
     if name in ("mt5-tiny", "mt5-base"):
         overrides: dict[str, Any] = {"fused_rms_norm": fused}
         if layers is not None:
@@ -38,13 +56,20 @@ def build(
         config = mt5.MT5Config.tiny(**overrides) if name == "mt5-tiny" else mt5.MT5Config.base(**overrides)
         small = name == "mt5-tiny"
         arrays = mt5.example_inputs(
-            config, batch or (8 if small else 16), seq or (32 if small else 512), decoder_seq or (16 if small else 128)
+            config,
+            batch or (8 if small else 16),
+            seq or (32 if small else 512),
+            decoder_seq or (16 if small else 128),
         )
         return mt5.MT5ForConditionalGeneration(config, seed=seed), list(arrays)
     if name == "gpt-tiny":
         gconfig = gpt.GPTConfig.tiny(fused_layer_norm=fused, **({"layers": layers} if layers else {}))
-        return gpt.GPTLMHeadModel(gconfig, seed=seed), list(gpt.example_inputs(gconfig, batch or 8, seq or 32))
+        return gpt.GPTLMHeadModel(gconfig, seed=seed), list(
+            gpt.example_inputs(gconfig, batch or 8, seq or 32)
+        )
     if name == "bert-tiny":
         bconfig = bert.BertConfig.tiny(fused_layer_norm=fused, **({"layers": layers} if layers else {}))
-        return bert.BertForMaskedLM(bconfig, seed=seed), list(bert.example_inputs(bconfig, batch or 8, seq or 32))
+        return bert.BertForMaskedLM(bconfig, seed=seed), list(
+            bert.example_inputs(bconfig, batch or 8, seq or 32)
+        )
     raise ValueError(f"unknown model {name!r}; choose one of {NAMES}")

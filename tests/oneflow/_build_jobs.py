@@ -1,0 +1,55 @@
+"""Build the tiny MT5, GPT and BERT training jobs the OneFlow tests import (4 ranks, mesh [2, 2]).
+
+Run by ``conftest.py`` as ``python -m oneflow.distributed.launch --nproc_per_node 4
+_build_jobs.py OUT``.  Parameters get LiBai's layout (2-D weights ``(B, S(0))``,
+the rest ``B``), data ``(S(0), B)``; each model is built with and without ZeRO-2.
+Rank 0 writes ``{model}_zero{stage}.pb`` and ``counts.json`` (OneFlow's own op and
+blob counts, and its train_conf variables) into OUT.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "oneflow"))
+
+import numpy as np  # noqa: E402
+import oneflow as flow  # noqa: E402
+import zoo  # noqa: E402
+
+from autopar.oneflow import export_job, make_train_graph  # noqa: E402
+
+out = Path(sys.argv[1])
+placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
+broadcast = [flow.sbp.broadcast] * 2
+counts = {}
+for name in ("mt5-tiny", "gpt-tiny", "bert-tiny"):
+    for zero in (0, 2):
+        module, arrays = zoo.build(name, seed=0, fused=True)
+        module = module.to_global(placement, broadcast)
+        for pname, param in module.named_parameters():
+            if param.ndim == 2 and "relative_attention_bias" not in pname:
+                param.data = param.data.to_global(placement, [flow.sbp.broadcast, flow.sbp.split(0)])
+        inputs = [
+            flow.tensor(a)
+            .to_global(placement, broadcast)
+            .to_global(placement, [flow.sbp.split(0), flow.sbp.broadcast])
+            for a in arrays
+        ]
+        graph = make_train_graph(
+            module, flow.optim.AdamW(module.parameters(), lr=1e-3), zero_stage=zero, zero_min_size=1
+        )
+        data = export_job(graph, *inputs)
+        if flow.env.get_rank() == 0:
+            key = f"{name}_zero{zero}"
+            (out / f"{key}.pb").write_bytes(data)
+            job = graph._full_job_proto
+            counts[key] = {
+                "ops": len(job.net.op),
+                "blobs": len(job.helper.lbn2logical_blob_desc),
+                "trainable": [v for c in job.job_conf.train_conf.optimizer_conf for v in c.variable_op_names],
+                "parameters": [n for n, _ in module.named_parameters()],
+            }
+if flow.env.get_rank() == 0:
+    (out / "counts.json").write_text(json.dumps(counts, indent=1))
