@@ -69,7 +69,9 @@ else
   oneflow_ok || { echo "oneflow-env: oneflow does not import in $VENV" >&2; exit 1; }
 fi
 
-if ! "$VENV/bin/python" -c 'import autopar, pathlib, sys; sys.exit(0 if pathlib.Path(autopar.__file__).resolve().is_relative_to(pathlib.Path.cwd().resolve()) else 1)' >/dev/null 2>&1; then
+# Check from / so that the checkout on sys.path (python -c adds the cwd) cannot pass for an install.
+REPO="$(pwd)"
+if ! (cd / && AUTOPAR_REPO="$REPO" "$VENV/bin/python" -c 'import autopar, os, pathlib, sys; sys.exit(0 if pathlib.Path(autopar.__file__).resolve().is_relative_to(pathlib.Path(os.environ["AUTOPAR_REPO"]).resolve()) else 1)') >/dev/null 2>&1; then
   log "installing autopar (editable, --no-deps)"
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
 fi
