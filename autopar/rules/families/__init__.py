@@ -5,13 +5,13 @@ One module per family (see ``docs/op-rules.md`` for the table of op types):
 =============  ===============================================================
 elementwise    unary ops, broadcasting binary ops, their gradients
 matmul         matmul, batch_matmul, broadcast_matmul(_grad_b), fused_matmul_bias
-reduce         reduce_*, reduce_sum_like, broadcast_like, square_sum
+reduce         reduce_*, reduce_sum_like, broadcast_like, square_sum, two-stage max/min
 views          reshape-like views, transpose, expand, slice, concat
 nn             softmax (plain and fused), dropout, bias_add, layer_norm, rms_norm
 embedding      gather / embedding, unsorted_segment_sum(_like), one_hot
 loss           sparse softmax cross entropy (and _ms), nll
 optimizer      adam_update, sgd_update ... (full N-D rules, ZeRO-aware)
-system         variable, input, output, ticks, schedules, constants, fills
+system         variable, input, output, ticks, schedules, constants, fills, layout casts
 =============  ===============================================================
 """
 

@@ -12,7 +12,8 @@
   - ``broadcast_add`` / ``broadcast_sub`` / ``add_n``: all ``P`` ``-> P``;
   - ``broadcast_mul`` / ``multiply``: one input ``P``, the others ``B``;
   - ``broadcast_div``: ``(P, B) -> P``; ``where``: ``(B, P, P) -> P``;
-  - a gradient ``(x, dy) -> dx`` is linear in ``dy``: ``(B, P) -> P``;
+  - a gradient ``(x, dy) -> dx`` is linear in ``dy``: ``(B, P) -> P`` (except
+    ``rsqrt_grad`` and ``square_grad``, which OneFlow 0.9 refuses with ``dy`` ``P``);
   - binary gradients whose output is smaller than ``dz`` (``broadcast_div_grad``)
     sum over the broadcast dims, so splitting such a dim gives ``P``.
 
@@ -40,6 +41,7 @@ __all__ = [
     "BINARY_GRAD_OPS",
     "BROADCAST_OPS",
     "LINEAR_UNARY_OPS",
+    "NO_PARTIAL_GRAD_OPS",
     "UNARY_GRAD_OPS",
     "UNARY_OPS",
 ]
@@ -92,6 +94,9 @@ UNARY_GRAD_OPS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "fused_relu_dropout_grad": ("dy", "mask"),
 })  # fmt: skip
 """``(x or y, dy) -> dx`` gradients (OneFlow's declared input order); linear in ``dy``."""
+
+NO_PARTIAL_GRAD_OPS: frozenset[str] = frozenset({"rsqrt_grad", "square_grad"})
+"""Unary gradients OneFlow 0.9 refuses with ``dy`` ``P`` (though linear in ``dy``): no ``P``."""
 
 BROADCAST_OPS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType({
     **{name: (("x", "y"), "all") for name in ("broadcast_add", "broadcast_sub")},
@@ -204,9 +209,12 @@ def linear_unary(ctx: RuleContext) -> list[OneDSignature]:
 
 @register(*UNARY_GRAD_OPS, cost=CostKind.MEMORY)
 def unary_grad(ctx: RuleContext) -> list[OneDSignature]:
-    """``(S(d), S(d)) -> S(d)``, all ``B``, and ``dy`` ``P`` with ``x`` ``B`` ``-> P``."""
+    """``(S(d), S(d)) -> S(d)``, all ``B``, and ``dy`` ``P`` with ``x`` ``B`` ``-> P``
+    (not ``rsqrt_grad`` / ``square_grad``: OneFlow 0.9 refuses ``dy`` ``P`` there)."""
     pm = port_map(ctx, UNARY_GRAD_OPS[ctx.op.type])
     sigs = [*broadcast_splits(ctx), uniform(ctx, B)]
+    if ctx.op.type in NO_PARTIAL_GRAD_OPS:
+        return sigs
     dy = {i for i, name in enumerate(pm.inputs) if name == "dy"}
     return sigs + linear_signatures(ctx, dy)
 

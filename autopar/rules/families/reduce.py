@@ -15,19 +15,45 @@ For ``y = reduce(x, axis, keepdims)``:
 
 ``broadcast_like(x, like)`` is the adjoint: the dims it adds take ``x`` ``B``,
 and ``(P, B) -> P``.  ``like`` inputs only lend their shape; they follow the
-output's layout (``B`` when the output is ``P``).
+output's layout (``B`` when the output is ``P``), and ``broadcast_like`` also
+takes a ``P`` ``like`` as OneFlow does.
+
+Two-stage max / min (OneFlow's rewrite of ``sparse_softmax_cross_entropy_ms``
+when the logits are split on the vocab dim): ``reduce_max_device_stage(in) ->
+(out, mask, count)`` reduces each device's slice; its ``out`` / ``count`` keep
+the reduced dim with size = the number of slices (the product of the mesh axes
+splitting it), so their logical shape fixes which axes split that dim (full
+N-D rule).  ``reduce_max_global_stage(in, device_count) -> (out, mask)`` then
+combines the per-device maxima once they are gathered (``B`` on those axes).
+Max and min are not sums: never ``P``.
 """
 
 from __future__ import annotations
 
-from autopar.rules.families._common import norm_dims, partial_ok, port_map, sig
-from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, SbpValue, Split
+import itertools
+import math
+from collections.abc import Sequence
 
-__all__ = ["LINEAR_REDUCE_OPS", "ORDER_REDUCE_OPS", "kept_dim_map"]
+from autopar.rules.families._common import PortMap, norm_dims, partial_ok, port_map, sig, uniform
+from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
+from autopar.sbp import B, NdSbp, P, SbpValue, Signature, Split
+
+__all__ = [
+    "DEVICE_STAGE_GRAD_OPS",
+    "DEVICE_STAGE_OPS",
+    "GLOBAL_STAGE_GRAD_OPS",
+    "GLOBAL_STAGE_OPS",
+    "LINEAR_REDUCE_OPS",
+    "ORDER_REDUCE_OPS",
+    "kept_dim_map",
+]
 
 LINEAR_REDUCE_OPS = ("reduce_sum", "reduce_mean")
 ORDER_REDUCE_OPS = ("reduce_max", "reduce_min", "reduce_prod", "reduce_all", "reduce_any")
+DEVICE_STAGE_OPS = ("reduce_max_device_stage", "reduce_min_device_stage")
+DEVICE_STAGE_GRAD_OPS = ("reduce_max_device_stage_grad", "reduce_min_device_stage_grad")
+GLOBAL_STAGE_OPS = ("reduce_max_global_stage", "reduce_min_global_stage")
+GLOBAL_STAGE_GRAD_OPS = ("reduce_max_global_stage_grad", "reduce_min_global_stage_grad")
 
 
 def kept_dim_map(ndim: int, reduced: list[int], out_ndim: int) -> dict[int, int]:
@@ -103,7 +129,7 @@ def reduce_sum_like(ctx: RuleContext) -> list[OneDSignature]:
     """``y = reduce_sum(x, axis)`` shaped like ``like``.
 
     Kept dim: ``(S(d), S(d')) -> S(d')``; reduced dim: ``(S(d), B) -> P``;
-    ``(P, B) -> P``; ``(B, B) -> B``.
+    ``(B, B) -> B``.  No ``(P, B) -> P``: OneFlow 0.9 refuses it.
     """
     pm = port_map(ctx, ("x", "like"), ("y",))
     x = pm.input("x")
@@ -116,7 +142,6 @@ def reduce_sum_like(ctx: RuleContext) -> list[OneDSignature]:
         sigs.append(sig(pm, {"x": Split(d), "like": Split(e)}, {"y": Split(e)}))
     if partial_ok(x, y):
         sigs += [sig(pm, {"x": Split(d), "like": B}, {"y": P}) for d in reduced]
-        sigs.append(sig(pm, {"x": P, "like": B}, {"y": P}))
     sigs.append(sig(pm, {}, {}))
     return sigs
 
@@ -126,7 +151,8 @@ def broadcast_like(ctx: RuleContext) -> list[OneDSignature]:
     """``y = broadcast x along broadcast_axes`` to ``like``'s shape.
 
     A dim ``x`` has: ``(S(d), S(e)) -> S(e)``; an added dim: ``(B, S(e)) -> S(e)``;
-    ``(P, B) -> P``; ``(B, B) -> B``.
+    ``(P, B) -> P``, ``(P, P) -> P``, ``(B, P) -> B`` (``like`` lends only its shape);
+    ``(B, B) -> B``.
     """
     pm = port_map(ctx, ("x", "like"), ("y",))
     x = pm.input("x")
@@ -146,6 +172,9 @@ def broadcast_like(ctx: RuleContext) -> list[OneDSignature]:
         sigs.append(sig(pm, {"x": xv, "like": Split(e)}, {"y": Split(e)}))
     if partial_ok(x, y):
         sigs.append(sig(pm, {"x": P, "like": B}, {"y": P}))
+        sigs.append(sig(pm, {"x": P, "like": P}, {"y": P}))
+    if partial_ok(pm.input("like")):
+        sigs.append(sig(pm, {"x": B, "like": P}, {"y": B}))
     sigs.append(sig(pm, {}, {}))
     return sigs
 
@@ -163,3 +192,72 @@ def argmax(ctx: RuleContext) -> list[OneDSignature]:
     """``argmax`` over the last dim: ``(S(d)) -> S(d)`` for ``d < last``, ``(B) -> B``."""
     x = ctx.inputs[0]
     return [((Split(d),), (Split(d),)) for d in range(x.ndim - 1)] + [((B,), (B,))]
+
+
+def _stage_signatures(
+    ctx: RuleContext, pm: PortMap, split_dims: Sequence[int], reduced: Sequence[int], stage_size: int | None
+) -> list[Signature]:
+    """N-D products of "every port ``S(d)``" (``d`` in ``split_dims``) and all ``B``, keeping
+    those whose axes splitting the reduced dim multiply to ``stage_size`` (the size of that dim
+    in the stage's ``out`` / ``count``; None: no check)."""
+    one_d: list[SbpValue] = [B, *(Split(d) for d in split_dims)]
+    mesh = ctx.mesh_shape
+    sigs: list[Signature] = []
+    for combo in itertools.product(one_d, repeat=len(mesh)):
+        if stage_size is not None:
+            cut = {Split(d) for d in reduced}
+            slices = math.prod(m for m, v in zip(mesh, combo, strict=True) if v in cut)
+            if slices != stage_size:
+                continue
+        nd = NdSbp(tuple(combo))
+        sigs.append(Signature(tuple(nd for _ in pm.inputs), tuple(nd for _ in pm.outputs)))
+    return sigs
+
+
+def _stage_size(spec_shape: Sequence[int] | None, reduced: Sequence[int]) -> int | None:
+    if spec_shape is None or len(reduced) != 1 or reduced[0] >= len(spec_shape):
+        return None
+    return int(spec_shape[reduced[0]])
+
+
+@register(*DEVICE_STAGE_OPS, cost=CostKind.MEMORY, nd=True)
+def reduce_device_stage(ctx: RuleContext) -> list[Signature]:
+    """``in -> (out, mask, count)``, every port alike on each axis: ``S(d)`` for any dim, or
+    ``B``; the axes splitting the reduced dim must multiply to its size in ``out`` (*N-D*)."""
+    pm = port_map(ctx, ("in",), ("out", "mask", "count"))
+    x = pm.input("in") or ctx.inputs[0]
+    reduced = norm_dims(ctx.attr("axis"), x.ndim)
+    out = pm.output("out")
+    size = _stage_size(out.shape if out else None, reduced)
+    return _stage_signatures(ctx, pm, range(x.ndim), reduced, size)
+
+
+@register(*DEVICE_STAGE_GRAD_OPS, cost=CostKind.MEMORY, nd=True)
+def reduce_device_stage_grad(ctx: RuleContext) -> list[Signature]:
+    """``(out_diff, mask, count) -> in_diff``: every port ``S(d)`` on the reduced dim, or ``B``;
+    the axes splitting it must multiply to its size in ``count`` (*N-D*)."""
+    pm = port_map(ctx, ("out_diff", "mask", "count"), ("in_diff",))
+    mask = pm.input("mask") or ctx.outputs[0]
+    reduced = norm_dims(ctx.attr("axis"), mask.ndim)
+    count = pm.input("count")
+    size = _stage_size(count.shape if count else None, reduced)
+    return _stage_signatures(ctx, pm, reduced, reduced, size)
+
+
+@register(*GLOBAL_STAGE_OPS, cost=CostKind.MEMORY)
+def reduce_global_stage(ctx: RuleContext) -> list[OneDSignature]:
+    """``(in, device_count) -> (out, mask)``: every port ``S(0)`` (when dim 0 is not reduced),
+    or every port ``B``; never ``P``."""
+    pm = port_map(ctx, ("in", "device_count"), ("out", "mask"))
+    x = pm.input("in") or ctx.inputs[0]
+    reduced = norm_dims(ctx.attr("axis"), x.ndim)
+    sigs = [uniform(ctx, B)]
+    if x.ndim > 0 and 0 not in reduced:
+        sigs.append(uniform(ctx, Split(0)))
+    return sigs
+
+
+@register(*GLOBAL_STAGE_GRAD_OPS, cost=CostKind.MEMORY)
+def reduce_global_stage_grad(ctx: RuleContext) -> list[OneDSignature]:
+    """``(out_diff, mask, device_count) -> in_diff``: every port ``B`` (OneFlow offers no other)."""
+    return [uniform(ctx, B)]

@@ -8,14 +8,21 @@
   scalars: all ``B``; ``cast_to_tick`` accepts any layout of its data input;
 * generators (``constant``, ``normal``, ``arange`` ...) write ``B`` or their
   slice ``S(d)``; ``ones_like`` / ``zero_like`` follow their ``like`` input
-  (which lends only its shape, so a ``P`` like gives ``B`` -- or ``P`` for zeros).
+  (which lends only its shape, so a ``P`` like gives ``B`` -- or ``P`` for zeros);
+* ``hierarchical_parallel_cast`` is OneFlow's layout cast (an identity): its
+  ``nd_sbp`` attr fixes the N-D SBP of both ``in`` and ``out`` (OneFlow boxes the
+  producer's layout into it on the edge before the op), so it has one N-D
+  signature; ``grad_mode`` / ``grad_nd_sbp`` only steer the backward cast, which
+  is its own op.  ``hierarchical_parallel_cast_like`` takes ``like``'s layout.
 """
 
 from __future__ import annotations
 
+import itertools
+
 from autopar.rules.families._common import all_splits, partial_ok, port_map, sig, uniform
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, SbpValue, Split
+from autopar.sbp import B, NdSbp, P, SbpValue, Signature, Split, local_shape, parse_sbp
 
 __all__ = ["TICK_OPS"]
 
@@ -113,3 +120,54 @@ def assign(ctx: RuleContext) -> list[OneDSignature]:
     """``ref`` and ``value`` alike: ``S(d)`` or ``B``."""
     x = ctx.inputs[0]
     return [uniform(ctx, s) for s in all_splits(x.ndim)] + [uniform(ctx, B)]
+
+
+def _target_layout(ctx: RuleContext) -> NdSbp | None:
+    """The ``nd_sbp`` attr as an :class:`NdSbp` on the mesh, or None if absent or unreadable.
+
+    One value on a multi-axis mesh applies to every axis (OneFlow's 1-D form).
+    """
+    raw = ctx.attr("nd_sbp")
+    if isinstance(raw, str):
+        raw = [raw]
+    if not raw:
+        return None
+    try:
+        values = [parse_sbp(str(v).strip()) for v in raw]
+    except ValueError:
+        return None
+    n = len(ctx.mesh_shape)
+    if len(values) == 1 and n > 1:
+        values = values * n
+    if len(values) != n:
+        return None
+    return NdSbp(tuple(values))
+
+
+@register("hierarchical_parallel_cast", cost=CostKind.FREE, nd=True)
+def hierarchical_parallel_cast(ctx: RuleContext) -> list[Signature]:
+    """``in`` and ``out`` both take the ``nd_sbp`` attr (one N-D signature; the boxing into it
+    is the edge's).  Without a readable ``nd_sbp``: any layout, ``in`` = ``out`` (an identity)."""
+    target = _target_layout(ctx)
+    specs = (*ctx.inputs, *ctx.outputs)
+    if target is not None and all(local_shape(s.shape, target, ctx.mesh_shape) is not None for s in specs):
+        return [Signature(tuple(target for _ in ctx.inputs), tuple(target for _ in ctx.outputs))]
+    ndim = ctx.inputs[0].ndim if ctx.inputs else 0
+    one_d: list[SbpValue] = [B, *all_splits(ndim)]
+    if partial_ok(*specs):
+        one_d.append(P)
+    sigs = []
+    for combo in itertools.product(one_d, repeat=len(ctx.mesh_shape)):
+        nd = NdSbp(tuple(combo))
+        sigs.append(Signature(tuple(nd for _ in ctx.inputs), tuple(nd for _ in ctx.outputs)))
+    return sigs
+
+
+@register("hierarchical_parallel_cast_like", cost=CostKind.FREE)
+def hierarchical_parallel_cast_like(ctx: RuleContext) -> list[OneDSignature]:
+    """``(in, like) -> out``: all three take ``like``'s layout: ``S(d)``, ``B``, ``P``."""
+    ndim = ctx.inputs[0].ndim if ctx.inputs else 0
+    sigs = [uniform(ctx, B), *(uniform(ctx, s) for s in all_splits(ndim))]
+    if partial_ok(*ctx.inputs, *ctx.outputs):
+        sigs.append(uniform(ctx, P))
+    return sigs

@@ -132,6 +132,9 @@ REQUIRED = [
     "embedding",
     "embedding_grad",
     "one_hot",
+    "hierarchical_parallel_cast",
+    "reduce_max_device_stage",
+    "reduce_max_global_stage",
 ]
 
 

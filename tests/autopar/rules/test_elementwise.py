@@ -10,6 +10,7 @@ from autopar.rules.families.elementwise import (
     BINARY_GRAD_OPS,
     BROADCAST_OPS,
     LINEAR_UNARY_OPS,
+    NO_PARTIAL_GRAD_OPS,
     UNARY_GRAD_OPS,
     UNARY_OPS,
 )
@@ -152,7 +153,8 @@ def test_every_op_in_the_family_offers_the_replicated_signature_and_fits():
     for t, (first, second) in UNARY_GRAD_OPS.items():
         ctx = make_ctx(t, {f"{first}_0": H, f"{second}_0": H}, {"dx_0": H})
         assert replicated(ctx) in {str(s) for s in assert_all_fit(ctx)}, t
-        assert partial_outputs(ctx), t
+        # OneFlow 0.9 refuses dy P for rsqrt_grad / square_grad.
+        assert bool(partial_outputs(ctx)) is (t not in NO_PARTIAL_GRAD_OPS), t
     for t, (declared, _) in BROADCAST_OPS.items():
         ctx = make_ctx(t, {f"{n}_0": H for n in declared}, {"z_0": H})
         assert replicated(ctx) in {str(s) for s in assert_all_fit(ctx)}, t

@@ -77,7 +77,8 @@ def test_reduce_sum_like_and_broadcast_like():
         "reduce_sum_like", {"x_0": X, "like_0": (32,)}, {"y_0": (32,)}, {"axis": [0, 1]}, mesh=(2,)
     )
     got = printed(rsl)
-    assert {"(S(0), B) -> P", "(S(1), B) -> P", "(S(2), S(0)) -> S(0)", "(P, B) -> P"} <= got
+    assert {"(S(0), B) -> P", "(S(1), B) -> P", "(S(2), S(0)) -> S(0)"} <= got
+    assert "(P, B) -> P" not in got  # OneFlow 0.9 refuses a partial x
     bl = make_ctx(
         "broadcast_like", {"x_0": (32,), "like_0": X}, {"y_0": X}, {"broadcast_axes": [0, 1]}, mesh=(2,)
     )
