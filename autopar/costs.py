@@ -48,6 +48,7 @@ from autopar.rules.registry import (
     Rule,
     RuleContext,
     RuleSet,
+    base_name,
     default_rules,
     fallback_signatures,
     nd_signatures,
@@ -214,14 +215,9 @@ SHAPE_ONLY_PORTS = frozenset({"like"})
 IN_PLACE_OPTIMIZER_PORTS = frozenset({"model", "m", "v", "momentum", "max_v"})
 
 
-def _port_base(port: str) -> str:
-    head, sep, tail = port.rpartition("_")
-    return head if sep and tail.isdigit() else port
-
-
 def edge_kind(op: Op, port: str) -> EdgeKind:
     """Classify the edge into ``op``'s input ``port`` (the one place that forbids layout changes)."""
-    base = _port_base(port)
+    base = base_name(port)
     if base in SHAPE_ONLY_PORTS:
         return EdgeKind.SHAPE_ONLY
     if op.role is Role.OPTIMIZER and base in IN_PLACE_OPTIMIZER_PORTS:

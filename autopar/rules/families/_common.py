@@ -17,12 +17,11 @@ values.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autopar.graph import TensorSpec
-from autopar.rules.registry import OneDSignature, RuleContext
+from autopar.rules.registry import OneDSignature, RuleContext, base_name
 from autopar.sbp import B, SbpValue, Split
 
 __all__ = [
@@ -43,14 +42,6 @@ __all__ = [
 
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 """Dtypes whose values may be held as partial sums (``P``)."""
-
-_PORT_RE = re.compile(r"^(?P<base>.+?)(?:_(?P<index>\d+))?$")
-
-
-def base_name(port: str) -> str:
-    """``a_0`` -> ``a``; ``model_diff_0`` -> ``model_diff``; ``out`` -> ``out``."""
-    m = _PORT_RE.match(port)
-    return m.group("base") if m else port
 
 
 def _resolve(actual: Sequence[str], declared: Sequence[str]) -> tuple[str, ...]:
