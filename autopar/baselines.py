@@ -65,7 +65,6 @@ VOCAB_PARALLEL_RATIO = 8
 class _Structure:
     """What the baselines need to know about the graph."""
 
-    variable_tensor: dict[str, str]  # variable tensor -> variable op
     param_source: dict[str, str]  # tensor -> variable op, through casts/identities
     grad_path: frozenset[str]  # tensors that flow only into weight gradients
 
@@ -99,7 +98,7 @@ def _structure(graph: Graph) -> _Structure:
             prod = graph.op_by_name[graph.producer[t][0]]
             stack.extend(prod.inputs.values())
     # only the tensors produced by ops whose outputs are all gradients count
-    return _Structure(var_tensor, source, frozenset(path))
+    return _Structure(source, frozenset(path))
 
 
 def _weight_input(op: Op, st: _Structure) -> str | None:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import BoxingSearch, boxing_time
+from autopar.boxing import BoxingPlan, BoxingSearch, boxing_plan
 from autopar.cluster import Mesh
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.rules.registry import (
@@ -178,8 +178,8 @@ def _model_port_index(op: Op) -> int | None:
     return None
 
 
-def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
-    """ZeRO all-gather of the updated parameter, seconds.
+def optimizer_gather_plan(ctx: RuleContext, sig: Signature, mesh: Mesh) -> BoxingPlan | None:
+    """The ZeRO all-gather of the updated parameter, or None when there is none.
 
     Boxing of the fp16 parameter (2 bytes per element) from the gradient's
     layout (sharded over the data-parallel axes under ZeRO >= 1) back to the
@@ -188,12 +188,18 @@ def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float
     """
     model_index = _model_port_index(ctx.op)
     if model_index is None:
-        return 0.0
+        return None
     grad_index = _grad_port_index(ctx.op)
     src, dst = sig.inputs[grad_index], sig.inputs[model_index]
     if src == dst:
-        return 0.0
-    return boxing_time(ctx.inputs[model_index].shape, 2, src, dst, mesh)
+        return None
+    return boxing_plan(ctx.inputs[model_index].shape, 2, src, dst, mesh)
+
+
+def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
+    """Seconds of :func:`optimizer_gather_plan` (0 when there is no gather)."""
+    plan = optimizer_gather_plan(ctx, sig, mesh)
+    return 0.0 if plan is None else plan.time_s
 
 
 # ------------------------------------------------------------------ edges
@@ -252,9 +258,8 @@ def edge_key(
     src: Sequence[NdSbp],
     dst: Sequence[NdSbp],
     mesh: Mesh,
-    kind: EdgeKind = None,  # type: ignore[assignment]
+    kind: EdgeKind = EdgeKind.BOXING,
 ) -> str:
-    kind = kind or EdgeKind.BOXING
     payload = {
         "v": COST_MODEL_VERSION,
         "shape": list(spec.shape),
@@ -332,9 +337,8 @@ class CostTables:
 
 
 def _compute_op_entry(
-    args: tuple[Graph | None, Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int],
+    op: Op, ins: tuple[TensorSpec, ...], outs: tuple[TensorSpec, ...], mesh: Mesh, zero: int
 ) -> bytes:
-    _, op, ins, outs, mesh, zero = args
     rules = default_rules()
     ctx = RuleContext(op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero)
     sigs, fallback = op_signatures(rules, ctx)
@@ -346,7 +350,7 @@ def _compute_op_entry(
 def _compute_op_batch(
     batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int]],
 ) -> list[bytes]:
-    return [_compute_op_entry((None, *item)) for item in batch]
+    return [_compute_op_entry(*item) for item in batch]
 
 
 def _edge_matrix(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh) -> np.ndarray:

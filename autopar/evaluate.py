@@ -25,7 +25,7 @@ from autopar.costs import (
     edge_kind,
     op_compute_time,
     op_signatures,
-    optimizer_gather_time,
+    optimizer_gather_plan,
     rule_context,
 )
 from autopar.graph import DTYPE_BYTES, Graph
@@ -134,27 +134,15 @@ def evaluate(
             if sig not in valid_sigs:
                 errors.append(f"op {op.name!r} ({op.type}): signature {sig} is not one its rule offers")
         t = op_compute_time(rule, ctx, sig, mesh)
-        gather = optimizer_gather_time(ctx, sig, mesh)
-        compute += t - gather
-        if gather > 0:
-            # account the ZeRO parameter all-gather as communication on the dp axes
-            ins_list = list(op.inputs)
-            model_port = next(
-                p for p in ins_list if p.startswith("model_") and not p.startswith("model_diff")
-            )
-            grad_port = next(p for p in ins_list if p.startswith("model_diff"))
-            spec = graph.tensors[op.inputs[model_port]]
-            bp = boxing_plan(
-                spec.shape,
-                2,
-                sig.inputs[ins_list.index(grad_port)],
-                sig.inputs[ins_list.index(model_port)],
-                mesh,
-            )
-            for step in bp.steps:
+        gather = optimizer_gather_plan(ctx, sig, mesh)
+        if gather is not None:
+            # the ZeRO parameter all-gather counts as communication on the dp axes
+            t -= gather.time_s
+            for step in gather.steps:
                 comm_axis[step.axis] += step.time_s
                 bytes_axis[step.axis] += step.bytes_per_device
                 comm_kind[step.collective.value] += step.time_s
+        compute += t
         for port, sbp in zip(outs, sig.outputs):
             tensor_sbp[op.outputs[port]] = sbp
 

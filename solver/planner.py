@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -54,7 +53,8 @@ __all__ = ["PlanRequest", "Progress", "build_problem", "plan", "solve_on_mesh"]
 log = logging.getLogger("autopar.planner")
 
 MAX_MEMORY_ROUNDS = 6
-TIE_ROUNDS = int(os.environ.get("AUTOPAR_TIE_ROUNDS", "1"))
+TIE_ROUNDS = 1
+"""Weisfeiler-Lehman refinements for layer tying (more rounds split layers near the ends apart)."""
 TIE_THRESHOLD_OPS = 8000
 """Graphs with more ops are solved with identical layers tied (see :mod:`solver.tying`)."""
 VERIFY_RTOL = 1e-6
@@ -142,7 +142,6 @@ class BuiltProblem:
     problem: Problem
     tables: CostTables
     op_names: list[str]
-    positions: list[int] = field(default_factory=list)
 
 
 def _output_bytes(tables: CostTables, op_name: str, port_index: int, nbytes: float) -> np.ndarray:
@@ -206,7 +205,7 @@ def build_problem(
         budget_bytes=budget_bytes if rows else None,
         labels=labels,
     )
-    return BuiltProblem(problem, tables, [op.name for op in order], list(positions or []))
+    return BuiltProblem(problem, tables, [op.name for op in order])
 
 
 def _assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
