@@ -29,8 +29,10 @@ from autopar.cluster import Mesh
 from autopar.costs import op_compute_time, op_signatures, rule_context
 from autopar.errors import ConfigError
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role
+from autopar.optimizer import model_port_index, parameter_sources, weight_gradient_path
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
+from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
 from autopar.sbp import B, NdSbp, Partial, S, Signature
 
 __all__ = ["BASELINES", "BaselineKind", "baseline_plan", "megatron_parameter_layout"]
@@ -57,6 +59,8 @@ LOSS_OPS = frozenset(
 )
 MATMUL_OPS = frozenset({"matmul", "broadcast_matmul", "fused_matmul_bias", "batch_matmul"})
 EMBEDDING_OPS = frozenset({"gather", "embedding"})
+SUM_OPS = frozenset({"add_n", "add", "broadcast_add"})
+"""Ops that sum their inputs: partial sums in, partial sum out (no reduction needed yet)."""
 VOCAB_PARALLEL_RATIO = 8
 """An embedding table with at least this many rows per column is a vocabulary (vocab-parallel)."""
 
@@ -70,35 +74,7 @@ class _Structure:
 
 
 def _structure(graph: Graph) -> _Structure:
-    var_tensor = {v.tensor: v.op for v in graph.variables}
-    source: dict[str, str] = dict(var_tensor)
-    for op in graph.topological_order:
-        if (
-            op.type
-            in ("cast", "identity", "amp_white_identity", "parallel_cast", "hierarchical_parallel_cast")
-            and len(op.inputs) == 1
-        ):
-            (t,) = op.inputs.values()
-            if t in source:
-                for o in op.outputs.values():
-                    source[o] = source[t]
-    # weight-gradient path: from each variable's gradient back through its producers
-    # while the tensor keeps the parameter's shape (casts, clipping, add_n of uses)
-    path: set[str] = set()
-    for v in graph.variables:
-        if not v.grad:
-            continue
-        shape = graph.tensors[v.grad].shape
-        stack = [v.grad]
-        while stack:
-            t = stack.pop()
-            if t in path or t in source or graph.tensors[t].shape != shape:
-                continue
-            path.add(t)
-            prod = graph.op_by_name[graph.producer[t][0]]
-            stack.extend(prod.inputs.values())
-    # only the tensors produced by ops whose outputs are all gradients count
-    return _Structure(source, frozenset(path))
+    return _Structure(parameter_sources(graph), weight_gradient_path(graph))
 
 
 def _weight_input(op: Op, st: _Structure) -> str | None:
@@ -246,8 +222,12 @@ def baseline_plan(
     zero_stage: int = 0,
     *,
     rules: RuleSet | None = None,
+    runtime: str = DEFAULT_RUNTIME,
 ) -> Plan:
-    """Build the ``kind`` baseline plan of ``graph`` on ``mesh`` (signatures only; evaluate it next)."""
+    """Build the ``kind`` baseline plan of ``graph`` on ``mesh`` (signatures only; evaluate it next).
+
+    Boxing is priced as ``runtime`` lowers it (:mod:`autopar.runtime`).
+    """
     try:
         kind = BaselineKind(kind)
     except ValueError:
@@ -270,13 +250,14 @@ def baseline_plan(
         var_layout = megatron_parameter_layout(graph, mesh)
         data = NdSbp(tuple(B if a == tp_axis else S(0) for a in range(ndim)))
 
+    lowering = runtime_profile(runtime).lowering.value
     box_memo: dict[tuple[tuple[int, ...], int, NdSbp, NdSbp], float] = {}
 
     def box(shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp) -> float:
         key = (shape, itemsize, src, dst)
         hit = box_memo.get(key)
         if hit is None:
-            hit = boxing_time(shape, itemsize, src, dst, mesh)
+            hit = boxing_time(shape, itemsize, src, dst, mesh, lowering)
             box_memo[key] = hit
         return hit
 
@@ -297,6 +278,14 @@ def baseline_plan(
                 if axis == tp_axis and (
                     (op.type in MATMUL_OPS or op.type in EMBEDDING_OPS) and _weight_input(op, st) is not None
                 ):
+                    continue
+                if (
+                    axis == tp_axis
+                    and op.type in SUM_OPS
+                    and all(isinstance(s[axis], Partial) for s in sig.inputs)
+                ):
+                    # summing tp partial sums (the input gradients of separate Q, K, V
+                    # projections) before the one all-reduce, as Megatron's fused QKV does
                     continue
                 return False
         return True
@@ -328,13 +317,9 @@ def baseline_plan(
             candidates = sigs
             if op.role is Role.OPTIMIZER:
                 # the optimizer takes the parameter as laid out
-                model_ports = [
-                    i
-                    for i, p in enumerate(op.inputs)
-                    if p.startswith("model_") and not p.startswith("model_diff")
-                ]
-                if model_ports:
-                    i = model_ports[0]
+                model_index = model_port_index(op)
+                if model_index is not None:
+                    i = model_index
                     want = tensor_sbp.get(list(op.inputs.values())[i])
                     matching = [s for s in sigs if s.inputs[i] == want]
                     candidates = matching or sigs
@@ -369,4 +354,11 @@ def baseline_plan(
         chosen[op.name] = sig
         for port, out in zip(op.outputs, sig.outputs):
             tensor_sbp[op.outputs[port]] = out
-    return Plan.from_assignment(graph, mesh, zero_stage, chosen, source=f"baseline:{kind.value}")
+    return Plan.from_assignment(
+        graph,
+        mesh,
+        zero_stage,
+        chosen,
+        source=f"baseline:{kind.value}",
+        runtime=runtime_profile(runtime).name,
+    )

@@ -25,10 +25,13 @@ cannot happen (a split that does not divide, a
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
@@ -39,13 +42,16 @@ __all__ = [
     "BoxingSearch",
     "BoxingStep",
     "Collective",
+    "OneFlowBoxing",
     "all_gather_time",
     "all_reduce_time",
     "all_to_all_time",
     "boxing_plan",
+    "boxing_search",
     "boxing_time",
     "collective_bytes",
     "reduce_scatter_time",
+    "send_recv_bytes",
 ]
 
 INF = math.inf
@@ -56,6 +62,7 @@ class Collective(str, Enum):
     ALL_REDUCE = "all-reduce"
     REDUCE_SCATTER = "reduce-scatter"
     ALL_TO_ALL = "all-to-all"
+    SEND_RECV = "send-recv"
     LOCAL = "local"
 
 
@@ -289,13 +296,267 @@ class BoxingSearch:
         return BoxingPlan(src, dst, real_steps, t)
 
 
-def boxing_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
-    """Cheapest sequence of 1-D collectives turning ``src`` into ``dst`` on ``mesh``."""
+def boxing_search(
+    shape: Sequence[int], itemsize: int, mesh: Mesh, lowering: str = "ideal"
+) -> BoxingSearch | OneFlowBoxing:
+    """The boxing finder of one tensor for ``lowering`` (``"ideal"`` or ``"oneflow-0.9"``)."""
+    if lowering == "oneflow-0.9":
+        return OneFlowBoxing(shape, itemsize, mesh)
+    if lowering != "ideal":
+        raise ValueError(f"unknown lowering {lowering!r}")
+    return BoxingSearch(shape, itemsize, mesh)
+
+
+def boxing_plan(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh, lowering: str = "ideal"
+) -> BoxingPlan:
+    """The steps turning ``src`` into ``dst`` on ``mesh`` as ``lowering`` runs them."""
     if src == dst:
         return BoxingPlan(src, dst, (), 0.0)
-    return BoxingSearch(shape, itemsize, mesh).plan(src, dst)
+    return boxing_search(shape, itemsize, mesh, lowering).plan(src, dst)
 
 
-def boxing_time(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> float:
+def boxing_time(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh, lowering: str = "ideal"
+) -> float:
     """Seconds to box ``src`` into ``dst`` (``inf`` when impossible)."""
-    return boxing_plan(shape, itemsize, src, dst, mesh).time_s
+    return boxing_plan(shape, itemsize, src, dst, mesh, lowering).time_s
+
+
+# ------------------------------------------------------------- OneFlow 0.9 lowering
+
+
+def _region_bounds(
+    shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int], coords: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per device (rows of ``coords``) and tensor dim, the [start, stop) a device holds.
+
+    Nested splits as OneFlow lays them out: axis 0 splits a dim first, a later
+    axis splits the block the earlier one left (``local_shape``'s order).
+    """
+    n_dev = coords.shape[0]
+    starts = np.zeros((n_dev, len(shape)), dtype=np.int64)
+    sizes = np.tile(np.asarray(shape, dtype=np.int64), (n_dev, 1))
+    for axis, value in enumerate(sbp.values):
+        if isinstance(value, Split):
+            d = value.dim
+            sizes[:, d] //= mesh_shape[axis]
+            starts[:, d] += coords[:, axis] * sizes[:, d]
+    return starts, starts + sizes
+
+
+def send_recv_bytes(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh_shape: Sequence[int]
+) -> float:
+    """Largest bytes any device receives when ``src`` is boxed into ``dst`` point to point.
+
+    Formula, per device ``d`` with destination region ``R_d`` and source region
+    ``R'_d``: ``received = p * |R_d| - |R_d & R'_d|`` elements, where ``p`` is the
+    product of the sizes of the axes on which ``src`` is ``P`` (``d`` needs every
+    addend of its region; it holds one of them, for the part of ``R_d`` it
+    already has).  Bytes = elements * ``itemsize``; the maximum over devices is
+    returned (the slowest device finishes the step).  Units: bytes.
+    Source: OneFlow 0.9 ``NcclSendRecvBoxingKernel`` (each rank receives the
+    intersections of its output slice with every other rank's input slice).
+    """
+    if local_shape(shape, src, mesh_shape) is None or local_shape(shape, dst, mesh_shape) is None:
+        return INF
+    coords = np.indices(tuple(mesh_shape)).reshape(len(mesh_shape), -1).T
+    s0, s1 = _region_bounds(shape, src, mesh_shape, coords)
+    d0, d1 = _region_bounds(shape, dst, mesh_shape, coords)
+    region = np.prod(d1 - d0, axis=1).astype(np.float64)
+    overlap = np.prod(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None), axis=1).astype(np.float64)
+    partial = math.prod(n for v, n in zip(src.values, mesh_shape) if isinstance(v, Partial))
+    received = partial * region - overlap
+    return float(received.max()) * itemsize
+
+
+def send_recv_time(nbytes: float, link: AxisLink) -> float:
+    """Point-to-point send/recv time, seconds: ``alpha + bytes / beta``.
+
+    Grouped ``ncclSend``/``ncclRecv`` to every peer at once pays one latency.
+    Source: NCCL p2p semantics; nccl-tests ``sendrecv_perf`` (busbw = algbw).
+    """
+    if nbytes <= 0:
+        return 0.0
+    return link.latency + nbytes / link.bandwidth
+
+
+def _send_recv_step(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingStep:
+    """One NCCL send/recv boxing, charged to the slowest mesh axis the data crosses."""
+    if any(isinstance(v, Partial) for v in dst.values):
+        # OneFlow 0.9: "Partial SBP in the consumer" is not supported by send/recv boxing
+        return BoxingStep(0, Collective.SEND_RECV, src, dst, INF, INF)
+    nbytes = send_recv_bytes(shape, itemsize, src, dst, mesh.shape)
+    involved = [
+        a for a, (s, d) in enumerate(zip(src.values, dst.values)) if (s != d or isinstance(s, Partial))
+    ] or [0]
+    axis = min(involved, key=lambda a: (mesh.axes[a].bandwidth, a))
+    return BoxingStep(axis, Collective.SEND_RECV, src, dst, nbytes, send_recv_time(nbytes, mesh.axes[axis]))
+
+
+def _all_same(sbp: NdSbp, axes: Sequence[int]) -> bool:
+    return len({sbp[a] for a in axes}) == 1
+
+
+def _oneflow_hop(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
+) -> BoxingStep | None:
+    """One boxing as OneFlow 0.9 builds it without middle nodes (None: same SBP)."""
+    if src == dst:
+        return None
+    live = [a for a, n in enumerate(mesh.shape) if n > 1]
+    changed = [a for a in live if src[a] != dst[a]]
+    if not changed:
+        return None  # differ only on size-1 axes: dropped by InOutParallelDimReduce
+    if len(live) > 1 and _all_same(src, live) and _all_same(dst, live):
+        # both reduce to 1-D over the flattened mesh: one collective over every device,
+        # as slow as the slowest axis it spans
+        axis = min(live, key=lambda a: (mesh.axes[a].bandwidth, a))
+        flat = AxisLink(
+            math.prod(mesh.shape[a] for a in live),
+            mesh.axes[axis].bandwidth,
+            max(mesh.axes[a].latency for a in live),
+            any(mesh.axes[a].crosses_nodes for a in live),
+        )
+        kind = one_axis_collective(src[live[0]], dst[live[0]])
+        if kind is None:
+            return BoxingStep(axis, Collective.SEND_RECV, src, dst, INF, INF)
+        if kind is Collective.LOCAL:
+            return BoxingStep(axis, kind, src, dst, 0.0, 0.0)
+        total = float(math.prod(shape) * itemsize)
+        return BoxingStep(
+            axis, kind, src, dst, collective_bytes(kind, total, flat.size), _TIME[kind](total, flat)
+        )
+    if len(changed) == 1 and len(live) <= 2:
+        (axis,) = changed
+        outer = live.index(axis) == 0 and len(live) == 2
+        if outer and (_all_same(src, live) or _all_same(dst, live)):
+            # Dim0NdSbpMismatchedSubTskGphBuilder: an all-same-split end goes to send/recv
+            return _send_recv_step(shape, itemsize, src, dst, mesh)
+        step = _step(shape, itemsize, mesh, src, axis, dst[axis])
+        return step if step is not None else BoxingStep(axis, Collective.SEND_RECV, src, dst, INF, INF)
+    # both axes change (or more than two axes): NDNcclSendRecvBoxingSubTskGphBuilder
+    return _send_recv_step(shape, itemsize, src, dst, mesh)
+
+
+class OneFlowBoxing:
+    """What OneFlow 0.9 runs for every boxing of one tensor (shape, item size) on one mesh.
+
+    Source: OneFlow v0.9.0 ``oneflow/core/graph/boxing/hierarchical_sub_task_graph_builder_impl.cpp``
+    and ``oneflow/core/job_rewriter/boxing_with_middle_nodes.cpp`` (table in
+    docs/runtime-profiles.md):
+
+    * size-1 axes are dropped; when both ends are the same value on every
+      remaining axis (``(S(0), S(0))``, ``(B, B)``, ``(P, P)``) the change is one
+      1-D collective over all devices (``FlatSubTskGphBuilder``);
+    * only the inner axis changes: a 1-D collective inside each group
+      (``IntraGroupSubTskGphBuilder``);
+    * only the outer axis changes: a 1-D collective across groups
+      (``InterGroupSubTskGphBuilder``), except when an end is split the same
+      way on every axis, which goes to send/recv;
+    * anything else, and every change on more than two axes: point-to-point
+      NCCL send/recv of the needed slices (``NDNcclSendRecvBoxingSubTskGphBuilder``;
+      it cannot produce ``P``).
+
+    On two axes the middle-node pass (``BoxingWithMiddleNodes``, on unless
+    ``ONEFLOW_BOXING_DISABLE_MIDDLE_NODE_AND_CHECK``) may route a change through
+    up to two intermediate N-D SBPs when that is cheaper; each hop is lowered
+    as above.  The cheapest such route is the cost (min-plus products of the
+    hop matrix), so the work per tensor is polynomial in the number of N-D SBPs.
+    """
+
+    def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
+        self.shape = tuple(shape)
+        self.itemsize = itemsize
+        self.mesh = mesh
+        self.live = [a for a, n in enumerate(mesh.shape) if n > 1]
+        self._routes: tuple[list[NdSbp], dict[NdSbp, int], np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._hops: dict[tuple[NdSbp, NdSbp], BoxingStep | None] = {}
+
+    def _canon(self, sbp: NdSbp) -> NdSbp:
+        """``sbp`` with size-1 axes set to ``B`` (their value changes nothing)."""
+        return NdSbp(tuple(v if n > 1 else B for v, n in zip(sbp.values, self.mesh.shape)))
+
+    def hop(self, src: NdSbp, dst: NdSbp) -> BoxingStep | None:
+        key = (src, dst)
+        if key not in self._hops:
+            self._hops[key] = _oneflow_hop(self.shape, self.itemsize, src, dst, self.mesh)
+        return self._hops[key]
+
+    def _route_tables(self) -> tuple[list[NdSbp], dict[NdSbp, int], np.ndarray, np.ndarray, np.ndarray]:
+        if self._routes is None:
+            values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
+            states = []
+            for combo in itertools.product(values, repeat=len(self.live)):
+                vals: list[SbpValue] = [B] * self.mesh.ndim
+                for a, v in zip(self.live, combo):
+                    vals[a] = v
+                state = NdSbp(tuple(vals))
+                if local_shape(self.shape, state, self.mesh.shape) is not None:
+                    states.append(state)
+            index = {s: i for i, s in enumerate(states)}
+            n = len(states)
+            hop = np.zeros((n, n), dtype=np.float64)
+            for i, first in enumerate(states):
+                for j, second in enumerate(states):
+                    if i != j:
+                        step = self.hop(first, second)
+                        hop[i, j] = 0.0 if step is None else step.time_s
+            two = hop[:, :, None] + hop[None, :, :]  # i -> k -> j
+            via2 = two.argmin(axis=1)
+            best2 = np.minimum(hop, two.min(axis=1))
+            three = best2[:, :, None] + hop[None, :, :]  # (i ->> k) -> j
+            via3 = three.argmin(axis=1)
+            self._routes = (states, index, hop, via2, via3)
+        return self._routes
+
+    def _route(self, src: NdSbp, dst: NdSbp) -> tuple[float, list[tuple[NdSbp, NdSbp]]]:
+        direct = self.hop(src, dst)
+        best: tuple[float, list[tuple[NdSbp, NdSbp]]] = (
+            0.0 if direct is None else direct.time_s,
+            [] if direct is None else [(src, dst)],
+        )
+        if len(self.live) != 2 or best[0] == 0.0:
+            return best
+        states, index, hop, via2, via3 = self._route_tables()
+        i, j = index.get(self._canon(src)), index.get(self._canon(dst))
+        if i is None or j is None:
+            return best
+
+        def two(a: int, b: int) -> tuple[float, list[tuple[int, int]]]:
+            k = int(via2[a, b])
+            if hop[a, k] + hop[k, b] < hop[a, b]:
+                return float(hop[a, k] + hop[k, b]), [(a, k), (k, b)]
+            return float(hop[a, b]), [(a, b)]
+
+        k = int(via3[i, j])
+        c2, p2 = two(i, k)
+        c3, p3 = two(i, j)
+        if c2 + hop[k, j] < c3:
+            c3, p3 = c2 + float(hop[k, j]), [*p2, (k, j)]
+        if c3 < best[0]:
+            best = (c3, [(states[a], states[b]) for a, b in p3])
+        return best
+
+    def time(self, src: NdSbp, dst: NdSbp) -> float:
+        if src == dst:
+            return 0.0
+        if local_shape(self.shape, src, self.mesh.shape) is None:
+            return INF
+        if local_shape(self.shape, dst, self.mesh.shape) is None:
+            return INF
+        return self._route(src, dst)[0]
+
+    def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
+        t = self.time(src, dst)
+        if src == dst or not math.isfinite(t):
+            return BoxingPlan(src, dst, (), t)
+        _, hops = self._route(src, dst)
+        steps = []
+        for a, b in hops:
+            # hops between canonical states: show them on the real ends
+            step = self.hop(src if a == self._canon(src) else a, dst if b == self._canon(dst) else b)
+            if step is not None and step.collective is not Collective.LOCAL:
+                steps.append(step)
+        return BoxingPlan(src, dst, tuple(steps), t)

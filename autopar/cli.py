@@ -24,6 +24,7 @@ from typing import Any
 
 from autopar.cluster import PRESETS, Cluster, Mesh, parse_mesh_shape
 from autopar.errors import AutoparError, ConfigError
+from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 
 __all__ = ["main", "parse_bytes"]
 
@@ -63,6 +64,12 @@ def _add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> N
         help="logical mesh, e.g. 4,2 (last axis tensor-parallel); default: searched / 2-D",
     )
     p.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default 2)")
+    p.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        choices=sorted(RUNTIMES),
+        help=f"runtime profile boxing is priced for (default {DEFAULT_RUNTIME}; see docs/runtime-profiles.md)",
+    )
 
 
 def _mesh_from_args(args: argparse.Namespace, default_2d: bool = True) -> Mesh:
@@ -133,7 +140,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args.graph)
     mesh = _mesh_from_args(args)
-    plan = baseline_plan(args.kind, graph, mesh, args.zero)
+    plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
     attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")

@@ -6,20 +6,27 @@ Per op and N-D signature (pure functions, seconds):
 * ``CostKind.MEMORY``: ``(local input bytes + local output bytes) /
   (memory_bandwidth * memory_efficiency)`` (roofline for memory-bound ops);
 * ``CostKind.FREE``: 0 (views, variables, ticks);
-* optimizer ops (role ``optimizer``) additionally pay the ZeRO all-gather of the
-  updated fp16 parameter: boxing from the gradient's SBP to the parameter's
-  (0 when they are equal, i.e. ZeRO stage 0).
+* optimizer ops (role ``optimizer``) additionally pay ZeRO's parameter
+  all-gathers: boxing of the parameter (in its own dtype) from the gradient's
+  SBP to the parameter's, once after the update under ZeRO-1/2, twice (before
+  forward and before backward) under ZeRO-3; 0 when the layouts are equal.
 
 ``work_share`` is the product of the sizes of the mesh axes on which some port
 is split (an axis where every port is ``B`` or ``P`` repeats the work).
 
 Per edge (producer output port -> consumer input port): boxing time from the
-producer's output N-D SBP to the consumer's input N-D SBP (:mod:`autopar.boxing`).
+producer's output N-D SBP to the consumer's input N-D SBP as the runtime
+profile lowers it (:mod:`autopar.runtime`, :mod:`autopar.boxing`).  An edge
+into an optimizer's gradient port is a gradient reduction: frameworks bucket
+those, so its per-step latency is scaled by ``min(1, bytes / bucket)``
+(:func:`bucketed_time`).
 
 :class:`CostTables` holds, for one graph on one mesh, each op's signature list
 and compute times, and each edge's boxing matrix.  Entries are keyed by content
 (op type, attrs that matter, shapes, dtypes, mesh and cluster, ZeRO stage for
-optimizer ops, :data:`COST_MODEL_VERSION`), so identical layers share them;
+optimizer ops, the runtime profile, and :func:`model_digest` -- a hash of
+every source file that can change a cost), so identical layers share them and
+an upgraded model never reads stale entries;
 missing entries are computed in a process pool and stored in a
 :class:`~autopar.store.KeyValueStore` for later graphs and runs.
 """
@@ -40,9 +47,16 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import BoxingPlan, BoxingSearch, boxing_plan
+from autopar.boxing import BoxingPlan, BoxingStep, boxing_plan, boxing_search
 from autopar.cluster import Mesh
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
+from autopar.optimizer import (
+    IN_PLACE_PORTS,
+    grad_port_index,
+    model_port_index,
+    state_count,
+    weight_gradient_path,
+)
 from autopar.rules.registry import (
     CostKind,
     Rule,
@@ -54,6 +68,7 @@ from autopar.rules.registry import (
     nd_signatures,
     work_share,
 )
+from autopar.runtime import RuntimeProfile, runtime_profile
 from autopar.sbp import NdSbp, Signature, local_shape, parse_signature
 from autopar.store import KeyValueStore, MemoryStore
 
@@ -63,13 +78,51 @@ __all__ = [
     "EdgeKind",
     "EdgeTable",
     "OpTable",
+    "bucketed_time",
     "build_cost_tables",
     "edge_kind",
+    "model_digest",
     "op_compute_time",
     "op_signatures",
 ]
 
-COST_MODEL_VERSION = "1"
+COST_MODEL_VERSION = "2"
+
+_MODEL_SOURCES = (
+    "boxing.py", "cluster.py", "costs.py", "graph.py", "memory.py", "optimizer.py",
+    "runtime.py", "sbp.py", "rules",
+)  # fmt: skip
+"""Files and folders of :mod:`autopar` whose code can change a cost table entry."""
+
+
+def model_digest(root: str | None = None) -> str:
+    """SHA-256 (hex, 16 chars) of every source file that can change a cost.
+
+    Part of every cost-table key, so a changed rule, boxing or cost formula
+    misses entries written by older code instead of serving them.
+    """
+    base = root or os.path.dirname(os.path.abspath(__file__))
+    if root is None and _DIGEST_CACHE:
+        return _DIGEST_CACHE[0]
+    h = hashlib.sha256()
+    for name in _MODEL_SOURCES:
+        path = os.path.join(base, name)
+        files = (
+            sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".py"))
+            if os.path.isdir(path)
+            else [path]
+        )
+        for f in files:
+            h.update(os.path.relpath(f, base).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read())
+    digest = h.hexdigest()[:16]
+    if root is None:
+        _DIGEST_CACHE.append(digest)
+    return digest
+
+
+_DIGEST_CACHE: list[str] = []
 
 # Attrs that change neither signatures nor costs (random seeds, scalar operands,
 # optimizer hyper-parameters): left out of cache keys so identical layers share.
@@ -99,9 +152,16 @@ _IRRELEVANT_ATTRS = frozenset(
     }
 )
 
-OPTIMIZER_BYTES_PER_ELEMENT = 32
-"""Adam update traffic per local element, bytes: read fp32 param, m, v, grad (16),
-write param, m, v (12), write the fp16 copy (2) ~ 32 (rounded)."""
+
+def optimizer_update_bytes(param_itemsize: int, grad_itemsize: int, states: int) -> int:
+    """Memory traffic of an elementwise optimizer update per local element, bytes.
+
+    Reads the parameter, the gradient and each state, writes the parameter and
+    each state: ``2 * param + grad + 2 * states * param``.  Adam on float32:
+    ``8 + 4 + 16 = 28``.  Source: the update kernels read and write every
+    operand once (OneFlow ``adam_update`` kernel).
+    """
+    return 2 * param_itemsize + grad_itemsize + 2 * states * param_itemsize
 
 
 # ------------------------------------------------------------------ per op
@@ -138,19 +198,26 @@ def _local_bytes(specs: Sequence[TensorSpec], sbps: Sequence[NdSbp], mesh_shape:
     return total
 
 
-def op_compute_time(rule: Rule | None, ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
+def op_compute_time(
+    rule: Rule | None, ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal"
+) -> float:
     """Seconds of compute for ``ctx.op`` under ``sig`` (formulas in the module docstring)."""
     dev = mesh.cluster.device
     if ctx.op.role is Role.OPTIMIZER and ctx.op.type not in ("variable", "input", "output"):
         t = 0.0
         if ctx.inputs:
             # the gradient port decides the local slice each device updates
-            grad_index = _grad_port_index(ctx.op)
+            grad_index = grad_port_index(ctx.op)
             spec = ctx.inputs[grad_index]
             local = local_shape(spec.shape, sig.inputs[grad_index], mesh.shape)
             numel = math.prod(local) if local is not None else spec.numel
-            t += numel * OPTIMIZER_BYTES_PER_ELEMENT / (dev.memory_bandwidth * dev.memory_efficiency)
-        return t + optimizer_gather_time(ctx, sig, mesh)
+            model_index = model_port_index(ctx.op)
+            param = ctx.inputs[model_index] if model_index is not None else spec
+            per_element = optimizer_update_bytes(
+                DTYPE_BYTES[param.dtype], DTYPE_BYTES[spec.dtype], state_count(ctx.op.type, ctx.op.attrs)
+            )
+            t += float(numel * per_element) / (dev.memory_bandwidth * dev.memory_efficiency)
+        return t + optimizer_gather_time(ctx, sig, mesh, lowering)
     kind = rule.cost if rule is not None else CostKind.MEMORY
     if kind is CostKind.FREE:
         return 0.0
@@ -163,43 +230,60 @@ def op_compute_time(rule: Rule | None, ctx: RuleContext, sig: Signature, mesh: M
     return moved / (dev.memory_bandwidth * dev.memory_efficiency)
 
 
-def _grad_port_index(op: Op) -> int:
-    ports = list(op.inputs)
-    for i, port in enumerate(ports):
-        if port.startswith("model_diff"):
-            return i
-    return 0
+def zero_gathers_per_step(zero_stage: int) -> int:
+    """Parameter all-gathers per step under ZeRO: 1 after the update (stages 1-2); 2 under
+    ZeRO-3, which keeps parameters sharded and gathers them before forward and again
+    before backward.  Source: ZeRO paper section 7.2 (ZeRO-3 moves 3 Psi vs 2 Psi)."""
+    return 2 if zero_stage >= 3 else 1
 
 
-def _model_port_index(op: Op) -> int | None:
-    for i, port in enumerate(op.inputs):
-        if port.startswith("model_") and not port.startswith("model_diff"):
-            return i
-    return None
+def optimizer_gather_plan(
+    ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal"
+) -> BoxingPlan | None:
+    """One ZeRO all-gather of the parameter, or None when there is none.
 
-
-def optimizer_gather_plan(ctx: RuleContext, sig: Signature, mesh: Mesh) -> BoxingPlan | None:
-    """The ZeRO all-gather of the updated parameter, or None when there is none.
-
-    Boxing of the fp16 parameter (2 bytes per element) from the gradient's
-    layout (sharded over the data-parallel axes under ZeRO >= 1) back to the
-    parameter's layout.  Zero when both layouts agree (ZeRO stage 0).
+    Boxing of the parameter, in its own dtype, from the gradient's layout
+    (sharded over the data-parallel axes under ZeRO >= 1) back to the
+    parameter's layout.  None when both layouts agree (ZeRO stage 0).  It runs
+    :func:`zero_gathers_per_step` times per step.
     Source: ZeRO paper section 7 (ZeRO-2 traffic = reduce-scatter + all-gather).
     """
-    model_index = _model_port_index(ctx.op)
+    model_index = model_port_index(ctx.op)
     if model_index is None:
         return None
-    grad_index = _grad_port_index(ctx.op)
+    grad_index = grad_port_index(ctx.op)
     src, dst = sig.inputs[grad_index], sig.inputs[model_index]
     if src == dst:
         return None
-    return boxing_plan(ctx.inputs[model_index].shape, 2, src, dst, mesh)
+    param = ctx.inputs[model_index]
+    return boxing_plan(param.shape, DTYPE_BYTES[param.dtype], src, dst, mesh, lowering)
 
 
-def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
-    """Seconds of :func:`optimizer_gather_plan` (0 when there is no gather)."""
-    plan = optimizer_gather_plan(ctx, sig, mesh)
-    return 0.0 if plan is None else plan.time_s
+def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal") -> float:
+    """Seconds per step of :func:`optimizer_gather_plan` (0 when there is no gather)."""
+    plan = optimizer_gather_plan(ctx, sig, mesh, lowering)
+    return 0.0 if plan is None else plan.time_s * zero_gathers_per_step(ctx.zero_stage)
+
+
+def step_latency(step: BoxingStep, mesh: Mesh) -> float:
+    """The latency part of a boxing step, seconds: its time less its bytes over the axis bandwidth."""
+    return max(0.0, step.time_s - step.bytes_per_device / mesh.axes[step.axis].bandwidth)
+
+
+def bucketed_time(plan: BoxingPlan, tensor_bytes: float, bucket_bytes: int, mesh: Mesh) -> float:
+    """Seconds of a gradient reduction when gradients are reduced in buckets.
+
+    ``time - latency * (1 - min(1, tensor_bytes / bucket_bytes))``: a tensor
+    that fills a fraction ``f`` of a bucket pays ``f`` of the bucket's
+    collective latency, so the sum over gradients is one latency per bucket.
+    ``bucket_bytes = 0``: no bucketing.  Source: PyTorch DDP (``bucket_cap_mb``),
+    DeepSpeed ``reduce_bucket_size``.
+    """
+    if bucket_bytes <= 0 or not plan.steps:
+        return plan.time_s
+    share = min(1.0, tensor_bytes / bucket_bytes)
+    latency = sum(step_latency(s, mesh) for s in plan.steps)
+    return plan.time_s - latency * (1.0 - share)
 
 
 # ------------------------------------------------------------------ edges
@@ -215,19 +299,28 @@ class EdgeKind(str, Enum):
     IN_PLACE = "in_place"
     """The op updates the tensor in place (optimizer ``model``): the layouts must be equal,
     any other pair is forbidden (``inf``)."""
+    GRADIENT = "gradient"
+    """A weight gradient on its way to the optimizer: boxing with bucketed latency
+    (:func:`bucketed_time`), overlappable with the backward pass."""
 
 
 SHAPE_ONLY_PORTS = frozenset({"like"})
-IN_PLACE_OPTIMIZER_PORTS = frozenset({"model", "m", "v", "momentum", "max_v"})
 
 
-def edge_kind(op: Op, port: str) -> EdgeKind:
-    """Classify the edge into ``op``'s input ``port`` (the one place that forbids layout changes)."""
+def edge_kind(op: Op, port: str, gradient: bool = False) -> EdgeKind:
+    """Classify the edge into ``op``'s input ``port`` (the one place that forbids layout changes).
+
+    ``gradient``: the tensor is on a weight gradient's path to its optimizer
+    (:func:`autopar.optimizer.weight_gradient_path`); so is the optimizer's
+    ``model_diff`` port.
+    """
     base = base_name(port)
     if base in SHAPE_ONLY_PORTS:
         return EdgeKind.SHAPE_ONLY
-    if op.role is Role.OPTIMIZER and base in IN_PLACE_OPTIMIZER_PORTS:
+    if op.role is Role.OPTIMIZER and base in IN_PLACE_PORTS:
         return EdgeKind.IN_PLACE
+    if gradient or (op.role is Role.OPTIMIZER and base == "model_diff"):
+        return EdgeKind.GRADIENT
     return EdgeKind.BOXING
 
 
@@ -238,10 +331,12 @@ def _attrs_key(attrs: dict[str, Any]) -> Any:
     return {k: v for k, v in sorted(attrs.items()) if k not in _IRRELEVANT_ATTRS}
 
 
-def op_key(graph: Graph, op: Op, mesh: Mesh, zero_stage: int) -> str:
+def op_key(graph: Graph, op: Op, mesh: Mesh, zero_stage: int, runtime: RuntimeProfile | None = None) -> str:
     """Content key of an op's table entry: what changes its signatures or costs."""
     payload = {
         "v": COST_MODEL_VERSION,
+        "model": model_digest(),
+        "runtime": runtime_profile(runtime).key() if op.role is Role.OPTIMIZER else None,
         "type": op.type,
         "role": op.role.value if op.role is Role.OPTIMIZER else "fwd/bwd",
         "attrs": _attrs_key(op.attrs),
@@ -259,9 +354,12 @@ def edge_key(
     dst: Sequence[NdSbp],
     mesh: Mesh,
     kind: EdgeKind = EdgeKind.BOXING,
+    runtime: RuntimeProfile | None = None,
 ) -> str:
     payload = {
         "v": COST_MODEL_VERSION,
+        "model": model_digest(),
+        "runtime": runtime_profile(runtime).key(),
         "shape": list(spec.shape),
         "dtype": spec.dtype,
         "src": [str(s) for s in src],
@@ -326,6 +424,7 @@ class CostTables:
     stats: dict[str, Any] = field(default_factory=dict)
     op_keys: dict[str, str] = field(default_factory=dict)
     """op name -> content key (equal keys: same signatures and costs)."""
+    runtime: RuntimeProfile = field(default_factory=runtime_profile)
 
     def port_sbp(self, op_name: str, choice: int, port: str, output: bool) -> NdSbp:
         op = self.graph.op_by_name[op_name]
@@ -337,40 +436,77 @@ class CostTables:
 
 
 def _compute_op_entry(
-    op: Op, ins: tuple[TensorSpec, ...], outs: tuple[TensorSpec, ...], mesh: Mesh, zero: int
+    op: Op, ins: tuple[TensorSpec, ...], outs: tuple[TensorSpec, ...], mesh: Mesh, zero: int, lowering: str
 ) -> bytes:
     rules = default_rules()
     ctx = RuleContext(op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero)
     sigs, fallback = op_signatures(rules, ctx)
     rule = rules.get(op.type)
-    times = np.array([op_compute_time(rule, ctx, s, mesh) for s in sigs], dtype=np.float64)
+    times = np.array([op_compute_time(rule, ctx, s, mesh, lowering) for s in sigs], dtype=np.float64)
     return OpTable(sigs, times, fallback).to_bytes()
 
 
 def _compute_op_batch(
-    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int]],
+    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int, str]],
 ) -> list[bytes]:
     return [_compute_op_entry(*item) for item in batch]
 
 
-def _edge_matrix(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh) -> np.ndarray:
-    search = BoxingSearch(spec.shape, DTYPE_BYTES[spec.dtype], mesh)
+def edge_time(
+    spec: TensorSpec, src: NdSbp, dst: NdSbp, mesh: Mesh, kind: EdgeKind, runtime: RuntimeProfile
+) -> tuple[float, BoxingPlan | None]:
+    """Seconds of one edge and the boxing behind it (None when nothing moves).
+
+    The one place an edge is priced: shape-only ports are free, in-place ports
+    forbid any change (``inf``), gradient edges are bucketed, the rest is boxing
+    as ``runtime`` lowers it.
+    """
+    if src == dst or kind is EdgeKind.SHAPE_ONLY:
+        return 0.0, None
+    if kind is EdgeKind.IN_PLACE:
+        return math.inf, None
+    plan = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh, runtime.lowering.value)
+    if kind is EdgeKind.GRADIENT and plan.feasible:
+        return bucketed_time(
+            plan, spec.numel * DTYPE_BYTES[spec.dtype], runtime.grad_bucket_bytes, mesh
+        ), plan
+    return plan.time_s, plan
+
+
+def _edge_matrix(
+    spec: TensorSpec,
+    src: Sequence[NdSbp],
+    dst: Sequence[NdSbp],
+    mesh: Mesh,
+    kind: EdgeKind,
+    runtime: RuntimeProfile,
+) -> np.ndarray:
     m = np.empty((len(src), len(dst)), dtype=np.float64)
+    if kind is EdgeKind.IN_PLACE:
+        for i, s in enumerate(src):
+            for j, d in enumerate(dst):
+                m[i, j] = 0.0 if s == d else math.inf
+        return m
+    search = boxing_search(spec.shape, DTYPE_BYTES[spec.dtype], mesh, runtime.lowering.value)
+    nbytes = spec.numel * DTYPE_BYTES[spec.dtype]
     for i, s in enumerate(src):
         for j, d in enumerate(dst):
-            m[i, j] = search.time(s, d)
+            if kind is EdgeKind.GRADIENT and s != d:
+                plan = search.plan(s, d)
+                m[i, j] = (
+                    bucketed_time(plan, nbytes, runtime.grad_bucket_bytes, mesh)
+                    if plan.feasible
+                    else math.inf
+                )
+            else:
+                m[i, j] = search.time(s, d)
     return m
 
 
-def _compute_edge_batch(batch: list[tuple[TensorSpec, list[NdSbp], list[NdSbp], Mesh, bool]]) -> list[bytes]:
-    out = []
-    for spec, src, dst, mesh, in_place in batch:
-        if in_place:
-            m = np.array([[0.0 if s == d else math.inf for d in dst] for s in src], dtype=np.float64)
-        else:
-            m = _edge_matrix(spec, src, dst, mesh)
-        out.append(zlib.compress(m.astype(np.float64).tobytes(), 1))
-    return out
+def _compute_edge_batch(
+    batch: list[tuple[TensorSpec, list[NdSbp], list[NdSbp], Mesh, EdgeKind, RuntimeProfile]],
+) -> list[bytes]:
+    return [zlib.compress(_edge_matrix(*item).astype(np.float64).tobytes(), 1) for item in batch]
 
 
 def _chunks(items: list[Any], n: int) -> list[list[Any]]:
@@ -392,6 +528,7 @@ def build_cost_tables(
     workers: int | None = None,
     progress: ProgressFn | None = None,
     parallel_threshold: int = 64,
+    runtime: RuntimeProfile | str | None = None,
 ) -> CostTables:
     """Build (or fetch from ``store``) every op and edge table of ``graph`` on ``mesh``.
 
@@ -399,8 +536,11 @@ def build_cost_tables(
     ``workers`` processes (default: CPU count) when there are at least
     ``parallel_threshold`` of them, else in this process.  ``progress`` is
     called as ``progress(phase, done, total)`` with phase ``"ops"`` / ``"edges"``.
+    ``runtime`` (default :data:`autopar.runtime.DEFAULT_RUNTIME`) prices boxing.
     """
     t0 = time.perf_counter()
+    profile = runtime_profile(runtime)
+    lowering = profile.lowering.value
     store = store if store is not None else MemoryStore()
     workers = workers or os.cpu_count() or 1
     ndim = mesh.ndim
@@ -409,7 +549,7 @@ def build_cost_tables(
     keys: dict[str, str] = {}
     first_op_for_key: dict[str, Op] = {}
     for op in graph.ops:
-        k = op_key(graph, op, mesh, zero_stage)
+        k = op_key(graph, op, mesh, zero_stage, profile)
         keys[op.name] = k
         first_op_for_key.setdefault(k, op)
     unique_op_keys = list(first_op_for_key)
@@ -422,6 +562,7 @@ def build_cost_tables(
             tuple(graph.tensors[t] for t in first_op_for_key[k].outputs.values()),
             mesh,
             zero_stage,
+            lowering,
         )
         for k in missing
     ]
@@ -437,13 +578,14 @@ def build_cost_tables(
     # ---- edges
     t1 = time.perf_counter()
     edge_specs: list[tuple[str, str, str, str, str]] = []
+    gradients = weight_gradient_path(graph)
     for op in graph.ops:
         for in_port, tensor in op.inputs.items():
             if edge_kind(op, in_port) is EdgeKind.SHAPE_ONLY:
                 continue  # no data flows: no boxing, no edge
             prod, out_port = graph.producer[tensor]
             edge_specs.append((prod, out_port, op.name, in_port, tensor))
-    distinct: dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp]]] = {}
+    distinct: dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp], EdgeKind]] = {}
     edge_index: list[tuple[str, np.ndarray, np.ndarray]] = []
     for prod, out_port, cons, in_port, tensor in edge_specs:
         ptab, ctab = tables[prod], tables[cons]
@@ -455,8 +597,9 @@ def build_cost_tables(
         src_u = list(dict.fromkeys(src_all))
         dst_u = list(dict.fromkeys(dst_all))
         spec = graph.tensors[tensor]
-        k = edge_key(spec, src_u, dst_u, mesh, edge_kind(cop, in_port))
-        distinct.setdefault(k, (spec, src_u, dst_u))
+        kind = edge_kind(cop, in_port, tensor in gradients)
+        k = edge_key(spec, src_u, dst_u, mesh, kind, profile)
+        distinct.setdefault(k, (spec, src_u, dst_u, kind))
         src_pos = {s: i for i, s in enumerate(src_u)}
         dst_pos = {s: i for i, s in enumerate(dst_u)}
         edge_index.append(
@@ -469,10 +612,7 @@ def build_cost_tables(
     edge_keys = list(distinct)
     found_e = store.get_many(edge_keys)
     missing_e = [k for k in edge_keys if k not in found_e]
-    ejobs = [
-        (distinct[k][0], distinct[k][1], distinct[k][2], mesh, k.startswith("edge:in_place"))
-        for k in missing_e
-    ]
+    ejobs = [(*distinct[k][:3], mesh, distinct[k][3], profile) for k in missing_e]
     computed_e = _run_batches(_compute_edge_batch, ejobs, workers, parallel_threshold, progress, "edges")
     new_e = dict(zip(missing_e, computed_e))
     if new_e:
@@ -480,7 +620,7 @@ def build_cost_tables(
     raw_e = {**found_e, **new_e}
     small: dict[str, np.ndarray] = {}
     for k in edge_keys:
-        _, src_u, dst_u = distinct[k]
+        _, src_u, dst_u, _ = distinct[k]
         small[k] = np.frombuffer(zlib.decompress(raw_e[k]), dtype=np.float64).reshape(len(src_u), len(dst_u))
     edges = [
         EdgeTable(prod, out_port, cons, in_port, tensor, small[k][np.ix_(ri, ci)])
@@ -499,7 +639,7 @@ def build_cost_tables(
         "time_edges_s": t_edges,
         "time_s": time.perf_counter() - t0,
     }
-    return CostTables(graph, mesh, zero_stage, tables, edges, stats, keys)
+    return CostTables(graph, mesh, zero_stage, tables, edges, stats, keys, profile)
 
 
 def _run_batches(

@@ -1,15 +1,23 @@
-"""Independent evaluation of a plan: validity, step time, communication, memory.
+"""Re-evaluation of a plan: validity, step time, communication, memory.
 
-Uses only the core's pure cost and memory functions, never the cost tables or
-the solver, so a solver result can be re-checked by code that did not produce it:
+It shares the cost model's pure functions (op rules, compute time, edge
+pricing, boxing) with the cost tables but none of their caching, batching or
+the solver, so it checks the solver's arithmetic and every edge, not the
+model itself.  The independent check of the model is what OneFlow compiles
+(``autopar oneflow fidelity``).
 
 1. every op's signature must be one its rule offers (all-``B`` for ops with no rule);
 2. every edge (producer output port -> consumer input port) must be boxable
-   (finite cost);
-3. step time = sum of op compute times + sum of boxing times (no overlap);
+   (finite cost), priced by :func:`autopar.costs.edge_time` under the plan's
+   runtime profile;
+3. serial step time = sum of op compute times + sum of edge times; the
+   overlapped step time lets data-parallel gradient reduction hide behind the
+   backward pass: ``serial - min(gradient comm, backward compute)``;
    communication is broken down per mesh axis and per collective kind;
-4. memory per device = model states (ZeRO stage, from each variable's SBP) +
-   activation peak along the topological order.
+4. memory per device = model states (ZeRO stage, from each variable's SBP and
+   the graph's dtypes) + activation peak along the topological order,
+   including boxed input copies at their consumers and ZeRO-3's gathered
+   parameters.
 """
 
 from __future__ import annotations
@@ -19,25 +27,30 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.boxing import boxing_plan
 from autopar.costs import (
     EdgeKind,
     edge_kind,
+    edge_time,
     op_compute_time,
     op_signatures,
     optimizer_gather_plan,
     rule_context,
+    zero_gathers_per_step,
 )
-from autopar.graph import DTYPE_BYTES, Graph
+from autopar.graph import Graph, Role
 from autopar.memory import (
-    MIXED_PRECISION_ADAM,
     MemoryBreakdown,
-    StateBytes,
+    Precision,
     activation_profile,
+    boxed_copy_bytes,
+    graph_state_bytes,
     variable_state_bytes,
+    zero3_gather_buffer_bytes,
 )
+from autopar.optimizer import weight_gradient_path
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
+from autopar.runtime import runtime_profile
 from autopar.sbp import NdSbp
 
 __all__ = ["Evaluation", "attach_evaluation", "evaluate"]
@@ -56,6 +69,14 @@ class Evaluation:
     comm_bytes_per_axis: dict[int, float]
     comm_time_s_per_collective: dict[str, float]
     memory: MemoryBreakdown
+    step_time_overlapped_s: float = math.nan
+    """Serial step time less the gradient reduction hidden behind the backward pass."""
+    grad_comm_time_s: float = 0.0
+    """Seconds of data-parallel gradient reduction (edges into optimizer gradient ports)."""
+    backward_compute_time_s: float = 0.0
+    runtime: str = ""
+    activation_peak_position: int = 0
+    """Position in the topological order where live activations peak."""
     fallback_ops: list[str] = field(default_factory=list)
     fallback_op_types: list[str] = field(default_factory=list)
     boxed_edges: int = 0
@@ -70,6 +91,10 @@ class Evaluation:
             "errors": self.errors[:50],
             "error_count": len(self.errors),
             "step_time_s": self.step_time_s,
+            "step_time_overlapped_s": self.step_time_overlapped_s,
+            "grad_comm_time_s": self.grad_comm_time_s,
+            "backward_compute_time_s": self.backward_compute_time_s,
+            "runtime": self.runtime,
             "compute_time_s": self.compute_time_s,
             "comm_time_s": self.comm_time_s,
             "comm_time_s_per_axis": {str(k): v for k, v in sorted(self.comm_time_s_per_axis.items())},
@@ -93,12 +118,24 @@ def evaluate(
     plan: Plan,
     *,
     rules: RuleSet | None = None,
-    states: StateBytes = MIXED_PRECISION_ADAM,
+    precision: Precision | None = None,
     check_signatures: bool = True,
 ) -> Evaluation:
-    """Recompute validity, step time, communication and memory of ``plan`` on ``graph``."""
+    """Recompute validity, step time, communication and memory of ``plan`` on ``graph``.
+
+    ``precision`` None takes model-state bytes from the graph's dtypes
+    (:func:`autopar.memory.graph_state_bytes`); a :class:`Precision` imposes
+    that policy instead.
+    """
     rules = rules or default_rules()
     mesh = plan.mesh
+    runtime = runtime_profile(plan.runtime)
+    lowering = runtime.lowering.value
+    order_pos = {op.name: i for i, op in enumerate(graph.topological_order)}
+    copies: list[tuple[int, float]] = []
+    gradients = weight_gradient_path(graph)
+    grad_comm = 0.0
+    backward = 0.0
     errors: list[str] = []
     compute = 0.0
     comm_axis: dict[int, float] = defaultdict(float)
@@ -133,16 +170,19 @@ def evaluate(
                 fallback_types.add(op.type)
             if sig not in valid_sigs:
                 errors.append(f"op {op.name!r} ({op.type}): signature {sig} is not one its rule offers")
-        t = op_compute_time(rule, ctx, sig, mesh)
-        gather = optimizer_gather_plan(ctx, sig, mesh)
+        t = op_compute_time(rule, ctx, sig, mesh, lowering)
+        gather = optimizer_gather_plan(ctx, sig, mesh, lowering)
         if gather is not None:
-            # the ZeRO parameter all-gather counts as communication on the dp axes
-            t -= gather.time_s
+            # the ZeRO parameter all-gathers count as communication on the dp axes
+            times = zero_gathers_per_step(plan.zero_stage)
+            t -= gather.time_s * times
             for step in gather.steps:
-                comm_axis[step.axis] += step.time_s
-                bytes_axis[step.axis] += step.bytes_per_device
-                comm_kind[step.collective.value] += step.time_s
+                comm_axis[step.axis] += step.time_s * times
+                bytes_axis[step.axis] += step.bytes_per_device * times
+                comm_kind[step.collective.value] += step.time_s * times
         compute += t
+        if op.role is Role.BACKWARD:
+            backward += t
         for port, sbp in zip(outs, sig.outputs):
             tensor_sbp[op.outputs[port]] = sbp
 
@@ -160,7 +200,7 @@ def evaluate(
                 continue
             if src == dst:
                 continue
-            kind = edge_kind(op, port)
+            kind = edge_kind(op, port, tensor in gradients)
             if kind is EdgeKind.SHAPE_ONLY:
                 continue
             if kind is EdgeKind.IN_PLACE:
@@ -170,24 +210,33 @@ def evaluate(
                 )
                 continue
             spec = graph.tensors[tensor]
-            bp = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh)
-            if not bp.feasible:
+            t_edge, bp = edge_time(spec, src, dst, mesh, kind, runtime)
+            if bp is None or not math.isfinite(t_edge):
                 errors.append(
                     f"edge {graph.producer[tensor][0]!r} -> {op.name!r} port {port!r}: "
                     f"cannot box {src} into {dst} for shape {list(spec.shape)}"
                 )
                 continue
             boxed += 1
+            copies.append((order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape)))
+            # steps carry the unbucketed time; a bucketed gradient edge spreads its
+            # saving over its steps in proportion
+            scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
             for step in bp.steps:
-                comm_axis[step.axis] += step.time_s
+                comm_axis[step.axis] += step.time_s * scale
                 bytes_axis[step.axis] += step.bytes_per_device
-                comm_kind[step.collective.value] += step.time_s
+                comm_kind[step.collective.value] += step.time_s * scale
+            if kind is EdgeKind.GRADIENT:
+                grad_comm += t_edge
 
     params = grads = opt = 0.0
+    variable_sbp: dict[str, NdSbp] = {}
     for v in graph.variables:
         var_sbp = tensor_sbp.get(v.tensor)
         if var_sbp is None:
             continue
+        variable_sbp[v.op] = var_sbp
+        states = precision.state_bytes if precision is not None else graph_state_bytes(graph, v)
         p, g, o = variable_state_bytes(
             graph.tensors[v.tensor].shape, var_sbp, mesh.shape, plan.zero_stage, states
         )
@@ -195,14 +244,30 @@ def evaluate(
         grads += g
         opt += o
     activations = 0.0
+    peak_position = 0
     if len(tensor_sbp) == len(graph.tensors):
-        profile = activation_profile(graph, tensor_sbp, mesh.shape)
+        profile = activation_profile(
+            graph,
+            tensor_sbp,
+            mesh.shape,
+            consumer_copies=copies,
+            working_copy_is_state=precision is Precision.MIXED,
+        )
         activations = max(profile) if profile else 0.0
+        peak_position = max(range(len(profile)), key=profile.__getitem__) if profile else 0
+    if plan.zero_stage >= 3:
+        activations += zero3_gather_buffer_bytes(graph, variable_sbp, mesh.shape)
     comm = sum(comm_axis.values())
+    serial = compute + comm
     return Evaluation(
         valid=not errors,
         errors=errors,
-        step_time_s=compute + comm,
+        step_time_s=serial,
+        step_time_overlapped_s=serial - min(grad_comm, backward),
+        grad_comm_time_s=grad_comm,
+        backward_compute_time_s=backward,
+        runtime=runtime.name,
+        activation_peak_position=peak_position,
         compute_time_s=compute,
         comm_time_s=comm,
         comm_time_s_per_axis={a: comm_axis.get(a, 0.0) for a in range(mesh.ndim)},
@@ -220,6 +285,10 @@ def attach_evaluation(plan: Plan, ev: Evaluation) -> Plan:
     d = ev.to_dict()
     plan.predicted = {
         "step_time_s": ev.step_time_s,
+        "step_time_overlapped_s": ev.step_time_overlapped_s,
+        "grad_comm_time_s": ev.grad_comm_time_s,
+        "backward_compute_time_s": ev.backward_compute_time_s,
+        "runtime": ev.runtime,
         "compute_time_s": ev.compute_time_s,
         "comm_time_s": ev.comm_time_s,
         "comm_time_s_per_axis": d["comm_time_s_per_axis"],

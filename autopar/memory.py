@@ -1,19 +1,29 @@
 """Per-device memory model: model states under ZeRO, and activation peak.
 
-Model states (ZeRO paper, Rajbhandari et al. 2020, section 3 and figure 1):
-mixed-precision Adam keeps, per parameter, an fp16 parameter (2 bytes), an
-fp16 gradient (2 bytes) and fp32 master weight, momentum and variance
-(4 + 4 + 4 = 12 bytes).  With ``Psi`` parameters on a device after tensor
+Model states (ZeRO paper, Rajbhandari et al. 2020, section 3 and figure 1).
+Per parameter element a device keeps ``K_p`` bytes of parameter, ``K_g`` of
+gradient and ``K_o`` of optimizer states.  By default they come from the
+graph (:func:`graph_state_bytes`): ``K_p`` = the variable's dtype size, ``K_g``
+= its gradient tensor's, ``K_o`` = the optimizer's state count times the
+variable's dtype size (plus a float32 master copy when the variable itself is
+half precision).  A OneFlow AMP graph (float32 variables, float16 compute)
+gives 4 + 4 + 8; the low-precision working copies (``cast`` of each use) are
+then ordinary activations.  The ZeRO paper's mixed-precision policy
+(:data:`MIXED_PRECISION_ADAM`: 2 + 2 + 12, working copy = the parameter) is
+available explicitly.  With ``Psi`` parameters on a device after tensor
 splitting and ``Nd`` data-parallel ranks:
 
-==========  ==============================
+==========  ========================================
 ZeRO stage  bytes per device
-==========  ==============================
-0           2 Psi + 2 Psi + 12 Psi = 16 Psi
-1           2 Psi + 2 Psi + 12 Psi / Nd
-2           2 Psi + (2 Psi + 12 Psi) / Nd
-3           (2 Psi + 2 Psi + 12 Psi) / Nd
-==========  ==============================
+==========  ========================================
+0           (K_p + K_g + K_o) Psi
+1           (K_p + K_g) Psi + K_o Psi / Nd
+2           K_p Psi + (K_g + K_o) Psi / Nd
+3           (K_p + K_g + K_o) Psi / Nd
+==========  ========================================
+
+ZeRO-3 gathers each parameter before its forward and again before its
+backward use; the gathered copy is transient: :func:`zero3_gather_buffer_bytes`.
 
 A variable's data-parallel axes are the mesh axes on which its SBP is ``B``:
 the parameter is replicated there, so ZeRO shards its gradients and optimizer
@@ -33,7 +43,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from autopar.errors import ConfigError
-from autopar.graph import DTYPE_BYTES, Graph
+from autopar.graph import DTYPE_BYTES, Graph, Variable
+from autopar.optimizer import state_count
 from autopar.sbp import Broadcast, NdSbp
 
 __all__ = [
@@ -43,9 +54,12 @@ __all__ = [
     "Precision",
     "StateBytes",
     "activation_intervals",
+    "boxed_copy_bytes",
     "data_parallel_axes",
+    "graph_state_bytes",
     "model_state_bytes",
     "model_state_tensors",
+    "zero3_gather_buffer_bytes",
 ]
 
 
@@ -62,6 +76,25 @@ MIXED_PRECISION_ADAM = StateBytes(param=2, grad=2, optimizer=12)
 """fp16 param + fp16 grad + fp32 (master, m, v): ZeRO paper's K = 12."""
 FP32_ADAM = StateBytes(param=4, grad=4, optimizer=8)
 """fp32 param + fp32 grad + fp32 (m, v)."""
+
+
+def graph_state_bytes(graph: Graph, variable: Variable) -> StateBytes:
+    """Bytes per element of ``variable``'s parameter, gradient and optimizer states, from dtypes.
+
+    ``param`` = the variable tensor's dtype size; ``grad`` = the gradient
+    tensor's (0 when frozen); ``optimizer`` = states x the variable's dtype size
+    (:func:`autopar.optimizer.state_count`: Adam keeps ``m`` and ``v``), plus a
+    float32 master copy (4 bytes) when the variable is half precision.  Units:
+    bytes per element.  Source: OneFlow AMP keeps float32 variables and one
+    hidden state variable per optimizer state, typed like the parameter.
+    """
+    param = DTYPE_BYTES[graph.tensors[variable.tensor].dtype]
+    grad = DTYPE_BYTES[graph.tensors[variable.grad].dtype] if variable.grad else 0
+    optimizer = 0
+    if variable.optimizer:
+        op = graph.op_by_name[variable.optimizer]
+        optimizer = state_count(op.type, op.attrs) * param + (4 if param < 4 else 0)
+    return StateBytes(param=param, grad=grad, optimizer=optimizer)
 
 
 class Precision(str, Enum):
@@ -135,12 +168,14 @@ def variable_state_bytes(
     return model_state_bytes(local, dp, zero_stage, states)
 
 
-def model_state_tensors(graph: Graph) -> set[str]:
+def model_state_tensors(graph: Graph, working_copy_is_state: bool = False) -> set[str]:
     """Tensors accounted as model states rather than activations.
 
-    Variable tensors, their direct casts (the fp16 working copy is the
-    "2 Psi" of params), gradient tensors, and the fp16 gradient that is cast
-    into a gradient tensor.
+    Variable tensors, gradient tensors, and the low-precision gradient that is
+    cast into a gradient tensor.  With ``working_copy_is_state`` (the ZeRO
+    paper's policy, where the fp16 parameter is the "2 Psi") the variables'
+    direct casts too; by default they are activations, live from the cast to
+    their last (backward) use, as OneFlow keeps them.
     """
     out: set[str] = set()
     var_tensors = {v.tensor for v in graph.variables}
@@ -149,14 +184,14 @@ def model_state_tensors(graph: Graph) -> set[str]:
     for op in graph.ops:
         if op.type in ("cast", "amp_white_identity", "identity") and len(op.inputs) == 1:
             (src,) = op.inputs.values()
-            if src in var_tensors:
+            if src in var_tensors and working_copy_is_state:
                 out.update(op.outputs.values())
             if any(t in grads for t in op.outputs.values()):
                 out.add(src)
     return out
 
 
-def activation_intervals(graph: Graph) -> dict[str, tuple[int, int]]:
+def activation_intervals(graph: Graph, working_copy_is_state: bool = False) -> dict[str, tuple[int, int]]:
     """Tensor -> (first, last) position in the topological order where it is live.
 
     Live from its producer's position to its last consumer's (inclusive).
@@ -164,7 +199,7 @@ def activation_intervals(graph: Graph) -> dict[str, tuple[int, int]]:
     """
     order = graph.topological_order
     pos = {op.name: i for i, op in enumerate(order)}
-    excluded = model_state_tensors(graph)
+    excluded = model_state_tensors(graph, working_copy_is_state)
     intervals: dict[str, tuple[int, int]] = {}
     for tname, (pname, _) in graph.producer.items():
         if tname in excluded:
@@ -177,19 +212,58 @@ def activation_intervals(graph: Graph) -> dict[str, tuple[int, int]]:
     return intervals
 
 
+def boxed_copy_bytes(numel: int, dtype: str, dst: NdSbp, mesh_shape: Sequence[int]) -> float:
+    """Bytes per device of the copy a consumer receives when an input is boxed into ``dst``.
+
+    ``numel * itemsize / split_factor(dst)``: an all-gathered ``B`` input is the
+    whole tensor, a zero-filled ``P`` input too.  The copy is live while the
+    consuming op runs.  Units: bytes.
+    """
+    return numel * DTYPE_BYTES[dtype] / dst.split_factor(mesh_shape)
+
+
+def zero3_gather_buffer_bytes(
+    graph: Graph, variable_sbp: Mapping[str, NdSbp], mesh_shape: Sequence[int]
+) -> float:
+    """Transient bytes per device of ZeRO-3's gathered parameters.
+
+    The largest variable, gathered back to its layout before ZeRO sharding
+    (local size after its own splits), in its own dtype, twice: the one in use
+    and the next one prefetched (DeepSpeed ``stage3_prefetch_bucket_size``,
+    FSDP's forward prefetch).  A lower bound on any implementation's live
+    gathered parameters.  Units: bytes.
+    """
+    largest = 0.0
+    for v in graph.variables:
+        sbp = variable_sbp.get(v.op)
+        if sbp is None:
+            continue
+        spec = graph.tensors[v.tensor]
+        largest = max(largest, spec.numel * DTYPE_BYTES[spec.dtype] / sbp.split_factor(mesh_shape))
+    return 2 * largest
+
+
 def activation_profile(
     graph: Graph,
     tensor_sbp: Mapping[str, NdSbp],
     mesh_shape: Sequence[int],
+    *,
+    consumer_copies: Sequence[tuple[int, float]] = (),
+    working_copy_is_state: bool = False,
 ) -> list[float]:
     """Live activation bytes per device at each position of the topological order.
 
     ``tensor_sbp`` maps every tensor to the N-D SBP its producer outputs.
     Per tensor: ``nbytes / split_factor`` (``P`` and ``B`` hold the full size).
+    ``consumer_copies`` are ``(position, bytes)`` of boxed input copies
+    (:func:`boxed_copy_bytes`), live at their consumer's position only.
     """
     n = len(graph.ops)
     delta = [0.0] * (n + 1)
-    for tname, (start, end) in activation_intervals(graph).items():
+    for pos, size in consumer_copies:
+        delta[pos] += size
+        delta[pos + 1] -= size
+    for tname, (start, end) in activation_intervals(graph, working_copy_is_state).items():
         spec = graph.tensors[tname]
         size = spec.numel * DTYPE_BYTES[spec.dtype] / tensor_sbp[tname].split_factor(mesh_shape)
         delta[start] += size

@@ -17,6 +17,7 @@ from autopar.cluster import Mesh
 from autopar.errors import PlanError
 from autopar.graph import Graph
 from autopar.memory import data_parallel_axes
+from autopar.runtime import DEFAULT_RUNTIME
 from autopar.sbp import Signature, parse_nd_sbp
 
 __all__ = ["FORMAT", "Plan"]
@@ -42,6 +43,8 @@ class Plan:
     solver: dict[str, Any] | None = None
     source: str = "autopar"
     memory_budget_bytes: int | None = None
+    runtime: str = DEFAULT_RUNTIME
+    """Name of the runtime profile (:mod:`autopar.runtime`) the plan is priced with."""
 
     # ------------------------------------------------------------ building
 
@@ -55,6 +58,7 @@ class Plan:
         *,
         source: str = "autopar",
         memory_budget_bytes: int | None = None,
+        runtime: str = DEFAULT_RUNTIME,
     ) -> Plan:
         """Plan of ``signatures`` (op name -> signature) for ``graph``; fills the variable layouts."""
         missing = [op.name for op in graph.ops if op.name not in signatures]
@@ -70,6 +74,7 @@ class Plan:
             ports,
             source=source,
             memory_budget_bytes=memory_budget_bytes,
+            runtime=runtime,
         )
         plan.variables = plan.variable_layouts(graph)
         return plan
@@ -122,6 +127,7 @@ class Plan:
             "graph": {"name": self.graph_name, "hash": self.graph_hash},
             "mesh": self.mesh.to_dict(),
             "zero_stage": self.zero_stage,
+            "runtime": self.runtime,
             "memory_budget_bytes": self.memory_budget_bytes,
             "predicted": self.predicted,
             "memory": self.memory,
@@ -179,6 +185,7 @@ class Plan:
             solver=data.get("solver"),
             source=data.get("source", "autopar"),
             memory_budget_bytes=data.get("memory_budget_bytes"),
+            runtime=str(data.get("runtime") or DEFAULT_RUNTIME),
         )
 
     @classmethod
@@ -206,7 +213,9 @@ class Plan:
             f"over {self.mesh.cluster}, ZeRO-{self.zero_stage}",
             f"  step time   {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms "
             f"(compute {pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, "
-            f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms)",
+            f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; "
+            f"{pred.get('step_time_overlapped_s', float('nan')) * 1e3:.2f} ms with gradient "
+            f"reduction overlapping backward; runtime {self.runtime})",
             f"  memory/dev  {mem.get('per_device_bytes', float('nan')) / gib:10.2f} GiB "
             f"(params {mem.get('params_bytes', 0) / gib:.2f}, grads {mem.get('grads_bytes', 0) / gib:.2f}, "
             f"optimizer {mem.get('optimizer_bytes', 0) / gib:.2f}, "

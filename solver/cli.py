@@ -74,6 +74,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         seed=args.seed,
         relative_gap=args.gap,
+        runtime=args.runtime,
         **({"workers": args.workers} if args.workers else {}),
     )
     shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
@@ -88,7 +89,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     layout = megatron_parameter_layout(graph, mesh)
     if any(str(s) != str(next(iter(layout.values()))) for s in layout.values()) or mesh.ndim == 1:
         for kind in ("data-parallel", "inferred", "megatron"):
-            b = baseline_plan(kind, graph, Mesh(cluster, mesh.shape), args.zero)
+            b = baseline_plan(kind, graph, Mesh(cluster, mesh.shape), args.zero, runtime=args.runtime)
             attach_evaluation(b, evaluate(graph, b))
             rows.append((kind, b))
     sys.stdout.write(summary_table(rows) + "\n")

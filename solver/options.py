@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
+from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 
 __all__ = ["PHASES", "Progress", "ProgressFn", "SolverOptions"]
 
@@ -44,6 +45,8 @@ class SolverOptions:
     """Give CP-SAT the heuristic (or caller's) assignment as a complete hint."""
     reductions: bool = True
     """Apply the exact reductions of :mod:`solver.reductions` before CP-SAT."""
+    runtime: str = DEFAULT_RUNTIME
+    """Runtime profile the plan is priced for (:mod:`autopar.runtime`): ``oneflow-0.9`` or ``ideal``."""
     max_model_vars: int = 100_000
     """Largest reduced problem (Booleans: choices + grouped edge pairs) given to CP-SAT
     as one model; above it CP-SAT improves the heuristic plan window by window
@@ -51,6 +54,8 @@ class SolverOptions:
     2 workers: one model wins below ~60k Booleans, windows above ~150k."""
 
     def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise _bad(f"runtime must be one of {sorted(RUNTIMES)}, got {self.runtime!r}")
         if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):
             raise _bad(f"time_limit_s must be a finite number of seconds, got {self.time_limit_s!r}")
         if self.time_limit_s <= 0:

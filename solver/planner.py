@@ -41,9 +41,15 @@ from autopar.costs import COST_MODEL_VERSION, CostTables, build_cost_tables
 from autopar.errors import ConfigError, InfeasibleError, VerificationError
 from autopar.evaluate import attach_evaluation, evaluate
 from autopar.graph import DTYPE_BYTES, Graph
-from autopar.memory import activation_intervals, variable_state_bytes
+from autopar.memory import (
+    activation_intervals,
+    boxed_copy_bytes,
+    graph_state_bytes,
+    variable_state_bytes,
+    zero3_gather_buffer_bytes,
+)
 from autopar.plan import Plan
-from autopar.sbp import Signature
+from autopar.sbp import B, NdSbp, Signature
 from autopar.store import KeyValueStore
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
@@ -177,7 +183,11 @@ def build_problem(
                 [
                     sum(
                         variable_state_bytes(
-                            spec.shape, s.outputs[out_index], tables.mesh.shape, tables.zero_stage
+                            spec.shape,
+                            s.outputs[out_index],
+                            tables.mesh.shape,
+                            tables.zero_stage,
+                            graph_state_bytes(graph, v),
                         )
                     )
                     for s in sigs
@@ -185,8 +195,39 @@ def build_problem(
                 dtype=np.float64,
             )
         intervals = activation_intervals(graph)
+        by_consumer: dict[int, list[int]] = {}
+        for e_index, e in enumerate(tables.edges):
+            by_consumer.setdefault(index[e.consumer], []).append(e_index)
+        zero3 = 0.0
+        if tables.zero_stage >= 3:
+            # gathered parameters at their largest (replicated) size: an upper bound that
+            # does not depend on the choices (the evaluator uses the chosen layouts)
+            replicated = NdSbp(tuple(B for _ in tables.mesh.shape))
+            zero3 = zero3_gather_buffer_bytes(
+                graph, {v.op: replicated for v in graph.variables}, tables.mesh.shape
+            )
         for pos in positions:
             terms = {i: t.copy() for i, t in state_terms.items()}
+            edge_terms: dict[int, np.ndarray] = {}
+            for e_index in by_consumer.get(pos, []):
+                # the boxed copy a consumer receives is live while it runs
+                e = tables.edges[e_index]
+                cop = graph.op_by_name[e.consumer]
+                pop = graph.op_by_name[e.producer]
+                ii, oi = list(cop.inputs).index(e.in_port), list(pop.outputs).index(e.out_port)
+                spec = graph.tensors[e.tensor]
+                src = [s.outputs[oi] for s in tables.ops[e.producer].signatures]
+                dst = [s.inputs[ii] for s in tables.ops[e.consumer].signatures]
+                edge_terms[e_index] = np.array(
+                    [
+                        [
+                            0.0 if a == b else boxed_copy_bytes(spec.numel, spec.dtype, b, tables.mesh.shape)
+                            for b in dst
+                        ]
+                        for a in src
+                    ],
+                    dtype=np.float64,
+                )
             for tname, (start, end) in intervals.items():
                 if start <= pos <= end:
                     pname, out_port = graph.producer[tname]
@@ -196,7 +237,7 @@ def build_problem(
                     vec = _output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype])
                     i = index[pname]
                     terms[i] = terms[i] + vec if i in terms else vec
-            rows.append(MemoryRow(f"live@{pos}:{order[pos].name}", 0.0, terms))
+            rows.append(MemoryRow(f"live@{pos}:{order[pos].name}", zero3, terms, edge_terms))
     problem = Problem(
         node_names=[op.name for op in order],
         node_costs=node_costs,
@@ -210,18 +251,6 @@ def build_problem(
 
 def _assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
     return {name: built.tables.ops[name].signatures[c] for name, c in zip(built.op_names, choices)}
-
-
-def _peak_position(graph: Graph, plan: Plan) -> int:
-    from autopar.memory import activation_profile
-
-    tensor_sbp = {}
-    for op in graph.ops:
-        sig = plan.signatures[op.name]
-        for port, sbp in zip(op.outputs, sig.outputs):
-            tensor_sbp[op.outputs[port]] = sbp
-    prof = activation_profile(graph, tensor_sbp, plan.mesh.shape)
-    return int(np.argmax(prof)) if prof else 0
 
 
 # ------------------------------------------------------------------ solve
@@ -256,6 +285,7 @@ def solve_on_mesh(
             zero_stage,
             store=store,
             workers=options.workers,
+            runtime=options.runtime,
             progress=(lambda phase, done, total: report(f"cost_tables:{phase}", done=done, total=total))
             if progress
             else None,
@@ -292,11 +322,12 @@ def solve_on_mesh(
             zero_stage,
             _assignment(built, solution.choices),
             memory_budget_bytes=memory_budget_bytes,
+            runtime=tables.runtime.name,
         )
         ev = evaluate(graph, plan_obj)
         if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
             break
-        peak = _peak_position(graph, plan_obj)
+        peak = ev.activation_peak_position
         if peak in positions:
             raise VerificationError(
                 "memory_mismatch",
@@ -543,6 +574,7 @@ def _mesh_search(
             request.zero_stage,
             store=store,
             workers=request.options.workers,
+            runtime=request.options.runtime,
         )
         jobs.append((tables, request.memory_budget_bytes, opts, request.tie_layers))
     if progress:

@@ -7,7 +7,7 @@ import pytest
 from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import attach_evaluation, evaluate
-from autopar.memory import variable_state_bytes
+from autopar.memory import Precision, graph_state_bytes, variable_state_bytes
 from autopar.plan import Plan
 from autopar.sbp import parse_signature
 from tests.graphs import mlp_graph
@@ -45,12 +45,20 @@ def test_data_parallel_memory_matches_zero_formula():
     plan = baseline_plan("data-parallel", g, MESH, 2)
     ev = evaluate(g, plan)
     expected = sum(
-        sum(variable_state_bytes(g.tensors[v.tensor].shape, plan.output_sbp(v.op, "out"), MESH.shape, 2))
+        sum(
+            variable_state_bytes(
+                g.tensors[v.tensor].shape, plan.output_sbp(v.op, "out"), MESH.shape, 2, graph_state_bytes(g, v)
+            )
+        )
         for v in g.variables
     )
     assert ev.memory.model_states == pytest.approx(expected)
     psi = sum(g.tensors[v.tensor].numel for v in g.variables)
-    assert ev.memory.model_states == pytest.approx(2 * psi + 14 * psi / 8)
+    # float32 variables and gradients, Adam m and v: 4 Psi + (4 + 8) Psi / Nd
+    assert ev.memory.model_states == pytest.approx(4 * psi + 12 * psi / 8)
+    # the ZeRO paper's mixed-precision policy, on request: 2 Psi + 14 Psi / Nd
+    paper = evaluate(g, plan, precision=Precision.MIXED)
+    assert paper.memory.model_states == pytest.approx(2 * psi + 14 * psi / 8)
 
 
 def test_single_device_has_no_communication():

@@ -93,4 +93,7 @@ def test_variables_are_model_states_not_activations():
     t = [TensorSpec("w", (4, 4), "float32"), TensorSpec("w16", (4, 4), "float16")]
     ops = [Op("w", "variable", outputs={"out": "w"}), Op("c", "cast", {"in_0": "w"}, {"out_0": "w16"})]
     g = Graph("v", t, ops, [Variable("w", "w")]).validate()
-    assert activation_intervals(g) == {}
+    # the ZeRO paper's policy: the fp16 working copy is the parameter's "2 Psi"
+    assert activation_intervals(g, working_copy_is_state=True) == {}
+    # by default it is an activation (OneFlow keeps each use's cast until backward)
+    assert activation_intervals(g) == {"w16": (1, 1)}

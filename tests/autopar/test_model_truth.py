@@ -1,0 +1,205 @@
+"""Relational tests of the cost model's fixes (issue 8): ZeRO-3, dtypes, bucketing,
+overlap, boxed copies, cache keys, the OneFlow 0.9 lowering and the Megatron baseline."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autopar import costs
+from autopar.baselines import baseline_plan
+from autopar.boxing import OneFlowBoxing, boxing_plan, send_recv_bytes
+from autopar.cluster import Cluster, Mesh
+from autopar.costs import bucketed_time, model_digest
+from autopar.evaluate import evaluate
+from autopar.graph import DTYPE_BYTES
+from autopar.models import build
+from autopar.plan import Plan
+from autopar.runtime import RUNTIMES, runtime_profile
+from autopar.sbp import parse_nd_sbp
+from tests.graphs import mlp_graph
+
+MESH = Mesh(Cluster.parse("2x4"), (4, 2))
+
+
+def _with_runtime(plan: Plan, name: str) -> Plan:
+    return dataclasses.replace(plan, runtime=name)
+
+
+# ------------------------------------------------------------------ ZeRO
+
+
+def test_zero3_is_slower_than_zero2_and_uses_less_memory():
+    g = build("tiny-gpt")
+    z2 = evaluate(g, baseline_plan("data-parallel", g, MESH, 2))
+    z3 = evaluate(g, baseline_plan("data-parallel", g, MESH, 3))
+    assert z3.step_time_s > z2.step_time_s
+    assert z3.memory.model_states < z2.memory.model_states
+    # ZeRO-3 gathers parameters twice per step (forward and backward), ZeRO-2 once
+    dp_bytes_2, dp_bytes_3 = z2.comm_bytes_per_axis[0], z3.comm_bytes_per_axis[0]
+    assert dp_bytes_3 > dp_bytes_2
+
+
+def test_zero_gather_is_priced_in_the_parameter_dtype():
+    g = mlp_graph(layers=1, batch=64)
+    plan = baseline_plan("data-parallel", g, MESH, 2)
+    ctx_op = next(op for op in g.ops if op.type == "adam_update")
+    ctx = costs.rule_context(g, ctx_op, MESH.shape, 2)
+    gather = costs.optimizer_gather_plan(ctx, plan.signatures[ctx_op.name], MESH)
+    assert gather is not None
+    param = g.tensors[next(iter(ctx_op.inputs.values()))]
+    assert DTYPE_BYTES[param.dtype] == 4
+    # all-gather over the whole mesh of a fp32 parameter: (n-1)/n * numel * 4 bytes per device
+    moved = sum(s.bytes_per_device for s in gather.steps)
+    assert moved == pytest.approx(7 / 8 * param.numel * 4)
+
+
+def test_half_precision_graph_moves_half_the_bytes():
+    g32 = build("tiny-gpt", dtype="float32")
+    g16 = build("tiny-gpt", dtype="bfloat16")
+    b32 = evaluate(g32, baseline_plan("megatron", g32, MESH, 0))
+    b16 = evaluate(g16, baseline_plan("megatron", g16, MESH, 0))
+    # activations are the tensor-parallel traffic: half the bytes in bf16
+    assert b16.comm_bytes_per_axis[1] == pytest.approx(b32.comm_bytes_per_axis[1] / 2, rel=0.02)
+
+
+# ------------------------------------------------------------------ bucketing and overlap
+
+
+def test_bucketing_pays_one_latency_per_bucket():
+    shape = (256, 256)
+    src, dst = parse_nd_sbp("(P, B)"), parse_nd_sbp("(S(0), B)")
+    plan = boxing_plan(shape, 4, src, dst, MESH)
+    nbytes = 256 * 256 * 4
+    assert bucketed_time(plan, nbytes, 0, MESH) == plan.time_s
+    small = bucketed_time(plan, nbytes, 64 * nbytes, MESH)
+    assert small < plan.time_s
+    # 64 such gradients fill one bucket: together they pay one latency
+    latency = sum(costs.step_latency(s, MESH) for s in plan.steps)
+    assert 64 * small == pytest.approx(64 * (plan.time_s - latency) + latency)
+    # a gradient larger than a bucket pays its own latency
+    assert bucketed_time(plan, nbytes, nbytes // 2, MESH) == plan.time_s
+
+
+def test_overlapped_step_hides_gradient_reduction_behind_backward():
+    g = build("tiny-gpt")
+    ev = evaluate(g, baseline_plan("data-parallel", g, MESH, 2))
+    assert ev.grad_comm_time_s > 0 and ev.backward_compute_time_s > 0
+    assert ev.step_time_overlapped_s < ev.step_time_s
+    assert ev.step_time_overlapped_s == pytest.approx(
+        ev.step_time_s - min(ev.grad_comm_time_s, ev.backward_compute_time_s)
+    )
+
+
+def test_boxed_copies_count_in_the_activation_peak():
+    g = mlp_graph(layers=1, batch=64)
+    plan = baseline_plan("megatron", g, MESH, 0)
+    ev = evaluate(g, plan)
+    # replicate every weight at its use: each matmul receives an all-gathered copy
+    gathered = Plan.from_assignment(g, MESH, 0, dict(plan.signatures))
+    for op in g.ops:
+        if op.type == "variable":
+            sig = gathered.signatures[op.name]
+            gathered.signatures[op.name] = dataclasses.replace(
+                sig, outputs=tuple(parse_nd_sbp("(S(0), S(0))") if len(s) == 2 else s for s in sig.outputs)
+            )
+    ev2 = evaluate(g, gathered, check_signatures=False)
+    assert ev2.boxed_edges > ev.boxed_edges
+    assert ev2.memory.activations > ev.memory.activations
+
+
+# ------------------------------------------------------------------ cache keys
+
+
+def test_model_digest_changes_when_a_rule_changes(tmp_path: Path):
+    src = Path(costs.__file__).parent
+    copy = tmp_path / "autopar"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = model_digest(str(copy))
+    assert before == model_digest(str(copy))
+    rule = copy / "rules" / "families" / "matmul.py"
+    rule.write_text(rule.read_text() + "\n# changed\n")
+    assert model_digest(str(copy)) != before
+
+
+def test_op_keys_change_with_the_model_digest_and_runtime(monkeypatch):
+    g = mlp_graph(layers=1)
+    op = next(op for op in g.ops if op.type == "adam_update")
+    key = costs.op_key(g, op, MESH, 2)
+    assert key != costs.op_key(g, op, MESH, 2, RUNTIMES["ideal"])
+    monkeypatch.setattr(costs, "_DIGEST_CACHE", ["0" * 16])
+    assert costs.op_key(g, op, MESH, 2) != key
+
+
+# ------------------------------------------------------------------ OneFlow 0.9 lowering
+
+
+def test_send_recv_bytes_by_hand():
+    shape, itemsize = (64, 32), 2
+    total = 64 * 32 * itemsize
+    # (P, B) -> (S(0), S(0)): each device needs 1/8 of the rows from the 4 addends, has 1
+    assert send_recv_bytes(shape, itemsize, parse_nd_sbp("(P, B)"), parse_nd_sbp("(S(0), S(0))"), (4, 2)) == (
+        pytest.approx(3 / 8 * total)
+    )
+    # B -> S is a local slice
+    assert send_recv_bytes(shape, itemsize, parse_nd_sbp("(B, B)"), parse_nd_sbp("(S(0), S(1))"), (4, 2)) == 0
+
+
+def test_oneflow_lowering_uses_its_builders():
+    shape, itemsize = (16, 64, 32), 2
+    ob = OneFlowBoxing(shape, itemsize, MESH)
+    ideal_inner = boxing_plan(shape, itemsize, parse_nd_sbp("(S(0), P)"), parse_nd_sbp("(S(0), B)"), MESH)
+    inner = ob.plan(parse_nd_sbp("(S(0), P)"), parse_nd_sbp("(S(0), B)"))
+    # only the inner axis changes: the same 1-D all-reduce inside each group
+    assert [s.collective.value for s in inner.steps] == ["all-reduce"]
+    assert inner.time_s == pytest.approx(ideal_inner.time_s)
+    both = ob.plan(parse_nd_sbp("(S(0), B)"), parse_nd_sbp("(B, S(0))"))
+    assert "send-recv" in [s.collective.value for s in both.steps]
+    assert ob.time(parse_nd_sbp("(S(0), B)"), parse_nd_sbp("(S(0), B)")) == 0.0
+    # no route ever produces a partial sum out of data
+    assert math.isinf(ob.time(parse_nd_sbp("(S(0), B)"), parse_nd_sbp("(S(1), P)"))) or all(
+        s.collective.value != "send-recv" or "P" not in str(s.dst)
+        for s in ob.plan(parse_nd_sbp("(S(0), B)"), parse_nd_sbp("(S(1), P)")).steps
+    )
+
+
+def test_oneflow_lowering_stays_polynomial_on_deep_meshes():
+    mesh = Mesh(Cluster.parse("1x8"), (2, 2, 2))
+    plan = boxing_plan(
+        (16, 64), 2, parse_nd_sbp("(P, S(0), B)"), parse_nd_sbp("(B, B, S(1))"), mesh, "oneflow-0.9"
+    )
+    assert [s.collective.value for s in plan.steps] == ["send-recv"]
+    flat = Mesh(Cluster.parse("1x8"), (1, 1, 1, 8))
+    assert boxing_plan(
+        (16, 64), 2, parse_nd_sbp("(B, B, B, P)"), parse_nd_sbp("(B, B, B, B)"), flat, "oneflow-0.9"
+    ).feasible
+
+
+def test_runtime_profiles_are_named():
+    assert runtime_profile("ideal").lowering.value == "ideal"
+    assert runtime_profile(None).name == "oneflow-0.9"
+    with pytest.raises(Exception, match="unknown_runtime|unknown runtime"):
+        runtime_profile("nope")
+
+
+# ------------------------------------------------------------------ Megatron, by hand
+
+
+def test_megatron_tensor_parallel_bytes_match_megatron_lm_by_hand():
+    """Megatron-LM's GPT block issues 2 all-reduces of b*s*h forward and 2 backward on tp;
+    the vocab-parallel embedding one forward, the LM head one backward.  (ZeRO acts on
+    the data-parallel group only in Megatron-DeepSpeed, so the tp count is ZeRO-0's.)"""
+    layers, batch, seq, hidden = 2, 32, 128, 256
+    g = build("gpt2-medium", layers=layers, batch=batch, seq=seq, hidden=hidden, heads=4)
+    for runtime in ("ideal", "oneflow-0.9"):
+        plan = baseline_plan("megatron", g, MESH, 0, runtime=runtime)
+        ev = evaluate(g, plan)
+        tp = MESH.shape[1]
+        t = batch // MESH.shape[0] * seq * hidden * DTYPE_BYTES["float16"]
+        per_all_reduce = 2 * (tp - 1) / tp * t
+        hand = (4 * layers + 2) * per_all_reduce
+        assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05), runtime
