@@ -68,7 +68,7 @@ def _add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> N
         "--runtime",
         default=DEFAULT_RUNTIME,
         choices=sorted(RUNTIMES),
-        help=f"runtime profile boxing is priced for (default {DEFAULT_RUNTIME}; see docs/runtime-profiles.md)",
+        help=f"runtime profile that prices boxing (default {DEFAULT_RUNTIME}; docs/runtime-profiles.md)",
     )
 
 

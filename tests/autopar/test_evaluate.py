@@ -47,7 +47,11 @@ def test_data_parallel_memory_matches_zero_formula():
     expected = sum(
         sum(
             variable_state_bytes(
-                g.tensors[v.tensor].shape, plan.output_sbp(v.op, "out"), MESH.shape, 2, graph_state_bytes(g, v)
+                g.tensors[v.tensor].shape,
+                plan.output_sbp(v.op, "out"),
+                MESH.shape,
+                2,
+                graph_state_bytes(g, v),
             )
         )
         for v in g.variables
