@@ -35,6 +35,7 @@ from autopar.cluster import PROFILES, Cluster, ClusterProfile, Mesh, load_cluste
 from autopar.errors import ConfigError
 from autopar.sbp import B, P, S, nd
 from tests.autopar.nccl_output import FIXTURE_LINKS, FIXTURES, Link, fixture_files, render
+from tests.graphs import mlp_graph
 
 RESULTS = FIXTURES / "2x4-mesh4x2"
 A100 = PROFILES["a100-40g"]
@@ -315,10 +316,8 @@ def test_cli_calibrate_then_price_a_baseline_with_the_profile(tmp_path: Path, ca
     profile = load_cluster_profile(out)
     assert profile.name == "lab-a100" and profile.device.matmul_efficiency == pytest.approx(0.6, rel=1e-3)
 
-    from autopar.models import build
-
     graph_path = tmp_path / "g.json"
-    build("tiny-gpt").save(str(graph_path))
+    mlp_graph(layers=2).save(str(graph_path))
     common = ["megatron", str(graph_path), "--cluster", "2x4", "--mesh-shape", "4,2"]
     assert main(["baseline", *common, "--out", str(tmp_path / "preset.json")]) == 0
     assert (
@@ -364,9 +363,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys):
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("autopar: error: [bad_nccl_output]") and f"all_reduce_perf.txt:{line}:" in err
     (tmp_path / "p.json").write_text('{"format": "autopar-cluster-profile",\n "version": 1,\n')
-    from autopar.models import build
-
-    build("tiny-gpt").save(str(tmp_path / "g.json"))
+    mlp_graph().save(str(tmp_path / "g.json"))
     graph = str(tmp_path / "g.json")
     rc = main(["baseline", "megatron", graph, "--cluster-profile", str(tmp_path / "p.json"), "--out", "x"])
     err = capsys.readouterr().err
