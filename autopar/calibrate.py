@@ -181,7 +181,7 @@ def parse_nccl_tests(text: str, source: str = "<nccl-tests output>") -> NcclRun:
     ``root`` column have 12).  Lines starting with ``#`` are comments except the
     ``# Using devices`` rank lines (which give the group size) and ``# Out of
     bounds values`` (a non-zero count means wrong results).  Other lines (NCCL
-    INFO logs, launcher noise) are skipped unless they start with a number.
+    INFO logs, launcher noise) are skipped unless their first word is a number.
     """
     rows: list[NcclRow] = []
     ranks: list[tuple[int, int | None]] = []
@@ -197,9 +197,9 @@ def parse_nccl_tests(text: str, source: str = "<nccl-tests output>") -> NcclRun:
             if m and int(m.group(1)):
                 raise _bad(source, lineno, f"nccl-tests reported {m.group(1)} wrong values; rerun the test")
             continue
-        if not line[0].isdigit():
-            continue
         fields = line.split()
+        if not fields[0].isdigit():  # NCCL INFO logs, launcher output
+            continue
         if len(fields) not in (12, 13):
             raise _bad(
                 source,

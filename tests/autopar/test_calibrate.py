@@ -62,6 +62,21 @@ def test_committed_fixtures_match_their_generator():
         )
 
 
+def test_nccl_info_logs_between_rows_are_skipped():
+    text = (RESULTS / "axis1" / "all_reduce_perf.txt").read_text()
+    lines = text.splitlines()
+    at = _row_line(text, 1024)
+    logs = [
+        "node-01:41200:41230 [0] NCCL INFO Channel 00/24 :    0   1",
+        "10-gpu-a:41200:41230 [0] NCCL INFO Connected all rings",
+        "NCCL version 2.18.3+cuda12.2",
+    ]
+    noisy = "\n".join([*lines[:at], *logs, *lines[at:]]) + "\n"
+    clean, parsed = parse_nccl_tests(text), parse_nccl_tests(noisy)
+    assert parsed.ranks == clean.ranks == 2
+    assert [(r.size_bytes, r.time_s) for r in parsed.rows] == [(r.size_bytes, r.time_s) for r in clean.rows]
+
+
 def test_parse_reads_rows_of_both_halves_and_the_group_size():
     run = parse_nccl_tests((RESULTS / "axis0" / "all_gather_perf.txt").read_text(), "ag")
     assert run.ranks == 4  # ranks 0, 2, 4, 6 share rank 0's group
