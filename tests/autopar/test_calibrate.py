@@ -383,3 +383,27 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys):
     rc = main(["baseline", "megatron", graph, "--cluster-profile", str(tmp_path / "p.json"), "--out", "x"])
     err = capsys.readouterr().err
     assert rc == 2 and "[bad_profile]" in err and "p.json:3:" in err
+
+
+@pytest.mark.slow
+def test_cli_plan_takes_the_profile(tmp_path: Path, capsys):
+    pytest.importorskip("ortools")
+    profile = tmp_path / "lab.json"
+    calibrated().save(profile)
+    graph = tmp_path / "g.json"
+    mlp_graph().save(str(graph))
+    args = [
+        "plan",
+        str(graph),
+        "--cluster",
+        "2x4",
+        "--mesh-shape",
+        "4,2",
+        "--time-limit",
+        "5",
+        "--no-progress",
+    ]
+    assert main([*args, "--cluster-profile", str(profile), "--out", str(tmp_path / "p.json")]) == 0
+    assert "over 2x4 a100-40g-calibrated" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["mesh"]["cluster"]["links"]["mesh_axes"][0]["mesh_shape"] == [4, 2]
