@@ -24,6 +24,7 @@ cannot happen (a split that does not divide, a
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -52,6 +53,7 @@ __all__ = [
     "collective_bytes",
     "reduce_scatter_time",
     "send_recv_bytes",
+    "send_recv_time",
 ]
 
 INF = math.inf
@@ -72,48 +74,78 @@ class Collective(str, Enum):
 def all_gather_time(total_bytes: float, link: AxisLink) -> float:
     """Ring all-gather time, seconds: ``(n-1) * alpha + (n-1)/n * T / beta``.
 
-    ``T`` = bytes of the gathered tensor on the group; alpha = link latency (s),
-    beta = link bandwidth (bytes/s).  Source: Thakur, Rabenseifner, Gropp 2005.
+    ``T`` = bytes of the gathered tensor on the group; alpha (s per step) and
+    beta (bus bytes/s) = the link's measured all-gather fit when its profile
+    has one (``autopar calibrate``), else the link's latency and bandwidth.
+    Source: Thakur, Rabenseifner, Gropp 2005; nccl-tests doc/PERFORMANCE.md
+    (all-gather bus bytes = (n-1)/n * T).
     """
     n = link.size
     if n == 1:
         return 0.0
-    return (n - 1) * link.latency + (n - 1) / n * total_bytes / link.bandwidth
+    alpha, beta = link.alpha_beta("all-gather")
+    return (n - 1) * alpha + (n - 1) / n * total_bytes / beta
 
 
 def reduce_scatter_time(total_bytes: float, link: AxisLink) -> float:
     """Ring reduce-scatter time, seconds: ``(n-1) * alpha + (n-1)/n * T / beta``.
 
-    ``T`` = bytes of the full (unscattered) tensor.  Source: Thakur et al. 2005.
+    ``T`` = bytes of the full (unscattered) tensor; alpha (s per step) and
+    beta (bus bytes/s) = the link's reduce-scatter fit, else its latency and
+    bandwidth.  Source: Thakur et al. 2005; nccl-tests doc/PERFORMANCE.md.
     """
     n = link.size
     if n == 1:
         return 0.0
-    return (n - 1) * link.latency + (n - 1) / n * total_bytes / link.bandwidth
+    alpha, beta = link.alpha_beta("reduce-scatter")
+    return (n - 1) * alpha + (n - 1) / n * total_bytes / beta
 
 
 def all_reduce_time(total_bytes: float, link: AxisLink) -> float:
     """Ring all-reduce time, seconds: ``2(n-1) * alpha + 2(n-1)/n * T / beta``.
 
-    A reduce-scatter followed by an all-gather.  Source: Thakur et al. 2005;
-    NCCL's "bus bandwidth" definition.
+    A reduce-scatter followed by an all-gather.  alpha (s per step) and beta
+    (bus bytes/s) = the link's all-reduce fit, else its latency and
+    bandwidth.  Source: Thakur et al. 2005; NCCL's "bus bandwidth" definition
+    (nccl-tests doc/PERFORMANCE.md: all-reduce bus bytes = 2(n-1)/n * T).
     """
     n = link.size
     if n == 1:
         return 0.0
-    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * total_bytes / link.bandwidth
+    alpha, beta = link.alpha_beta("all-reduce")
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * total_bytes / beta
 
 
 def all_to_all_time(total_bytes: float, link: AxisLink) -> float:
     """Pairwise all-to-all time, seconds: ``(n-1) * alpha + (n-1)/n^2 * T / beta``.
 
     ``T`` = bytes of the tensor on the group; each device keeps 1/n of its
-    ``T/n`` shard and sends the rest.  Source: Thakur et al. 2005.
+    ``T/n`` shard and sends the rest.  alpha (s per step) and beta (bus
+    bytes/s) = the link's all-to-all fit, else its latency and bandwidth
+    (nccl-tests alltoall_perf: bus bytes = (n-1)/n * the T/n bytes per
+    device).  Source: Thakur et al. 2005.
     """
     n = link.size
     if n == 1:
         return 0.0
-    return (n - 1) * link.latency + (n - 1) / (n * n) * total_bytes / link.bandwidth
+    alpha, beta = link.alpha_beta("all-to-all")
+    return (n - 1) * alpha + (n - 1) / (n * n) * total_bytes / beta
+
+
+def send_recv_time(total_bytes: float, link: AxisLink) -> float:
+    """Point-to-point time, seconds: ``alpha + S / beta``.
+
+    ``S`` = bytes one device sends to one peer of the axis (and receives from
+    another, concurrently, as nccl-tests sendrecv_perf measures); alpha (s)
+    and beta (bytes/s) = the link's send/recv fit, else its latency and
+    bandwidth.  0 on a one-device axis (no peer).  Source: the alpha-beta
+    (Hockney) model; nccl-tests doc/PERFORMANCE.md (send/recv bus bandwidth =
+    algorithm bandwidth = S / t).
+    """
+    if link.size == 1:
+        return 0.0
+    alpha, beta = link.alpha_beta("send-recv")
+    return alpha + total_bytes / beta
 
 
 def collective_bytes(kind: Collective, total_bytes: float, n: int) -> float:
@@ -371,17 +403,6 @@ def send_recv_bytes(
     return float(received.max()) * itemsize
 
 
-def send_recv_time(nbytes: float, link: AxisLink) -> float:
-    """Point-to-point send/recv time, seconds: ``alpha + bytes / beta``.
-
-    Grouped ``ncclSend``/``ncclRecv`` to every peer at once pays one latency.
-    Source: NCCL p2p semantics; nccl-tests ``sendrecv_perf`` (busbw = algbw).
-    """
-    if nbytes <= 0:
-        return 0.0
-    return link.latency + nbytes / link.bandwidth
-
-
 def _send_recv_step(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingStep:
     """One NCCL send/recv boxing, charged to the slowest mesh axis the data crosses."""
     if any(isinstance(v, Partial) for v in dst.values):
@@ -392,7 +413,8 @@ def _send_recv_step(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp,
         a for a, (s, d) in enumerate(zip(src.values, dst.values)) if (s != d or isinstance(s, Partial))
     ] or [0]
     axis = min(involved, key=lambda a: (mesh.axes[a].bandwidth, a))
-    return BoxingStep(axis, Collective.SEND_RECV, src, dst, nbytes, send_recv_time(nbytes, mesh.axes[axis]))
+    seconds = send_recv_time(nbytes, mesh.axes[axis]) if nbytes > 0 else 0.0
+    return BoxingStep(axis, Collective.SEND_RECV, src, dst, nbytes, seconds)
 
 
 def _all_same(sbp: NdSbp, axes: Sequence[int]) -> bool:
@@ -413,12 +435,7 @@ def _oneflow_hop(
         # both reduce to 1-D over the flattened mesh: one collective over every device,
         # as slow as the slowest axis it spans
         axis = min(live, key=lambda a: (mesh.axes[a].bandwidth, a))
-        flat = AxisLink(
-            math.prod(mesh.shape[a] for a in live),
-            mesh.axes[axis].bandwidth,
-            max(mesh.axes[a].latency for a in live),
-            any(mesh.axes[a].crosses_nodes for a in live),
-        )
+        flat = dataclasses.replace(mesh.axes[axis], size=math.prod(mesh.shape[a] for a in live))
         kind = one_axis_collective(src[live[0]], dst[live[0]])
         if kind is None:
             return BoxingStep(axis, Collective.SEND_RECV, src, dst, INF, INF)

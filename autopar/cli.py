@@ -7,6 +7,7 @@
     autopar baseline KIND GRAPH --cluster 2x4 --mesh-shape 4,2 --out plan.json
     autopar evaluate GRAPH PLAN [--json]            recompute a plan's time and memory
     autopar plan GRAPH --cluster 2x4 --memory 40GiB --zero 2 --out plan.json   (needs autopar[solver])
+    autopar calibrate RESULTS --cluster 2x4 --mesh-shape 4,2 --out profile.json   fit a cluster profile
     autopar serve | worker | submit                 (needs autopar[service])
     autopar oneflow import | import-plan            (needs OneFlow 0.9)
 """
@@ -22,11 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autopar.cluster import PRESETS, Cluster, Mesh, parse_mesh_shape
+from autopar.calibrate import add_calibrate_arguments, cmd_calibrate
+from autopar.cluster import PRESETS, Cluster, Mesh, load_cluster_profile, parse_mesh_shape
 from autopar.errors import AutoparError, ConfigError
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 
-__all__ = ["main", "parse_bytes"]
+__all__ = ["cluster_from_args", "main", "parse_bytes"]
 
 log = logging.getLogger("autopar")
 
@@ -57,7 +59,13 @@ def parse_bytes(text: str) -> int:
 
 def _add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> None:
     p.add_argument("--cluster", default="2x4", help="NODESxDEVICES, e.g. 2x4 (default)")
-    p.add_argument("--preset", default="a100-40g", choices=sorted(PRESETS), help="device preset")
+    devices = p.add_mutually_exclusive_group()
+    devices.add_argument("--preset", choices=sorted(PRESETS), help="device preset (default a100-40g)")
+    devices.add_argument(
+        "--cluster-profile",
+        metavar="FILE",
+        help="cluster profile JSON (autopar calibrate) instead of a preset",
+    )
     p.add_argument(
         "--mesh-shape",
         required=mesh_required,
@@ -72,8 +80,14 @@ def _add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> N
     )
 
 
+def cluster_from_args(args: argparse.Namespace) -> Cluster:
+    """The cluster of ``--cluster`` priced by ``--cluster-profile`` or ``--preset``."""
+    profile = load_cluster_profile(args.cluster_profile) if args.cluster_profile else None
+    return Cluster.parse(args.cluster, args.preset, profile)
+
+
 def _mesh_from_args(args: argparse.Namespace, default_2d: bool = True) -> Mesh:
-    cluster = Cluster.parse(args.cluster, args.preset)
+    cluster = cluster_from_args(args)
     if args.mesh_shape:
         shape = parse_mesh_shape(args.mesh_shape)
     elif default_2d and cluster.nodes > 1:
@@ -153,6 +167,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args.graph)
     plan = Plan.load(args.plan)
+    if args.cluster_profile:  # re-price the plan's mesh on the profile
+        old = plan.mesh.cluster
+        cluster = load_cluster_profile(args.cluster_profile).cluster(old.nodes, old.devices_per_node)
+        plan.mesh = Mesh(cluster, plan.mesh.shape)
     ev = evaluate(graph, plan)
     if args.json:
         sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
@@ -222,7 +240,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("graph")
     p.add_argument("plan")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--cluster-profile", metavar="FILE", help="price on this cluster profile, not the plan's")
     handlers["evaluate"] = cmd_evaluate
+
+    p = sub.add_parser("calibrate", help="fit a cluster profile from nccl-tests output and GEMM timings")
+    add_calibrate_arguments(p)
+    handlers["calibrate"] = cmd_calibrate
 
     p = sub.add_parser("plan", help="solve for the fastest plan within the memory budget")
     p.add_argument("graph")

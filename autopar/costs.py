@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import BoxingPlan, BoxingStep, boxing_plan, boxing_search
+from autopar.boxing import BoxingPlan, BoxingStep, Collective, boxing_plan, boxing_search
 from autopar.cluster import Mesh
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.optimizer import (
@@ -266,8 +266,12 @@ def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh, lowering
 
 
 def step_latency(step: BoxingStep, mesh: Mesh) -> float:
-    """The latency part of a boxing step, seconds: its time less its bytes over the axis bandwidth."""
-    return max(0.0, step.time_s - step.bytes_per_device / mesh.axes[step.axis].bandwidth)
+    """The latency part of a boxing step, seconds: its time less its bytes over the axis's
+    bandwidth for that collective (``alpha``-terms of the alpha-beta model)."""
+    if step.collective is Collective.LOCAL or step.bytes_per_device <= 0:
+        return max(0.0, step.time_s)
+    _, beta = mesh.axes[step.axis].alpha_beta(step.collective.value)
+    return max(0.0, step.time_s - step.bytes_per_device / beta)
 
 
 def bucketed_time(plan: BoxingPlan, tensor_bytes: float, bucket_bytes: int, mesh: Mesh) -> float:

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TextIO
 
-from autopar.cluster import Cluster, parse_mesh_shape
+from autopar.cluster import parse_mesh_shape
 from autopar.graph import Graph
 from autopar.plan import Plan
 from solver.options import SolverOptions
@@ -63,12 +63,12 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
 
 def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.baselines import baseline_plan, megatron_parameter_layout
-    from autopar.cli import parse_bytes
+    from autopar.cli import cluster_from_args, parse_bytes
     from autopar.cluster import Mesh
     from autopar.evaluate import attach_evaluation, evaluate
 
     graph = Graph.load(args.graph).validate()
-    cluster = Cluster.parse(args.cluster, args.preset)
+    cluster = cluster_from_args(args)
     budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
     options = SolverOptions(
         time_limit_s=args.time_limit,

@@ -48,3 +48,97 @@ def test_device_validation():
 
     with pytest.raises(ConfigError, match="matmul_efficiency"):
         replace(PRESETS["a100-40g"], matmul_efficiency=1.5)
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def test_presets_are_profiles_citing_a_source_for_every_number():
+    from autopar.cluster import PROFILES
+
+    assert set(PRESETS) == set(PROFILES)
+    for name, profile in PROFILES.items():
+        assert PRESETS[name] == profile.device
+        data = profile.to_dict()
+        numbers = [f"device.{k}" for k in data["device"]] + [
+            f"links.{kind}.{k}"
+            for kind in ("intra_node", "inter_node")
+            for k in ("latency_s", "bandwidth_bytes_per_s")
+        ]
+        assert sorted(numbers) == sorted(profile.sources), name
+        assert all(profile.sources.values()) and profile.description
+        assert not profile.links.measured  # a preset has no per-collective fits
+
+
+def test_preset_links_have_no_fits_so_collectives_use_latency_and_bandwidth():
+    from autopar.boxing import all_gather_time, all_reduce_time, send_recv_time
+
+    link = Mesh(Cluster.parse("2x4"), (4, 2)).axes[0]
+    assert link.alpha_beta("all-reduce") == link.alpha_beta("send-recv") == (link.latency, link.bandwidth)
+    assert all_reduce_time(1e6, link) == 2 * 3 * link.latency + 2 * 3 / 4 * 1e6 / link.bandwidth
+    assert send_recv_time(1e6, link) == link.latency + 1e6 / link.bandwidth
+    assert send_recv_time(1e6, Mesh(Cluster.parse("1x1"), (1,)).axes[0]) == 0
+    # a fit for one collective changes that collective only
+    from dataclasses import replace
+
+    from autopar.cluster import CollectiveFit, LinkCosts
+
+    fitted = replace(link, collectives=LinkCosts(all_gather=CollectiveFit(1e-6, 2 * link.bandwidth)))
+    assert all_reduce_time(1e6, fitted) == all_reduce_time(1e6, link)
+    assert all_gather_time(1e6, fitted) < all_gather_time(1e6, link)
+    assert send_recv_time(1e6, fitted) == send_recv_time(1e6, link)
+
+
+def test_profile_files_are_checked_field_by_field(tmp_path):
+    import json
+
+    from autopar.cluster import PROFILES, load_cluster_profile
+
+    good = PROFILES["a100-40g"].to_dict()
+    cases = [
+        ({**good, "format": "something"}, "not a cluster profile"),
+        (
+            {**good, "device": {**good["device"], "peak_flop": 1.0}},
+            r"profile\.device: unknown field\(s\) \['peak_flop'\]",
+        ),
+        (
+            {**good, "device": {**good["device"], "peak_flops": "fast"}},
+            r"profile\.device\.peak_flops must be a number",
+        ),
+        ({**good, "device": {**good["device"], "memory_efficiency": 1.5}}, "memory_efficiency must be in"),
+        (
+            {**good, "links": {**good["links"], "inter_node": {"latency_s": 1e-5}}},
+            r"links\.inter_node: missing field 'bandwidth_bytes_per_s'",
+        ),
+        (
+            {
+                **good,
+                "links": {
+                    **good["links"],
+                    "intra_node": {**good["links"]["intra_node"], "collectives": {"broadcast": {}}},
+                },
+            },
+            r"unknown field\(s\) \['broadcast'\]",
+        ),
+    ]
+    for data, message in cases:
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ConfigError, match=message) as e:
+            load_cluster_profile(path)
+        assert e.value.code in ("bad_profile", "bad_device")
+    path.write_text('{\n "format": "autopar-cluster-profile",\n "version": 1\n "name": "x"}')
+    with pytest.raises(ConfigError, match=r"p\.json:4: not valid JSON") as e:
+        load_cluster_profile(path)
+    assert e.value.code == "bad_profile" and e.value.details["line"] == 4
+    with pytest.raises(ConfigError) as e:
+        load_cluster_profile(tmp_path / "missing.json")
+    assert e.value.code == "profile_not_found"
+
+
+def test_parse_with_a_profile_uses_its_device_and_links():
+    from autopar.cluster import PROFILES
+
+    profile = PROFILES["h100-80g"]
+    assert Cluster.parse("2x4", profile=profile) == Cluster.parse("2x4", "h100-80g")
+    assert Cluster.parse("2x4", None) == Cluster.parse("2x4", "a100-40g")  # the default preset
