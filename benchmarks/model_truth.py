@@ -1,0 +1,124 @@
+"""The cost model against other systems' own numbers (issue 8), in one run.
+
+    python -m benchmarks.model_truth [--models gpt2-medium,mt5-base] [--json out.json]
+
+Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
+
+1. the ``megatron`` baseline's tensor-parallel bytes per device against the hand
+   count of Megatron-LM's scheme (per transformer block 2 all-reduces of
+   b*s*h forward and 2 backward; a T5 decoder block 3 + 3, plus 1 backward for
+   the cross-attention keys/values; the vocab-parallel embedding one forward
+   per use, the LM head one backward), ZeRO-0 (Megatron-DeepSpeed shards ZeRO
+   over the data-parallel group only, so tensor-parallel traffic is ZeRO-0's);
+2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
+   LiBai parameter layout) over ``megatron``, with each runtime profile;
+3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from autopar.baselines import baseline_plan
+from autopar.cluster import Cluster, Mesh
+from autopar.evaluate import evaluate
+from autopar.graph import DTYPE_BYTES, Graph
+from autopar.models import build
+
+GIB = 1024**3
+
+
+def hand_count_tp_bytes(graph: Graph, mesh: Mesh) -> float:
+    """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring)."""
+    meta = graph.meta or {}
+    cfg = meta["config"]
+    dp, tp = mesh.shape[0], mesh.shape[-1]
+    itemsize = DTYPE_BYTES[cfg.get("dtype", "float16")]
+    per_all_reduce = 2 * (tp - 1) / tp
+    b = cfg["batch"] // dp
+    h = cfg["hidden"]
+    if meta["family"] == "t5":
+        enc = b * cfg["encoder_seq"] * h * itemsize
+        dec = b * cfg["decoder_seq"] * h * itemsize
+        blocks = cfg["encoder_layers"] * 4 * enc + cfg["decoder_layers"] * (6 * dec + enc)
+        embedding = enc + dec  # the shared vocab-parallel embedding, once per stack
+        head = dec  # LM head input gradient
+        return per_all_reduce * (blocks + embedding + head)
+    act = b * cfg["seq"] * h * itemsize
+    return per_all_reduce * (cfg["layers"] * 4 * act + act + act)
+
+
+def measure(model: str) -> dict[str, Any]:
+    graph = build(model)
+    mesh = Mesh(Cluster.parse("2x4"), (4, 2))
+    out: dict[str, Any] = {"model": model, "ops": len(graph.ops)}
+    hand = hand_count_tp_bytes(graph, mesh)
+    rows = {}
+    for runtime in ("oneflow-0.9", "ideal"):
+        meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime))
+        meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime))
+        inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime))
+        rows[runtime] = {
+            "megatron_tp_bytes_zero0": meg0.comm_bytes_per_axis[1],
+            "megatron_ms": meg.step_time_s * 1e3,
+            "megatron_overlapped_ms": meg.step_time_overlapped_s * 1e3,
+            "inferred_ms": inf.step_time_s * 1e3,
+            "inferred_overlapped_ms": inf.step_time_overlapped_s * 1e3,
+            "inferred_over_megatron": inf.step_time_s / meg.step_time_s,
+        }
+    z2 = evaluate(graph, baseline_plan("data-parallel", graph, mesh, 2))
+    z3 = evaluate(graph, baseline_plan("data-parallel", graph, mesh, 3))
+    out.update(
+        hand_tp_bytes=hand,
+        runtimes=rows,
+        zero={
+            "zero2_ms": z2.step_time_s * 1e3,
+            "zero3_ms": z3.step_time_s * 1e3,
+            "zero2_gib": z2.memory.total / GIB,
+            "zero3_gib": z3.memory.total / GIB,
+        },
+    )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt2-medium,mt5-base")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    results = []
+    for model in args.models.split(","):
+        t0 = time.perf_counter()
+        r = measure(model)
+        r["wall_s"] = time.perf_counter() - t0
+        results.append(r)
+        print(f"\n{model} ({r['ops']} ops), mesh [4, 2] on 2x4 a100-40g")
+        print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
+        for runtime, row in r["runtimes"].items():
+            got = row["megatron_tp_bytes_zero0"]
+            print(
+                f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {r['hand_tp_bytes'] / 1e6:9.1f} MB  "
+                f"ratio {got / r['hand_tp_bytes']:.3f}"
+            )
+        print("  inferred / megatron modelled step time (ZeRO-2; serial, overlapped in brackets):")
+        for runtime, row in r["runtimes"].items():
+            print(
+                f"    {runtime:<12} megatron {row['megatron_ms']:8.2f} ms ({row['megatron_overlapped_ms']:.2f})  "
+                f"inferred {row['inferred_ms']:8.2f} ms ({row['inferred_overlapped_ms']:.2f})  "
+                f"ratio {row['inferred_over_megatron']:.2f}x"
+            )
+        z = r["zero"]
+        print(
+            f"  data-parallel ZeRO-2 {z['zero2_ms']:.2f} ms {z['zero2_gib']:.2f} GiB; "
+            f"ZeRO-3 {z['zero3_ms']:.2f} ms {z['zero3_gib']:.2f} GiB"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
