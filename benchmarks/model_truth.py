@@ -106,7 +106,8 @@ def main() -> None:
         print("  inferred / megatron modelled step time (ZeRO-2; serial, overlapped in brackets):")
         for runtime, row in r["runtimes"].items():
             print(
-                f"    {runtime:<12} megatron {row['megatron_ms']:8.2f} ms ({row['megatron_overlapped_ms']:.2f})  "
+                f"    {runtime:<12} megatron {row['megatron_ms']:8.2f} ms "
+                f"({row['megatron_overlapped_ms']:.2f})  "
                 f"inferred {row['inferred_ms']:8.2f} ms ({row['inferred_overlapped_ms']:.2f})  "
                 f"ratio {row['inferred_over_megatron']:.2f}x"
             )
