@@ -25,6 +25,7 @@ cannot happen (a split that does not divide, a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -331,7 +332,18 @@ class BoxingSearch:
 def boxing_search(
     shape: Sequence[int], itemsize: int, mesh: Mesh, lowering: str = "ideal"
 ) -> BoxingSearch | OneFlowBoxing:
-    """The boxing finder of one tensor for ``lowering`` (``"ideal"`` or ``"oneflow-0.9"``)."""
+    """The boxing finder of one tensor for ``lowering`` (``"ideal"`` or ``"oneflow-0.9"``).
+
+    Finders are kept per (shape, item size, mesh, lowering): they memoise their
+    routes, so every edge of that tensor shape reuses them.
+    """
+    return _boxing_search(tuple(shape), itemsize, mesh, lowering)
+
+
+@functools.lru_cache(maxsize=2048)
+def _boxing_search(
+    shape: tuple[int, ...], itemsize: int, mesh: Mesh, lowering: str
+) -> BoxingSearch | OneFlowBoxing:
     if lowering == "oneflow-0.9":
         return OneFlowBoxing(shape, itemsize, mesh)
     if lowering != "ideal":
@@ -358,27 +370,27 @@ def boxing_time(
 # ------------------------------------------------------------- OneFlow 0.9 lowering
 
 
-def _region_bounds(
-    shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int], coords: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per device (rows of ``coords``) and tensor dim, the [start, stop) a device holds.
+def _intervals(
+    shape: tuple[int, ...], sbp: NdSbp, mesh_shape: tuple[int, ...], coord: tuple[int, ...]
+) -> list[tuple[int, int]]:
+    """Per tensor dim, the [start, stop) the device at ``coord`` holds under ``sbp``.
 
     Nested splits as OneFlow lays them out: axis 0 splits a dim first, a later
     axis splits the block the earlier one left (``local_shape``'s order).
     """
-    n_dev = coords.shape[0]
-    starts = np.zeros((n_dev, len(shape)), dtype=np.int64)
-    sizes = np.tile(np.asarray(shape, dtype=np.int64), (n_dev, 1))
+    bounds = [(0, n) for n in shape]
     for axis, value in enumerate(sbp.values):
         if isinstance(value, Split):
-            d = value.dim
-            sizes[:, d] //= mesh_shape[axis]
-            starts[:, d] += coords[:, axis] * sizes[:, d]
-    return starts, starts + sizes
+            start, stop = bounds[value.dim]
+            size = (stop - start) // mesh_shape[axis]
+            start += coord[axis] * size
+            bounds[value.dim] = (start, start + size)
+    return bounds
 
 
+@functools.lru_cache(maxsize=65536)
 def send_recv_bytes(
-    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh_shape: Sequence[int]
+    shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp, mesh_shape: tuple[int, ...]
 ) -> float:
     """Largest bytes any device receives when ``src`` is boxed into ``dst`` point to point.
 
@@ -391,16 +403,27 @@ def send_recv_bytes(
     Source: OneFlow 0.9 ``NcclSendRecvBoxingKernel`` (each rank receives the
     intersections of its output slice with every other rank's input slice).
     """
+    shape, mesh_shape = tuple(shape), tuple(mesh_shape)
     if local_shape(shape, src, mesh_shape) is None or local_shape(shape, dst, mesh_shape) is None:
         return INF
-    coords = np.indices(tuple(mesh_shape)).reshape(len(mesh_shape), -1).T
-    s0, s1 = _region_bounds(shape, src, mesh_shape, coords)
-    d0, d1 = _region_bounds(shape, dst, mesh_shape, coords)
-    region = np.prod(d1 - d0, axis=1).astype(np.float64)
-    overlap = np.prod(np.clip(np.minimum(s1, d1) - np.maximum(s0, d0), 0, None), axis=1).astype(np.float64)
     partial = math.prod(n for v, n in zip(src.values, mesh_shape) if isinstance(v, Partial))
-    received = partial * region - overlap
-    return float(received.max()) * itemsize
+    region = math.prod(local_shape(shape, dst, mesh_shape) or ())
+    # only the axes where a device's position matters for either layout
+    relevant = [
+        a
+        for a, (s, d) in enumerate(zip(src.values, dst.values))
+        if isinstance(s, Split) or isinstance(d, Split)
+    ]
+    worst = 0
+    for sub in itertools.product(*(range(mesh_shape[a]) for a in relevant)):
+        coord = [0] * len(mesh_shape)
+        for a, c in zip(relevant, sub):
+            coord[a] = c
+        mine = _intervals(shape, src, mesh_shape, tuple(coord))
+        want = _intervals(shape, dst, mesh_shape, tuple(coord))
+        overlap = math.prod(max(0, min(a1, b1) - max(a0, b0)) for (a0, a1), (b0, b1) in zip(mine, want))
+        worst = max(worst, partial * region - overlap)
+    return float(worst * itemsize)
 
 
 def _send_recv_step(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingStep:
@@ -408,7 +431,7 @@ def _send_recv_step(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp,
     if any(isinstance(v, Partial) for v in dst.values):
         # OneFlow 0.9: "Partial SBP in the consumer" is not supported by send/recv boxing
         return BoxingStep(0, Collective.SEND_RECV, src, dst, INF, INF)
-    nbytes = send_recv_bytes(shape, itemsize, src, dst, mesh.shape)
+    nbytes = send_recv_bytes(tuple(shape), itemsize, src, dst, mesh.shape)
     involved = [
         a for a, (s, d) in enumerate(zip(src.values, dst.values)) if (s != d or isinstance(s, Partial))
     ] or [0]
@@ -479,8 +502,10 @@ class OneFlowBoxing:
     On two axes the middle-node pass (``BoxingWithMiddleNodes``, on unless
     ``ONEFLOW_BOXING_DISABLE_MIDDLE_NODE_AND_CHECK``) may route a change through
     up to two intermediate N-D SBPs when that is cheaper; each hop is lowered
-    as above.  The cheapest such route is the cost (min-plus products of the
-    hop matrix), so the work per tensor is polynomial in the number of N-D SBPs.
+    as above.  Routes considered: up to three single-axis collectives (min-plus
+    products of the collective hop matrix, once per tensor), or one send/recv
+    leaving the source or entering the destination plus up to two collectives;
+    the work per tensor is polynomial in the number of N-D SBPs.
     """
 
     def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
@@ -490,6 +515,7 @@ class OneFlowBoxing:
         self.live = [a for a, n in enumerate(mesh.shape) if n > 1]
         self._routes: tuple[list[NdSbp], dict[NdSbp, int], np.ndarray, np.ndarray, np.ndarray] | None = None
         self._hops: dict[tuple[NdSbp, NdSbp], BoxingStep | None] = {}
+        self._memo: dict[tuple[NdSbp, NdSbp], tuple[float, list[tuple[NdSbp, NdSbp]]]] = {}
 
     def _canon(self, sbp: NdSbp) -> NdSbp:
         """``sbp`` with size-1 axes set to ``B`` (their value changes nothing)."""
@@ -502,6 +528,7 @@ class OneFlowBoxing:
         return self._hops[key]
 
     def _route_tables(self) -> tuple[list[NdSbp], dict[NdSbp, int], np.ndarray, np.ndarray, np.ndarray]:
+        """States, and the cheapest routes of at most 2 and 3 single-axis collective hops."""
         if self._routes is None:
             values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
             states = []
@@ -514,21 +541,60 @@ class OneFlowBoxing:
                     states.append(state)
             index = {s: i for i, s in enumerate(states)}
             n = len(states)
-            hop = np.zeros((n, n), dtype=np.float64)
+            hop = np.full((n, n), INF, dtype=np.float64)
+            np.fill_diagonal(hop, 0.0)
             for i, first in enumerate(states):
                 for j, second in enumerate(states):
-                    if i != j:
+                    if i != j and sum(first[a] != second[a] for a in self.live) == 1:
                         step = self.hop(first, second)
-                        hop[i, j] = 0.0 if step is None else step.time_s
+                        if step is not None and step.collective is not Collective.SEND_RECV:
+                            hop[i, j] = step.time_s
             two = hop[:, :, None] + hop[None, :, :]  # i -> k -> j
             via2 = two.argmin(axis=1)
-            best2 = np.minimum(hop, two.min(axis=1))
+            best2 = two.min(axis=1)
             three = best2[:, :, None] + hop[None, :, :]  # (i ->> k) -> j
             via3 = three.argmin(axis=1)
-            self._routes = (states, index, hop, via2, via3)
+            self._routes = (states, index, best2, via2, via3)
         return self._routes
 
+    def _collective_route(self, i: int, j: int) -> tuple[float, list[tuple[int, int]]]:
+        """Cheapest route of at most three single-axis collective hops between states."""
+        _, _, best2, via2, via3 = self._route_tables()
+
+        def hops2(a: int, b: int) -> list[tuple[int, int]]:
+            k = int(via2[a, b])
+            return [(x, y) for x, y in ((a, k), (k, b)) if x != y]
+
+        k = int(via3[i, j])
+        cost3 = float(best2[i, k]) + self._hop_cost(k, j)
+        if cost3 < best2[i, j]:
+            return cost3, [*hops2(i, k), *([(k, j)] if k != j else [])]
+        return float(best2[i, j]), hops2(i, j)
+
+    def _hop_cost(self, a: int, b: int) -> float:
+        states = self._route_tables()[0]
+        if a == b:
+            return 0.0
+        step = self.hop(states[a], states[b])
+        if step is None:
+            return 0.0
+        if (
+            step.collective is Collective.SEND_RECV
+            or sum(states[a][x] != states[b][x] for x in self.live) != 1
+        ):
+            return INF
+        return step.time_s
+
     def _route(self, src: NdSbp, dst: NdSbp) -> tuple[float, list[tuple[NdSbp, NdSbp]]]:
+        key = (src, dst)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._find_route(src, dst)
+        return found
+
+    def _find_route(self, src: NdSbp, dst: NdSbp) -> tuple[float, list[tuple[NdSbp, NdSbp]]]:
+        """Cheapest of: the direct boxing; up to three single-axis collectives; one send/recv
+        from ``src`` (or into ``dst``) plus up to two collectives (``BoxingWithMiddleNodes``)."""
         direct = self.hop(src, dst)
         best: tuple[float, list[tuple[NdSbp, NdSbp]]] = (
             0.0 if direct is None else direct.time_s,
@@ -536,25 +602,39 @@ class OneFlowBoxing:
         )
         if len(self.live) != 2 or best[0] == 0.0:
             return best
-        states, index, hop, via2, via3 = self._route_tables()
+        if (
+            direct is not None
+            and direct.collective is not Collective.SEND_RECV
+            and math.isfinite(direct.time_s)
+        ):
+            # one hierarchical collective: a middle node cannot beat it
+            return best
+        states, index, best2, _, _ = self._route_tables()
         i, j = index.get(self._canon(src)), index.get(self._canon(dst))
         if i is None or j is None:
             return best
-
-        def two(a: int, b: int) -> tuple[float, list[tuple[int, int]]]:
-            k = int(via2[a, b])
-            if hop[a, k] + hop[k, b] < hop[a, b]:
-                return float(hop[a, k] + hop[k, b]), [(a, k), (k, b)]
-            return float(hop[a, b]), [(a, b)]
-
-        k = int(via3[i, j])
-        c2, p2 = two(i, k)
-        c3, p3 = two(i, j)
-        if c2 + hop[k, j] < c3:
-            c3, p3 = c2 + float(hop[k, j]), [*p2, (k, j)]
-        if c3 < best[0]:
-            best = (c3, [(states[a], states[b]) for a, b in p3])
+        cost, hops = self._collective_route(i, j)
+        if cost < best[0]:
+            best = (cost, [(states[a], states[b]) for a, b in hops])
+        for m, mid in enumerate(states):
+            if m in (i, j):
+                continue
+            out = self.hop(src, mid)  # send/recv first, then collectives
+            if out is not None and math.isfinite(out.time_s) and out.time_s + best2[m, j] < best[0]:
+                _, tail = self._collective_route(m, j)
+                c = out.time_s + self._path_cost(tail)
+                if c < best[0]:
+                    best = (c, [(src, mid), *((states[a], states[b]) for a, b in tail)])
+            into = self.hop(mid, dst)  # collectives first, then send/recv
+            if into is not None and math.isfinite(into.time_s) and best2[i, m] + into.time_s < best[0]:
+                _, head = self._collective_route(i, m)
+                c = self._path_cost(head) + into.time_s
+                if c < best[0]:
+                    best = (c, [*((states[a], states[b]) for a, b in head), (mid, dst)])
         return best
+
+    def _path_cost(self, hops: list[tuple[int, int]]) -> float:
+        return sum(self._hop_cost(a, b) for a, b in hops)
 
     def time(self, src: NdSbp, dst: NdSbp) -> float:
         if src == dst:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = [
@@ -93,10 +93,16 @@ class NdSbp:
     """One SBP value per mesh axis."""
 
     values: tuple[SbpValue, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.values:
             raise ValueError("an N-D SBP needs at least one mesh axis")
+        object.__setattr__(self, "_hash", hash(self.values))
+
+    def __hash__(self) -> int:
+        # cached: N-D SBPs key every boxing and cost table lookup
+        return self._hash
 
     def __str__(self) -> str:
         if len(self.values) == 1:
