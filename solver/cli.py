@@ -1,19 +1,26 @@
-"""``autopar plan``: solve from the command line with a progress line and a summary table."""
+"""``autopar plan``: solve from the command line with a progress line and a summary table.
+
+:data:`PLAN_COMMAND` is the ``plan`` entry point of the ``autopar.commands`` group
+(``pyproject.toml``).  This module imports with the core alone; OR-Tools and the
+solver load inside :func:`run_plan_command`, after ``autopar`` checked that
+``autopar[solver]`` is installed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from autopar.cli_args import GRAPH_ARG_HELP, MEMORY_FORMS, Command, add_mesh_args
 from autopar.cluster import Cluster, parse_mesh_shape
-from autopar.graph import Graph
 from autopar.plan import Plan
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, Progress, plan
 
-__all__ = ["run_plan_command", "summary_table"]
+if TYPE_CHECKING:
+    from solver.planner import Progress
+
+__all__ = ["PLAN_COMMAND", "add_plan_arguments", "run_plan_command", "summary_table"]
 
 GIB = 1024**3
 
@@ -63,11 +70,13 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
 
 def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.baselines import baseline_plan, megatron_parameter_layout
-    from autopar.cli import parse_bytes
+    from autopar.cli_args import graph_from_arg, parse_bytes, plan_from_arg
     from autopar.cluster import Mesh
     from autopar.evaluate import attach_evaluation, evaluate
+    from solver.options import SolverOptions
+    from solver.planner import PlanRequest, plan
 
-    graph = Graph.load(args.graph).validate()
+    graph = graph_from_arg(args.graph)
     cluster = Cluster.parse(args.cluster, args.preset)
     budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
     options = SolverOptions(
@@ -78,7 +87,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     )
     shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
     request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
-    hint = Plan.load(args.hint) if args.hint else None
+    hint = plan_from_arg(args.hint) if args.hint else None
     progress = None if args.no_progress else ProgressLine(sys.stderr)
     result = plan(request, progress=progress, hint=hint)
     result.save(args.out)
@@ -107,3 +116,37 @@ def run_plan_command(args: argparse.Namespace) -> int:
             )
     sys.stdout.write(f"plan written to {args.out}\n")
     return 0
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help=GRAPH_ARG_HELP)
+    add_mesh_args(p)
+    p.add_argument(
+        "--memory",
+        default=None,
+        help=f"per-device budget: {MEMORY_FORMS}, e.g. 40GiB (default: the preset's memory)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help="seconds of search per mesh shape (reductions, heuristic, CP-SAT; shapes are searched "
+        "in parallel); building the cost tables and the baselines comes on top (default: %(default)s)",
+    )
+    p.add_argument("--workers", type=int, default=None, help="CP-SAT threads (default: min(8, CPUs))")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: %(default)s)")
+    p.add_argument(
+        "--gap", type=float, default=0.01, help="relative optimality gap to stop at (default: %(default)s)"
+    )
+    p.add_argument("--hint", default=None, help="a previous plan to warm-start from")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
+
+
+PLAN_COMMAND = Command(
+    "plan",
+    "solve for the fastest plan within the memory budget",
+    add_plan_arguments,
+    run_plan_command,
+    extra="solver",
+)
