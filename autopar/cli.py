@@ -37,10 +37,10 @@ from typing import Any, NoReturn
 from autopar import __version__
 from autopar.cli_args import (
     BASELINE_KINDS,
-    GRAPH_ARG_HELP,
     Command,
     add_mesh_args,
     check_writable,
+    graph_arg_help,
     graph_from_arg,
     mesh_from_args,
     model_names,
@@ -179,20 +179,20 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _costs_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("graph", help=GRAPH_ARG_HELP)
+    p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p)
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU)")
 
 
 def _baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=BASELINE_KINDS, metavar="KIND", help="one of: %(choices)s")
-    p.add_argument("graph", help=GRAPH_ARG_HELP)
+    p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p)
     p.add_argument("--out", required=True, help="plan JSON to write")
 
 
 def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("graph", help=GRAPH_ARG_HELP)
+    p.add_argument("graph", help=graph_arg_help())
     p.add_argument("plan", help="autopar.plan/v1 JSON file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -36,6 +36,7 @@ __all__ = [
     "Command",
     "add_mesh_args",
     "check_writable",
+    "graph_arg_help",
     "graph_from_arg",
     "graph_json_from_arg",
     "mesh_from_args",
@@ -151,7 +152,13 @@ def require_extra(what: str, extra: str) -> None:
 # ------------------------------------------------------------------ arguments
 
 
-def add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> None:
+MESH_2D_DEFAULT = "2-D (devices/2, 2) on several nodes, else 1-D"
+"""What :func:`mesh_from_args` picks without ``--mesh-shape``."""
+
+
+def add_mesh_args(
+    p: argparse.ArgumentParser, mesh_required: bool = False, mesh_default: str = MESH_2D_DEFAULT
+) -> None:
     """``--cluster``, ``--preset``, ``--mesh-shape`` and ``--zero``."""
     p.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default: %(default)s)")
     p.add_argument(
@@ -160,7 +167,7 @@ def add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> No
     p.add_argument(
         "--mesh-shape",
         required=mesh_required,
-        help="logical mesh, e.g. 4,2 (last axis tensor-parallel); default: searched / 2-D",
+        help=f"logical mesh, e.g. 4,2 (last axis tensor-parallel; default: {mesh_default})",
     )
     p.add_argument(
         "--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default: %(default)s)"
@@ -185,7 +192,9 @@ def model_names() -> list[str]:
     return list(MODEL_NAMES)
 
 
-GRAPH_ARG_HELP = "graph JSON file, or a bundled model name (see `autopar model --help`)"
+def graph_arg_help() -> str:
+    """Help of a ``GRAPH`` argument, listing the bundled models."""
+    return f"graph JSON file, or a bundled model: {', '.join(model_names())}"
 
 
 def _read(path: Path, what: str) -> bytes:

@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from autopar.cli_args import (
-    GRAPH_ARG_HELP,
     MEMORY_FORMS,
     Command,
+    graph_arg_help,
     graph_json_from_arg,
     parse_bytes,
     require_extra,
@@ -269,7 +269,7 @@ def _worker_arguments(w: argparse.ArgumentParser) -> None:
 
 
 def _submit_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument("graph", help=GRAPH_ARG_HELP)
+    s.add_argument("graph", help=graph_arg_help())
     s.add_argument(
         "--server", default=os.environ.get("AUTOPAR_SERVER"), help="service URL (default: AUTOPAR_SERVER)"
     )

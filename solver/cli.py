@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from autopar.cli_args import GRAPH_ARG_HELP, MEMORY_FORMS, Command, add_mesh_args
+from autopar.cli_args import MEMORY_FORMS, Command, add_mesh_args, graph_arg_help
 from autopar.cluster import Cluster, parse_mesh_shape
 from autopar.plan import Plan
 
@@ -119,8 +119,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("graph", help=GRAPH_ARG_HELP)
-    add_mesh_args(p)
+    p.add_argument("graph", help=graph_arg_help())
+    add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
     p.add_argument(
         "--memory",
         default=None,

@@ -50,8 +50,11 @@ def test_help_lists_models_kinds_and_defaults() -> None:
         "(default: a100-40g)",
         "(default: 2)",  # ZeRO
         "GiB",
+        "the fastest of every 1-D and 2-D shape",  # no --mesh-shape
     ):
         assert text in plan, text
+    assert all(name in plan for name in MODEL_NAMES)
+    assert "(devices/2, 2) on several nodes" in baseline
     serve = _help("serve")
     assert "(default: 127.0.0.1)" in serve and "(default: 8000)" in serve
     submit = _help("submit")
