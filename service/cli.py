@@ -34,6 +34,7 @@ from typing import Any, TextIO
 from autopar.cli_args import (
     MEMORY_FORMS,
     Command,
+    add_mesh_args,
     graph_arg_help,
     graph_json_from_arg,
     parse_bytes,
@@ -41,7 +42,7 @@ from autopar.cli_args import (
     wrote,
 )
 from autopar.client import PlanClient, ServiceError
-from autopar.cluster import PRESETS, parse_mesh_shape
+from autopar.cluster import parse_mesh_shape
 from autopar.errors import ConfigError
 
 __all__ = [
@@ -275,18 +276,11 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--serve", action="store_true", help="start an embedded local server for this request")
     s.add_argument("--api-key", default=None, help="X-API-Key (default: AUTOPAR_API_KEY)")
-    s.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default: %(default)s)")
-    s.add_argument(
-        "--preset", default="a100-40g", choices=sorted(PRESETS), help="device preset (default: %(default)s)"
-    )
-    s.add_argument("--mesh-shape", default=None, help="e.g. 4,2 (default: searched)")
+    add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
     s.add_argument(
         "--memory",
         default=None,
         help=f"per-device budget: {MEMORY_FORMS}, e.g. 30GiB (default: the device's)",
-    )
-    s.add_argument(
-        "--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default: %(default)s)"
     )
     s.add_argument(
         "--time-limit",

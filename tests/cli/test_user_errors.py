@@ -96,16 +96,21 @@ def test_memory_needs_an_exact_unit(tmp_path: Path, memory: str, expected: str) 
     assert not (tmp_path / "p.json").exists()
 
 
-def test_missing_extra_names_the_install_command(monkeypatch, capsys) -> None:
-    """A command whose extra is not installed stays listed and says how to install it."""
+def _hide_distribution(monkeypatch, hidden: str) -> None:
+    """Make the installed metadata say ``hidden`` is not installed."""
     real_version = importlib.metadata.version
 
     def version(name: str) -> str:
-        if name.lower() == "ortools":
+        if name.lower() == hidden:
             raise importlib.metadata.PackageNotFoundError(name)
         return real_version(name)
 
     monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def test_missing_extra_names_the_install_command(monkeypatch, capsys) -> None:
+    """A command whose extra is not installed stays listed and says how to install it."""
+    _hide_distribution(monkeypatch, "ortools")
     assert main(["plan", "tiny-gpt", "--out", "never-written.json"]) == 2
     err = capsys.readouterr().err
     assert err == (
@@ -115,18 +120,13 @@ def test_missing_extra_names_the_install_command(monkeypatch, capsys) -> None:
 
 
 def test_submit_serve_without_the_service_extra(monkeypatch, capsys, tmp_path: Path) -> None:
-    real_version = importlib.metadata.version
-
-    def version(name: str) -> str:
-        if name.lower() == "fastapi":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real_version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", version)
+    _hide_distribution(monkeypatch, "fastapi")
     assert main(["submit", "tiny-gpt", "--serve", "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("autopar: error: [missing_extra] 'submit --serve' needs autopar[service]: ")
     assert err.count("\n") == 1
+
+
 def test_invalid_graph_content_is_one_line(tmp_path: Path) -> None:
     graph = {"format": "autopar.graph/v1", "name": "g", "tensors": {}, "ops": [], "meta": "hello"}
     (tmp_path / "g.json").write_text(json.dumps(graph))

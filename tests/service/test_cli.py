@@ -13,19 +13,8 @@ import pytest
 
 from autopar.plan import Plan
 from service.cli import SERVE_COMMAND, SUBMIT_COMMAND, WORKER_COMMAND
+from tests.cli.helpers import run_cli
 from tests.service.helpers import REPO, live_server, make_settings
-
-
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "autopar.cli", *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_cli_surface() -> None:
