@@ -34,6 +34,7 @@ __all__ = [
     "BASELINE_KINDS",
     "MEMORY_FORMS",
     "Command",
+    "add_memory_arg",
     "add_mesh_args",
     "check_writable",
     "graph_arg_help",
@@ -171,6 +172,15 @@ def add_mesh_args(
     )
     p.add_argument(
         "--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default: %(default)s)"
+    )
+
+
+def add_memory_arg(p: argparse.ArgumentParser) -> None:
+    """``--memory``: the per-device budget, parsed later by :func:`parse_bytes`."""
+    p.add_argument(
+        "--memory",
+        default=None,
+        help=f"per-device budget: {MEMORY_FORMS}, e.g. 40GiB (default: the preset's memory)",
     )
 
 

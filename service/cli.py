@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from autopar.cli_args import (
-    MEMORY_FORMS,
     Command,
+    add_memory_arg,
     add_mesh_args,
     graph_arg_help,
     graph_json_from_arg,
@@ -277,11 +277,7 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--serve", action="store_true", help="start an embedded local server for this request")
     s.add_argument("--api-key", default=None, help="X-API-Key (default: AUTOPAR_API_KEY)")
     add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
-    s.add_argument(
-        "--memory",
-        default=None,
-        help=f"per-device budget: {MEMORY_FORMS}, e.g. 30GiB (default: the device's)",
-    )
+    add_memory_arg(s)
     s.add_argument(
         "--time-limit",
         type=float,

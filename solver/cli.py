@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from autopar.cli_args import MEMORY_FORMS, Command, add_mesh_args, graph_arg_help
+from autopar.cli_args import Command, add_memory_arg, add_mesh_args, graph_arg_help
 from autopar.cluster import Cluster, parse_mesh_shape
 from autopar.plan import Plan
 
@@ -121,11 +121,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
-    p.add_argument(
-        "--memory",
-        default=None,
-        help=f"per-device budget: {MEMORY_FORMS}, e.g. 40GiB (default: the preset's memory)",
-    )
+    add_memory_arg(p)
     p.add_argument(
         "--time-limit",
         type=float,
