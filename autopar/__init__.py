@@ -1,6 +1,6 @@
 """autopar: auto-parallel planning of training graphs (N-D SBP under a ZeRO-aware memory budget).
 
-The core (this package) needs only numpy; the solver (``solver``) needs OR-Tools
+The core (this package) needs only numpy and pydantic; the solver (``solver``) needs OR-Tools
 and the service (``service``) FastAPI and Redis.
 """
 

@@ -1,4 +1,4 @@
-"""``autopar`` command line.
+"""``autopar`` command line: the composition root.
 
 ::
 
@@ -6,102 +6,77 @@
     autopar costs GRAPH --cluster 2x4 --mesh-shape 4,2   build cost tables, print stats
     autopar baseline KIND GRAPH --cluster 2x4 --mesh-shape 4,2 --out plan.json
     autopar evaluate GRAPH PLAN [--json]            recompute a plan's time and memory
-    autopar plan GRAPH --cluster 2x4 --memory 40GiB --zero 2 --out plan.json   (needs autopar[solver])
-    autopar calibrate RESULTS --cluster 2x4 --mesh-shape 4,2 --out profile.json   fit a cluster profile
-    autopar serve | worker | submit                 (needs autopar[service])
-    autopar oneflow import | import-plan            (needs OneFlow 0.9)
+    autopar oneflow import | import-plan            (OneFlow 0.9 when run)
+    autopar plan GRAPH --cluster 2x4 --memory 40GiB --zero 2 --out plan.json   (autopar[solver])
+    autopar serve | worker | submit                 (serve, worker: autopar[service])
+
+``GRAPH`` is a graph JSON file or a bundled model name.  The core's commands
+(``model`` ... ``oneflow``) are defined here and need only the core's
+dependencies; the other packages contribute theirs through the
+``autopar.commands`` entry-point group in ``pyproject.toml`` (``plan`` from
+``solver.cli``, ``serve``/``worker``/``submit`` from ``service.cli``), as Flask
+and pytest plugins do, so the core never imports them.  A command whose extra is
+not installed stays listed and answers ``[missing_extra] ... pip install
+'autopar[extra]'``.  Every user error is one ``autopar: error: [code] ...`` line
+on stderr with exit status 2; Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.metadata
 import json
 import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
+from autopar import __version__
 from autopar.calibrate import add_calibrate_arguments, cmd_calibrate
-from autopar.cluster import PRESETS, Cluster, Mesh, load_cluster_profile, parse_mesh_shape
-from autopar.errors import AutoparError, ConfigError
-from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
+from autopar.cli_args import (
+    BASELINE_KINDS,
+    Command,
+    add_mesh_args,
+    check_writable,
+    graph_arg_help,
+    graph_from_arg,
+    mesh_from_args,
+    model_names,
+    plan_from_arg,
+    require_extra,
+    wrote,
+)
+from autopar.cluster import Mesh, load_cluster_profile
+from autopar.errors import AutoparError
 
-__all__ = ["cluster_from_args", "main", "parse_bytes"]
+__all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
+
+ENTRY_POINT_GROUP = "autopar.commands"
+OUTPUT_OPTIONS = ("out", "graph_out")
+"""Namespace attributes naming files a command writes; checked before the command runs."""
 
 log = logging.getLogger("autopar")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error line: ``autopar: error: [bad_args] ...``, exit 2."""
 
-def parse_bytes(text: str) -> int:
-    """``"40GiB"`` -> 42949672960; accepts B, KB/MB/GB (1000^n) and KiB/MiB/GiB (1024^n)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError("bad_memory", f"memory size {text!r} is not like 40GiB, 38.5GB or 1073741824")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise ConfigError("bad_memory", f"memory size must be > 0, got {text!r}")
-    return int(value)
-
-
-def _add_mesh_args(p: argparse.ArgumentParser, mesh_required: bool = False) -> None:
-    p.add_argument("--cluster", default="2x4", help="NODESxDEVICES, e.g. 2x4 (default)")
-    devices = p.add_mutually_exclusive_group()
-    devices.add_argument("--preset", choices=sorted(PRESETS), help="device preset (default a100-40g)")
-    devices.add_argument(
-        "--cluster-profile",
-        metavar="FILE",
-        help="cluster profile JSON (autopar calibrate) instead of a preset",
-    )
-    p.add_argument(
-        "--mesh-shape",
-        required=mesh_required,
-        help="logical mesh, e.g. 4,2 (last axis tensor-parallel); default: searched / 2-D",
-    )
-    p.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default 2)")
-    p.add_argument(
-        "--runtime",
-        default=DEFAULT_RUNTIME,
-        choices=sorted(RUNTIMES),
-        help=f"runtime profile that prices boxing (default {DEFAULT_RUNTIME}; docs/runtime-profiles.md)",
-    )
-
-
-def cluster_from_args(args: argparse.Namespace) -> Cluster:
-    """The cluster of ``--cluster`` priced by ``--cluster-profile`` or ``--preset``."""
-    profile = load_cluster_profile(args.cluster_profile) if args.cluster_profile else None
-    return Cluster.parse(args.cluster, args.preset, profile)
-
-
-def _mesh_from_args(args: argparse.Namespace, default_2d: bool = True) -> Mesh:
-    cluster = cluster_from_args(args)
-    if args.mesh_shape:
-        shape = parse_mesh_shape(args.mesh_shape)
-    elif default_2d and cluster.nodes > 1:
-        shape = (cluster.nodes * cluster.devices_per_node // 2, 2)
-    else:
-        shape = (cluster.world_size,)
-    return Mesh(cluster, shape)
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(2))
+            close = difflib.get_close_matches(choice.group(1), options, n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        self.exit(2, f"autopar: error: [bad_args] {message} (see `{self.prog} --help`)\n")
 
 
 def _load_graph(path: str):  # type: ignore[no-untyped-def]
-    from autopar.graph import Graph
-
     t0 = time.perf_counter()
-    g = Graph.load(path).validate()
+    g = graph_from_arg(path)
     log.info("loaded %s in %.2f s", g, time.perf_counter() - t0)
     return g
 
@@ -126,8 +101,9 @@ def cmd_model(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"{args.name}: {len(graph.ops)} ops, {len(graph.tensors)} tensors, "
         f"{len(graph.variables)} variables, {info.get('parameters', 0):,} parameters; "
-        f"built in {built:.2f} s -> {args.out}\n"
+        f"built in {built:.2f} s\n"
     )
+    wrote("graph", args.out)
     return 0
 
 
@@ -135,7 +111,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     from autopar.costs import build_cost_tables
 
     graph = _load_graph(args.graph)
-    mesh = _mesh_from_args(args)
+    mesh = mesh_from_args(args)
     t0 = time.perf_counter()
     tables = build_cost_tables(graph, mesh, args.zero, workers=args.workers)
     cold = time.perf_counter() - t0
@@ -153,20 +129,20 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from autopar.evaluate import attach_evaluation, evaluate
 
     graph = _load_graph(args.graph)
-    mesh = _mesh_from_args(args)
+    mesh = mesh_from_args(args)
     plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
     attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
+    wrote("plan", args.out)
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from autopar.evaluate import evaluate
-    from autopar.plan import Plan
 
     graph = _load_graph(args.graph)
-    plan = Plan.load(args.plan)
+    plan = plan_from_arg(args.plan)
     if args.cluster_profile:  # re-price the plan's mesh on the profile
         old = plan.mesh.cluster
         cluster = load_cluster_profile(args.cluster_profile).cluster(old.nodes, old.devices_per_node)
@@ -196,97 +172,146 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0 if ev.valid else 1
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    try:
-        from solver.cli import run_plan_command
-    except ImportError as exc:  # ortools not installed
-        raise ConfigError(
-            "solver_missing",
-            f"the solver needs autopar[solver] (ortools): {exc}; pip install 'autopar[solver]'",
-        ) from None
-    return run_plan_command(args)
+# ------------------------------------------------------------------ the core's commands
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=model_names(), metavar="NAME", help="one of: %(choices)s")
+    p.add_argument("--out", required=True, help="graph JSON to write")
+    for key in ("layers", "hidden", "heads", "ffn", "vocab", "batch", "seq", "decoder-seq"):
+        p.add_argument(
+            f"--{key}", type=int, dest=key.replace("-", "_"), help="override (default: the model's)"
+        )
+
+
+def _costs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help=graph_arg_help())
+    add_mesh_args(p)
+    p.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU)")
+
+
+def _baseline_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=BASELINE_KINDS, metavar="KIND", help="one of: %(choices)s")
+    p.add_argument("graph", help=graph_arg_help())
+    add_mesh_args(p)
+    p.add_argument("--out", required=True, help="plan JSON to write")
+
+
+def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help=graph_arg_help())
+    p.add_argument("plan", help="autopar.plan/v1 JSON file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--cluster-profile", metavar="FILE", help="price on this cluster profile, not the plan's")
+
+
+def _oneflow_command() -> Command:
+    from autopar.oneflow.cli import add_oneflow_arguments, run_oneflow_command
+
+    return Command(
+        "oneflow",
+        "OneFlow bridge: import jobs and OneFlow's own plans (run it beside OneFlow 0.9)",
+        add_oneflow_arguments,
+        run_oneflow_command,
+    )
+
+
+def core_commands() -> list[Command]:
+    """The commands of the core (numpy and pydantic only)."""
+    return [
+        Command("model", "build a training-step graph of a bundled model", _model_arguments, cmd_model),
+        Command(
+            "costs", "build the cost tables of a graph and print statistics", _costs_arguments, cmd_costs
+        ),
+        Command(
+            "baseline",
+            "write a reference plan (megatron, inferred, data-parallel, single-device)",
+            _baseline_arguments,
+            cmd_baseline,
+        ),
+        Command(
+            "evaluate",
+            "recompute a plan's step time, memory and communication",
+            _evaluate_arguments,
+            cmd_evaluate,
+        ),
+        Command(
+            "calibrate",
+            "fit a cluster profile from nccl-tests output and GEMM timings",
+            add_calibrate_arguments,
+            cmd_calibrate,
+        ),
+        _oneflow_command(),
+    ]
+
+
+def contributed_commands() -> list[Command]:
+    """The commands other packages register under the ``autopar.commands`` entry points."""
+    commands = []
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        command = ep.load()
+        if not isinstance(command, Command) or command.name != ep.name:
+            raise TypeError(f"entry point {ep.name} = {ep.value} must name an autopar Command {ep.name!r}")
+        commands.append(command)
+    return commands
 
 
 # ------------------------------------------------------------------ parser
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
-    parser = argparse.ArgumentParser(prog="autopar", description="Auto-parallel planning for training graphs")
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+    """The ``autopar`` parser and its commands by name."""
+    parser = ArgumentParser(
+        prog="autopar",
+        description="Auto-parallel planning for training graphs: N-D SBP plans under a memory budget.",
+        epilog=f"GRAPH arguments take a graph JSON file or a bundled model: {', '.join(model_names())}. "
+        "Run `autopar COMMAND --help` for a command's options and defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    sub = parser.add_subparsers(dest="command", required=True)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands: dict[str, Command] = {}
+    for command in [*core_commands(), *contributed_commands()]:
+        if command.name in commands:
+            raise ValueError(f"two packages register the command {command.name!r}")
+        help_text = command.help + (f" (needs autopar[{command.extra}])" if command.extra else "")
+        p = sub.add_parser(
+            command.name,
+            help=help_text,
+            description=command.description or help_text,
+            epilog=command.epilog,
+        )
+        command.add_arguments(p)
+        commands[command.name] = command
+    return parser, commands
 
-    p = sub.add_parser("model", help="build a training-step graph")
-    p.add_argument("name")
-    p.add_argument("--out", required=True)
-    for key in ("layers", "hidden", "heads", "ffn", "vocab", "batch", "seq", "decoder-seq"):
-        p.add_argument(f"--{key}", type=int, dest=key.replace("-", "_"))
-    handlers["model"] = cmd_model
 
-    p = sub.add_parser("costs", help="build the cost tables of a graph and print statistics")
-    p.add_argument("graph")
-    _add_mesh_args(p)
-    p.add_argument("--workers", type=int, default=None)
-    handlers["costs"] = cmd_costs
-
-    p = sub.add_parser("baseline", help="write a reference plan")
-    p.add_argument("kind", choices=["megatron", "inferred", "data-parallel", "single-device"])
-    p.add_argument("graph")
-    _add_mesh_args(p)
-    p.add_argument("--out", required=True)
-    handlers["baseline"] = cmd_baseline
-
-    p = sub.add_parser("evaluate", help="recompute a plan's step time, memory and communication")
-    p.add_argument("graph")
-    p.add_argument("plan")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--cluster-profile", metavar="FILE", help="price on this cluster profile, not the plan's")
-    handlers["evaluate"] = cmd_evaluate
-
-    p = sub.add_parser("calibrate", help="fit a cluster profile from nccl-tests output and GEMM timings")
-    add_calibrate_arguments(p)
-    handlers["calibrate"] = cmd_calibrate
-
-    p = sub.add_parser("plan", help="solve for the fastest plan within the memory budget")
-    p.add_argument("graph")
-    _add_mesh_args(p)
-    p.add_argument("--memory", default=None, help="per-device budget, e.g. 40GiB (default: the preset's)")
-    p.add_argument("--time-limit", type=float, default=30.0)
-    p.add_argument("--workers", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
-    p.add_argument("--hint", default=None, help="a previous plan to warm-start from")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", required=True)
-    handlers["plan"] = cmd_plan
-
-    try:
-        from autopar.oneflow.cli import add_oneflow_commands
-    except ImportError:
-        pass
-    else:
-        handlers.update(add_oneflow_commands(sub))
-    try:
-        from autopar.cli_service import add_service_commands
-    except ImportError:
-        pass
-    else:
-        handlers.update(add_service_commands(sub))
-    return parser, handlers
+def _interrupted() -> int:
+    # end a progress line left on the terminal, then one line
+    sys.stderr.write(("\n" if sys.stderr.isatty() else "") + "autopar: interrupted\n")
+    return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, handlers = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
     try:
-        return handlers[args.command](args)
+        parser, commands = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+        command = commands[args.command]
+        if command.extra:
+            require_extra(command.name, command.extra)
+        for option in OUTPUT_OPTIONS:
+            path = getattr(args, option, None)
+            if path:
+                check_writable(path, "--" + option.replace("_", "-"))
+        return command.run(args)
     except AutoparError as exc:
         sys.stderr.write(f"autopar: error: {exc}\n")
         return 2
+    except KeyboardInterrupt:
+        return _interrupted()
 
 
 if __name__ == "__main__":  # pragma: no cover

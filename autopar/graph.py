@@ -24,7 +24,10 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from pydantic import ValidationError
+
 from autopar.errors import GraphError
+from autopar.wire import DTYPES, GraphModel, error_path
 
 __all__ = [
     "DTYPE_BYTES",
@@ -38,7 +41,7 @@ __all__ = [
 
 FORMAT = "autopar.graph/v1"
 
-DTYPE_BYTES: dict[str, int] = {
+DTYPE_BYTES: dict[str, int] = {  # keys: autopar.wire.DTYPES
     "float16": 2,
     "bfloat16": 2,
     "float32": 4,
@@ -315,66 +318,51 @@ class Graph:
 
     @classmethod
     def from_dict(cls, data: Any) -> Graph:
+        """The graph of a decoded ``autopar.graph/v1`` document (checked by :class:`GraphModel`).
+
+        Raises :class:`GraphError` naming the field: ``bad_format`` (wrong type, missing
+        or unknown field, over a limit of :mod:`autopar.wire`), ``bad_shape``,
+        ``unknown_dtype``, ``bad_role``.  Call :meth:`validate` for the whole-graph checks.
+        """
         if not isinstance(data, dict):
             raise GraphError("bad_format", "a graph must be a JSON object")
         fmt = data.get("format")
         if fmt != FORMAT:
             raise GraphError("bad_format", f"unsupported graph format {fmt!r}; expected {FORMAT!r}")
         try:
-            tensors = []
-            raw_tensors = data["tensors"]
-            if not isinstance(raw_tensors, dict):
-                raise TypeError("'tensors' must be an object")
-            for name, spec in raw_tensors.items():
-                shape = spec["shape"]
-                if not isinstance(shape, list) or not all(
-                    isinstance(d, int) and not isinstance(d, bool) for d in shape
-                ):
-                    raise GraphError("bad_shape", f"tensor {name!r} has invalid shape {shape!r}", tensor=name)
-                tensors.append(TensorSpec(str(name), tuple(shape), str(spec["dtype"])))
-            ops = []
-            for raw in data["ops"]:
-                try:
-                    role = Role(raw.get("role", "forward"))
-                except ValueError:
-                    raise GraphError(
-                        "bad_role",
-                        f"op {raw.get('name')!r} has role {raw.get('role')!r}; "
-                        "use forward, backward or optimizer",
-                        op=raw.get("name"),
-                    ) from None
-                inputs, outputs, attrs = raw.get("inputs", {}), raw.get("outputs", {}), raw.get("attrs", {})
-                if not all(isinstance(x, dict) for x in (inputs, outputs, attrs)):
-                    raise GraphError(
-                        "bad_op", f"op {raw.get('name')!r}: inputs, outputs and attrs must be objects"
-                    )
-                ops.append(
-                    Op(
-                        name=str(raw["name"]),
-                        type=str(raw["type"]),
-                        inputs={str(k): str(v) for k, v in inputs.items()},
-                        outputs={str(k): str(v) for k, v in outputs.items()},
-                        attrs=dict(attrs),
-                        role=role,
-                    )
-                )
-            variables = [
-                Variable(str(v["op"]), str(v["tensor"]), v.get("grad"), v.get("optimizer"))
-                for v in data.get("variables", [])
-            ]
-        except GraphError:
-            raise
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise GraphError("bad_format", f"malformed graph JSON: {exc!r}") from None
-        return cls(str(data.get("name", "graph")), tensors, ops, variables, data.get("meta") or {})
+            model = GraphModel.model_validate(data)
+        except RecursionError:
+            raise GraphError("bad_format", "the graph is nested too deeply") from None
+        except ValidationError as exc:
+            raise _graph_error(exc) from None
+        return cls.from_model(model)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise GraphError("bad_json", f"graph is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+            model = GraphModel.model_validate_json(text)
+        except ValidationError as exc:
+            if exc.errors()[0]["type"] != "json_invalid":
+                # a type error first: say it as from_dict does (format before fields)
+                try:
+                    data = json.loads(text)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                    data = None
+                if data is not None:
+                    return cls.from_dict(data)
+            raise _graph_error(exc) from None
+        return cls.from_model(model)
+
+    @classmethod
+    def from_model(cls, model: GraphModel) -> Graph:
+        """The graph of a validated :class:`~autopar.wire.GraphModel` (e.g. a request body)."""
+        tensors = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in model.tensors.items()]
+        ops = [
+            Op(op.name, op.type, dict(op.inputs), dict(op.outputs), dict(op.attrs), Role(op.role))
+            for op in model.ops
+        ]
+        variables = [Variable(v.op, v.tensor, v.grad, v.optimizer) for v in model.variables]
+        return cls(model.name, tensors, ops, variables, dict(model.meta))
 
     @classmethod
     def load(cls, path: str) -> Graph:
@@ -401,3 +389,30 @@ class Graph:
             f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)}, "
             f"variables={len(self.variables)})"
         )
+
+
+def _graph_error(exc: ValidationError) -> GraphError:
+    """The first problem pydantic found, as a :class:`GraphError` naming the field."""
+    error = exc.errors()[0]
+    loc, value = error["loc"], error.get("input")
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    if error["type"] == "json_invalid":
+        return GraphError("bad_json", f"graph is not valid JSON: {error['msg']}")
+    if loc and loc[0] == "format":
+        return GraphError("bad_format", f"unsupported graph format {shown}; expected {FORMAT!r}")
+    path = error_path(loc)
+    if len(loc) >= 3 and loc[0] == "tensors" and loc[2] == "shape":
+        return GraphError(
+            "bad_shape",
+            f"tensor {loc[1]!r} has invalid shape at {path}: {error['msg']} (got {shown})",
+            tensor=str(loc[1]),
+        )
+    if len(loc) == 3 and loc[0] == "tensors" and loc[2] == "dtype":
+        return GraphError(
+            "unknown_dtype",
+            f"tensor {loc[1]!r} has unknown dtype {shown}; use one of {sorted(DTYPES)}",
+            tensor=str(loc[1]),
+        )
+    if len(loc) == 3 and loc[0] == "ops" and loc[2] == "role":
+        return GraphError("bad_role", f"{path} is {shown}; use forward, backward or optimizer")
+    return GraphError("bad_format", f"graph field {path}: {error['msg']} (got {shown})", field=path)

@@ -13,12 +13,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from autopar.cluster import Mesh
 from autopar.errors import PlanError
 from autopar.graph import Graph
 from autopar.memory import data_parallel_axes
 from autopar.runtime import DEFAULT_RUNTIME
 from autopar.sbp import Signature, parse_nd_sbp
+from autopar.wire import PlanModel, error_path
 
 __all__ = ["FORMAT", "Plan"]
 
@@ -142,6 +145,11 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
+        """The plan of a decoded ``autopar.plan/v1`` document (checked by :class:`PlanModel`).
+
+        Raises :class:`PlanError` naming the field (``bad_format``) or the op whose SBP
+        does not fit the mesh (``mesh_mismatch``).
+        """
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PlanError(
                 "bad_format",
@@ -149,19 +157,33 @@ class Plan:
                 f"expected {FORMAT!r}",
             )
         try:
-            mesh = Mesh.from_dict(data["mesh"])
-            signatures: dict[str, Signature] = {}
-            ports: dict[str, tuple[list[str], list[str]]] = {}
-            for name, entry in data["ops"].items():
-                ins = list(entry.get("inputs", {}))
-                outs = list(entry.get("outputs", {}))
+            model = PlanModel.model_validate(data)
+        except RecursionError:
+            raise PlanError("bad_format", "the plan is nested too deeply") from None
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            path = error_path(error["loc"])
+            shown = f"{error.get('input')!r:.80}"
+            message = f"plan field {path}: {error['msg']} (got {shown})"
+            raise PlanError("bad_format", message, field=path) from None
+        return cls.from_model(model)
+
+    @classmethod
+    def from_model(cls, model: PlanModel) -> Plan:
+        """The plan of a validated :class:`~autopar.wire.PlanModel`; raises ``mesh_mismatch``."""
+        mesh = Mesh.from_dict(model.mesh.model_dump(exclude_none=True))
+        signatures: dict[str, Signature] = {}
+        ports: dict[str, tuple[list[str], list[str]]] = {}
+        for name, entry in model.ops.items():
+            ins, outs = list(entry.inputs), list(entry.outputs)
+            try:
                 signatures[name] = Signature(
-                    tuple(parse_nd_sbp(entry["inputs"][p]) for p in ins),
-                    tuple(parse_nd_sbp(entry["outputs"][p]) for p in outs),
+                    tuple(parse_nd_sbp(entry.inputs[p]) for p in ins),
+                    tuple(parse_nd_sbp(entry.outputs[p]) for p in outs),
                 )
-                ports[name] = (ins, outs)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PlanError("bad_format", f"malformed plan JSON: {exc!r}") from None
+            except ValueError as exc:
+                raise PlanError("bad_format", f"op {name!r}: {exc}", op=name) from None
+            ports[name] = (ins, outs)
         for name, sig in signatures.items():
             for s in (*sig.inputs, *sig.outputs):
                 if len(s) != mesh.ndim:
@@ -172,28 +194,31 @@ class Plan:
                         op=name,
                     )
         return cls(
-            graph_name=data.get("graph", {}).get("name", ""),
-            graph_hash=data.get("graph", {}).get("hash", ""),
+            graph_name=model.graph.name,
+            graph_hash=model.graph.hash,
             mesh=mesh,
-            zero_stage=int(data.get("zero_stage", 0)),
+            zero_stage=model.zero_stage,
             signatures=signatures,
             ports=ports,
-            variables=data.get("variables") or {},
-            predicted=data.get("predicted") or {},
-            memory=data.get("memory") or {},
-            diagnostics=data.get("diagnostics") or {},
-            solver=data.get("solver"),
-            source=data.get("source", "autopar"),
-            memory_budget_bytes=data.get("memory_budget_bytes"),
-            runtime=str(data.get("runtime") or DEFAULT_RUNTIME),
+            variables={k: v.model_dump(exclude_unset=True) for k, v in model.variables.items()},
+            predicted=model.predicted.model_dump(exclude_unset=True),
+            memory=model.memory.model_dump(exclude_unset=True),
+            diagnostics=model.diagnostics.model_dump(exclude_unset=True),
+            solver=None if model.solver is None else model.solver.model_dump(exclude_unset=True),
+            source=model.source,
+            memory_budget_bytes=model.memory_budget_bytes,
+            runtime=model.runtime,
         )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Plan:
         try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as exc:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise PlanError("bad_json", f"plan is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise PlanError("bad_json", "the plan is nested too deeply") from None
+        return cls.from_dict(data)
 
     @classmethod
     def load(cls, path: str) -> Plan:

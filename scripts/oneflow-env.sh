@@ -9,7 +9,7 @@
 # and needs numpy<2 and protobuf<4, which the solver's ortools cannot live with,
 # hence a venv of its own (BRIEF section 6).  It runs on CPU with the cuDNN and
 # cuBLAS wheels below on LD_LIBRARY_PATH; CUDA warnings at start are harmless.
-# autopar is installed editable with --no-deps (its core needs only numpy).
+# autopar is installed editable with --no-deps (its core needs only numpy and pydantic).
 # Idempotent: an existing venv that imports oneflow is reused as it is.
 # Writes $VENV/activate-oneflow (source it to get the venv and the library path).
 set -euo pipefail
@@ -69,9 +69,16 @@ else
   oneflow_ok || { echo "oneflow-env: oneflow does not import in $VENV" >&2; exit 1; }
 fi
 
-# Check from / so that the checkout on sys.path (python -c adds the cwd) cannot pass for an install.
+# The core's dependencies besides numpy (pyproject.toml); pydantic 2 installs beside OneFlow 0.9.
+if ! "$VENV/bin/python" -c 'import pydantic; assert int(pydantic.VERSION.split(".")[0]) >= 2' >/dev/null 2>&1; then
+  log "installing pydantic 2"
+  "$VENV/bin/python" -m pip install -q "pydantic>=2.6" >&2
+fi
+
+# Check from / so that the checkout on sys.path (python -c adds the cwd) cannot pass for an install;
+# reinstall when the installed metadata lacks the `autopar` subcommands' entry points.
 REPO="$(pwd)"
-if ! (cd / && AUTOPAR_REPO="$REPO" "$VENV/bin/python" -c 'import autopar, os, pathlib, sys; sys.exit(0 if pathlib.Path(autopar.__file__).resolve().is_relative_to(pathlib.Path(os.environ["AUTOPAR_REPO"]).resolve()) else 1)') >/dev/null 2>&1; then
+if ! (cd / && AUTOPAR_REPO="$REPO" "$VENV/bin/python" -c 'import autopar, os, pathlib, sys; from importlib.metadata import entry_points; sys.exit(0 if pathlib.Path(autopar.__file__).resolve().is_relative_to(pathlib.Path(os.environ["AUTOPAR_REPO"]).resolve()) and entry_points(group="autopar.commands", name="submit") else 1)') >/dev/null 2>&1; then
   log "installing autopar (editable, --no-deps)"
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
 fi

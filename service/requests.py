@@ -59,6 +59,9 @@ class SolverOptionsBody(BaseModel):
     deterministic: bool | None = Field(default=None, description="Reproducible search.")
     use_hint: bool | None = Field(default=None, description="Warm-start CP-SAT with a heuristic plan.")
     reductions: bool | None = Field(default=None, description="Apply exact graph reductions first.")
+    runtime: Literal["oneflow-0.9", "ideal"] | None = Field(
+        default=None, description="Runtime profile that prices boxing (docs/runtime-profiles.md)."
+    )
 
 
 class ClusterFields(BaseModel):

@@ -1,19 +1,26 @@
-"""``autopar plan``: solve from the command line with a progress line and a summary table."""
+"""``autopar plan``: solve from the command line with a progress line and a summary table.
+
+:data:`PLAN_COMMAND` is the ``plan`` entry point of the ``autopar.commands`` group
+(``pyproject.toml``).  This module imports with the core alone; OR-Tools and the
+solver load inside :func:`run_plan_command`, after ``autopar`` checked that
+``autopar[solver]`` is installed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from autopar.cli_args import Command, add_memory_arg, add_mesh_args, graph_arg_help
 from autopar.cluster import parse_mesh_shape
-from autopar.graph import Graph
 from autopar.plan import Plan
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, Progress, plan
 
-__all__ = ["run_plan_command", "summary_table"]
+if TYPE_CHECKING:
+    from solver.planner import Progress
+
+__all__ = ["PLAN_COMMAND", "add_plan_arguments", "run_plan_command", "summary_table"]
 
 GIB = 1024**3
 
@@ -63,11 +70,13 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
 
 def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.baselines import baseline_plan, megatron_parameter_layout
-    from autopar.cli import cluster_from_args, parse_bytes
+    from autopar.cli_args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
     from autopar.cluster import Mesh
     from autopar.evaluate import attach_evaluation, evaluate
+    from solver.options import SolverOptions
+    from solver.planner import PlanRequest, plan
 
-    graph = Graph.load(args.graph).validate()
+    graph = graph_from_arg(args.graph)
     cluster = cluster_from_args(args)
     budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
     options = SolverOptions(
@@ -79,7 +88,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     )
     shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
     request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
-    hint = Plan.load(args.hint) if args.hint else None
+    hint = plan_from_arg(args.hint) if args.hint else None
     progress = None if args.no_progress else ProgressLine(sys.stderr)
     result = plan(request, progress=progress, hint=hint)
     result.save(args.out)
@@ -108,3 +117,33 @@ def run_plan_command(args: argparse.Namespace) -> int:
             )
     sys.stdout.write(f"plan written to {args.out}\n")
     return 0
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help=graph_arg_help())
+    add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
+    add_memory_arg(p)
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help="seconds of search per mesh shape (reductions, heuristic, CP-SAT; shapes are searched "
+        "in parallel); building the cost tables and the baselines comes on top (default: %(default)s)",
+    )
+    p.add_argument("--workers", type=int, default=None, help="CP-SAT threads (default: min(8, CPUs))")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: %(default)s)")
+    p.add_argument(
+        "--gap", type=float, default=0.01, help="relative optimality gap to stop at (default: %(default)s)"
+    )
+    p.add_argument("--hint", default=None, help="a previous plan to warm-start from")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
+
+
+PLAN_COMMAND = Command(
+    "plan",
+    "solve for the fastest plan within the memory budget",
+    add_plan_arguments,
+    run_plan_command,
+    extra="solver",
+)

@@ -21,9 +21,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from autopar.cli_args import wrote
 from autopar.cluster import PRESETS, Cluster
 
-__all__ = ["add_oneflow_commands"]
+__all__ = ["add_oneflow_arguments", "add_oneflow_commands", "run_oneflow_command"]
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -40,8 +41,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
         f"({', '.join(f'{n} {r}' for r, n in sorted(roles.items()))}), {len(graph.tensors)} tensors, "
         f"{len(graph.variables)} variables; mesh {graph.meta['mesh_shape']}, "
         f"ZeRO-{graph.meta['zero_stage']}; "
-        f"dropped {dropped}; {wall:.2f} s -> {args.out}\n"
+        f"dropped {dropped}; {wall:.2f} s\n"
     )
+    wrote("graph", args.out)
     return 0
 
 
@@ -58,26 +60,28 @@ def _cmd_import_plan(args: argparse.Namespace) -> int:
         attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
+    wrote("plan", args.out)
     if args.graph_out:
         graph.save(args.graph_out)
+        wrote("graph", args.graph_out)
     return 0
 
 
-def add_oneflow_commands(subparsers: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """Add ``oneflow import`` and ``oneflow import-plan`` to ``autopar``'s subparsers.
+_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "import": _cmd_import,
+    "import-plan": _cmd_import_plan,
+}
 
-    Returns the handler of the ``oneflow`` command for ``autopar.cli``'s dispatch table.
-    """
-    parser = subparsers.add_parser("oneflow", help="OneFlow bridge: import jobs and OneFlow's own plans")
-    sub = parser.add_subparsers(dest="oneflow_command", required=True)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+def add_oneflow_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``import`` and ``import-plan`` under the ``autopar oneflow`` parser."""
+    sub = parser.add_subparsers(dest="oneflow_command", required=True, metavar="SUBCOMMAND")
 
     p = sub.add_parser("import", help="OneFlow Job protobuf -> autopar.graph/v1 JSON")
     p.add_argument("job", help="serialized Job (nn.Graph._full_job_proto.SerializeToString())")
     p.add_argument("--out", required=True, help="graph JSON to write")
     p.add_argument("--name", default=None, help="graph name (default: the job name)")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None, help="ZeRO stage to record")
-    handlers["import"] = _cmd_import
 
     p = sub.add_parser("import-plan", help="the N-D SBP OneFlow chose for a job -> autopar.plan/v1 JSON")
     p.add_argument("job")
@@ -89,9 +93,17 @@ def add_oneflow_commands(subparsers: Any) -> dict[str, Callable[[argparse.Namesp
     )
     p.add_argument("--graph-out", default=None, help="also write the imported graph here")
     p.add_argument("--no-evaluate", action="store_true", help="do not attach autopar's evaluation")
-    handlers["import-plan"] = _cmd_import_plan
 
-    def dispatch(args: argparse.Namespace) -> int:
-        return handlers[args.oneflow_command](args)
 
-    return {"oneflow": dispatch}
+def run_oneflow_command(args: argparse.Namespace) -> int:
+    return _HANDLERS[args.oneflow_command](args)
+
+
+def add_oneflow_commands(subparsers: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add ``oneflow import`` and ``oneflow import-plan`` to ``autopar``'s subparsers.
+
+    Returns the handler of the ``oneflow`` command.
+    """
+    parser = subparsers.add_parser("oneflow", help="OneFlow bridge: import jobs and OneFlow's own plans")
+    add_oneflow_arguments(parser)
+    return {"oneflow": run_oneflow_command}

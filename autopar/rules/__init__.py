@@ -1,5 +1,12 @@
-"""Op rules: valid N-D SBP signatures and work per op family (see :mod:`autopar.rules.registry`)."""
+"""Op rules: valid N-D SBP signatures and work per op family (see :mod:`autopar.rules.registry`).
 
+Importing this package (which importing any of its modules does first) imports
+:mod:`autopar.rules.families`, whose modules register their rules in the set
+:func:`default_rules` returns.  The registry itself never imports the families,
+so the modules form no import cycle.
+"""
+
+from autopar.rules import families  # noqa: F401  (registers the default rules)
 from autopar.rules.registry import (
     CostKind,
     Rule,

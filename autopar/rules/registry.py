@@ -136,8 +136,9 @@ def register(
 
 
 def _registry() -> RuleSet:
-    # The default set is built once by importing the family modules; it is never
-    # mutated after default_rules() returns.
+    # The default set is filled once, when ``autopar.rules`` imports the family
+    # modules (this module's package, so imported before anyone can call
+    # default_rules()); it is never mutated after that.
     global _DEFAULT
     if _DEFAULT is None:
         _DEFAULT = RuleSet()
@@ -146,8 +147,6 @@ def _registry() -> RuleSet:
 
 def default_rules() -> RuleSet:
     """The rule set covering OneFlow's MT5 / GPT / BERT training jobs."""
-    from autopar.rules import families  # noqa: F401  (registers on import)
-
     return _registry()
 
 

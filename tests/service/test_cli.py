@@ -11,32 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from autopar.cli_service import add_service_commands
 from autopar.plan import Plan
+from service.cli import SERVE_COMMAND, SUBMIT_COMMAND, WORKER_COMMAND
+from tests.cli.helpers import run_cli
 from tests.service.helpers import REPO, live_server, make_settings
-
-
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "autopar.cli", *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_cli_surface() -> None:
     """Freeze the commands and their flags (scripts and launchers depend on them)."""
-    parser = argparse.ArgumentParser(prog="autopar")
-    sub = parser.add_subparsers(dest="command")
-    handlers = add_service_commands(sub)
-    assert set(handlers) == {"serve", "worker", "submit"}
-    flags = {
-        name: sorted(a.dest for a in sub.choices[name]._actions if a.dest != "help") for name in handlers
-    }
+    flags = {}
+    for command in (SERVE_COMMAND, WORKER_COMMAND, SUBMIT_COMMAND):
+        parser = argparse.ArgumentParser(prog=f"autopar {command.name}")
+        command.add_arguments(parser)
+        flags[command.name] = sorted(a.dest for a in parser._actions if a.dest != "help")
     assert flags == {
         "serve": ["cache_dir", "host", "local_workers", "log_level", "port", "redis_url"],
         "worker": ["burst", "log_level", "name", "redis_url"],
@@ -48,6 +35,8 @@ def test_cli_surface() -> None:
                 "api_key",
                 "cluster",
                 "preset",
+                "cluster_profile",
+                "runtime",
                 "mesh_shape",
                 "memory",
                 "zero",
@@ -112,10 +101,15 @@ def test_submit_to_a_server(tmp_path: Path, tiny_graph) -> None:
             "2",
             "--time-limit",
             "5",
+            "--out",
+            "plan.json",
             cwd=tmp_path,
             env={"AUTOPAR_API_KEY": "sekret"},
         )
         assert ok.returncode == 0, ok.stderr
+        # without --wait the job is only submitted: nothing is written, and it says so
+        assert "nothing written to plan.json" in ok.stderr and "--wait" in ok.stderr
+        assert not (tmp_path / "plan.json").exists()
         job = json.loads(ok.stdout)
         assert job["status"] in ("queued", "running", "succeeded") and len(job["id"]) == 64
 

@@ -1,4 +1,4 @@
-"""The client and the CLI glue import with the core only (they run beside OneFlow)."""
+"""The client and the command-line modules import with the core only (they run beside OneFlow)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ from tests.service.helpers import REPO
 
 BLOCKER = """
 import importlib.abc, sys
-BLOCKED = {"fastapi", "starlette", "uvicorn", "redis", "rq", "ortools", "pydantic",
-           "pydantic_settings", "diskcache", "zstandard", "httpx", "service", "solver", "cache"}
+BLOCKED = {"fastapi", "starlette", "uvicorn", "redis", "rq", "ortools",
+           "pydantic_settings", "diskcache", "zstandard", "httpx", "cache"}
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(f"blocked: {name}")
         return None
 sys.meta_path.insert(0, Block())
-import autopar.client, autopar.cli_service
+import autopar.client, service.cli, solver.cli
 from autopar.cli import build_parser
 parser, handlers = build_parser()
-assert {"serve", "worker", "submit"} <= set(handlers), handlers
+assert {"serve", "worker", "submit", "plan"} <= set(handlers), handlers
+assert not {"fastapi", "ortools", "rq", "solver.planner", "service.app"} & set(sys.modules)
 print("ok")
 """
 
@@ -44,7 +45,7 @@ def test_client_imports_in_the_oneflow_environment() -> None:
         [
             str(python),
             "-c",
-            "import autopar.client, autopar.cli_service, sys; print(sys.version_info[:2])",
+            "import autopar.client, service.cli, sys; print(sys.version_info[:2])",
         ],
         cwd=Path("/"),
         env={"PYTHONPATH": str(REPO)},

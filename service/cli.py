@@ -12,7 +12,11 @@
 ``tiny-gpt`` ...).  ``submit --wait`` draws a progress line from the job's
 server-sent events and writes the ``autopar.plan/v1`` plan to ``--out``.
 ``serve`` and ``worker`` need ``autopar[service]``; ``submit`` only the
-standard library (it runs beside OneFlow).
+core (it runs beside OneFlow), ``submit --serve`` the service too.
+
+:data:`SERVE_COMMAND`, :data:`WORKER_COMMAND` and :data:`SUBMIT_COMMAND` are
+entry points of the ``autopar.commands`` group (``pyproject.toml``); this module
+imports with the core alone and loads FastAPI, uvicorn and RQ inside the commands.
 """
 
 from __future__ import annotations
@@ -23,31 +27,42 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TextIO
 
+from autopar.cli_args import (
+    Command,
+    add_memory_arg,
+    add_mesh_args,
+    graph_arg_help,
+    graph_json_from_arg,
+    parse_bytes,
+    require_extra,
+    wrote,
+)
 from autopar.client import PlanClient, ServiceError
-from autopar.cluster import PRESETS, parse_mesh_shape
+from autopar.cluster import parse_mesh_shape
 from autopar.errors import ConfigError
 
-__all__ = ["ProgressLine", "add_service_commands", "serve", "submit", "worker"]
-
-Handler = Callable[[argparse.Namespace], int]
+__all__ = [
+    "SERVE_COMMAND",
+    "SUBMIT_COMMAND",
+    "WORKER_COMMAND",
+    "ProgressLine",
+    "serve",
+    "submit",
+    "worker",
+]
 
 
 # ------------------------------------------------------------------ serve / worker
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    try:
-        from service.settings import load_settings
-    except ImportError as exc:
-        raise ConfigError(
-            "service_missing",
-            f"the service needs autopar[service]: {exc}; pip install 'autopar[service]'",
-        ) from None
+    require_extra(f"{args.command} --serve" if args.command == "submit" else args.command, "service")
+    from service.settings import load_settings
+
     overrides: dict[str, Any] = {}
     for name in ("redis_url", "cache_dir", "local_workers"):
         value = getattr(args, name, None)
@@ -128,22 +143,6 @@ class ProgressLine:
         self.stream.flush()
 
 
-def _graph_payload(spec: str) -> bytes:
-    """Raw JSON of a graph file, or of a bundled model built now."""
-    path = Path(spec)
-    if path.is_file():
-        return path.read_bytes()
-    from autopar.models import build
-
-    try:
-        graph = build(spec)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(
-            "bad_graph_arg", f"{spec!r} is neither a graph file nor a bundled model ({exc})"
-        ) from None
-    return graph.to_json().encode()
-
-
 @contextmanager
 def _embedded_server(args: argparse.Namespace) -> Iterator[str]:
     """Run ``autopar serve`` (embedded cache) in this process on a free loopback port."""
@@ -183,9 +182,7 @@ def _embedded_server(args: argparse.Namespace) -> Iterator[str]:
 
 def submit(args: argparse.Namespace) -> int:
     """Send a plan request; with ``--wait`` follow it and write the plan."""
-    from autopar.cli import parse_bytes
-
-    graph = _graph_payload(args.graph)
+    graph = graph_json_from_arg(args.graph)
     options: dict[str, Any] = {}
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
@@ -193,9 +190,16 @@ def submit(args: argparse.Namespace) -> int:
         options["relative_gap"] = args.gap
     if args.seed is not None:
         options["seed"] = args.seed
+    if args.cluster_profile:
+        raise ConfigError(
+            "unsupported_option",
+            "--cluster-profile is not sent to a planning service yet; plan locally with "
+            "`autopar plan GRAPH --cluster-profile FILE`",
+        )
+    options["runtime"] = args.runtime
     request = {
         "cluster": args.cluster,
-        "preset": args.preset,
+        "preset": args.preset or "a100-40g",
         "mesh_shape": parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None,
         "memory_budget_bytes": parse_bytes(args.memory) if args.memory else None,
         "zero_stage": args.zero,
@@ -222,6 +226,11 @@ def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.N
         )
         if not (args.wait or args.serve):
             sys.stdout.write(json.dumps(job) + "\n")
+            if args.out:
+                sys.stderr.write(
+                    f"autopar: nothing written to {args.out}: the plan is not ready; "
+                    "add --wait to wait for it and write it\n"
+                )
             return 0
         progress = None if args.no_progress else ProgressLine(sys.stderr)
         final = client.wait_job(submission.key, timeout_s=args.timeout, on_progress=progress)
@@ -233,48 +242,72 @@ def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.N
         with open(args.out, "w") as fh:
             json.dump(record["plan"], fh, indent=1)
     sys.stdout.write(record.get("summary", "") + "\n")
-    sys.stdout.write(f"plan {record['key']} in {wall:.2f} s" + (f" -> {args.out}" if args.out else "") + "\n")
+    sys.stdout.write(f"plan {record['key']} in {wall:.2f} s\n")
+    if args.out:
+        wrote("plan", args.out)
     return 0
 
 
 # ------------------------------------------------------------------ parser
 
 
-def add_service_commands(subparsers: Any) -> dict[str, Handler]:
-    """Add ``serve``, ``worker`` and ``submit`` to ``autopar``'s subparsers; return handlers."""
-    p = subparsers.add_parser("serve", help="run the planning API (embedded cache unless Redis is set)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     p.add_argument("--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL, else embedded)")
     p.add_argument("--cache-dir", default=None, help="embedded cache directory (default ~/.cache/autopar)")
-    p.add_argument("--workers", dest="local_workers", type=int, default=None, help="local solver processes")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--workers",
+        dest="local_workers",
+        type=int,
+        default=None,
+        help="local solver processes (default: AUTOPAR_LOCAL_WORKERS, else 2)",
+    )
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="(default: %(default)s)")
 
-    w = subparsers.add_parser("worker", help="run an RQ worker solving jobs from Redis")
+
+def _worker_arguments(w: argparse.ArgumentParser) -> None:
     w.add_argument("--redis-url", default=None, help="Redis URL (default: AUTOPAR_REDIS_URL)")
     w.add_argument("--name", default=None, help="worker name (default: RQ's)")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    w.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    w.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="(default: %(default)s)")
 
-    s = subparsers.add_parser("submit", help="send a graph to a planning service")
-    s.add_argument("graph", help="graph JSON file or bundled model name (e.g. mt5-base)")
-    s.add_argument("--server", default=os.environ.get("AUTOPAR_SERVER"), help="service URL")
+
+def _submit_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("graph", help=graph_arg_help())
+    s.add_argument(
+        "--server", default=os.environ.get("AUTOPAR_SERVER"), help="service URL (default: AUTOPAR_SERVER)"
+    )
     s.add_argument("--serve", action="store_true", help="start an embedded local server for this request")
     s.add_argument("--api-key", default=None, help="X-API-Key (default: AUTOPAR_API_KEY)")
-    s.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default 2x4)")
-    s.add_argument("--preset", default="a100-40g", choices=sorted(PRESETS))
-    s.add_argument("--mesh-shape", default=None, help="e.g. 4,2 (default: searched)")
-    s.add_argument("--memory", default=None, help="per-device budget, e.g. 30GiB (default: the device's)")
-    s.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
-    s.add_argument("--time-limit", type=float, default=None, help="solver time limit, s (server default)")
-    s.add_argument("--gap", type=float, default=None, help="relative gap to stop at")
-    s.add_argument("--seed", type=int, default=None)
+    add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
+    add_memory_arg(s)
+    s.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds of search per mesh shape, cost tables not included "
+        "(default: the server's AUTOPAR_DEFAULT_TIME_LIMIT_S, 60)",
+    )
+    s.add_argument(
+        "--gap", type=float, default=None, help="relative gap to stop at (default: the server's, 0.01)"
+    )
+    s.add_argument("--seed", type=int, default=None, help="CP-SAT seed (default: the server's, 0)")
     s.add_argument("--refresh", action="store_true", help="solve again even if cached")
     s.add_argument("--wait", action="store_true", help="follow the job and write the plan")
-    s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many s")
-    s.add_argument("--http-timeout", type=float, default=30.0, help="per-request timeout, s")
-    s.add_argument("--no-progress", action="store_true")
-    s.add_argument("--out", default=None, help="write the autopar.plan/v1 plan here")
+    s.add_argument(
+        "--timeout", type=float, default=None, help="give up waiting after this many s (default: never)"
+    )
+    s.add_argument(
+        "--http-timeout", type=float, default=30.0, help="per-request timeout, s (default: %(default)s)"
+    )
+    s.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    s.add_argument(
+        "--out", default=None, help="write the autopar.plan/v1 plan here (with --wait, or if cached)"
+    )
     s.add_argument("--cache-dir", default=None, help="with --serve: embedded cache directory")
     s.add_argument(
         "--workers",
@@ -283,4 +316,16 @@ def add_service_commands(subparsers: Any) -> dict[str, Handler]:
         default=None,
         help="with --serve: solver processes",
     )
-    return {"serve": serve, "worker": worker, "submit": submit}
+
+
+SERVE_COMMAND = Command(
+    "serve",
+    "run the planning API (embedded cache unless Redis is set)",
+    _serve_arguments,
+    serve,
+    extra="service",
+)
+WORKER_COMMAND = Command(
+    "worker", "run an RQ worker solving jobs from Redis", _worker_arguments, worker, extra="service"
+)
+SUBMIT_COMMAND = Command("submit", "send a graph to a planning service", _submit_arguments, submit)

@@ -1,0 +1,307 @@
+"""What every ``autopar`` subcommand shares: the :class:`Command` a package contributes,
+argument parsing helpers (memory sizes, the mesh flags, graph and plan arguments) and
+the checks run before a command does any work (an ``--out`` that can be written, an
+installed extra).
+
+Packages contribute subcommands through the ``autopar.commands`` entry-point group
+(``pyproject.toml``); each entry point names a :class:`Command`.  The module an entry
+point names must import with the core alone (numpy and pydantic): it imports its
+extra's libraries inside :attr:`Command.run`, after :func:`require_extra` has checked
+that the extra is installed.  Only the core is imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.metadata
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autopar.cluster import PRESETS, Cluster, Mesh, load_cluster_profile, parse_mesh_shape
+from autopar.errors import ConfigError
+from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
+
+if TYPE_CHECKING:
+    from autopar.graph import Graph
+    from autopar.plan import Plan
+
+__all__ = [
+    "BASELINE_KINDS",
+    "MEMORY_FORMS",
+    "Command",
+    "add_memory_arg",
+    "add_mesh_args",
+    "check_writable",
+    "graph_arg_help",
+    "graph_from_arg",
+    "graph_json_from_arg",
+    "mesh_from_args",
+    "missing_distributions",
+    "model_names",
+    "parse_bytes",
+    "plan_from_arg",
+    "require_extra",
+    "wrote",
+]
+
+DISTRIBUTION = "autopar"
+
+BASELINE_KINDS = ("megatron", "inferred", "data-parallel", "single-device")
+"""``autopar baseline KIND``: see :func:`autopar.baselines.baseline_plan`."""
+
+_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+MEMORY_FORMS = (
+    "a number and a unit: B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+)
+
+
+def parse_bytes(text: str) -> int:
+    """``"40GiB"`` -> 42949672960.
+
+    The unit is required and exact: ``40`` and ``40G`` are refused (is ``40G`` 40 GB or
+    40 GiB? they differ by 7 %), ``40GiB``, ``38.5GB`` and ``1073741824B`` are accepted.
+    Units are case-insensitive.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not m:
+        raise ConfigError("bad_memory", f"memory size {text!r} is not {MEMORY_FORMS}, e.g. 40GiB")
+    unit = m.group(2).lower()
+    if unit not in _UNITS:
+        what = "has no unit" if not unit else f"has unknown unit {m.group(2)!r}"
+        raise ConfigError("bad_memory", f"memory size {text!r} {what}; write {MEMORY_FORMS}, e.g. 40GiB")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise ConfigError("bad_memory", f"memory size must be at least 1 byte, got {text!r}")
+    return int(value)
+
+
+# ------------------------------------------------------------------ commands
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``autopar`` subcommand, as a package contributes it.
+
+    ``extra`` names the optional dependency set (``autopar[extra]``) the command needs;
+    :attr:`run` is called only when it is installed, so the module defining the command
+    imports that extra's libraries inside ``run``, never at the top.
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    extra: str | None = None
+    description: str | None = None
+    epilog: str | None = None
+
+
+def missing_distributions(extra: str, distribution: str = DISTRIBUTION) -> list[str]:
+    """The distributions ``distribution[extra]`` requires that are not installed.
+
+    Read from the installed metadata, so ``pyproject.toml`` is the only list.  Versions
+    are not compared.  An uninstalled ``distribution`` (a bare checkout on
+    ``PYTHONPATH``) has no metadata to read: nothing is reported missing.
+    """
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        wanted = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if wanted is None or wanted.group(1) != extra:
+            continue
+        name_match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+        if name_match is None or name_match.group(1).lower() == distribution:
+            continue
+        try:
+            importlib.metadata.version(name_match.group(1))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name_match.group(1))
+    return missing
+
+
+def require_extra(what: str, extra: str) -> None:
+    """Raise ``[missing_extra]`` when ``autopar[extra]`` is not installed."""
+    missing = missing_distributions(extra)
+    if missing:
+        raise ConfigError(
+            "missing_extra",
+            f"{what!r} needs autopar[{extra}]: pip install 'autopar[{extra}]' "
+            f"(not installed: {', '.join(missing)})",
+            missing=missing,
+        )
+
+
+# ------------------------------------------------------------------ arguments
+
+
+MESH_2D_DEFAULT = "2-D (devices/2, 2) on several nodes, else 1-D"
+"""What :func:`mesh_from_args` picks without ``--mesh-shape``."""
+
+
+def add_mesh_args(
+    p: argparse.ArgumentParser, mesh_required: bool = False, mesh_default: str = MESH_2D_DEFAULT
+) -> None:
+    """``--cluster``, ``--preset`` or ``--cluster-profile``, ``--mesh-shape``, ``--zero``, ``--runtime``."""
+    p.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default: %(default)s)")
+    devices = p.add_mutually_exclusive_group()
+    devices.add_argument("--preset", choices=sorted(PRESETS), help="device preset (default: a100-40g)")
+    devices.add_argument(
+        "--cluster-profile",
+        metavar="FILE",
+        help="cluster profile JSON (autopar calibrate) instead of a preset",
+    )
+    p.add_argument(
+        "--mesh-shape",
+        required=mesh_required,
+        help=f"logical mesh, e.g. 4,2 (last axis tensor-parallel; default: {mesh_default})",
+    )
+    p.add_argument(
+        "--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default: %(default)s)"
+    )
+    p.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        choices=sorted(RUNTIMES),
+        help="runtime profile that prices boxing (default: %(default)s; docs/runtime-profiles.md)",
+    )
+
+
+def cluster_from_args(args: argparse.Namespace) -> Cluster:
+    """The cluster of ``--cluster`` priced by ``--cluster-profile`` or ``--preset``."""
+    profile = load_cluster_profile(args.cluster_profile) if args.cluster_profile else None
+    return Cluster.parse(args.cluster, args.preset, profile)
+
+
+def add_memory_arg(p: argparse.ArgumentParser) -> None:
+    """``--memory``: the per-device budget, parsed later by :func:`parse_bytes`."""
+    p.add_argument(
+        "--memory",
+        default=None,
+        help=f"per-device budget: {MEMORY_FORMS}, e.g. 40GiB (default: the preset's memory)",
+    )
+
+
+def mesh_from_args(args: argparse.Namespace, default_2d: bool = True) -> Mesh:
+    """The mesh of ``--cluster``/``--preset``/``--mesh-shape``; without a shape, 2-D (or 1-D on one node)."""
+    cluster = cluster_from_args(args)
+    if args.mesh_shape:
+        shape = parse_mesh_shape(args.mesh_shape)
+    elif default_2d and cluster.nodes > 1:
+        shape = (cluster.nodes * cluster.devices_per_node // 2, 2)
+    else:
+        shape = (cluster.world_size,)
+    return Mesh(cluster, shape)
+
+
+def model_names() -> list[str]:
+    from autopar.models import MODEL_NAMES
+
+    return list(MODEL_NAMES)
+
+
+def graph_arg_help() -> str:
+    """Help of a ``GRAPH`` argument, listing the bundled models."""
+    return f"graph JSON file, or a bundled model: {', '.join(model_names())}"
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except IsADirectoryError:
+        raise ConfigError("unreadable_file", f"{what} {str(path)!r} is a directory, not a file") from None
+    except OSError as exc:
+        raise ConfigError("unreadable_file", f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+
+
+def _unknown_graph(spec: str) -> ConfigError:
+    names = model_names()
+    looks_like_path = spec.endswith(".json") or os.sep in spec or "/" in spec
+    if looks_like_path:
+        return ConfigError("missing_file", f"graph file {spec!r} does not exist")
+    close = difflib.get_close_matches(spec, names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(
+        "bad_graph_arg",
+        f"{spec!r} is neither a graph file nor a bundled model; {hint}models: {', '.join(names)}",
+    )
+
+
+def graph_json_from_arg(spec: str) -> bytes:
+    """Raw JSON of the graph file ``spec``, or of the bundled model ``spec`` built now."""
+    path = Path(spec)
+    if path.exists():
+        return _read(path, "graph file")
+    if spec in model_names():
+        from autopar.models import build
+
+        return build(spec).to_json().encode()
+    raise _unknown_graph(spec)
+
+
+def graph_from_arg(spec: str) -> Graph:
+    """The validated graph of a graph file or of a bundled model name."""
+    from autopar.graph import Graph
+
+    path = Path(spec)
+    if path.exists():
+        return Graph.from_json(_read(path, "graph file")).validate()
+    if spec in model_names():
+        from autopar.models import build
+
+        return build(spec)
+    raise _unknown_graph(spec)
+
+
+def plan_from_arg(spec: str) -> Plan:
+    """The plan in the file ``spec``."""
+    from autopar.plan import Plan
+
+    path = Path(spec)
+    if not path.exists():
+        raise ConfigError("missing_file", f"plan file {spec!r} does not exist")
+    return Plan.from_json(_read(path, "plan file"))
+
+
+def check_writable(path: str, option: str = "--out") -> None:
+    """Raise ``[unwritable_out]`` unless ``path`` can be written (checked before any work).
+
+    Opens the file for appending (creating it if needed, then removing what was created),
+    so permissions, read-only file systems and missing folders are all caught.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError("unwritable_out", f"{option} {path!r} is a directory; give a file name")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        reason = "its folder does not exist" if isinstance(exc, FileNotFoundError) else exc.strerror
+        raise ConfigError("unwritable_out", f"cannot write {option} {path!r}: {reason}") from None
+    if not existed:
+        target.unlink()
+
+
+def wrote(what: str, path: str) -> None:
+    """The one "written to" line every command prints after writing a file."""
+    sys.stdout.write(f"{what} written to {path}\n")

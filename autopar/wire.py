@@ -1,0 +1,342 @@
+"""The wire formats ``autopar.graph/v1`` and ``autopar.plan/v1`` as pydantic models.
+
+One module for both formats, shared by the core's readers (:meth:`Graph.from_dict`,
+:meth:`Plan.from_dict`), the service's OpenAPI schema and the JSON Schema files in
+``docs/schemas/`` (``python -m autopar.wire docs/schemas`` writes them).  The models
+check the *shape* of a document: types (strict: no ``true`` for an int, no ``"3"``
+for a number), bounded sizes and nesting, allowed values.  What needs the whole
+document (every tensor produced once, the ops a DAG, a plan matching its graph) is
+checked by :meth:`Graph.validate` and the evaluator.
+
+pydantic 2 is a core dependency: it installs and imports beside OneFlow 0.9
+(Python 3.10, numpy 1.26, protobuf 3.20).
+
+Limits (a document past one is refused with the field named):
+
+=====================  ==========================================================
+``MAX_NAME_CHARS``     op, tensor, port, variable and graph names
+``MAX_RANK``           dims of one tensor
+``MAX_DIM``            one tensor dim (2^40: far past any real tensor, and every
+                       ``numel * dtype size`` stays an exact integer)
+``MAX_PORTS``          inputs (or outputs) of one op
+``MAX_JSON_DEPTH``     nesting of ``attrs`` and ``meta`` values
+``MAX_OPS``            ops (and variables) of one graph; tensors: 4x that
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+)
+
+from autopar.runtime import DEFAULT_RUNTIME
+
+__all__ = [
+    "GRAPH_FORMAT",
+    "MAX_DIM",
+    "MAX_JSON_DEPTH",
+    "MAX_NAME_CHARS",
+    "MAX_OPS",
+    "MAX_PORTS",
+    "MAX_RANK",
+    "PLAN_FORMAT",
+    "ClusterModel",
+    "DeviceModel",
+    "Diagnostics",
+    "GraphModel",
+    "MemoryReport",
+    "MeshModel",
+    "OpModel",
+    "PlanModel",
+    "PlanOpModel",
+    "Predicted",
+    "SolverReport",
+    "TensorModel",
+    "VariableLayout",
+    "VariableModel",
+    "json_schemas",
+]
+
+GRAPH_FORMAT = "autopar.graph/v1"
+PLAN_FORMAT = "autopar.plan/v1"
+
+MAX_NAME_CHARS = 1024
+MAX_RANK = 16
+MAX_DIM = 2**40
+MAX_PORTS = 4096
+MAX_JSON_DEPTH = 32
+MAX_OPS = 1_000_000
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+"""The tensor dtypes (``autopar.graph.DTYPE_BYTES`` gives their sizes)."""
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
+Dim = Annotated[int, Field(ge=0, le=MAX_DIM)]
+NdSbpText = Annotated[
+    str,
+    StringConstraints(max_length=256, pattern=r"^\(?\s*(S\(\d+\)|B|P)(\s*,\s*(S\(\d+\)|B|P))*\s*,?\s*\)?$"),
+]
+"""An N-D SBP as printed: ``(S(0), B)``; a 1-D one may omit the parentheses."""
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), counting no further than ``limit + 1``."""
+    if limit < 0:
+        return 1
+    if isinstance(value, dict):
+        return 1 + max((_depth(v, limit - 1) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v, limit - 1) for v in value), default=0)
+    return 0
+
+
+def _bounded_depth(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+JsonObject = Annotated[dict[str, JsonValue], AfterValidator(_bounded_depth)]
+"""Free-form JSON (op attrs, graph meta), nested at most ``MAX_JSON_DEPTH`` deep."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class _Open(BaseModel):
+    """A report section: the listed fields are typed; others are kept as they are."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+
+# ------------------------------------------------------------------ autopar.graph/v1
+
+
+class TensorModel(_Strict):
+    """A logical (global) tensor."""
+
+    shape: list[Dim] = Field(max_length=MAX_RANK, description="logical shape, one entry per dim")
+    dtype: Literal[DTYPES] = Field(description="element type")  # type: ignore[valid-type]
+
+
+class OpModel(_Strict):
+    """One op: ports map port name -> tensor name, in port order."""
+
+    name: Name
+    type: Name = Field(description="OneFlow user-op type (matmul, add_n ...), variable, input, output")
+    role: Literal["forward", "backward", "optimizer"] = "forward"
+    inputs: dict[Name, Name] = Field(default_factory=dict, max_length=MAX_PORTS)
+    outputs: dict[Name, Name] = Field(default_factory=dict, max_length=MAX_PORTS)
+    attrs: JsonObject = Field(default_factory=dict, description="the framework's attrs, as JSON")
+
+
+class VariableModel(_Strict):
+    """A parameter: its variable op and tensor, its gradient and optimizer op (null when frozen)."""
+
+    op: Name
+    tensor: Name
+    grad: Name | None = None
+    optimizer: Name | None = None
+
+
+class GraphModel(_Strict):
+    """``autopar.graph/v1``: one training step (forward, backward, optimizer)."""
+
+    model_config = ConfigDict(title="autopar.graph/v1")
+
+    format: Literal["autopar.graph/v1"]
+    name: Name = "graph"
+    meta: JsonObject = Field(default_factory=dict, description="free-form; not used for planning")
+    tensors: dict[Name, TensorModel] = Field(max_length=4 * MAX_OPS)
+    ops: list[OpModel] = Field(max_length=MAX_OPS)
+    variables: list[VariableModel] = Field(default_factory=list, max_length=MAX_OPS)
+
+
+# ------------------------------------------------------------------ autopar.plan/v1
+
+
+class DeviceModel(_Strict):
+    """A device preset (``autopar.cluster.DeviceSpec``); rates per second, sizes in bytes."""
+
+    name: Name
+    peak_flops: float = Field(gt=0)
+    memory_bandwidth: float = Field(gt=0)
+    memory_bytes: int = Field(gt=0)
+    intra_node_bandwidth: float = Field(gt=0)
+    intra_node_latency: float = Field(ge=0)
+    inter_node_bandwidth: float = Field(gt=0)
+    inter_node_latency: float = Field(ge=0)
+    matmul_efficiency: float = Field(default=0.5, gt=0, le=1)
+    memory_efficiency: float = Field(default=0.7, gt=0, le=1)
+
+
+class ClusterModel(_Strict):
+    nodes: int = Field(ge=1, le=1 << 20)
+    devices_per_node: int = Field(ge=1, le=1 << 20)
+    device: DeviceModel
+    links: dict[str, Any] | None = Field(
+        default=None, description="measured per-collective link fits (autopar calibrate; docs/calibration.md)"
+    )
+
+
+class MeshModel(_Strict):
+    shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(min_length=1, max_length=MAX_RANK)
+    cluster: ClusterModel
+
+
+class GraphRef(_Strict):
+    name: str = Field(default="", max_length=MAX_NAME_CHARS)
+    hash: str = Field(default="", max_length=128, description="Graph.content_hash() of the planned graph")
+
+
+class PlanOpModel(_Strict):
+    """One op's signature and the N-D SBP of each port."""
+
+    signature: str = Field(max_length=1 << 16, description="e.g. (S(0), B) -> (S(0), B)")
+    inputs: dict[Name, NdSbpText] = Field(default_factory=dict, max_length=MAX_PORTS)
+    outputs: dict[Name, NdSbpText] = Field(default_factory=dict, max_length=MAX_PORTS)
+
+
+class VariableLayout(_Open):
+    """Where a parameter lives: its SBP and the axes it is data-parallel over."""
+
+    tensor: Name
+    shape: list[Dim] = Field(max_length=MAX_RANK)
+    sbp: NdSbpText
+    dp_axes: list[int]
+    split_factor: int = Field(ge=1)
+
+
+PerKey = dict[str, float]
+
+
+class Predicted(_Open):
+    """The evaluator's step time and communication (seconds, bytes)."""
+
+    step_time_s: float | None = None
+    step_time_overlapped_s: float | None = Field(
+        default=None, description="serial step time less the gradient reduction hidden behind backward"
+    )
+    grad_comm_time_s: float | None = None
+    backward_compute_time_s: float | None = None
+    runtime: str | None = None
+    compute_time_s: float | None = None
+    comm_time_s: float | None = None
+    comm_time_s_per_axis: PerKey | None = None
+    comm_bytes_per_axis: PerKey | None = None
+    comm_time_s_per_collective: PerKey | None = None
+
+
+class MemoryReport(_Open):
+    """Peak memory per device and its parts (bytes), against the budget."""
+
+    per_device_bytes: float | None = None
+    params_bytes: float | None = None
+    grads_bytes: float | None = None
+    optimizer_bytes: float | None = None
+    activation_peak_bytes: float | None = None
+    budget_bytes: int | None = None
+    fits: bool | None = None
+
+
+class MeshSearchEntry(_Open):
+    shape: list[int]
+    step_time_s: float | None = None
+    memory_per_device_bytes: float | None = None
+    gap: float | None = None
+    error: str | None = None
+
+
+class Diagnostics(_Open):
+    """What the evaluator noticed: ops without a rule, boxed edges, errors; the mesh search."""
+
+    fallback_ops: list[str] | None = None
+    fallback_op_types: list[str] | None = None
+    boxed_edges: int | None = None
+    valid: bool | None = None
+    errors: list[str] | None = None
+    mesh_search: list[MeshSearchEntry] | None = None
+
+
+class SolverReport(_Open):
+    """How the solver ended: objective and bound (seconds), gap, status, wall time."""
+
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    status: str | None = None
+    wall_s: float | None = None
+    memory_rows: int | None = None
+    tied_layers: bool | None = None
+    mesh_search_wall_s: float | None = None
+    stats: dict[str, JsonValue] | None = None
+
+
+class PlanModel(_Strict):
+    """``autopar.plan/v1``: one N-D SBP signature per op, and what it is predicted to cost."""
+
+    model_config = ConfigDict(title="autopar.plan/v1")
+
+    format: Literal["autopar.plan/v1"]
+    source: str = Field(default="autopar", max_length=MAX_NAME_CHARS, description="autopar, a baseline ...")
+    graph: GraphRef = Field(default_factory=GraphRef)
+    mesh: MeshModel
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    memory_budget_bytes: int | None = Field(default=None, gt=0)
+    runtime: str = Field(
+        default=DEFAULT_RUNTIME,
+        max_length=MAX_NAME_CHARS,
+        description="runtime profile the plan is priced for",
+    )
+    predicted: Predicted = Field(default_factory=Predicted)
+    memory: MemoryReport = Field(default_factory=MemoryReport)
+    variables: dict[Name, VariableLayout] = Field(default_factory=dict, max_length=MAX_OPS)
+    diagnostics: Diagnostics = Field(default_factory=Diagnostics)
+    solver: SolverReport | None = None
+    ops: dict[Name, PlanOpModel] = Field(max_length=MAX_OPS)
+
+
+# ------------------------------------------------------------------ errors and schemas
+
+
+def error_path(loc: tuple[int | str, ...]) -> str:
+    """``("variables", 0, "grad")`` -> ``variables[0].grad``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """File name -> JSON Schema of each format (what ``docs/schemas/`` holds)."""
+    return {
+        "graph-v1.schema.json": GraphModel.model_json_schema(),
+        "plan-v1.schema.json": PlanModel.model_json_schema(),
+    }
+
+
+def write_schemas(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, schema in json_schemas().items():
+        path = folder / name
+        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for written_path in write_schemas(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas")):
+        sys.stdout.write(f"schema written to {written_path}\n")
