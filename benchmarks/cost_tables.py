@@ -14,7 +14,7 @@ import argparse
 import time
 
 from autopar.cluster import Cluster, Mesh, parse_mesh_shape
-from autopar.costs import build_cost_tables
+from autopar.cost_tables import build_cost_tables
 from autopar.models import build
 from autopar.store import MemoryStore
 

@@ -37,7 +37,8 @@ import numpy as np
 
 from autopar import __version__ as autopar_version
 from autopar.cluster import Cluster, Mesh, candidate_mesh_shapes
-from autopar.costs import COST_MODEL_VERSION, CostTables, build_cost_tables
+from autopar.cost_tables import CostTables, build_cost_tables
+from autopar.costs import COST_MODEL_VERSION
 from autopar.errors import ConfigError, InfeasibleError, VerificationError
 from autopar.evaluate import attach_evaluation, evaluate
 from autopar.graph import DTYPE_BYTES, Graph

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from autopar.cluster import Cluster, Mesh
-from autopar.costs import build_cost_tables, op_compute_time, op_key, rule_context
+from autopar.cost_tables import build_cost_tables, op_key
+from autopar.costs import op_compute_time, rule_context
 from autopar.rules import default_rules
 from autopar.sbp import parse_signature
 from autopar.store import MemoryStore
