@@ -17,7 +17,8 @@ B -> P, S -> P local zero-fill     0                       0
 
 An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
 (OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
-Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`).  A move that
+Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`), and
+:func:`boxing_matrix` prices every (source, target) pair of an edge.  A move that
 cannot happen (a split that does not divide, a
 ``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
 """
@@ -29,6 +30,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
+
+import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
@@ -42,7 +46,9 @@ __all__ = [
     "all_gather_time",
     "all_reduce_time",
     "all_to_all_time",
+    "boxing_matrix",
     "boxing_plan",
+    "boxing_search",
     "boxing_time",
     "collective_bytes",
     "reduce_scatter_time",
@@ -178,35 +184,14 @@ class BoxingPlan:
         return math.isfinite(self.time_s)
 
 
-def _group_bytes(
-    shape: Sequence[int], itemsize: int, sbp: NdSbp, axis: int, mesh_shape: Sequence[int]
-) -> float | None:
-    """Bytes of the tensor held by the group of ``axis``: local size ignoring ``axis``'s split."""
-    unsplit = sbp.replace(axis, B)
-    local = local_shape(shape, unsplit, mesh_shape)
-    if local is None:
-        return None
-    return float(math.prod(local) * itemsize)
-
-
-def _step(
-    shape: Sequence[int], itemsize: int, mesh: Mesh, cur: NdSbp, axis: int, value: SbpValue
-) -> BoxingStep | None:
-    nxt = cur.replace(axis, value)
-    if local_shape(shape, nxt, mesh.shape) is None:
-        return None
-    kind = one_axis_collective(cur[axis], value)
-    if kind is None:
-        return None
-    group = _group_bytes(shape, itemsize, cur, axis, mesh.shape)
-    if group is None:
-        return None
-    link = mesh.axes[axis]
-    if kind is Collective.LOCAL:
-        return BoxingStep(axis, kind, cur, nxt, 0.0, 0.0)
-    return BoxingStep(
-        axis, kind, cur, nxt, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
-    )
+FULL_SEARCH_STATES = 4096
+"""Largest state space (values per axis ** mesh axes of size > 1) searched whole, once per
+source; above it each (source, target) pair is searched over the axis values of the pair
+plus ``B``, at most :data:`PAIR_SEARCH_POPS` states, so the cost stays
+polynomial in the mesh rank."""
+PAIR_SEARCH_POPS = 500
+"""States a pair search settles before it settles for the all-``B`` route (gather or
+reduce every axis, then slice): a valid sequence, so the price is an honest upper bound."""
 
 
 class BoxingSearch:
@@ -216,6 +201,11 @@ class BoxingSearch:
     tensor, ``B`` or ``P`` and that divide evenly; moves change one axis (one
     1-D collective).  Dijkstra from a source reaches every target at once, so
     a whole boxing matrix costs one search per distinct source.
+
+    Mesh axes of size 1 are dropped first: a change on such an axis is local and
+    free and changes no other axis's group bytes, so it never alters a price.
+    Large state spaces (see :data:`FULL_SEARCH_STATES`) are searched per pair.
+    States are tuples of value indices (``B`` = 0, ``P`` = 1, ``S(d)`` = 2 + d).
     """
 
     def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
@@ -223,77 +213,240 @@ class BoxingSearch:
         self.itemsize = itemsize
         self.mesh = mesh
         self.values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
-        self._steps: dict[tuple[NdSbp, int, SbpValue], BoxingStep | None] = {}
-        self._trees: dict[NdSbp, tuple[dict[NdSbp, float], dict[NdSbp, BoxingStep]]] = {}
+        self._index = {v: i for i, v in enumerate(self.values)}
+        self.kept = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
+        self._sizes = tuple(mesh.shape[a] for a in self.kept)
+        self._links = tuple(mesh.axes[a] for a in self.kept)
+        self._numel = math.prod(self.shape)
+        self.whole = len(self.values) ** len(self.kept) <= FULL_SEARCH_STATES
+        self._valid: dict[tuple[int, ...], bool] = {}
+        self._trees: dict[
+            tuple[int, ...],
+            tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]]],
+        ] = {}
+        self._pairs: dict[
+            tuple[tuple[int, ...], tuple[int, ...]], tuple[float, list[tuple[tuple[int, ...], int, int]]]
+        ] = {}
 
-    def _move(self, cur: NdSbp, axis: int, value: SbpValue) -> BoxingStep | None:
-        key = (cur, axis, value)
-        if key not in self._steps:
-            self._steps[key] = _step(self.shape, self.itemsize, self.mesh, cur, axis, value)
-        return self._steps[key]
+    # ---- states
 
-    def _tree(self, src: NdSbp) -> tuple[dict[NdSbp, float], dict[NdSbp, BoxingStep]]:
-        tree = self._trees.get(src)
-        if tree is not None:
-            return tree
-        best: dict[NdSbp, float] = {src: 0.0}
-        back: dict[NdSbp, BoxingStep] = {}
-        heap: list[tuple[float, int, int, NdSbp]] = [(0.0, 0, 0, src)]
+    def _state(self, sbp: NdSbp) -> tuple[int, ...] | None:
+        """The reduced state of ``sbp``, or None if it is not a valid layout of the tensor."""
+        if local_shape(self.shape, sbp, self.mesh.shape) is None:
+            return None
+        return tuple(self._index[sbp[a]] for a in self.kept)
+
+    def _sbp(self, state: tuple[int, ...], like: NdSbp) -> NdSbp:
+        vals = list(like.values)
+        for a, v in zip(self.kept, state):
+            vals[a] = self.values[v]
+        return NdSbp(tuple(vals))
+
+    def _factors(self, state: tuple[int, ...]) -> list[int]:
+        factors = [1] * len(self.shape)
+        for v, n in zip(state, self._sizes):
+            if v >= 2:
+                factors[v - 2] *= n
+        return factors
+
+    def _is_valid(self, state: tuple[int, ...]) -> bool:
+        ok = self._valid.get(state)
+        if ok is None:
+            ok = all(dim % f == 0 for dim, f in zip(self.shape, self._factors(state)))
+            self._valid[state] = ok
+        return ok
+
+    def _move_time(self, cur: tuple[int, ...], axis: int, value: int) -> tuple[Collective, float, float]:
+        """Collective, bytes per device and seconds of changing ``axis`` of ``cur`` to ``value``."""
+        kind = one_axis_collective(self.values[cur[axis]], self.values[value])
+        assert kind is not None
+        if kind is Collective.LOCAL:
+            return kind, 0.0, 0.0
+        # bytes held by the axis's group: the local tensor with this axis unsplit
+        factor = 1
+        for a, (v, n) in enumerate(zip(cur, self._sizes)):
+            if v >= 2 and a != axis:
+                factor *= n
+        group = float(self._numel // factor * self.itemsize)
+        link = self._links[axis]
+        return kind, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+
+    # ---- searches
+
+    def _dijkstra(
+        self,
+        src: tuple[int, ...],
+        allowed: Sequence[Sequence[int]],
+        target: tuple[int, ...] | None,
+        max_pops: int | None,
+    ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]], bool]:
+        best: dict[tuple[int, ...], float] = {src: 0.0}
+        back: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
+        hops: dict[tuple[int, ...], int] = {src: 0}
+        heap: list[tuple[float, int, int, tuple[int, ...]]] = [(0.0, 0, 0, src)]
         counter = 1
-        hops: dict[NdSbp, int] = {src: 0}
-        done: set[NdSbp] = set()
+        done: set[tuple[int, ...]] = set()
+        pops = 0
         while heap:
             cost, nhops, _, cur = heapq.heappop(heap)
             if cur in done:
                 continue
             done.add(cur)
-            for axis in range(self.mesh.ndim):
-                for value in self.values:
-                    if value == cur[axis]:
+            if cur == target:
+                return best, back, True
+            pops += 1
+            if max_pops is not None and pops > max_pops:
+                return best, back, False
+            for axis, values in enumerate(allowed):
+                here = cur[axis]
+                for value in values:
+                    if value == here:
                         continue
-                    step = self._move(cur, axis, value)
-                    if step is None:
+                    nxt = (*cur[:axis], value, *cur[axis + 1 :])
+                    if not self._is_valid(nxt):
                         continue
-                    new_cost = cost + step.time_s
-                    old = best.get(step.dst, INF)
+                    new_cost = cost + self._move_time(cur, axis, value)[2]
+                    old = best.get(nxt, INF)
                     # ties: fewer steps
-                    if new_cost < old or (new_cost == old and nhops + 1 < hops[step.dst]):
-                        best[step.dst] = new_cost
-                        hops[step.dst] = nhops + 1
-                        back[step.dst] = step
-                        heapq.heappush(heap, (new_cost, nhops + 1, counter, step.dst))
+                    if new_cost < old or (new_cost == old and nhops + 1 < hops[nxt]):
+                        best[nxt] = new_cost
+                        hops[nxt] = nhops + 1
+                        back[nxt] = (cur, axis)
+                        heapq.heappush(heap, (new_cost, nhops + 1, counter, nxt))
                         counter += 1
-        self._trees[src] = (best, back)
-        return best, back
+        return best, back, target is None
+
+    def _tree(
+        self, src: tuple[int, ...]
+    ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]]]:
+        tree = self._trees.get(src)
+        if tree is None:
+            allowed = [range(len(self.values))] * len(self.kept)
+            best, back, _ = self._dijkstra(src, allowed, None, None)
+            tree = self._trees[src] = (best, back)
+        return tree
+
+    def _pair(
+        self, src: tuple[int, ...], dst: tuple[int, ...]
+    ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
+        """Cheapest route and its moves ``(state, axis, value)`` for one pair (large state spaces)."""
+        key = (src, dst)
+        hit = self._pairs.get(key)
+        if hit is not None:
+            return hit
+        allowed = [sorted({s, d, 0}) for s, d in zip(src, dst)]
+        best, back, found = self._dijkstra(src, allowed, dst, PAIR_SEARCH_POPS)
+        result = (best[dst], self._route(back, src, dst)) if found else self._all_b_route(src, dst)
+        self._pairs[key] = result
+        return result
+
+    def _route(
+        self,
+        back: dict[tuple[int, ...], tuple[tuple[int, ...], int]],
+        src: tuple[int, ...],
+        dst: tuple[int, ...],
+    ) -> list[tuple[tuple[int, ...], int, int]]:
+        moves: list[tuple[tuple[int, ...], int, int]] = []
+        node = dst
+        while node != src:
+            prev, axis = back[node]
+            moves.append((prev, axis, node[axis]))
+            node = prev
+        moves.reverse()
+        return moves
+
+    def _all_b_route(
+        self, src: tuple[int, ...], dst: tuple[int, ...]
+    ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
+        moves: list[tuple[tuple[int, ...], int, int]] = []
+        cur = src
+        total = 0.0
+        for axis in range(len(cur)):  # gather / all-reduce every axis to B: always valid
+            if cur[axis] != 0:
+                moves.append((cur, axis, 0))
+                total += self._move_time(cur, axis, 0)[2]
+                cur = (*cur[:axis], 0, *cur[axis + 1 :])
+        for axis in range(len(cur)):  # then slice / zero-fill locally: free
+            if dst[axis] != 0:
+                moves.append((cur, axis, dst[axis]))
+                cur = (*cur[:axis], dst[axis], *cur[axis + 1 :])
+        return total, moves
+
+    # ---- queries
 
     def time(self, src: NdSbp, dst: NdSbp) -> float:
         if src == dst:
             return 0.0
-        if local_shape(self.shape, src, self.mesh.shape) is None:
+        s, d = self._state(src), self._state(dst)
+        if s is None or d is None:
             return INF
-        return self._tree(src)[0].get(dst, INF)
+        if s == d:
+            return 0.0
+        if self.whole:
+            return self._tree(s)[0].get(d, INF)
+        return self._pair(s, d)[0]
+
+    def row(self, src: NdSbp, dsts: Sequence[NdSbp]) -> np.ndarray:
+        """Seconds from ``src`` to each of ``dsts``."""
+        return np.fromiter((self.time(src, d) for d in dsts), dtype=np.float64, count=len(dsts))
 
     def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
         t = self.time(src, dst)
         if src == dst or not math.isfinite(t):
             return BoxingPlan(src, dst, (), t)
-        _, back = self._tree(src)
+        s, d = self._state(src), self._state(dst)
+        assert s is not None and d is not None
+        if s == d:
+            return BoxingPlan(src, dst, (), t)
+        moves = self._route(self._tree(s)[1], s, d) if self.whole else self._pair(s, d)[1]
         steps: list[BoxingStep] = []
-        node = dst
-        while node != src:
-            step = back[node]
-            steps.append(step)
-            node = step.src
-        steps.reverse()
-        real_steps = tuple(s for s in steps if s.collective is not Collective.LOCAL)
-        return BoxingPlan(src, dst, real_steps, t)
+        for cur, axis, value in moves:
+            kind, nbytes, seconds = self._move_time(cur, axis, value)
+            if kind is Collective.LOCAL:
+                continue
+            nxt = (*cur[:axis], value, *cur[axis + 1 :])
+            steps.append(
+                BoxingStep(self.kept[axis], kind, self._sbp(cur, src), self._sbp(nxt, src), nbytes, seconds)
+            )
+        return BoxingPlan(src, dst, tuple(steps), t)
+
+
+_SEARCH_CACHE_SIZE = 4096
+_searches: dict[tuple[Any, ...], BoxingSearch] = {}
+
+
+def boxing_search(shape: Sequence[int], itemsize: int, mesh: Mesh) -> BoxingSearch:
+    """The (cached) :class:`BoxingSearch` of a tensor shape and item size on ``mesh``.
+
+    Cached per (shape, item size, mesh content) in this process, the most recent
+    :data:`_SEARCH_CACHE_SIZE` kept, so identical tensors share their searches.
+    """
+    key = (tuple(shape), itemsize, mesh.shape, mesh.axes)
+    search = _searches.get(key)
+    if search is None:
+        if len(_searches) >= _SEARCH_CACHE_SIZE:
+            _searches.pop(next(iter(_searches)))
+        search = _searches[key] = BoxingSearch(shape, itemsize, mesh)
+    return search
+
+
+def boxing_matrix(
+    shape: Sequence[int], itemsize: int, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp], mesh: Mesh
+) -> np.ndarray:
+    """Boxing seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns), ``inf`` where
+    impossible: the one place every boxing matrix of the cost tables is priced."""
+    search = boxing_search(shape, itemsize, mesh)
+    m = np.empty((len(srcs), len(dsts)), dtype=np.float64)
+    for i, s in enumerate(srcs):
+        m[i] = search.row(s, dsts)
+    return m
 
 
 def boxing_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
     """Cheapest sequence of 1-D collectives turning ``src`` into ``dst`` on ``mesh``."""
     if src == dst:
         return BoxingPlan(src, dst, (), 0.0)
-    return BoxingSearch(shape, itemsize, mesh).plan(src, dst)
+    return boxing_search(shape, itemsize, mesh).plan(src, dst)
 
 
 def boxing_time(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> float:

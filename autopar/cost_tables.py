@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import BoxingSearch
+from autopar.boxing import boxing_matrix
 from autopar.cluster import Mesh
 from autopar.costs import (
     COST_MODEL_VERSION,
@@ -197,22 +197,13 @@ def _compute_op_batch(
     return [_compute_op_entry(*item) for item in batch]
 
 
-def _edge_matrix(spec: TensorSpec, src: Sequence[NdSbp], dst: Sequence[NdSbp], mesh: Mesh) -> np.ndarray:
-    search = BoxingSearch(spec.shape, DTYPE_BYTES[spec.dtype], mesh)
-    m = np.empty((len(src), len(dst)), dtype=np.float64)
-    for i, s in enumerate(src):
-        for j, d in enumerate(dst):
-            m[i, j] = search.time(s, d)
-    return m
-
-
 def _compute_edge_batch(batch: list[tuple[TensorSpec, list[NdSbp], list[NdSbp], Mesh, bool]]) -> list[bytes]:
     out = []
     for spec, src, dst, mesh, in_place in batch:
         if in_place:
             m = np.array([[0.0 if s == d else math.inf for d in dst] for s in src], dtype=np.float64)
         else:
-            m = _edge_matrix(spec, src, dst, mesh)
+            m = boxing_matrix(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh)
         out.append(zlib.compress(m.astype(np.float64).tobytes(), 1))
     return out
 
