@@ -227,6 +227,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     p.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
     p.add_argument("--hint", default=None, help="a previous plan to warm-start from")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--compare", action="store_true", help="also evaluate the baselines (cached by content)")
     p.add_argument("--out", required=True)
     handlers["plan"] = cmd_plan
 

@@ -32,7 +32,9 @@ from autopar.costs import (
     op_compute_time,
     op_signatures,
 )
+from autopar.errors import TimeLimitError
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
+from autopar.progress import Deadline, ProgressFn
 from autopar.rules.registry import RuleContext, default_rules
 from autopar.sbp import NdSbp, Signature, parse_signature
 from autopar.store import KeyValueStore, MemoryStore
@@ -104,16 +106,54 @@ def edge_key(
     mesh: Mesh,
     kind: EdgeKind = EdgeKind.BOXING,
 ) -> str:
+    """Content key of an edge's boxing matrix: tensor, the distinct SBPs on each side, mesh."""
+    return _edge_key(
+        tuple(spec.shape),
+        spec.dtype,
+        tuple(str(s) for s in src),
+        tuple(str(s) for s in dst),
+        mesh.key(),
+        kind,
+    )
+
+
+def _edge_key(
+    shape: tuple[int, ...],
+    dtype: str,
+    src: tuple[str, ...],
+    dst: tuple[str, ...],
+    mesh_key: str,
+    kind: EdgeKind,
+) -> str:
     payload = {
         "v": COST_MODEL_VERSION,
-        "shape": list(spec.shape),
-        "dtype": spec.dtype,
-        "src": [str(s) for s in src],
-        "dst": [str(s) for s in dst],
-        "mesh": mesh.key(),
+        "shape": list(shape),
+        "dtype": dtype,
+        "src": list(src),
+        "dst": list(dst),
+        "mesh": mesh_key,
     }
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
     return f"edge:{kind.value}:{digest}"
+
+
+@dataclass(frozen=True)
+class _PortSbps:
+    """The SBPs one port takes over an op table's signatures: the distinct ones (in first-seen
+    order), their strings, and each signature's position among them."""
+
+    unique: list[NdSbp]
+    strings: tuple[str, ...]
+    positions: np.ndarray
+
+    @classmethod
+    def of(cls, values: list[NdSbp]) -> _PortSbps:
+        first: dict[NdSbp, int] = {}
+        positions = np.fromiter(
+            (first.setdefault(v, len(first)) for v in values), dtype=np.int64, count=len(values)
+        )
+        unique = list(first)
+        return cls(unique, tuple(str(v) for v in unique), positions)
 
 
 # ------------------------------------------------------------------ entries
@@ -215,9 +255,6 @@ def _chunks(items: list[Any], n: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-ProgressFn = Callable[[str, int, int], None]
-
-
 def build_cost_tables(
     graph: Graph,
     mesh: Mesh,
@@ -227,15 +264,20 @@ def build_cost_tables(
     workers: int | None = None,
     progress: ProgressFn | None = None,
     parallel_threshold: int = 64,
+    deadline: Deadline | None = None,
 ) -> CostTables:
     """Build (or fetch from ``store``) every op and edge table of ``graph`` on ``mesh``.
 
     Unique keys missing from ``store`` are computed in a process pool of
     ``workers`` processes (default: CPU count) when there are at least
-    ``parallel_threshold`` of them, else in this process.  ``progress`` is
-    called as ``progress(phase, done, total)`` with phase ``"ops"`` / ``"edges"``.
+    ``parallel_threshold`` of them, else in this process.  ``progress`` gets
+    :class:`~autopar.progress.Progress` reports with phase ``cost_tables:ops`` /
+    ``cost_tables:edges`` and ``done`` / ``total`` entries.  Past ``deadline``
+    raises :class:`~autopar.errors.TimeLimitError` saying how far it got (entries
+    computed so far are already in ``store``).
     """
     t0 = time.perf_counter()
+    deadline = deadline if deadline is not None else Deadline()
     store = store if store is not None else MemoryStore()
     workers = workers or os.cpu_count() or 1
     ndim = mesh.ndim
@@ -260,10 +302,9 @@ def build_cost_tables(
         )
         for k in missing
     ]
-    computed = _run_batches(_compute_op_batch, jobs, workers, parallel_threshold, progress, "ops")
-    new_entries = dict(zip(missing, computed))
-    if new_entries:
-        store.put_many(new_entries)
+    new_entries = _run_batches(
+        _compute_op_batch, missing, jobs, workers, parallel_threshold, progress, "ops", store, deadline
+    )
     raw_by_key = {**found, **new_entries}
     decoded = {k: OpTable.from_bytes(raw_by_key[k], ndim) for k in unique_op_keys}
     tables = {op.name: decoded[keys[op.name]] for op in graph.ops}
@@ -280,27 +321,33 @@ def build_cost_tables(
             edge_specs.append((prod, out_port, op.name, in_port, tensor))
     distinct: dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp]]] = {}
     edge_index: list[tuple[str, np.ndarray, np.ndarray]] = []
+    # identical layers share op tables: the per-port SBPs and the keys are computed once
+    port_memo: dict[tuple[int, bool, int], _PortSbps] = {}
+    key_memo: dict[tuple[Any, ...], str] = {}
+    mesh_key = mesh.key()
+
+    def port_sbps(table: OpTable, output: bool, index: int) -> _PortSbps:
+        memo_key = (id(table), output, index)
+        hit = port_memo.get(memo_key)
+        if hit is None:
+            values = [(s.outputs if output else s.inputs)[index] for s in table.signatures]
+            hit = port_memo[memo_key] = _PortSbps.of(values)
+        return hit
+
     for prod, out_port, cons, in_port, tensor in edge_specs:
-        ptab, ctab = tables[prod], tables[cons]
         pop, cop = graph.op_by_name[prod], graph.op_by_name[cons]
-        oi = list(pop.outputs).index(out_port)
-        ii = list(cop.inputs).index(in_port)
-        src_all = [s.outputs[oi] for s in ptab.signatures]
-        dst_all = [s.inputs[ii] for s in ctab.signatures]
-        src_u = list(dict.fromkeys(src_all))
-        dst_u = list(dict.fromkeys(dst_all))
+        src = port_sbps(tables[prod], True, list(pop.outputs).index(out_port))
+        dst = port_sbps(tables[cons], False, list(cop.inputs).index(in_port))
         spec = graph.tensors[tensor]
-        k = edge_key(spec, src_u, dst_u, mesh, edge_kind(cop, in_port))
-        distinct.setdefault(k, (spec, src_u, dst_u))
-        src_pos = {s: i for i, s in enumerate(src_u)}
-        dst_pos = {s: i for i, s in enumerate(dst_u)}
-        edge_index.append(
-            (
-                k,
-                np.fromiter((src_pos[s] for s in src_all), dtype=np.int64, count=len(src_all)),
-                np.fromiter((dst_pos[s] for s in dst_all), dtype=np.int64, count=len(dst_all)),
+        kind = edge_kind(cop, in_port)
+        content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
+        ekey = key_memo.get(content)
+        if ekey is None:
+            ekey = key_memo[content] = _edge_key(
+                tuple(spec.shape), spec.dtype, src.strings, dst.strings, mesh_key, kind
             )
-        )
+        distinct.setdefault(ekey, (spec, src.unique, dst.unique))
+        edge_index.append((ekey, src.positions, dst.positions))
     edge_keys = list(distinct)
     found_e = store.get_many(edge_keys)
     missing_e = [k for k in edge_keys if k not in found_e]
@@ -308,10 +355,9 @@ def build_cost_tables(
         (distinct[k][0], distinct[k][1], distinct[k][2], mesh, k.startswith("edge:in_place"))
         for k in missing_e
     ]
-    computed_e = _run_batches(_compute_edge_batch, ejobs, workers, parallel_threshold, progress, "edges")
-    new_e = dict(zip(missing_e, computed_e))
-    if new_e:
-        store.put_many(new_e)
+    new_e = _run_batches(
+        _compute_edge_batch, missing_e, ejobs, workers, parallel_threshold, progress, "edges", store, deadline
+    )
     raw_e = {**found_e, **new_e}
     small: dict[str, np.ndarray] = {}
     for k in edge_keys:
@@ -337,31 +383,58 @@ def build_cost_tables(
     return CostTables(graph, mesh, zero_stage, tables, edges, stats, keys)
 
 
+SERIAL_CHUNK = 32
+"""Entries computed between two deadline checks (and progress reports) in this process."""
+
+
 def _run_batches(
     fn: Callable[[list[Any]], list[bytes]],
+    keys: list[str],
     jobs: list[Any],
     workers: int,
     threshold: int,
     progress: ProgressFn | None,
     phase: str,
-) -> list[bytes]:
+    store: KeyValueStore,
+    deadline: Deadline,
+) -> dict[str, bytes]:
+    """Compute ``fn`` over ``jobs`` in batches, storing each batch's entries under ``keys``
+    as it arrives; stop with :class:`TimeLimitError` once ``deadline`` has passed."""
     total = len(jobs)
-    if progress:
-        progress(phase, 0, total)
+    name = f"cost_tables:{phase}"
+    deadline.report(progress, name, done=0, total=total)
+    out: dict[str, bytes] = {}
     if total == 0:
-        return []
-    if workers <= 1 or total < threshold:
-        out = fn(jobs)
-        if progress:
-            progress(phase, total, total)
         return out
-    batches = _chunks(jobs, workers * 4)
-    results: list[bytes] = []
-    done = 0
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for batch_out in pool.map(fn, batches):
-            results.extend(batch_out)
-            done += len(batch_out)
-            if progress:
-                progress(phase, done, total)
-    return results
+    parallel = workers > 1 and total >= threshold
+    # small batches: a deadline check (and progress report) after each
+    batches = _chunks(list(range(total)), max(workers * 16, math.ceil(total / SERIAL_CHUNK)))
+
+    def take(idx: list[int], entries: list[bytes]) -> None:
+        new = {keys[i]: e for i, e in zip(idx, entries)}
+        store.put_many(new)
+        out.update(new)
+        deadline.report(progress, name, done=len(out), total=total)
+        if len(out) < total and deadline.expired():
+            raise TimeLimitError(
+                "time_limit",
+                f"the time limit ({deadline.limit_s:g} s) ran out while building cost tables: "
+                f"{len(out)} of {total} {phase} entries computed (kept in the memo, so a rerun "
+                "starts from there); raise the time limit",
+                phase=name,
+                done=len(out),
+                total=total,
+            )
+
+    if not parallel:
+        for idx in batches:
+            take(idx, fn([jobs[i] for i in idx]))
+        return out
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futures = [(idx, pool.submit(fn, [jobs[i] for i in idx])) for idx in batches]
+        for idx, fut in futures:
+            take(idx, fut.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return out

@@ -24,9 +24,11 @@ serialisation, the process pool) live in :mod:`autopar.cost_tables`;
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from enum import Enum
+from typing import Any
 
 from autopar.boxing import BoxingPlan, boxing_plan
 from autopar.cluster import Mesh
@@ -75,8 +77,40 @@ def rule_context(graph: Graph, op: Op, mesh_shape: Sequence[int], zero_stage: in
     )
 
 
+_SIGNATURE_MEMO_SIZE = 8192
+_signature_memo: dict[tuple[Any, ...], tuple[RuleSet, list[Signature], bool]] = {}
+
+
 def op_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bool]:
-    """Valid N-D signatures of the op and whether the all-``B`` fallback was used."""
+    """Valid N-D signatures of the op and whether the all-``B`` fallback was used.
+
+    Memoised by content (op type, role, attrs, ports, shapes, dtypes, mesh shape, ZeRO
+    stage; not the op's name): the same op of identical layers is enumerated once.
+    """
+    op = ctx.op
+    key = (
+        id(rules),
+        op.type,
+        op.role,
+        json.dumps(op.attrs, sort_keys=True, default=str),
+        tuple(op.inputs),
+        tuple(op.outputs),
+        tuple((t.shape, t.dtype) for t in ctx.inputs),
+        tuple((t.shape, t.dtype) for t in ctx.outputs),
+        tuple(ctx.mesh_shape),
+        ctx.zero_stage,
+    )
+    hit = _signature_memo.get(key)
+    if hit is not None and hit[0] is rules:
+        return list(hit[1]), hit[2]
+    sigs, fallback = _enumerate_signatures(rules, ctx)
+    if len(_signature_memo) >= _SIGNATURE_MEMO_SIZE:
+        _signature_memo.pop(next(iter(_signature_memo)))
+    _signature_memo[key] = (rules, sigs, fallback)
+    return list(sigs), fallback
+
+
+def _enumerate_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bool]:
     rule = rules.get(ctx.op.type)
     if rule is None:
         return fallback_signatures(ctx), True
