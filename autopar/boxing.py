@@ -220,6 +220,7 @@ class BoxingSearch:
         self._numel = math.prod(self.shape)
         self.whole = len(self.values) ** len(self.kept) <= FULL_SEARCH_STATES
         self._valid: dict[tuple[int, ...], bool] = {}
+        self._moves: dict[tuple[int, ...], list[tuple[tuple[int, ...], int, float]]] = {}
         self._trees: dict[
             tuple[int, ...],
             tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]]],
@@ -287,6 +288,9 @@ class BoxingSearch:
         counter = 1
         done: set[tuple[int, ...]] = set()
         pops = 0
+        # the whole state space: each state's moves (and their prices) are listed once
+        # and shared by the searches from every source
+        whole = len(allowed) == len(self.kept) and all(len(v) == len(self.values) for v in allowed)
         while heap:
             cost, nhops, _, cur = heapq.heappop(heap)
             if cur in done:
@@ -297,23 +301,29 @@ class BoxingSearch:
             pops += 1
             if max_pops is not None and pops > max_pops:
                 return best, back, False
-            for axis, values in enumerate(allowed):
-                here = cur[axis]
-                for value in values:
-                    if value == here:
-                        continue
-                    nxt = (*cur[:axis], value, *cur[axis + 1 :])
-                    if not self._is_valid(nxt):
-                        continue
-                    new_cost = cost + self._move_time(cur, axis, value)[2]
-                    old = best.get(nxt, INF)
-                    # ties: fewer steps
-                    if new_cost < old or (new_cost == old and nhops + 1 < hops[nxt]):
-                        best[nxt] = new_cost
-                        hops[nxt] = nhops + 1
-                        back[nxt] = (cur, axis)
-                        heapq.heappush(heap, (new_cost, nhops + 1, counter, nxt))
-                        counter += 1
+            moves = self._moves.get(cur) if whole else None
+            if moves is None:
+                moves = []
+                for axis, values in enumerate(allowed):
+                    here = cur[axis]
+                    for value in values:
+                        if value == here:
+                            continue
+                        nxt = (*cur[:axis], value, *cur[axis + 1 :])
+                        if self._is_valid(nxt):
+                            moves.append((nxt, axis, self._move_time(cur, axis, value)[2]))
+                if whole:
+                    self._moves[cur] = moves
+            for nxt, axis, seconds in moves:
+                new_cost = cost + seconds
+                old = best.get(nxt, INF)
+                # ties: fewer steps
+                if new_cost < old or (new_cost == old and nhops + 1 < hops[nxt]):
+                    best[nxt] = new_cost
+                    hops[nxt] = nhops + 1
+                    back[nxt] = (cur, axis)
+                    heapq.heappush(heap, (new_cost, nhops + 1, counter, nxt))
+                    counter += 1
         return best, back, target is None
 
     def _tree(

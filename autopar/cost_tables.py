@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,8 +285,21 @@ def build_cost_tables(
     # ---- ops
     keys: dict[str, str] = {}
     first_op_for_key: dict[str, Op] = {}
-    for op in graph.ops:
-        k = op_key(graph, op, mesh, zero_stage)
+    key_by_content: dict[tuple[Any, ...], str] = {}
+    for n, op in enumerate(graph.ops):
+        if n % 1024 == 1023:
+            _check(deadline, "op keys", n, len(graph.ops))
+        # identical layers: the same content is hashed once
+        content: tuple[Any, ...] = (
+            op.type,
+            op.role,
+            repr(op.attrs),
+            tuple((p, graph.tensors[t].shape, graph.tensors[t].dtype) for p, t in op.inputs.items()),
+            tuple((p, graph.tensors[t].shape, graph.tensors[t].dtype) for p, t in op.outputs.items()),
+        )
+        k = key_by_content.get(content)
+        if k is None:
+            k = key_by_content[content] = op_key(graph, op, mesh, zero_stage)
         keys[op.name] = k
         first_op_for_key.setdefault(k, op)
     unique_op_keys = list(first_op_for_key)
@@ -334,16 +347,18 @@ def build_cost_tables(
             hit = port_memo[memo_key] = _PortSbps.of(values)
         return hit
 
-    for prod, out_port, cons, in_port, tensor in edge_specs:
+    for n, (prod, out_port, cons, in_port, tensor) in enumerate(edge_specs):
+        if n % 1024 == 1023:
+            _check(deadline, "edge keys", n, len(edge_specs))
         pop, cop = graph.op_by_name[prod], graph.op_by_name[cons]
         src = port_sbps(tables[prod], True, list(pop.outputs).index(out_port))
         dst = port_sbps(tables[cons], False, list(cop.inputs).index(in_port))
         spec = graph.tensors[tensor]
         kind = edge_kind(cop, in_port)
-        content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
-        ekey = key_memo.get(content)
+        edge_content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
+        ekey = key_memo.get(edge_content)
         if ekey is None:
-            ekey = key_memo[content] = _edge_key(
+            ekey = key_memo[edge_content] = _edge_key(
                 tuple(spec.shape), spec.dtype, src.strings, dst.strings, mesh_key, kind
             )
         distinct.setdefault(ekey, (spec, src.unique, dst.unique))
@@ -363,10 +378,16 @@ def build_cost_tables(
     for k in edge_keys:
         _, src_u, dst_u = distinct[k]
         small[k] = np.frombuffer(zlib.decompress(raw_e[k]), dtype=np.float64).reshape(len(src_u), len(dst_u))
-    edges = [
-        EdgeTable(prod, out_port, cons, in_port, tensor, small[k][np.ix_(ri, ci)])
-        for (prod, out_port, cons, in_port, tensor), (k, ri, ci) in zip(edge_specs, edge_index)
-    ]
+    # edges between identical layers share one read-only matrix
+    expanded: dict[tuple[str, int, int], np.ndarray] = {}
+    edges = []
+    for (prod, out_port, cons, in_port, tensor), (k, ri, ci) in zip(edge_specs, edge_index):
+        m = expanded.get((k, id(ri), id(ci)))
+        if m is None:
+            m = small[k][np.ix_(ri, ci)]
+            m.setflags(write=False)
+            expanded[(k, id(ri), id(ci))] = m
+        edges.append(EdgeTable(prod, out_port, cons, in_port, tensor, m))
     t_edges = time.perf_counter() - t1
     stats = {
         "ops": len(graph.ops),
@@ -416,25 +437,41 @@ def _run_batches(
         out.update(new)
         deadline.report(progress, name, done=len(out), total=total)
         if len(out) < total and deadline.expired():
-            raise TimeLimitError(
-                "time_limit",
-                f"the time limit ({deadline.limit_s:g} s) ran out while building cost tables: "
-                f"{len(out)} of {total} {phase} entries computed (kept in the memo, so a rerun "
-                "starts from there); raise the time limit",
-                phase=name,
-                done=len(out),
-                total=total,
-            )
+            raise _out_of_time(deadline, name, f"{phase} entries", len(out), total)
 
     if not parallel:
         for idx in batches:
             take(idx, fn([jobs[i] for i in idx]))
         return out
-    pool = ProcessPoolExecutor(max_workers=workers)
+    pool = multiprocessing.get_context().Pool(workers)
     try:
-        futures = [(idx, pool.submit(fn, [jobs[i] for i in idx])) for idx in batches]
-        for idx, fut in futures:
-            take(idx, fut.result())
+        pending = [(idx, pool.apply_async(fn, ([jobs[i] for i in idx],))) for idx in batches]
+        for idx, res in pending:
+            left = deadline.left()
+            try:
+                entries = res.get(timeout=None if math.isinf(left) else max(left, 0.01))
+            except multiprocessing.TimeoutError:
+                raise _out_of_time(deadline, name, phase, len(out), total) from None
+            take(idx, entries)
+        pool.close()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.terminate()  # at the deadline: stop the workers mid-batch
+        pool.join()
     return out
+
+
+def _out_of_time(deadline: Deadline, name: str, what: str, done: int, total: int) -> TimeLimitError:
+    return TimeLimitError(
+        "time_limit",
+        f"the time limit ({deadline.limit_s:g} s) ran out while building cost tables: "
+        f"{done} of {total} {what} done (computed entries are kept in the memo, so a rerun "
+        "starts from there); raise the time limit",
+        phase=name,
+        done=done,
+        total=total,
+    )
+
+
+def _check(deadline: Deadline, what: str, done: int, total: int) -> None:
+    if deadline.expired():
+        raise _out_of_time(deadline, f"cost_tables:{what}", what, done, total)

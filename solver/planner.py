@@ -42,7 +42,7 @@ from autopar.graph import DTYPE_BYTES, Graph
 from autopar.memory import activation_intervals, variable_state_bytes
 from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
-from autopar.sbp import Signature
+from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
@@ -488,7 +488,7 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-def _verify(ev: Any, solution: Solution, budget: int | None) -> None:
+def _verify(ev: Any, solution: Solution | _SolvedObjective, budget: int | None) -> None:
     if not ev.valid:
         raise VerificationError(
             "invalid_plan",
@@ -567,9 +567,10 @@ def plan(
     graph = request.graph.validate()
     if request.mesh_shape is not None:
         mesh = Mesh(request.cluster, tuple(request.mesh_shape))
+        squeezed = Mesh(request.cluster, tuple(n for n in mesh.shape if n > 1) or (1,))
         result = solve_on_mesh(
             graph,
-            mesh,
+            squeezed,
             request.memory_budget_bytes,
             request.zero_stage,
             request.options,
@@ -579,6 +580,8 @@ def plan(
             tie_layers=request.tie_layers,
             deadline=deadline,
         )
+        if squeezed.shape != mesh.shape:
+            result = _unsqueeze(graph, result, mesh)
     else:
         result = _mesh_search(request, store=store, progress=progress, hint=hint, deadline=deadline)
     if result.solver is not None:
@@ -591,6 +594,44 @@ def plan(
         shape=tuple(result.mesh.shape),
     )
     return result
+
+
+def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
+    """``solved`` (planned on ``mesh`` without its size-1 axes) as a plan on ``mesh``, with ``B``
+    on every size-1 axis, re-checked by the evaluator.
+
+    A size-1 axis splits nothing and its collectives are free, so every price (compute
+    share, boxing, memory) is the same as on the squeezed mesh, while the N-D signature
+    lists (and boxing states) would grow by a factor per size-1 axis for nothing.
+    """
+    kept = [a for a, n in enumerate(mesh.shape) if n > 1]
+
+    def lift(sbp: NdSbp) -> NdSbp:
+        values: list[SbpValue] = [B] * mesh.ndim
+        for a, v in zip(kept, sbp.values if kept else ()):
+            values[a] = v
+        return NdSbp(tuple(values))
+
+    signatures = {
+        name: Signature(tuple(lift(x) for x in sig.inputs), tuple(lift(x) for x in sig.outputs))
+        for name, sig in solved.signatures.items()
+    }
+    lifted = Plan.from_assignment(
+        graph, mesh, solved.zero_stage, signatures, memory_budget_bytes=solved.memory_budget_bytes
+    )
+    ev = evaluate(graph, lifted)
+    solver = dict(solved.solver or {})
+    if solved.solver is not None:
+        _verify(ev, _SolvedObjective(float(solver["objective"])), solved.memory_budget_bytes)
+    attach_evaluation(lifted, ev)
+    lifted.solver = solver
+    lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
+    return lifted
+
+
+@dataclass(frozen=True)
+class _SolvedObjective:
+    objective: float
 
 
 def _mesh_search(
