@@ -159,6 +159,20 @@ class _PortSbps:
 # ------------------------------------------------------------------ entries
 
 
+_parsed: dict[tuple[str, int], Signature] = {}
+
+
+def _parse_signature(text: str, ndim: int) -> Signature:
+    """:func:`~autopar.sbp.parse_signature`, once per distinct text (signatures repeat
+    across the ops of identical layers); at most 65536 kept."""
+    sig = _parsed.get((text, ndim))
+    if sig is None:
+        if len(_parsed) >= 65536:
+            _parsed.clear()
+        sig = _parsed[(text, ndim)] = parse_signature(text, ndim)
+    return sig
+
+
 @dataclass
 class OpTable:
     """An op's signatures and per-signature compute seconds."""
@@ -178,7 +192,7 @@ class OpTable:
     @classmethod
     def from_bytes(cls, raw: bytes, ndim: int) -> OpTable:
         data = json.loads(zlib.decompress(raw))
-        sigs = [parse_signature(s, ndim) for s in data["sigs"]]
+        sigs = [_parse_signature(s, ndim) for s in data["sigs"]]
         return cls(sigs, np.asarray(data["t"], dtype=np.float64), bool(data["fb"]))
 
 

@@ -162,8 +162,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         rows: list[tuple[str, Plan]] = [("autopar", result)]
         mesh = Mesh(cluster, result.mesh.shape)
         for kind in BASELINES:
-            if progress:
-                deadline.report(progress, f"baseline:{kind}")
+            if progress:  # after the plan: outside the time limit
+                progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed()))
             rows.append((kind, baseline_evaluated(kind, graph, mesh, args.zero, _cache_dir())))
         sys.stdout.write(summary_table(rows) + "\n")
     if result.diagnostics.get("mesh_search"):
