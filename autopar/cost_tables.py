@@ -44,6 +44,7 @@ __all__ = [
     "EdgeTable",
     "OpTable",
     "build_cost_tables",
+    "clear_process_caches",
     "edge_key",
     "op_key",
 ]
@@ -160,6 +161,16 @@ class _PortSbps:
 
 
 _parsed: dict[tuple[str, int], Signature] = {}
+
+
+def clear_process_caches() -> None:
+    """Forget this process's memos (parsed signatures, signature lists, boxing searches),
+    e.g. to time a cold build; the store is not touched."""
+    from autopar import boxing, costs
+
+    _parsed.clear()
+    costs._signature_memo.clear()
+    boxing._searches.clear()
 
 
 def _parse_signature(text: str, ndim: int) -> Signature:

@@ -146,7 +146,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     try:
         if progress:
             deadline.report(progress, "load")
-        graph = Graph.load(args.graph).validate()
+        graph = Graph.load(args.graph)  # plan() validates it
         cluster = Cluster.parse(args.cluster, args.preset)
         budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
         shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
