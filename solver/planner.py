@@ -46,6 +46,7 @@ from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
+from solver.solve import solve
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "plan", "solve_on_mesh"]
 
@@ -62,6 +63,8 @@ VERIFY_RTOL = 1e-6
 EVALUATE_RESERVE_S = 0.5
 """Seconds kept free before the deadline, per 10k ops, for the evaluator's re-check of the
 plan (measured on mt5-base, 4.9k ops: ~0.2 s)."""
+EVALUATE_PER_BUILD = 5.0
+"""Evaluator seconds per second of :func:`build_problem` kept free before the deadline."""
 MIN_SOLVE_S = 0.2
 """Fewest seconds a solve is given; with less left the best verified plan so far is returned."""
 
@@ -199,22 +202,7 @@ def build_problem(
     edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
     rows: list[MemoryRow] = []
     if positions:
-        state_terms: dict[int, np.ndarray] = {}
-        for v in graph.variables:
-            spec = graph.tensors[v.tensor]
-            sigs = tables.ops[v.op].signatures
-            out_index = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
-            state_terms[index[v.op]] = np.array(
-                [
-                    sum(
-                        variable_state_bytes(
-                            spec.shape, s.outputs[out_index], tables.mesh.shape, tables.zero_stage
-                        )
-                    )
-                    for s in sigs
-                ],
-                dtype=np.float64,
-            )
+        state_terms = _state_terms(tables, index)
         intervals = activation_intervals(graph)
         for pos in positions:
             terms = {i: t.copy() for i, t in state_terms.items()}
@@ -237,6 +225,28 @@ def build_problem(
         labels=labels,
     )
     return BuiltProblem(problem, tables, [op.name for op in order])
+
+
+def _state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndarray]:
+    """Node -> bytes of its variable's model states (params, grads, optimizer) per choice."""
+    graph = tables.graph
+    terms: dict[int, np.ndarray] = {}
+    for v in graph.variables:
+        spec = graph.tensors[v.tensor]
+        sigs = tables.ops[v.op].signatures
+        out_index = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
+        terms[index[v.op]] = np.array(
+            [
+                sum(
+                    variable_state_bytes(
+                        spec.shape, s.outputs[out_index], tables.mesh.shape, tables.zero_stage
+                    )
+                )
+                for s in sigs
+            ],
+            dtype=np.float64,
+        )
+    return terms
 
 
 def _assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
@@ -298,6 +308,15 @@ def solve_on_mesh(
     if tie_layers is None:
         tie_layers = len(graph.ops) > TIE_THRESHOLD_OPS
     positions: list[int] = []
+    if memory_budget_bytes is not None:
+        # every liveness point holds all model states: if their least sum is over the
+        # budget, nothing fits (proven without a solve)
+        names = [op.name for op in graph.topological_order]
+        floor = sum(
+            float(t.min()) for t in _state_terms(tables, {n: i for i, n in enumerate(names)}).values()
+        )
+        if floor > memory_budget_bytes:
+            _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
     rounds: list[dict[str, Any]] = []
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
     solution: Solution | None = None
@@ -311,9 +330,9 @@ def solve_on_mesh(
             break
         started = time.perf_counter()
         built = build_problem(tables, memory_budget_bytes, positions)
-        # the evaluator's re-check costs about as much as building the problem (both
-        # walk the whole graph in Python): keep that much free, too
-        reserve = max(reserve, time.perf_counter() - started)
+        # the evaluator's re-check walks the whole graph in Python as building the problem
+        # does, a few times over (measured on mt5-base: 3-6x): keep that much free
+        reserve = max(reserve, EVALUATE_PER_BUILD * (time.perf_counter() - started))
         left = deadline.left() - reserve
         if left < MIN_SOLVE_S:
             stopped_by_deadline = True
@@ -411,7 +430,6 @@ def _solve_built(
     and then untied from that plan, so the reported bound and gap are the real problem's."""
     from solver.heuristic import improve
     from solver.problem import evaluate as evaluate_problem
-    from solver.solve import solve
     from solver.tying import structural_classes, tie, untie
 
     if not tie_layers:
