@@ -591,6 +591,13 @@ def plan(
     """
     deadline = deadline if deadline is not None else Deadline(_wall_limit(request.options))
     graph = request.graph.validate()
+    if deadline.expired():
+        raise TimeLimitError(
+            "time_limit",
+            f"the time limit ({deadline.limit_s:g} s) ran out while loading and checking the graph "
+            f"({len(graph.ops)} ops, {deadline.elapsed():.1f} s); raise the time limit",
+            phase="load",
+        )
     if request.mesh_shape is not None:
         mesh = Mesh(request.cluster, tuple(request.mesh_shape))
         squeezed = Mesh(request.cluster, tuple(n for n in mesh.shape if n > 1) or (1,))
