@@ -16,7 +16,7 @@ from autopar.models import build
 from autopar.progress import Deadline, Progress
 from autopar.store import MemoryStore
 from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan
+from solver.planner import PlanRequest, plan, solve_on_mesh
 from solver.problem import evaluate as evaluate_problem
 from solver.problem import is_feasible
 from solver.solve import solve
@@ -47,11 +47,17 @@ def graph():
     return build("tiny-gpt")
 
 
-def test_no_time_for_the_cost_tables_says_how_far_they_got(graph):
-    store = MemoryStore()
+def test_no_time_after_loading_says_so(graph):
     request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, SolverOptions(time_limit_s=1, workers=1))
     with pytest.raises(TimeLimitError) as e:
-        plan(request, store=store, deadline=Deadline(1e-9))
+        plan(request, deadline=Deadline(1e-9))
+    assert e.value.code == "time_limit" and e.value.details["phase"] == "load"
+
+
+def test_no_time_for_the_cost_tables_says_how_far_they_got(graph):
+    store = MemoryStore()
+    with pytest.raises(TimeLimitError) as e:
+        build_cost_tables(graph, Mesh(CLUSTER, (2, 2)), 2, store=store, workers=1, deadline=Deadline(1e-9))
     assert e.value.code == "time_limit"
     assert e.value.details["phase"].startswith("cost_tables")
     assert 0 < e.value.details["done"] < e.value.details["total"]
@@ -61,10 +67,11 @@ def test_no_time_for_the_cost_tables_says_how_far_they_got(graph):
 
 def test_no_time_to_solve_is_an_error_not_an_unverified_plan(graph):
     store = MemoryStore()
-    build_cost_tables(graph, Mesh(CLUSTER, (2, 2)), 2, store=store, workers=1)
-    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, SolverOptions(time_limit_s=1, workers=1))
+    mesh = Mesh(CLUSTER, (2, 2))
+    build_cost_tables(graph, mesh, 2, store=store, workers=1)
+    options = SolverOptions(time_limit_s=1, workers=1)
     with pytest.raises(TimeLimitError) as e:
-        plan(request, store=store, deadline=Deadline(1e-9))
+        solve_on_mesh(graph, mesh, None, 2, options, store=store, deadline=Deadline(1e-9))
     assert e.value.details["phase"] == "solve"
 
 
