@@ -17,7 +17,8 @@ B -> P, S -> P local zero-fill     0                       0
 
 An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
 (OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
-Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`).  A move that
+Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`), and
+:func:`boxing_matrix` prices every (source, target) pair of an edge.  A move that
 cannot happen (a split that does not divide, a
 ``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
 """
@@ -32,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +50,7 @@ __all__ = [
     "all_gather_time",
     "all_reduce_time",
     "all_to_all_time",
+    "boxing_matrix",
     "boxing_plan",
     "boxing_search",
     "boxing_time",
@@ -218,6 +221,319 @@ class BoxingPlan:
         return math.isfinite(self.time_s)
 
 
+FULL_SEARCH_STATES = 4096
+"""Largest state space (values per axis ** mesh axes of size > 1) searched whole, once per
+source; above it each (source, target) pair is searched over the axis values of the pair
+plus ``B``, at most :data:`PAIR_SEARCH_POPS` states, so the cost stays
+polynomial in the mesh rank."""
+PAIR_SEARCH_POPS = 500
+"""States a pair search settles before it settles for the all-``B`` route (gather or
+reduce every axis, then slice): a valid sequence, so the price is an honest upper bound."""
+
+
+class BoxingSearch:
+    """Cheapest boxing sequences for one tensor (shape, item size) on one mesh.
+
+    States are the N-D SBPs whose axis values are ``S(d)`` for a dim of the
+    tensor, ``B`` or ``P`` and that divide evenly; moves change one axis (one
+    1-D collective).  Dijkstra from a source reaches every target at once, so
+    a whole boxing matrix costs one search per distinct source.
+
+    Mesh axes of size 1 are dropped first: a change on such an axis is local and
+    free and changes no other axis's group bytes, so it never alters a price.
+    Large state spaces (see :data:`FULL_SEARCH_STATES`) are searched per pair.
+    States are tuples of value indices (``B`` = 0, ``P`` = 1, ``S(d)`` = 2 + d).
+    """
+
+    def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
+        self.shape = tuple(shape)
+        self.itemsize = itemsize
+        self.mesh = mesh
+        self.values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
+        self._index = {v: i for i, v in enumerate(self.values)}
+        self.kept = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
+        self._sizes = tuple(mesh.shape[a] for a in self.kept)
+        self._links = tuple(mesh.axes[a] for a in self.kept)
+        self._numel = math.prod(self.shape)
+        self.whole = len(self.values) ** len(self.kept) <= FULL_SEARCH_STATES
+        self._valid: dict[tuple[int, ...], bool] = {}
+        self._moves: dict[tuple[int, ...], list[tuple[tuple[int, ...], int, float]]] = {}
+        self._trees: dict[
+            tuple[int, ...],
+            tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]]],
+        ] = {}
+        self._pairs: dict[
+            tuple[tuple[int, ...], tuple[int, ...]], tuple[float, list[tuple[tuple[int, ...], int, int]]]
+        ] = {}
+
+    # ---- states
+
+    def _state(self, sbp: NdSbp) -> tuple[int, ...] | None:
+        """The reduced state of ``sbp``, or None if it is not a valid layout of the tensor."""
+        if local_shape(self.shape, sbp, self.mesh.shape) is None:
+            return None
+        return tuple(self._index[sbp[a]] for a in self.kept)
+
+    def _sbp(self, state: tuple[int, ...], like: NdSbp) -> NdSbp:
+        vals = list(like.values)
+        for a, v in zip(self.kept, state):
+            vals[a] = self.values[v]
+        return NdSbp(tuple(vals))
+
+    def _factors(self, state: tuple[int, ...]) -> list[int]:
+        factors = [1] * len(self.shape)
+        for v, n in zip(state, self._sizes):
+            if v >= 2:
+                factors[v - 2] *= n
+        return factors
+
+    def _is_valid(self, state: tuple[int, ...]) -> bool:
+        ok = self._valid.get(state)
+        if ok is None:
+            ok = all(dim % f == 0 for dim, f in zip(self.shape, self._factors(state)))
+            self._valid[state] = ok
+        return ok
+
+    def _move_time(self, cur: tuple[int, ...], axis: int, value: int) -> tuple[Collective, float, float]:
+        """Collective, bytes per device and seconds of changing ``axis`` of ``cur`` to ``value``."""
+        kind = one_axis_collective(self.values[cur[axis]], self.values[value])
+        assert kind is not None
+        if kind is Collective.LOCAL:
+            return kind, 0.0, 0.0
+        # bytes held by the axis's group: the local tensor with this axis unsplit
+        factor = 1
+        for a, (v, n) in enumerate(zip(cur, self._sizes)):
+            if v >= 2 and a != axis:
+                factor *= n
+        group = float(self._numel // factor * self.itemsize)
+        link = self._links[axis]
+        return kind, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+
+    # ---- searches
+
+    def _dijkstra(
+        self,
+        src: tuple[int, ...],
+        allowed: Sequence[Sequence[int]],
+        target: tuple[int, ...] | None,
+        max_pops: int | None,
+    ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]], bool]:
+        best: dict[tuple[int, ...], float] = {src: 0.0}
+        back: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
+        hops: dict[tuple[int, ...], int] = {src: 0}
+        heap: list[tuple[float, int, int, tuple[int, ...]]] = [(0.0, 0, 0, src)]
+        counter = 1
+        done: set[tuple[int, ...]] = set()
+        pops = 0
+        # the whole state space: each state's moves (and their prices) are listed once
+        # and shared by the searches from every source
+        whole = len(allowed) == len(self.kept) and all(len(v) == len(self.values) for v in allowed)
+        while heap:
+            cost, nhops, _, cur = heapq.heappop(heap)
+            if cur in done:
+                continue
+            done.add(cur)
+            if cur == target:
+                return best, back, True
+            pops += 1
+            if max_pops is not None and pops > max_pops:
+                return best, back, False
+            moves = self._moves.get(cur) if whole else None
+            if moves is None:
+                moves = []
+                for axis, values in enumerate(allowed):
+                    here = cur[axis]
+                    for value in values:
+                        if value == here:
+                            continue
+                        nxt = (*cur[:axis], value, *cur[axis + 1 :])
+                        if self._is_valid(nxt):
+                            moves.append((nxt, axis, self._move_time(cur, axis, value)[2]))
+                if whole:
+                    self._moves[cur] = moves
+            for nxt, axis, seconds in moves:
+                new_cost = cost + seconds
+                old = best.get(nxt, INF)
+                # ties: fewer steps
+                if new_cost < old or (new_cost == old and nhops + 1 < hops[nxt]):
+                    best[nxt] = new_cost
+                    hops[nxt] = nhops + 1
+                    back[nxt] = (cur, axis)
+                    heapq.heappush(heap, (new_cost, nhops + 1, counter, nxt))
+                    counter += 1
+        return best, back, target is None
+
+    def _tree(
+        self, src: tuple[int, ...]
+    ) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], tuple[tuple[int, ...], int]]]:
+        tree = self._trees.get(src)
+        if tree is None:
+            allowed = [range(len(self.values))] * len(self.kept)
+            best, back, _ = self._dijkstra(src, allowed, None, None)
+            tree = self._trees[src] = (best, back)
+        return tree
+
+    def _pair(
+        self, src: tuple[int, ...], dst: tuple[int, ...]
+    ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
+        """Cheapest route and its moves ``(state, axis, value)`` for one pair (large state spaces)."""
+        key = (src, dst)
+        hit = self._pairs.get(key)
+        if hit is not None:
+            return hit
+        allowed = [sorted({s, d, 0}) for s, d in zip(src, dst)]
+        best, back, found = self._dijkstra(src, allowed, dst, PAIR_SEARCH_POPS)
+        result = (best[dst], self._route(back, src, dst)) if found else self._all_b_route(src, dst)
+        self._pairs[key] = result
+        return result
+
+    def _route(
+        self,
+        back: dict[tuple[int, ...], tuple[tuple[int, ...], int]],
+        src: tuple[int, ...],
+        dst: tuple[int, ...],
+    ) -> list[tuple[tuple[int, ...], int, int]]:
+        moves: list[tuple[tuple[int, ...], int, int]] = []
+        node = dst
+        while node != src:
+            prev, axis = back[node]
+            moves.append((prev, axis, node[axis]))
+            node = prev
+        moves.reverse()
+        return moves
+
+    def _all_b_route(
+        self, src: tuple[int, ...], dst: tuple[int, ...]
+    ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
+        moves: list[tuple[tuple[int, ...], int, int]] = []
+        cur = src
+        total = 0.0
+        for axis in range(len(cur)):  # gather / all-reduce every axis to B: always valid
+            if cur[axis] != 0:
+                moves.append((cur, axis, 0))
+                total += self._move_time(cur, axis, 0)[2]
+                cur = (*cur[:axis], 0, *cur[axis + 1 :])
+        for axis in range(len(cur)):  # then slice / zero-fill locally: free
+            if dst[axis] != 0:
+                moves.append((cur, axis, dst[axis]))
+                cur = (*cur[:axis], dst[axis], *cur[axis + 1 :])
+        return total, moves
+
+    # ---- queries
+
+    def time(self, src: NdSbp, dst: NdSbp) -> float:
+        if src == dst:
+            return 0.0
+        s, d = self._state(src), self._state(dst)
+        if s is None or d is None:
+            return INF
+        if s == d:
+            return 0.0
+        if self.whole:
+            return self._tree(s)[0].get(d, INF)
+        return self._pair(s, d)[0]
+
+    def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
+        """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns); equal to
+        :meth:`time` entry by entry, with each layout's state worked out once."""
+        d_states = [self._state(d) for d in dsts]
+        m = np.empty((len(srcs), len(dsts)), dtype=np.float64)
+        for i, src in enumerate(srcs):
+            s = self._state(src)
+            if s is None:  # not a layout of the tensor: only "no change" is free
+                m[i] = [0.0 if src == d else INF for d in dsts]
+                continue
+            best = self._tree(s)[0] if self.whole else None
+            row = m[i]
+            for j, d in enumerate(d_states):
+                if d is None:
+                    row[j] = INF
+                elif d == s:
+                    row[j] = 0.0
+                elif best is not None:
+                    row[j] = best.get(d, INF)
+                else:
+                    row[j] = self._pair(s, d)[0]
+        return m
+
+    def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
+        t = self.time(src, dst)
+        if src == dst or not math.isfinite(t):
+            return BoxingPlan(src, dst, (), t)
+        s, d = self._state(src), self._state(dst)
+        assert s is not None and d is not None
+        if s == d:
+            return BoxingPlan(src, dst, (), t)
+        moves = self._route(self._tree(s)[1], s, d) if self.whole else self._pair(s, d)[1]
+        steps: list[BoxingStep] = []
+        for cur, axis, value in moves:
+            kind, nbytes, seconds = self._move_time(cur, axis, value)
+            if kind is Collective.LOCAL:
+                continue
+            nxt = (*cur[:axis], value, *cur[axis + 1 :])
+            steps.append(
+                BoxingStep(self.kept[axis], kind, self._sbp(cur, src), self._sbp(nxt, src), nbytes, seconds)
+            )
+        return BoxingPlan(src, dst, tuple(steps), t)
+
+
+_SEARCH_CACHE_SIZE = 4096
+_searches: dict[tuple[Any, ...], BoxingSearch | OneFlowBoxing] = {}
+
+
+def boxing_search(
+    shape: Sequence[int], itemsize: int, mesh: Mesh, lowering: str = "ideal"
+) -> BoxingSearch | OneFlowBoxing:
+    """The (cached) boxing finder of a tensor shape and item size on ``mesh`` for ``lowering``
+    (``"ideal"``: :class:`BoxingSearch`; ``"oneflow-0.9"``: :class:`OneFlowBoxing`).
+
+    Cached per (shape, item size, mesh content, lowering) in this process, the most
+    recent :data:`_SEARCH_CACHE_SIZE` kept, so identical tensors share their searches.
+    """
+    if lowering not in ("ideal", "oneflow-0.9"):
+        raise ValueError(f"unknown lowering {lowering!r}")
+    key = (tuple(shape), itemsize, mesh.shape, mesh.axes, lowering)
+    search = _searches.get(key)
+    if search is None:
+        if len(_searches) >= _SEARCH_CACHE_SIZE:
+            _searches.pop(next(iter(_searches)))
+        finder = OneFlowBoxing if lowering == "oneflow-0.9" else BoxingSearch
+        search = _searches[key] = finder(shape, itemsize, mesh)
+    return search
+
+
+def boxing_matrix(
+    shape: Sequence[int],
+    itemsize: int,
+    srcs: Sequence[NdSbp],
+    dsts: Sequence[NdSbp],
+    mesh: Mesh,
+    lowering: str = "ideal",
+) -> np.ndarray:
+    """Boxing seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns), ``inf`` where
+    impossible: the one place every boxing matrix of the cost tables is priced."""
+    return boxing_search(shape, itemsize, mesh, lowering).matrix(srcs, dsts)
+
+
+def boxing_plan(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh, lowering: str = "ideal"
+) -> BoxingPlan:
+    """The steps turning ``src`` into ``dst`` on ``mesh`` as ``lowering`` runs them."""
+    if src == dst:
+        return BoxingPlan(src, dst, (), 0.0)
+    return boxing_search(shape, itemsize, mesh, lowering).plan(src, dst)
+
+
+def boxing_time(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh, lowering: str = "ideal"
+) -> float:
+    """Seconds to box ``src`` into ``dst`` (``inf`` when impossible)."""
+    return boxing_plan(shape, itemsize, src, dst, mesh, lowering).time_s
+
+
+# ------------------------------------------------------------- OneFlow 0.9 lowering
+
+
 def _group_bytes(
     shape: Sequence[int], itemsize: int, sbp: NdSbp, axis: int, mesh_shape: Sequence[int]
 ) -> float | None:
@@ -247,127 +563,6 @@ def _step(
     return BoxingStep(
         axis, kind, cur, nxt, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
     )
-
-
-class BoxingSearch:
-    """Cheapest boxing sequences for one tensor (shape, item size) on one mesh.
-
-    States are the N-D SBPs whose axis values are ``S(d)`` for a dim of the
-    tensor, ``B`` or ``P`` and that divide evenly; moves change one axis (one
-    1-D collective).  Dijkstra from a source reaches every target at once, so
-    a whole boxing matrix costs one search per distinct source.
-    """
-
-    def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
-        self.shape = tuple(shape)
-        self.itemsize = itemsize
-        self.mesh = mesh
-        self.values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
-        self._steps: dict[tuple[NdSbp, int, SbpValue], BoxingStep | None] = {}
-        self._trees: dict[NdSbp, tuple[dict[NdSbp, float], dict[NdSbp, BoxingStep]]] = {}
-
-    def _move(self, cur: NdSbp, axis: int, value: SbpValue) -> BoxingStep | None:
-        key = (cur, axis, value)
-        if key not in self._steps:
-            self._steps[key] = _step(self.shape, self.itemsize, self.mesh, cur, axis, value)
-        return self._steps[key]
-
-    def _tree(self, src: NdSbp) -> tuple[dict[NdSbp, float], dict[NdSbp, BoxingStep]]:
-        tree = self._trees.get(src)
-        if tree is not None:
-            return tree
-        best: dict[NdSbp, float] = {src: 0.0}
-        back: dict[NdSbp, BoxingStep] = {}
-        heap: list[tuple[float, int, int, NdSbp]] = [(0.0, 0, 0, src)]
-        counter = 1
-        hops: dict[NdSbp, int] = {src: 0}
-        done: set[NdSbp] = set()
-        while heap:
-            cost, nhops, _, cur = heapq.heappop(heap)
-            if cur in done:
-                continue
-            done.add(cur)
-            for axis in range(self.mesh.ndim):
-                for value in self.values:
-                    if value == cur[axis]:
-                        continue
-                    step = self._move(cur, axis, value)
-                    if step is None:
-                        continue
-                    new_cost = cost + step.time_s
-                    old = best.get(step.dst, INF)
-                    # ties: fewer steps
-                    if new_cost < old or (new_cost == old and nhops + 1 < hops[step.dst]):
-                        best[step.dst] = new_cost
-                        hops[step.dst] = nhops + 1
-                        back[step.dst] = step
-                        heapq.heappush(heap, (new_cost, nhops + 1, counter, step.dst))
-                        counter += 1
-        self._trees[src] = (best, back)
-        return best, back
-
-    def time(self, src: NdSbp, dst: NdSbp) -> float:
-        if src == dst:
-            return 0.0
-        if local_shape(self.shape, src, self.mesh.shape) is None:
-            return INF
-        return self._tree(src)[0].get(dst, INF)
-
-    def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
-        t = self.time(src, dst)
-        if src == dst or not math.isfinite(t):
-            return BoxingPlan(src, dst, (), t)
-        _, back = self._tree(src)
-        steps: list[BoxingStep] = []
-        node = dst
-        while node != src:
-            step = back[node]
-            steps.append(step)
-            node = step.src
-        steps.reverse()
-        real_steps = tuple(s for s in steps if s.collective is not Collective.LOCAL)
-        return BoxingPlan(src, dst, real_steps, t)
-
-
-def boxing_search(
-    shape: Sequence[int], itemsize: int, mesh: Mesh, lowering: str = "ideal"
-) -> BoxingSearch | OneFlowBoxing:
-    """The boxing finder of one tensor for ``lowering`` (``"ideal"`` or ``"oneflow-0.9"``).
-
-    Finders are kept per (shape, item size, mesh, lowering): they memoise their
-    routes, so every edge of that tensor shape reuses them.
-    """
-    return _boxing_search(tuple(shape), itemsize, mesh, lowering)
-
-
-@functools.lru_cache(maxsize=2048)
-def _boxing_search(
-    shape: tuple[int, ...], itemsize: int, mesh: Mesh, lowering: str
-) -> BoxingSearch | OneFlowBoxing:
-    if lowering == "oneflow-0.9":
-        return OneFlowBoxing(shape, itemsize, mesh)
-    if lowering != "ideal":
-        raise ValueError(f"unknown lowering {lowering!r}")
-    return BoxingSearch(shape, itemsize, mesh)
-
-
-def boxing_plan(
-    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh, lowering: str = "ideal"
-) -> BoxingPlan:
-    """The steps turning ``src`` into ``dst`` on ``mesh`` as ``lowering`` runs them."""
-    if src == dst:
-        return BoxingPlan(src, dst, (), 0.0)
-    return boxing_search(shape, itemsize, mesh, lowering).plan(src, dst)
-
-
-def boxing_time(
-    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh, lowering: str = "ideal"
-) -> float:
-    """Seconds to box ``src`` into ``dst`` (``inf`` when impossible)."""
-    return boxing_plan(shape, itemsize, src, dst, mesh, lowering).time_s
-
-
-# ------------------------------------------------------------- OneFlow 0.9 lowering
 
 
 def _intervals(
@@ -644,6 +839,12 @@ class OneFlowBoxing:
         if local_shape(self.shape, dst, self.mesh.shape) is None:
             return INF
         return self._route(src, dst)[0]
+
+    def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
+        """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns)."""
+        return np.array([[self.time(s, d) for d in dsts] for s in srcs], dtype=np.float64).reshape(
+            len(srcs), len(dsts)
+        )
 
     def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
         t = self.time(src, dst)

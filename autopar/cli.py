@@ -108,7 +108,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    from autopar.costs import build_cost_tables
+    from autopar.cost_tables import build_cost_tables
 
     graph = _load_graph(args.graph)
     mesh = mesh_from_args(args)

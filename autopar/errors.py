@@ -7,6 +7,7 @@
     ├── GraphError               a graph is malformed (names the op or tensor)
     ├── PlanError                a plan does not fit its graph or mesh
     ├── InfeasibleError          no plan fits the memory budget (.min_feasible_bytes)
+    ├── TimeLimitError           the time limit ran out before any verified plan
     └── VerificationError        a solver result failed the independent re-check
 """
 
@@ -20,6 +21,7 @@ __all__ = [
     "GraphError",
     "InfeasibleError",
     "PlanError",
+    "TimeLimitError",
     "VerificationError",
 ]
 
@@ -68,6 +70,16 @@ class InfeasibleError(AutoparError):
     """
 
     default_code = "infeasible_budget"
+
+
+class TimeLimitError(AutoparError):
+    """Raised when the time limit ran out before a verified plan existed.
+
+    ``details`` say how far the command got (``phase``, and ``done`` / ``total`` where
+    the phase counts entries).
+    """
+
+    default_code = "time_limit"
 
 
 class VerificationError(AutoparError):

@@ -1,81 +1,165 @@
-"""End-to-end planning benchmark (issue: solver).
+"""End-to-end planning benchmark: wall time, gap, phases and peak RSS per case.
 
-    .venv/bin/python -m benchmarks.solver [--models mt5-base,t5-base,gpt2-medium,bert-large]
-        [--clusters 2x4:4,2,1x8:4,2] [--time-limit 30] [--zero 2]
+    .venv/bin/python -m benchmarks.solver [--cases mt5-base-4x2,...] [--time-limit 30]
+    .venv/bin/python -m benchmarks.solver --promise [--time-limit 5]
 
-For each model and cluster:mesh it prints ops, problem size before and after
-reductions (and layer tying), time per phase, the reported gap, and the
-modelled step time and memory of autopar's plan against the megatron,
-inferred and data-parallel baselines evaluated in the same process.
+Each case runs in its own process (so its peak RSS is its own): the model graph is
+built and written to a JSON file first, then the clock starts, and the graph is
+loaded, the cost tables built from an empty memo, solved and verified by
+:func:`solver.planner.plan` under the time limit, which bounds all of it.
+``wall`` is that clock when the plan (or the error) came back; ``tables`` and
+``solve`` are the planner's own phase times; ``gap`` is the proven relative gap.
+The memory-bound case first plans without a budget, then with 60 % of that
+plan's peak as the budget, and reports the second run.
+
+``--promise`` runs the time-limit cases instead (a 100k-op graph, a 64x64
+cluster, a ``[1,1,1,8]`` mesh, mt5-base on ``4,2,1`` and ``2,2,2``): the wall
+must stay within the limit + 2 s, with a verified plan or a ``time_limit`` error.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
+import subprocess
+import sys
+import tempfile
 import time
-
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh, parse_mesh_shape
-from autopar.evaluate import evaluate
-from autopar.models import build
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan
+from dataclasses import dataclass, field
+from typing import Any
 
 GIB = 1024**3
 
 
+@dataclass(frozen=True)
+class Case:
+    model: str
+    cluster: str
+    mesh: tuple[int, ...] | None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    memory_fraction: float | None = None
+    """Budget as this fraction of the unconstrained plan's peak (None: the preset's 40 GiB)."""
+
+
+CASES: dict[str, Case] = {
+    "mt5-base-4x2": Case("mt5-base", "2x4", (4, 2)),
+    "mt5-base-2x4": Case("mt5-base", "2x4", (2, 4)),
+    "t5-base": Case("t5-base", "2x4", (4, 2)),
+    "gpt2-medium": Case("gpt2-medium", "2x4", (4, 2)),
+    "bert-large": Case("bert-large", "2x4", (4, 2)),
+    "gpt-1.3b-48l": Case("gpt-1.3b", "2x4", (4, 2), {"layers": 48}),
+    "gpt-50k-ops": Case("gpt2-medium", "2x4", (4, 2), {"layers": 290}),
+    "mt5-base-mem60": Case("mt5-base", "2x4", (4, 2), memory_fraction=0.6),
+}
+PROMISE: dict[str, Case] = {
+    "gpt-100k-ops": Case("gpt2-medium", "2x4", (4, 2), {"layers": 580}),
+    "mt5-base-64x64": Case("mt5-base", "64x64", (64, 64)),
+    "mt5-base-1,1,1,8": Case("mt5-base", "1x8", (1, 1, 1, 8)),
+    "mt5-base-4,2,1": Case("mt5-base", "2x4", (4, 2, 1)),
+    "mt5-base-2,2,2": Case("mt5-base", "2x4", (2, 2, 2)),
+}
+
+
+def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
+    from autopar.cluster import Cluster
+    from autopar.errors import AutoparError
+    from autopar.graph import Graph
+    from autopar.models import build
+    from autopar.progress import Deadline
+    from solver.options import SolverOptions
+    from solver.planner import PlanRequest, plan
+
+    t_build = time.perf_counter()
+    graph = build(case.model, **case.overrides)
+    build_s = time.perf_counter() - t_build
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "graph.json")
+        graph.save(path)
+        cluster = Cluster.parse(case.cluster, "a100-40g")
+        options = SolverOptions(time_limit_s=time_limit, workers=workers)
+        budget: int | None = 40 * GIB
+        row: dict[str, Any] = {"ops": len(graph.ops), "graph_build_s": build_s}
+        if case.memory_fraction is not None:
+            free = plan(PlanRequest(graph, cluster, case.mesh, None, 2, options))
+            budget = int(case.memory_fraction * free.memory_per_device_bytes)
+            row["unconstrained_peak_gib"] = free.memory_per_device_bytes / GIB
+            row["budget_gib"] = budget / GIB
+        deadline = Deadline(time_limit)
+        try:
+            g = Graph.load(path)  # plan() validates it
+            row["load_s"] = deadline.elapsed()
+            p = plan(PlanRequest(g, cluster, case.mesh, budget, 2, options), deadline=deadline)
+        except AutoparError as exc:
+            row.update(wall_s=deadline.elapsed(), error=str(exc)[:300])
+        else:
+            s = p.solver or {}
+            st = s.get("stats", {})
+            row.update(
+                wall_s=deadline.elapsed(),
+                gap=s.get("gap"),
+                status=s.get("status"),
+                tables_s=st.get("time_cost_tables_s"),
+                solve_phases_s=st.get("phases_s"),
+                memory_rounds=s.get("memory_rows"),
+                step_ms=p.step_time_s * 1e3,
+                memory_gib=p.memory_per_device_bytes / GIB,
+            )
+    # the planner's process and its cost-table workers (the largest of them)
+    row["peak_rss_gib"] = (
+        max(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+        )
+        / 1024**2
+    )
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="mt5-base,t5-base,gpt2-medium,bert-large")
-    ap.add_argument("--clusters", default="2x4:4,2,1x8:4,2")
-    ap.add_argument("--preset", default="a100-40g")
-    ap.add_argument("--memory", type=float, default=40.0, help="GiB per device")
-    ap.add_argument("--zero", type=int, default=2)
-    ap.add_argument("--time-limit", type=float, default=30.0)
-    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--cases", default=None, help="comma list (default: all of the chosen set)")
+    ap.add_argument("--promise", action="store_true", help="the time-limit cases")
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds (default 30; 5 with --promise)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    specs = args.clusters.split(",")
-    pairs = []
-    i = 0
-    while i < len(specs):
-        cl, shape0 = specs[i].split(":")
-        pairs.append((cl, parse_mesh_shape(f"{shape0},{specs[i + 1]}")))
-        i += 2
-    header = (
-        f"{'model':<12}{'cluster':<8}{'mesh':<8}{'ops':>6}{'nodes>red':>12}{'tables s':>9}{'search s':>8}"
-        f"{'total s':>8}{'gap':>8}  {'autopar ms':>10}{'megatron':>9}{'inferred':>9}{'dp':>9}  "
-        f"{'mem GiB a/m':>12}"
+    table = PROMISE if args.promise else CASES
+    limit = args.time_limit or (5.0 if args.promise else 30.0)
+    if args.run_case:
+        print(json.dumps(run_case({**CASES, **PROMISE}[args.run_case], limit, args.workers)))
+        return
+    names = args.cases.split(",") if args.cases else list(table)
+    print(f"time limit {limit:g} s, {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{'case':<18}{'ops':>7}{'mesh':>11}{'wall s':>8}{'<=lim+2':>8}{'load s':>7}"
+        f"{'tables s':>9}{'solve s':>8}"
+        f"{'gap':>8}{'step ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
     )
-    print(header)
-    for name in args.models.split(","):
-        overrides = {"layers": args.layers} if args.layers else {}
-        graph = build(name, **overrides)
-        for cl, shape in pairs:
-            cluster = Cluster.parse(cl, args.preset)
-            mesh = Mesh(cluster, shape)
-            options = SolverOptions(time_limit_s=args.time_limit)
-            t0 = time.perf_counter()
-            p = plan(PlanRequest(graph, cluster, shape, int(args.memory * GIB), args.zero, options))
-            total = time.perf_counter() - t0
-            st = p.solver["stats"] if p.solver else {}
-            red = st.get("reductions", {})
-            nodes = f"{red.get('before', {}).get('nodes', '?')}>{red.get('after', {}).get('nodes', '?')}"
-            base = {}
-            for kind in ("megatron", "inferred", "data-parallel"):
-                ev = evaluate(graph, baseline_plan(kind, graph, mesh, args.zero))
-                base[kind] = ev
-            mega = base["megatron"]
-            print(
-                f"{name:<12}{cl:<8}{','.join(map(str, shape)):<8}{len(graph.ops):>6}{nodes:>12}"
-                f"{st.get('time_cost_tables_s', 0):>9.1f}{sum(st.get('phases_s', {}).values()):>8.1f}"
-                f"{total:>8.1f}{100 * p.solver['gap']:>7.2f}%  {p.step_time_s * 1e3:>10.1f}"
-                f"{mega.step_time_s * 1e3:>9.1f}{base['inferred'].step_time_s * 1e3:>9.1f}"
-                f"{base['data-parallel'].step_time_s * 1e3:>9.1f}  "
-                f"{p.memory_per_device_bytes / GIB:>5.2f}/{mega.memory.total / GIB:<5.2f}"
-            )
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    print(f"peak RSS {rss:.2f} GiB")
+    for name in names:
+        case = {**CASES, **PROMISE}[name]
+        cmd = [sys.executable, "-m", "benchmarks.solver", "--run-case", name]
+        cmd += ["--time-limit", str(limit), "--workers", str(args.workers)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        try:
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            print(f"{name:<18} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+            continue
+        mesh = ",".join(map(str, case.mesh)) if case.mesh else "search"
+        phases = row.get("solve_phases_s") or {}
+        gap = row.get("gap")
+        print(
+            f"{name:<18}{row['ops']:>7}{mesh:>11}{row['wall_s']:>8.1f}"
+            f"{'yes' if row['wall_s'] <= limit + 2 else 'NO':>8}"
+            f"{row.get('load_s') or 0:>7.1f}{row.get('tables_s') or 0:>9.1f}{sum(phases.values()):>8.1f}"
+            f"{'' if gap is None else f'{100 * gap:.2f}%':>8}{row.get('step_ms') or 0:>9.1f}"
+            f"{row.get('memory_gib') or 0:>8.2f}{row['peak_rss_gib']:>8.2f}  "
+            + (row.get("status") or row.get("error", ""))
+            + (f" (budget {row['budget_gib']:.2f} GiB)" if "budget_gib" in row else "")
+        )
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``autopar plan``: solve from the command line with a progress line and a summary table.
+"""``autopar plan``: solve from the command line with progress and the plan's summary;
+``--compare`` adds the baselines (each evaluated once, cached by content).
 
 :data:`PLAN_COMMAND` is the ``plan`` entry point of the ``autopar.commands`` group
 (``pyproject.toml``).  This module imports with the core alone; OR-Tools and the
@@ -9,76 +10,158 @@ solver load inside :func:`run_plan_command`, after ``autopar`` checked that
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import sys
-import time
-from typing import TYPE_CHECKING, TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
-from autopar.cli_args import Command, add_memory_arg, add_mesh_args, graph_arg_help
-from autopar.cluster import parse_mesh_shape
+from autopar.cli_args import Command, add_memory_arg, add_mesh_args, graph_arg_help, wrote
+from autopar.cluster import Mesh, parse_mesh_shape
+from autopar.graph import Graph
 from autopar.plan import Plan
+from autopar.progress import Progress
 
-if TYPE_CHECKING:
-    from solver.planner import Progress
-
-__all__ = ["PLAN_COMMAND", "add_plan_arguments", "run_plan_command", "summary_table"]
+__all__ = [
+    "PLAN_COMMAND",
+    "ProgressLine",
+    "add_plan_arguments",
+    "baseline_evaluated",
+    "run_plan_command",
+    "summary_table",
+]
 
 GIB = 1024**3
+BASELINES = ("data-parallel", "inferred", "megatron")
+
+
+def _describe(p: Progress) -> str:
+    parts = []
+    if p.shape is not None:
+        parts.append(f"mesh {list(p.shape)}")
+    if p.percent is not None:
+        parts.append(f"{p.done}/{p.total} ({p.percent:.0f} %)")
+    if p.objective is not None:
+        parts.append(f"objective {p.objective * 1e3:.3f} ms")
+    if p.bound is not None:
+        parts.append(f"bound {p.bound * 1e3:.3f} ms")
+    if p.time_left_s is not None:
+        parts.append(f"{p.time_left_s:.1f} s left")
+    return "  ".join(parts)
 
 
 class ProgressLine:
-    """One self-overwriting status line on a terminal (or plain lines elsewhere)."""
+    """Progress on ``stream``: a ``rich`` status line with phase, percent and time left on a
+    terminal, plain lines (one per phase change or per second) elsewhere.  Elapsed time comes
+    from the planner's one clock and is never shown going backwards."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.tty = stream.isatty()
-        self.last = 0.0
+        self.shown = 0.0
+        self.last_line = ""
+        self.last_key: tuple[Any, ...] = ()
+        self.last_plain = -1.0
+        self.status: Any = None
+        if self.tty:
+            from rich.console import Console
+
+            self.status = Console(file=stream).status("starting")
+            self.status.start()
 
     def __call__(self, p: Progress) -> None:
-        now = time.perf_counter()
-        if self.tty and now - self.last < 0.1 and p.phase != "done":
-            return
-        self.last = now
-        parts = [f"[{p.elapsed_s:6.1f} s] {p.phase:<22}"]
-        if "done" in p.detail and "total" in p.detail:
-            parts.append(f"{p.detail['done']}/{p.detail['total']}")
-        if p.objective is not None:
-            parts.append(f"objective {p.objective * 1e3:.3f} ms")
-        if p.bound is not None:
-            parts.append(f"bound {p.bound * 1e3:.3f} ms")
-        text = "  ".join(parts)
-        if self.tty:
-            self.stream.write("\r" + text.ljust(100))
+        self.shown = max(self.shown, p.elapsed_s)
+        line = f"[{self.shown:6.1f} s] {p.phase:<18} {_describe(p)}".rstrip()
+        if self.status is not None:
             if p.phase == "done":
-                self.stream.write("\n")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+                self.close()
+                self.stream.write(line + "\n")
+            else:
+                self.status.update(line)
+            return
+        key = (p.phase, p.shape)
+        if key != self.last_key or self.shown - self.last_plain >= 1.0 or p.phase == "done":
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self.last_key, self.last_plain = key, self.shown
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
 
 
 def summary_table(rows: list[tuple[str, Plan]]) -> str:
-    """Plain-text table: step time, memory per device, gap, ratio to the first row."""
+    """Plain-text table: step time, memory per device, gap, ratio to the last row."""
     base = rows[-1][1].step_time_s if rows else 1.0
-    lines = [f"{'plan':<22}{'step ms':>11}{'vs megatron':>13}{'mem GiB':>10}{'gap':>8}"]
+    last = rows[-1][0] if rows else ""
+    lines = [f"{'plan':<22}{'step ms':>11}{'vs ' + last:>16}{'mem GiB':>10}{'gap':>8}"]
     for name, p in rows:
         gap = p.solver.get("gap") if p.solver else None
         lines.append(
-            f"{name:<22}{p.step_time_s * 1e3:>11.2f}{p.step_time_s / base:>12.3f}x"
+            f"{name:<22}{p.step_time_s * 1e3:>11.2f}{p.step_time_s / base:>15.3f}x"
             f"{p.memory_per_device_bytes / GIB:>10.2f}{'' if gap is None else f'{100 * gap:.2f}%':>8}"
         )
     return "\n".join(lines)
 
 
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "autopar" / "baselines"
+
+
+def baseline_evaluated(
+    kind: str, graph: Graph, mesh: Mesh, zero_stage: int, cache: Path | None, runtime: str
+) -> Plan:
+    """The ``kind`` baseline of ``graph`` on ``mesh``, evaluated; kept in ``cache`` (a folder)
+    under a key of the graph's content, the mesh and cluster, the ZeRO stage, the runtime
+    profile and the versions of autopar and its cost model, so it is evaluated once."""
+    from autopar import __version__ as autopar_version
+    from autopar.baselines import baseline_plan
+    from autopar.costs import COST_MODEL_VERSION, model_digest
+    from autopar.evaluate import attach_evaluation, evaluate
+
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                kind,
+                graph.content_hash(),
+                mesh.key(),
+                zero_stage,
+                runtime,
+                autopar_version,
+                COST_MODEL_VERSION,
+                model_digest(),
+            ]
+        ).encode()
+    ).hexdigest()[:32]
+    path = cache / f"{key}.json" if cache is not None else None
+    if path is not None and path.exists():
+        try:
+            return Plan.load(str(path))
+        except Exception:  # a damaged entry is recomputed
+            path.unlink(missing_ok=True)
+    b = baseline_plan(kind, graph, mesh, zero_stage, runtime=runtime)
+    attach_evaluation(b, evaluate(graph, b))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            b.save(str(tmp))
+            tmp.replace(path)
+        except OSError:
+            pass  # an unwritable cache only costs the next run the evaluation
+    return b
+
+
 def run_plan_command(args: argparse.Namespace) -> int:
-    from autopar.baselines import baseline_plan, megatron_parameter_layout
     from autopar.cli_args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
     from autopar.cluster import Mesh
-    from autopar.evaluate import attach_evaluation, evaluate
+    from autopar.progress import Deadline
     from solver.options import SolverOptions
     from solver.planner import PlanRequest, plan
 
-    graph = graph_from_arg(args.graph)
-    cluster = cluster_from_args(args)
-    budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
     options = SolverOptions(
         time_limit_s=args.time_limit,
         seed=args.seed,
@@ -86,36 +169,47 @@ def run_plan_command(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         **({"workers": args.workers} if args.workers else {}),
     )
-    shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
-    request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
-    hint = plan_from_arg(args.hint) if args.hint else None
+    deadline = Deadline(options.time_limit_s)  # the limit covers loading the graph too
     progress = None if args.no_progress else ProgressLine(sys.stderr)
-    result = plan(request, progress=progress, hint=hint)
+    try:
+        if progress:
+            deadline.report(progress, "load")
+        graph = graph_from_arg(args.graph)  # plan() validates it
+        cluster = cluster_from_args(args)
+        budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
+        shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
+        request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
+        hint = plan_from_arg(args.hint) if args.hint else None
+        result = plan(request, progress=progress, hint=hint, deadline=deadline)
+    finally:
+        if progress:
+            progress.close()
     result.save(args.out)
     sys.stdout.write(result.summary() + "\n")
-    rows: list[tuple[str, Plan]] = [("autopar", result)]
-    mesh = result.mesh
-    layout = megatron_parameter_layout(graph, mesh)
-    if any(str(s) != str(next(iter(layout.values()))) for s in layout.values()) or mesh.ndim == 1:
-        for kind in ("data-parallel", "inferred", "megatron"):
-            b = baseline_plan(kind, graph, Mesh(cluster, mesh.shape), args.zero, runtime=args.runtime)
-            attach_evaluation(b, evaluate(graph, b))
-            rows.append((kind, b))
-    sys.stdout.write(summary_table(rows) + "\n")
+    if args.compare:
+        rows: list[tuple[str, Plan]] = [("autopar", result)]
+        mesh = Mesh(cluster, result.mesh.shape)
+        for kind in BASELINES:
+            if progress:  # after the plan: outside the time limit
+                progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed()))
+            rows.append((kind, baseline_evaluated(kind, graph, mesh, args.zero, _cache_dir(), args.runtime)))
+        sys.stdout.write(summary_table(rows) + "\n")
     if result.diagnostics.get("mesh_search"):
         sys.stdout.write("mesh search:\n")
         for r in result.diagnostics["mesh_search"]:
             t = r["step_time_s"]
+            gap = r.get("gap")
             sys.stdout.write(
                 f"  {r['shape']!s:<10} "
                 + (
-                    f"{t * 1e3:.2f} ms, {r['memory_per_device_bytes'] / GIB:.2f} GiB"
+                    f"{t * 1e3:.2f} ms, {r['memory_per_device_bytes'] / GIB:.2f} GiB, "
+                    f"gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
                     if t
                     else str(r["error"])
                 )
                 + "\n"
             )
-    sys.stdout.write(f"plan written to {args.out}\n")
+    wrote("plan", args.out)
     return 0
 
 
@@ -127,8 +221,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=float,
         default=30.0,
-        help="seconds of search per mesh shape (reductions, heuristic, CP-SAT; shapes are searched "
-        "in parallel); building the cost tables and the baselines comes on top (default: %(default)s)",
+        help="seconds for the whole command: loading the graph, cost tables, reductions, heuristic, "
+        "CP-SAT, memory rounds and verification, every mesh shape together; --compare comes on top "
+        "(default: %(default)s)",
     )
     p.add_argument("--workers", type=int, default=None, help="CP-SAT threads (default: min(8, CPUs))")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: %(default)s)")
@@ -137,6 +232,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hint", default=None, help="a previous plan to warm-start from")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument(
+        "--compare", action="store_true", help="also evaluate the baselines (each once, cached by content)"
+    )
     p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
 
 

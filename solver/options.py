@@ -1,19 +1,20 @@
-"""Solver options (one frozen dataclass, validated on construction) and progress reports."""
+"""Solver options (one frozen dataclass, validated on construction); progress reports are
+:class:`autopar.progress.Progress` (re-exported here)."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
+from autopar.progress import Progress, ProgressFn
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 
 __all__ = ["PHASES", "Progress", "ProgressFn", "SolverOptions"]
 
 PHASES = ("reduce", "heuristic", "build", "solve", "expand", "done")
-"""Values of :attr:`Progress.phase`, in the order a solve goes through them."""
+"""Values of :attr:`Progress.phase` from :func:`solver.solve.solve`, in order."""
 
 
 def _default_workers() -> int:
@@ -28,7 +29,8 @@ class SolverOptions:
     """
 
     time_limit_s: float = 30.0
-    """Wall-clock limit for the whole solve (reductions, heuristic, CP-SAT), seconds."""
+    """Wall-clock limit, seconds.  For :func:`solver.planner.plan` it bounds the whole
+    command: cost tables, reductions, heuristic, CP-SAT, memory rounds, verification."""
     workers: int = field(default_factory=_default_workers)
     """CP-SAT search workers (threads); default ``min(8, os.cpu_count())``."""
     seed: int = 0
@@ -79,22 +81,3 @@ class SolverOptions:
 
 def _bad(message: str) -> ConfigError:
     return ConfigError("bad_solver_option", message)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One progress report.  Objective and bound are seconds on the original problem."""
-
-    phase: str
-    """One of :data:`PHASES`."""
-    objective: float | None
-    """Best assignment so far, seconds (None before the first one)."""
-    bound: float | None
-    """Proven lower bound so far, seconds (None before the solver has one)."""
-    elapsed_s: float
-    """Seconds since the solve started."""
-
-
-ProgressFn = Callable[[Progress], None]
-"""Progress callback.  During the CP-SAT phase it is called from a solver thread,
-one call at a time; it must return quickly and not raise."""

@@ -27,18 +27,16 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
 
 from autopar import __version__ as autopar_version
 from autopar.cluster import Cluster, Mesh, candidate_mesh_shapes
-from autopar.costs import COST_MODEL_VERSION, CostTables, build_cost_tables
-from autopar.errors import ConfigError, InfeasibleError, VerificationError
+from autopar.cost_tables import CostTables, build_cost_tables
+from autopar.costs import COST_MODEL_VERSION
+from autopar.errors import ConfigError, InfeasibleError, TimeLimitError, VerificationError
 from autopar.evaluate import attach_evaluation, evaluate
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.memory import (
@@ -49,12 +47,14 @@ from autopar.memory import (
     zero3_gather_buffer_bytes,
 )
 from autopar.plan import Plan
-from autopar.sbp import B, NdSbp, Signature
+from autopar.progress import Deadline, Progress, ProgressFn
+from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
+from solver.solve import solve
 
-__all__ = ["PlanRequest", "Progress", "build_problem", "plan", "solve_on_mesh"]
+__all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "plan", "solve_on_mesh"]
 
 log = logging.getLogger("autopar.planner")
 
@@ -66,18 +66,44 @@ TIE_THRESHOLD_OPS = 8000
 VERIFY_RTOL = 1e-6
 
 
-@dataclass(frozen=True)
-class Progress:
-    """A progress report: phase, best objective and bound so far (seconds), elapsed seconds."""
-
-    phase: str
-    objective: float | None = None
-    bound: float | None = None
-    elapsed_s: float = 0.0
-    detail: dict[str, Any] = field(default_factory=dict)
+EVALUATE_RESERVE_S = 0.5
+"""Seconds kept free before the deadline, per 10k ops, for the evaluator's re-check of the
+plan (measured on mt5-base, 4.9k ops: ~0.2 s)."""
+EVALUATE_PER_BUILD = 5.0
+"""Evaluator seconds per second of :func:`build_problem` kept free before the deadline."""
+MIN_SOLVE_S = 0.2
+"""Fewest seconds a solve is given; with less left the best verified plan so far is returned."""
 
 
-ProgressFn = Callable[[Progress], None]
+class _Relay:
+    """Forwards reports to the caller's callback, stamped with the command's one clock
+    (elapsed, time left) and the mesh shape; the solves' own ``done`` becomes ``solved``:
+    only :func:`plan` says ``done``, once, with the chosen plan's objective."""
+
+    def __init__(
+        self, progress: ProgressFn | None, deadline: Deadline, shape: tuple[int, ...] | None
+    ) -> None:
+        self.progress = progress
+        self.deadline = deadline
+        self.shape = shape
+
+    def __call__(self, p: Progress) -> None:
+        if self.progress is None:
+            return
+        left = self.deadline.left()
+        self.progress(
+            replace(
+                p,
+                phase="solved" if p.phase == "done" else p.phase,
+                elapsed_s=self.deadline.elapsed(),
+                time_left_s=None if math.isinf(left) else left,
+                shape=self.shape,
+            )
+        )
+
+    def report(self, phase: str, **fields: Any) -> None:
+        if self.progress is not None:
+            self(Progress(phase, **fields))
 
 
 @dataclass(frozen=True)
@@ -170,30 +196,19 @@ def build_problem(
     order = graph.topological_order
     index = {op.name: i for i, op in enumerate(order)}
     node_costs = [tables.ops[op.name].compute_s for op in order]
-    labels = [[str(s) for s in tables.ops[op.name].signatures] for op in order]
+    # identical layers share op tables: label each table once
+    label_memo: dict[int, list[str]] = {}
+    labels = []
+    for op in order:
+        table = tables.ops[op.name]
+        lab = label_memo.get(id(table))
+        if lab is None:
+            lab = label_memo[id(table)] = [str(s) for s in table.signatures]
+        labels.append(lab)
     edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
     rows: list[MemoryRow] = []
     if positions:
-        state_terms: dict[int, np.ndarray] = {}
-        for v in graph.variables:
-            spec = graph.tensors[v.tensor]
-            sigs = tables.ops[v.op].signatures
-            out_index = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
-            state_terms[index[v.op]] = np.array(
-                [
-                    sum(
-                        variable_state_bytes(
-                            spec.shape,
-                            s.outputs[out_index],
-                            tables.mesh.shape,
-                            tables.zero_stage,
-                            graph_state_bytes(graph, v),
-                        )
-                    )
-                    for s in sigs
-                ],
-                dtype=np.float64,
-            )
+        state_terms = _state_terms(tables, index)
         intervals = activation_intervals(graph)
         by_consumer: dict[int, list[int]] = {}
         for e_index, e in enumerate(tables.edges):
@@ -249,6 +264,32 @@ def build_problem(
     return BuiltProblem(problem, tables, [op.name for op in order])
 
 
+def _state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndarray]:
+    """Node -> bytes of its variable's model states (params, grads, optimizer) per choice."""
+    graph = tables.graph
+    terms: dict[int, np.ndarray] = {}
+    for v in graph.variables:
+        spec = graph.tensors[v.tensor]
+        sigs = tables.ops[v.op].signatures
+        out_index = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
+        terms[index[v.op]] = np.array(
+            [
+                sum(
+                    variable_state_bytes(
+                        spec.shape,
+                        s.outputs[out_index],
+                        tables.mesh.shape,
+                        tables.zero_stage,
+                        graph_state_bytes(graph, v),
+                    )
+                )
+                for s in sigs
+            ],
+            dtype=np.float64,
+        )
+    return terms
+
+
 def _assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
     return {name: built.tables.ops[name].signatures[c] for name, c in zip(built.op_names, choices)}
 
@@ -268,16 +309,19 @@ def solve_on_mesh(
     hint: Plan | None = None,
     tables: CostTables | None = None,
     tie_layers: bool | None = None,
+    deadline: Deadline | None = None,
+    shape_label: tuple[int, ...] | None = None,
 ) -> Plan:
-    """Best plan of ``graph`` on one mesh within the budget; verified by the evaluator."""
+    """Best plan of ``graph`` on one mesh within the budget; verified by the evaluator.
 
+    ``deadline`` (default: ``options.time_limit_s`` from now) bounds everything:
+    cost tables, every memory round's solve, the evaluator's re-checks.  When it
+    runs out the best verified plan so far is returned with its gap; without one,
+    :class:`TimeLimitError` says how far the solve got.
+    """
+    deadline = deadline if deadline is not None else Deadline(_wall_limit(options))
     t0 = time.perf_counter()
-
-    def report(phase: str, objective: float | None = None, bound: float | None = None, **detail: Any) -> None:
-        if progress:
-            progress(Progress(phase, objective, bound, time.perf_counter() - t0, detail))
-
-    report("cost_tables")
+    relay = _Relay(progress, deadline, shape_label)
     if tables is None:
         tables = build_cost_tables(
             graph,
@@ -286,37 +330,59 @@ def solve_on_mesh(
             store=store,
             workers=options.workers,
             runtime=options.runtime,
-            progress=(lambda phase, done, total: report(f"cost_tables:{phase}", done=done, total=total))
-            if progress
-            else None,
+            progress=relay if progress else None,
+            deadline=deadline,
         )
     t_tables = time.perf_counter() - t0
+    reserve = EVALUATE_RESERVE_S * max(1.0, len(graph.ops) / 10_000)
+    if tie_layers is None:
+        tie_layers = len(graph.ops) > TIE_THRESHOLD_OPS
     positions: list[int] = []
+    if memory_budget_bytes is not None:
+        # every liveness point holds all model states: if their least sum is over the
+        # budget, nothing fits (proven without a solve)
+        names = [op.name for op in graph.topological_order]
+        floor = sum(
+            float(t.min()) for t in _state_terms(tables, {n: i for i, n in enumerate(names)}).values()
+        )
+        if floor > memory_budget_bytes:
+            _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
     rounds: list[dict[str, Any]] = []
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
     solution: Solution | None = None
-    built: BuiltProblem | None = None
     plan_obj: Plan | None = None
+    ev: Any = None
+    stopped_by_deadline = False
     for round_no in range(MAX_MEMORY_ROUNDS):
+        left = deadline.left() - reserve
+        if left < MIN_SOLVE_S:
+            stopped_by_deadline = True
+            break
+        started = time.perf_counter()
         built = build_problem(tables, memory_budget_bytes, positions)
-        report("solve", detail_round=round_no)
-
-        def relay(p: Any) -> None:
-            report(getattr(p, "phase", "solve"), getattr(p, "objective", None), getattr(p, "bound", None))
-
-        if tie_layers is None:
-            tie_layers = len(graph.ops) > TIE_THRESHOLD_OPS
-        solution = _solve_built(built, options, relay if progress else None, hint_choices, tie_layers)
+        # the evaluator's re-check walks the whole graph in Python as building the problem
+        # does, a few times over (measured on mt5-base: 3-6x): keep that much free
+        reserve = max(reserve, EVALUATE_PER_BUILD * (time.perf_counter() - started))
+        left = deadline.left() - reserve
+        if left < MIN_SOLVE_S:
+            stopped_by_deadline = True
+            break
+        relay.report("solve", detail={"memory_round": round_no})
+        # deterministic runs keep their limit (in CP-SAT's deterministic units): the
+        # wall clock must not change their answer
+        round_options = (
+            options
+            if options.deterministic
+            else replace(options, time_limit_s=min(options.time_limit_s, left))
+        )
+        solution = _solve_built(built, round_options, relay if progress else None, hint_choices, tie_layers)
         rounds.append({"memory_rows": len(positions), "status": solution.status, "wall_s": solution.wall_s})
         if solution.status == "infeasible":
             break
         if not solution.ok:
-            raise VerificationError(
-                "solver_no_solution",
-                f"the solver found no plan within {options.time_limit_s} s (status {solution.status}); "
-                "raise the time limit",
-            )
-        plan_obj = Plan.from_assignment(
+            stopped_by_deadline = True
+            break
+        candidate = Plan.from_assignment(
             graph,
             mesh,
             zero_stage,
@@ -324,8 +390,10 @@ def solve_on_mesh(
             memory_budget_bytes=memory_budget_bytes,
             runtime=tables.runtime.name,
         )
-        ev = evaluate(graph, plan_obj)
+        relay.report("evaluate", objective=solution.objective, bound=solution.bound)
+        ev = evaluate(graph, candidate)
         if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
+            plan_obj = candidate
             break
         peak = ev.activation_peak_position
         if peak in positions:
@@ -335,12 +403,20 @@ def solve_on_mesh(
             )
         positions.append(peak)
         hint_choices = solution.choices
-        plan_obj = None
-    assert solution is not None and built is not None
-    if solution.status == "infeasible" or plan_obj is None:
-        _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
-    assert plan_obj is not None
-    ev = evaluate(graph, plan_obj)
+        relay.report("memory", detail={"memory_rows": len(positions), "peak_bytes": ev.memory.total})
+    if plan_obj is None or solution is None:
+        if solution is not None and solution.status == "infeasible" and not stopped_by_deadline:
+            _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
+        raise TimeLimitError(
+            "time_limit",
+            f"the time limit ({deadline.limit_s:g} s) ran out before a plan on mesh {list(mesh.shape)} "
+            f"fitting the budget was verified: cost tables took {t_tables:.1f} s, "
+            f"{len(rounds)} memory round(s) solved ({len(positions)} memory rows added); "
+            "raise the time limit",
+            phase="solve",
+            memory_rounds=len(rounds),
+            time_cost_tables_s=t_tables,
+        )
     _verify(ev, solution, memory_budget_bytes)
     attach_evaluation(plan_obj, ev)
     stats = dict(solution.stats)
@@ -357,14 +433,27 @@ def solve_on_mesh(
         "tied_layers": "tying" in stats,
         "stats": _jsonable(stats),
     }
-    report("done", solution.objective, solution.bound)
+    relay.report("verified", objective=solution.objective, bound=solution.bound)
     return plan_obj
+
+
+DETERMINISTIC_WALL_FACTOR = 4
+"""Deterministic runs measure their limit in CP-SAT's deterministic units; their wall
+clock is capped at this many times the limit per solve, so a whole command gets
+this factor times the limit for every memory round and mesh shape."""
+
+
+def _wall_limit(options: SolverOptions) -> float:
+    """Wall seconds the command may take."""
+    if options.deterministic:
+        return DETERMINISTIC_WALL_FACTOR * options.time_limit_s * MAX_MEMORY_ROUNDS * 4
+    return options.time_limit_s
 
 
 def _solve_built(
     built: BuiltProblem,
     options: SolverOptions,
-    progress: Callable[[Any], None] | None,
+    progress: ProgressFn | None,
     hint: list[int] | None,
     tie_layers: bool,
 ) -> Solution:
@@ -372,7 +461,6 @@ def _solve_built(
     and then untied from that plan, so the reported bound and gap are the real problem's."""
     from solver.heuristic import improve
     from solver.problem import evaluate as evaluate_problem
-    from solver.solve import solve
     from solver.tying import structural_classes, tie, untie
 
     if not tie_layers:
@@ -416,7 +504,7 @@ def _solve_built(
     # problem with it as the hint, for the rest of the time, so the plan can leave
     # the tie where that pays and the bound (and gap) is the untied problem's.
     t1 = time.perf_counter()
-    remaining = max(1.0, options.time_limit_s - (t1 - t0))
+    remaining = max(MIN_SOLVE_S, options.time_limit_s - (t1 - t0))
     untied = solve(built.problem, replace(options, time_limit_s=remaining), progress=progress, hint=expanded)
     stats = dict(untied.stats)
     stats["tying"] = {
@@ -435,7 +523,9 @@ def _solve_built(
     }
     if not untied.ok or untied.objective > tied_objective:
         # keep the tied plan (polished) but report the untied problem's bound
-        polished = improve(built.problem, expanded, time_budget_s=1.0)
+        polished = improve(
+            built.problem, expanded, time_budget_s=min(1.0, max(0.0, options.time_limit_s - (t1 - t0)) / 4)
+        )
         objective, _ = evaluate_problem(built.problem, polished)
         bound = untied.bound if untied.ok else sol.bound
         gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
@@ -455,7 +545,7 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-def _verify(ev: Any, solution: Solution, budget: int | None) -> None:
+def _verify(ev: Any, solution: Solution | _SolvedObjective, budget: int | None) -> None:
     if not ev.valid:
         raise VerificationError(
             "invalid_plan",
@@ -515,33 +605,36 @@ def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[in
 # ------------------------------------------------------------------ entry point
 
 
-def _solve_shape(
-    args: tuple[CostTables, int | None, SolverOptions, bool | None],
-) -> dict[str, Any]:
-    tables, budget, options, tie = args
-    try:
-        p = solve_on_mesh(
-            tables.graph, tables.mesh, budget, tables.zero_stage, options, tables=tables, tie_layers=tie
-        )
-    except InfeasibleError as exc:
-        return {"shape": list(tables.mesh.shape), "error": exc.to_dict()}
-    return {"shape": list(tables.mesh.shape), "plan": p.to_dict()}
-
-
 def plan(
     request: PlanRequest,
     *,
     store: KeyValueStore | None = None,
     progress: ProgressFn | None = None,
     hint: Plan | None = None,
+    deadline: Deadline | None = None,
 ) -> Plan:
-    """Solve ``request``; search the logical mesh shapes when none is given."""
+    """Solve ``request``; search the logical mesh shapes when none is given.
+
+    The time limit (``request.options.time_limit_s``, counted from ``deadline.start``
+    when a deadline is given, e.g. by a command that loaded the graph first) bounds
+    the whole call.  ``progress`` gets every phase, then ``done`` once with the
+    chosen plan's objective.
+    """
+    deadline = deadline if deadline is not None else Deadline(_wall_limit(request.options))
     graph = request.graph.validate()
+    if deadline.expired():
+        raise TimeLimitError(
+            "time_limit",
+            f"the time limit ({deadline.limit_s:g} s) ran out while loading and checking the graph "
+            f"({len(graph.ops)} ops, {deadline.elapsed():.1f} s); raise the time limit",
+            phase="load",
+        )
     if request.mesh_shape is not None:
         mesh = Mesh(request.cluster, tuple(request.mesh_shape))
-        return solve_on_mesh(
+        squeezed = Mesh(request.cluster, tuple(n for n in mesh.shape if n > 1) or (1,))
+        result = solve_on_mesh(
             graph,
-            mesh,
+            squeezed,
             request.memory_budget_bytes,
             request.zero_stage,
             request.options,
@@ -549,8 +642,65 @@ def plan(
             progress=progress,
             hint=hint,
             tie_layers=request.tie_layers,
+            deadline=deadline,
         )
-    return _mesh_search(request, store=store, progress=progress, hint=hint)
+        if squeezed.shape != mesh.shape:
+            result = _unsqueeze(graph, result, mesh)
+    else:
+        result = _mesh_search(request, store=store, progress=progress, hint=hint, deadline=deadline)
+    if result.solver is not None:
+        result.solver["command_wall_s"] = deadline.elapsed()
+    deadline.report(
+        progress,
+        "done",
+        objective=result.solver.get("objective") if result.solver else result.step_time_s,
+        bound=result.solver.get("bound") if result.solver else None,
+        shape=tuple(result.mesh.shape),
+    )
+    return result
+
+
+def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
+    """``solved`` (planned on ``mesh`` without its size-1 axes) as a plan on ``mesh``, with ``B``
+    on every size-1 axis, re-checked by the evaluator.
+
+    A size-1 axis splits nothing and its collectives are free, so every price (compute
+    share, boxing, memory) is the same as on the squeezed mesh, while the N-D signature
+    lists (and boxing states) would grow by a factor per size-1 axis for nothing.
+    """
+    kept = [a for a, n in enumerate(mesh.shape) if n > 1]
+
+    def lift(sbp: NdSbp) -> NdSbp:
+        values: list[SbpValue] = [B] * mesh.ndim
+        for a, v in zip(kept, sbp.values if kept else ()):
+            values[a] = v
+        return NdSbp(tuple(values))
+
+    signatures = {
+        name: Signature(tuple(lift(x) for x in sig.inputs), tuple(lift(x) for x in sig.outputs))
+        for name, sig in solved.signatures.items()
+    }
+    lifted = Plan.from_assignment(
+        graph,
+        mesh,
+        solved.zero_stage,
+        signatures,
+        memory_budget_bytes=solved.memory_budget_bytes,
+        runtime=solved.runtime,
+    )
+    ev = evaluate(graph, lifted)
+    solver = dict(solved.solver or {})
+    if solved.solver is not None:
+        _verify(ev, _SolvedObjective(float(solver["objective"])), solved.memory_budget_bytes)
+    attach_evaluation(lifted, ev)
+    lifted.solver = solver
+    lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
+    return lifted
+
+
+@dataclass(frozen=True)
+class _SolvedObjective:
+    objective: float
 
 
 def _mesh_search(
@@ -559,40 +709,64 @@ def _mesh_search(
     store: KeyValueStore | None,
     progress: ProgressFn | None,
     hint: Plan | None,
+    deadline: Deadline,
 ) -> Plan:
+    """Every candidate shape in turn, in this process with all the workers, each given an
+    equal share of the time still left (a shape that finishes early leaves its rest to
+    the next); reports carry the shape."""
     t0 = time.perf_counter()
     shapes = candidate_mesh_shapes(request.cluster)
-    # cost tables are built here, through the shared store, then each shape is
-    # solved in its own process with its share of the workers
-    per = max(1, request.options.workers // len(shapes))
-    opts = replace(request.options, workers=per)
-    jobs = []
-    for shape in shapes:
-        tables = build_cost_tables(
-            request.graph,
-            Mesh(request.cluster, shape),
-            request.zero_stage,
-            store=store,
-            workers=request.options.workers,
-            runtime=request.options.runtime,
-        )
-        jobs.append((tables, request.memory_budget_bytes, opts, request.tie_layers))
-    if progress:
-        progress(Progress("mesh_search", elapsed_s=0.0, detail={"shapes": [list(s) for s in shapes]}))
+    deadline.report(progress, "mesh_search", detail={"shapes": [list(s) for s in shapes]})
     results: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(
-        max_workers=min(len(shapes), request.options.workers), mp_context=get_context("spawn")
-    ) as pool:
-        for res in pool.map(_solve_shape, jobs):
-            results.append(res)
-            if progress:
-                obj = res.get("plan", {}).get("solver", {}).get("objective") if "plan" in res else None
-                progress(Progress(f"mesh_search:{res['shape']}", obj, None, time.perf_counter() - t0))
+    for i, shape in enumerate(shapes):
+        share = deadline.left() / (len(shapes) - i)
+        shape_deadline = Deadline(min(share, deadline.left()))
+        started = time.perf_counter()
+
+        def relay(p: Progress, shape: tuple[int, ...] = shape) -> None:
+            if progress is not None:
+                left = deadline.left()
+                progress(
+                    replace(
+                        p,
+                        elapsed_s=deadline.elapsed(),
+                        time_left_s=None if math.isinf(left) else left,
+                        shape=shape,
+                    )
+                )
+
+        try:
+            p = solve_on_mesh(
+                request.graph,
+                Mesh(request.cluster, shape),
+                request.memory_budget_bytes,
+                request.zero_stage,
+                request.options
+                if request.options.deterministic
+                else replace(request.options, time_limit_s=max(MIN_SOLVE_S, shape_deadline.limit_s)),
+                store=store,
+                progress=relay if progress else None,
+                hint=hint,
+                tie_layers=request.tie_layers,
+                deadline=shape_deadline,
+                shape_label=shape,
+            )
+        except (InfeasibleError, TimeLimitError) as exc:
+            results.append(
+                {"shape": list(shape), "error": exc.to_dict(), "wall_s": time.perf_counter() - started}
+            )
+            continue
+        results.append({"shape": list(shape), "plan": p, "wall_s": time.perf_counter() - started})
     feasible = [r for r in results if "plan" in r]
     if not feasible:
-        best_err = min(
-            (r["error"] for r in results), key=lambda e: e.get("min_feasible_bytes", math.inf) or math.inf
-        )
+        if all(r["error"].get("code") == "time_limit" for r in results):
+            raise TimeLimitError(
+                "time_limit",
+                f"the time limit ({deadline.limit_s:g} s) ran out before any mesh shape had a verified plan: "
+                + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
+            )
+        infeasible = [r["error"] for r in results if r["error"].get("code") != "time_limit"]
+        best_err = min(infeasible, key=lambda e: e.get("min_feasible_bytes", math.inf) or math.inf)
         raise InfeasibleError(
             None,
             "no mesh shape fits the budget: "
@@ -600,18 +774,19 @@ def _mesh_search(
             min_feasible_bytes=best_err.get("min_feasible_bytes"),
             proven=best_err.get("proven", False),
         )
-    best = min(feasible, key=lambda r: r["plan"]["predicted"]["step_time_s"])
-    chosen = Plan.from_dict(best["plan"])
+    chosen: Plan = min(feasible, key=lambda r: r["plan"].step_time_s)["plan"]
     chosen.diagnostics["mesh_search"] = [
         {
             "shape": r["shape"],
-            "step_time_s": r["plan"]["predicted"]["step_time_s"] if "plan" in r else None,
-            "memory_per_device_bytes": r["plan"]["memory"]["per_device_bytes"] if "plan" in r else None,
-            "gap": r["plan"]["solver"]["gap"] if "plan" in r else None,
+            "step_time_s": r["plan"].step_time_s if "plan" in r else None,
+            "memory_per_device_bytes": r["plan"].memory_per_device_bytes if "plan" in r else None,
+            "gap": r["plan"].solver["gap"] if "plan" in r and r["plan"].solver else None,
+            "wall_s": r["wall_s"],
             "error": r.get("error", {}).get("message"),
         }
         for r in results
     ]
     if chosen.solver is not None:
         chosen.solver["mesh_search_wall_s"] = time.perf_counter() - t0
+
     return chosen

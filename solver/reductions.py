@@ -36,6 +36,7 @@ below ``16 * eps * max|M|``.  Byte counts that are whole numbers stay exact.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -154,15 +155,22 @@ def problem_size(problem: Problem) -> dict[str, int]:
     }
 
 
-def reduce_problem(problem: Problem, enabled: Iterable[str] | None = None) -> Reduction:
-    """Apply the exact reductions named in ``enabled`` (default: all) to a fixpoint."""
+def reduce_problem(
+    problem: Problem, enabled: Iterable[str] | None = None, *, deadline: float | None = None
+) -> Reduction:
+    """Apply the exact reductions named in ``enabled`` (default: all) to a fixpoint, or until
+    ``deadline`` (a :func:`time.perf_counter` value): each reduction is exact on its own, so
+    stopping between two leaves a smaller problem with the same optimum
+    (``stats["stopped_at_deadline"]`` says so)."""
     names = ALL_REDUCTIONS if enabled is None else frozenset(enabled)
     unknown = names - ALL_REDUCTIONS
     if unknown:
         raise ValueError(f"unknown reductions {sorted(unknown)}; choose from {sorted(ALL_REDUCTIONS)}")
     work = _Work(problem, names)
-    work.run()
-    return work.result()
+    work.run(deadline)
+    result = work.result()
+    result.stats["stopped_at_deadline"] = work.stopped
+    return result
 
 
 @dataclass
@@ -196,6 +204,7 @@ class _Work:
         self.next_edge = 0
         self.queue: deque[int] = deque()
         self.queued: set[int] = set()
+        self.stopped = False
         self._load(problem)
 
     # ------------------------------------------------------------------ loading
@@ -324,9 +333,14 @@ class _Work:
         return sorted(rows)
 
     # --------------------------------------------------------------- driver
-    def run(self) -> None:
+    def run(self, deadline: float | None = None) -> None:
+        steps = 0
         while not self.infeasible:
             while self.queue and not self.infeasible:
+                steps += 1
+                if deadline is not None and steps % 64 == 1 and time.perf_counter() >= deadline:
+                    self.stopped = True
+                    return
                 node = self.queue.popleft()
                 self.queued.discard(node)
                 if node in self.cost:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from autopar.cluster import Cluster, Mesh
-from autopar.costs import build_cost_tables, op_compute_time, op_key, rule_context
+from autopar.cost_tables import build_cost_tables, op_key
+from autopar.costs import op_compute_time, rule_context
 from autopar.rules import default_rules
 from autopar.sbp import parse_signature
 from autopar.store import MemoryStore
@@ -46,16 +47,17 @@ def test_parallel_build_equals_serial():
     g = mlp_graph(layers=2)
     serial = build_cost_tables(g, MESH, 2, workers=1)
     seen = []
-    parallel = build_cost_tables(
-        g, MESH, 2, workers=2, parallel_threshold=1, progress=lambda *a: seen.append(a)
-    )
+    parallel = build_cost_tables(g, MESH, 2, workers=2, parallel_threshold=1, progress=seen.append)
     assert [str(s) for s in serial.ops["l0.fc1"].signatures] == [
         str(s) for s in parallel.ops["l0.fc1"].signatures
     ]
     for a, b in zip(serial.edges, parallel.edges):
         np.testing.assert_array_equal(a.matrix, b.matrix)
-    assert ("ops", 0, serial.stats["op_entries_computed"]) in seen
-    assert seen[-1][1] == seen[-1][2]
+    assert ("cost_tables:ops", 0, serial.stats["op_entries_computed"]) in [
+        (p.phase, p.done, p.total) for p in seen
+    ]
+    assert seen[-1].phase == "cost_tables:edges" and seen[-1].done == seen[-1].total
+    assert [p.percent for p in seen if p.phase == "cost_tables:edges"][-1] == 100.0
 
 
 def test_edge_matrix_zero_on_matching_sbp():

@@ -14,6 +14,7 @@ from autopar import costs
 from autopar.baselines import baseline_plan
 from autopar.boxing import OneFlowBoxing, boxing_plan, send_recv_bytes
 from autopar.cluster import Cluster, Mesh
+from autopar.cost_tables import op_key
 from autopar.costs import bucketed_time, model_digest
 from autopar.errors import ConfigError
 from autopar.evaluate import evaluate
@@ -130,10 +131,10 @@ def test_model_digest_changes_when_a_rule_changes(tmp_path: Path):
 def test_op_keys_change_with_the_model_digest_and_runtime(monkeypatch):
     g = mlp_graph(layers=1)
     op = next(op for op in g.ops if op.type == "adam_update")
-    key = costs.op_key(g, op, MESH, 2)
-    assert key != costs.op_key(g, op, MESH, 2, RUNTIMES["ideal"])
+    key = op_key(g, op, MESH, 2)
+    assert key != op_key(g, op, MESH, 2, RUNTIMES["ideal"])
     monkeypatch.setattr(costs, "_DIGEST_CACHE", ["0" * 16])
-    assert costs.op_key(g, op, MESH, 2) != key
+    assert op_key(g, op, MESH, 2) != key
 
 
 # ------------------------------------------------------------------ OneFlow 0.9 lowering

@@ -91,3 +91,14 @@ def test_request_key_ignores_op_order(graph):
     b = PlanRequest(shuffled, CLUSTER, (2, 2), None, 2, OPTIONS).key()
     assert a == b
     assert a != PlanRequest(graph, CLUSTER, (2, 2), None, 1, OPTIONS).key()
+
+
+def test_size_1_axes_are_solved_away_and_the_plan_verified_on_the_requested_mesh(graph, unconstrained):
+    p = plan(PlanRequest(graph, CLUSTER, (2, 1, 2), None, 2, OPTIONS))
+    assert p.mesh.shape == (2, 1, 2) and p.diagnostics["solved_on_mesh"] == [2, 2]
+    ev = evaluate(graph, p)
+    assert ev.valid
+    assert p.solver["objective"] == pytest.approx(ev.step_time_s, rel=1e-6)
+    assert p.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-6)
+    # the size-1 axis holds B everywhere
+    assert all(str(s[1]) == "B" for sig in p.signatures.values() for s in (*sig.inputs, *sig.outputs))

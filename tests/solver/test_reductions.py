@@ -258,3 +258,18 @@ def test_singleton_with_forbidden_choice_is_infeasible():
     assert reduction.stats["removed"].get("infeasible_node") == 1
     check_exact(problem, {"singleton"})
     check_exact(problem, None)
+
+
+def test_reductions_stopped_at_a_deadline_keep_the_optimum():
+    """Stopped between two reductions, the smaller problem still has the original's optimum."""
+    from solver.synthetic import synthetic_problem
+
+    problem = synthetic_problem(7, 3, seed=5, shape="ladder", budget_fraction=None)
+    stopped = reduce_problem(problem, deadline=0.0)
+    assert stopped.stats["stopped_at_deadline"]
+    full = reduce_problem(problem)
+    assert not full.stats["stopped_at_deadline"]
+    assert stopped.reduced.num_nodes >= full.reduced.num_nodes
+    best, _ = brute_force(problem)
+    best_stopped, _ = brute_force(stopped.reduced)
+    assert best_stopped + stopped.offset == pytest.approx(best)

@@ -143,8 +143,8 @@ def test_hint_is_used_when_valid_and_ignored_otherwise():
 def test_a_wrong_reduction_is_caught_by_verification(monkeypatch):
     problem = synthetic_problem(30, 5, seed=4, shape="ladder", budget_fraction=None)
 
-    def broken(p, enabled=None):
-        reduction = reduce_problem(p, enabled)
+    def broken(p, enabled=None, deadline=None):
+        reduction = reduce_problem(p, enabled, deadline=deadline)
         reduction.offset += 1.0  # claims one second that the plan does not cost
         return reduction
 
