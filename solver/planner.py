@@ -580,6 +580,16 @@ def _hint_choices(hint: Plan, tables: CostTables) -> list[int] | None:
     return choices
 
 
+def _human_bytes(n: float) -> str:
+    """``1.50 GiB`` / ``12.3 MiB`` / ``512 B``: sizes in error messages."""
+    if not math.isfinite(n):
+        return "unknown"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[int], mesh: Mesh) -> None:
     from solver.cpsat import min_feasible_memory
 
@@ -589,11 +599,10 @@ def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[in
     except Exception as exc:
         log.warning("could not compute the smallest feasible memory: %s", exc)
         min_bytes, proven = float("nan"), False
-    gib = 1024**3
     raise InfeasibleError(
         None,
-        f"no plan on mesh {list(mesh.shape)} fits {budget / gib if budget else 0:.2f} GiB per device; "
-        f"the smallest memory found feasible is {min_bytes / gib:.2f} GiB"
+        f"no plan on mesh {list(mesh.shape)} fits {_human_bytes(budget or 0)} per device; "
+        f"the smallest memory found feasible is {_human_bytes(min_bytes)}"
         + (" (proven)" if proven else " (lower bound at the constrained liveness points)")
         + ": raise the budget, use a higher ZeRO stage, or add devices",
         min_feasible_bytes=min_bytes,
