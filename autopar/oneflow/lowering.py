@@ -212,6 +212,18 @@ def lower_hop(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hiera
     total = float(math.prod(shape) * itemsize)
     if src == dst:
         return Hop(LOCAL, "-", "same SBP")
+    to_partial = [
+        a for a, (s, d) in enumerate(zip(src, dst)) if isinstance(d, Partial) and not isinstance(s, Partial)
+    ]
+    if to_partial:
+        # B -> P, S -> P on an axis is local (zero-fill, NaiveB2PSubTskGphBuilder); the other
+        # axes still have to change: keep the source's value on those axes and lower the rest
+        kept = NdSbp(tuple(src[a] if a in to_partial else d for a, d in enumerate(dst)))
+        if kept == src:
+            return Hop(
+                LOCAL, "-", "NaiveB2P / local slice (consumer takes P)", dict.fromkeys(range(len(src)), 0.0)
+            )
+        return lower_hop(shape, itemsize, src, kept, hierarchy)
     rsrc, rdst, rh = reduce_nd_sbp(src, dst, hierarchy)
     if len(rh) == 1:
         a, b = rsrc[0], rdst[0]
@@ -235,8 +247,6 @@ def lower_hop(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hiera
             if len(hierarchy) == 1:
                 return Hop(kind, "flat", rule, {0: _ring(kind, total, n)})
             return Hop(kind, "flat", rule, _flat_per_axis(kind, total, hierarchy))
-        if isinstance(b, Partial):
-            return Hop(LOCAL, "flat", "NaiveB2P / local slice (consumer keeps P)")
         return Hop(SEND_RECV, "flat", rule, _send_recv(shape, itemsize, src, dst, hierarchy))
     if len(rh) != 2:
         return Hop(
@@ -281,13 +291,11 @@ def lower_hop(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hiera
             {0: _ring(ALL_REDUCE, group, n0), 1: 0.0},
         )
     if any(isinstance(v, Partial) for v in dst):
-        if all(isinstance(s, Partial) for s, d in zip(src, dst) if isinstance(d, Partial)):
-            # P kept on an axis, the other changes: the task graph's Intra/InterGroup builder
-            # moves slices within each addend's group (SliceBoxingSubTskGphBuilder)
-            moved = _send_recv(shape, itemsize, src, dst, hierarchy)
-            kind = SEND_RECV if sum(moved.values()) > 0 else LOCAL
-            return Hop(kind, "2-D", "Intra/InterGroupSubTskGphBuilder + SliceBoxing (P kept)", moved)
-        return Hop(LOCAL, "2-D", "NaiveB2P / local slice (consumer takes P)", {0: 0.0, 1: 0.0})
+        # P kept on an axis (the source has it too), the other changes: the task graph's
+        # Intra/InterGroup builder moves slices within each addend's group (SliceBoxing)
+        moved = _send_recv(shape, itemsize, src, dst, hierarchy)
+        kind = SEND_RECV if sum(moved.values()) > 0 else LOCAL
+        return Hop(kind, "2-D", "Intra/InterGroupSubTskGphBuilder + SliceBoxing (P kept)", moved)
     return Hop(
         SEND_RECV, "2-D", "TryBuildNcclBy2DHierarchyOthers", _send_recv(shape, itemsize, src, dst, hierarchy)
     )

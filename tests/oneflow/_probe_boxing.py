@@ -69,7 +69,10 @@ def sbp_text(nd) -> str:
     parts = []
     for v in nd.sbp_parallel:
         kind = v.WhichOneof("parallel_type")
-        parts.append({"broadcast_parallel": "B", "partial_sum_parallel": "P"}.get(kind) or f"S({v.split_parallel.axis})")
+        parts.append(
+            {"broadcast_parallel": "B", "partial_sum_parallel": "P"}.get(kind)
+            or f"S({v.split_parallel.axis})"
+        )
     return "(" + ", ".join(parts) + ")"
 
 
@@ -78,26 +81,36 @@ def main() -> None:
     shape = [int(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "8,16").split(",")]
     hierarchy = [int(s) for s in (sys.argv[3] if len(sys.argv) > 3 else "2,2").split(",")]
     ranks = list(range(hierarchy[0] * hierarchy[1]))
-    placement = flow.placement("cpu", ranks=[ranks[i * hierarchy[1] : (i + 1) * hierarchy[1]] for i in range(hierarchy[0])])
+    placement = flow.placement(
+        "cpu", ranks=[ranks[i * hierarchy[1] : (i + 1) * hierarchy[1]] for i in range(hierarchy[0])]
+    )
     results = []
     for src, dst in TRANSITIONS:
 
         class Probe(flow.nn.Graph):
+            def __init__(self, src_sbp: list, dst_sbp: list) -> None:
+                super().__init__()
+                self.src_sbp, self.dst_sbp = src_sbp, dst_sbp
+
             def build(self, x):
-                y = flow._C.identity(x.to_global(placement, parse(src)))
-                return flow._C.identity(y.to_global(placement, parse(dst)))
+                y = flow._C.identity(x.to_global(placement, self.src_sbp))
+                return flow._C.identity(y.to_global(placement, self.dst_sbp))
 
         x = flow.ones(*shape, placement=placement, sbp=[flow.sbp.broadcast] * 2)
-        graph = Probe()
+        graph = Probe(parse(src), parse(dst))
         graph.build_graph(x)
         built = graph._full_job_proto
         # the identity reading src, and the cast to dst that reads it
-        src_op = [o.name for o in built.net.op if o.HasField("user_conf") and o.user_conf.op_type_name == "identity"][0]
+        src_op = next(
+            o.name for o in built.net.op if o.HasField("user_conf") and o.user_conf.op_type_name == "identity"
+        )
         record = {"src": src, "dst": dst, "shape": shape, "compiled": False, "middle": [], "error": None}
         try:
             graph.finish_complie_and_init_runtime()
-        except Exception as exc:  # noqa: BLE001 - recorded: which transitions OneFlow cannot lower
-            record["error"] = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        except Exception as exc:  # recorded: which transitions OneFlow cannot lower
+            record["error"] = (
+                str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+            )
         else:
             record["compiled"] = True
             job = graph._compiled_job_proto
@@ -115,10 +128,23 @@ def main() -> None:
             record["chain"] = [src, *record["middle"], dst]
         results.append(record)
         if flow.env.get_rank() == 0:
-            print(f"{src} -> {dst}: {'ok' if record['compiled'] else 'FAILED'} middle={record['middle']} {record['error'] or ''}", flush=True)
+            print(
+                f"{src} -> {dst}: {'ok' if record['compiled'] else 'FAILED'} "
+                f"middle={record['middle']} {record['error'] or ''}",
+                flush=True,
+            )
     if flow.env.get_rank() == 0:
         with open(out, "w") as fh:
-            json.dump({"hierarchy": hierarchy, "device": "cpu", "oneflow": flow.__version__, "transitions": results}, fh, indent=1)
+            json.dump(
+                {
+                    "hierarchy": hierarchy,
+                    "device": "cpu",
+                    "oneflow": flow.__version__,
+                    "transitions": results,
+                },
+                fh,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":
