@@ -48,6 +48,7 @@ from autopar.errors import PlanError
 from autopar.graph import DTYPE_BYTES
 from autopar.oneflow.convert import op_keys, parse_nd_sbp_text
 from autopar.oneflow.jobs import _require_oneflow, load_job
+from autopar.oneflow.traffic import JobTraffic, count_job_traffic
 from autopar.plan import Plan
 from autopar.sbp import B, Broadcast, NdSbp, P, SbpValue, Split
 
@@ -146,6 +147,18 @@ class FidelityReport:
     """``{"op", "port", "planned", "compiled"}`` for every port that differs"""
     missing: list[str]
     """plan ops with no counterpart in the job"""
+    predicted_bytes_per_axis: dict[int, float] = field(default_factory=dict)
+    """the plan's ``predicted.comm_bytes_per_axis`` (bytes per device per step)"""
+    counted: JobTraffic | None = None
+    """bytes the job moves by its own N-D SBP (:func:`autopar.oneflow.traffic.count_job_traffic`)"""
+
+    def byte_error(self, axis: int) -> float:
+        """(predicted - counted) / counted on ``axis`` (0 when both are 0, inf when only counted is 0)."""
+        counted = self.counted.bytes_per_axis.get(axis, 0.0) if self.counted else 0.0
+        predicted = self.predicted_bytes_per_axis.get(axis, 0.0)
+        if counted == 0:
+            return 0.0 if predicted == 0 else math.inf
+        return (predicted - counted) / counted
 
     @property
     def op_share(self) -> float:
@@ -165,6 +178,8 @@ class FidelityReport:
             "boxing_share": self.boxing_share,
             "mismatches": self.mismatches,
             "missing": self.missing,
+            "predicted_bytes_per_axis": {str(a): b for a, b in sorted(self.predicted_bytes_per_axis.items())},
+            "counted": self.counted.to_dict() if self.counted else None,
         }
 
     def summary(self, limit: int = 10) -> str:
@@ -174,6 +189,15 @@ class FidelityReport:
             f"{100 * self.boxing_share:.1f}% of planned boxing bytes "
             f"({self.boxing_bytes_matched / 2**20:.2f} of {self.boxing_bytes_total / 2**20:.2f} MiB)"
         ]
+        if self.counted is not None:
+            source = "compiled job" if self.counted.compiled else "built job, not compiled: no middle nodes"
+            lines.append(f"bytes per device per step (counted from the {source}):")
+            for a in sorted(self.counted.bytes_per_axis):
+                lines.append(
+                    f"  axis {a}: predicted {self.predicted_bytes_per_axis.get(a, 0.0) / 2**20:.3f} MiB, "
+                    f"counted {self.counted.bytes_per_axis[a] / 2**20:.3f} MiB "
+                    f"({100 * self.byte_error(a):+.1f} %)"
+                )
         for m in self.mismatches[:limit]:
             lines.append(f"  {m['op']} {m['port']}: planned {m['planned']}, compiled {m['compiled']}")
         if len(self.mismatches) > limit:
@@ -657,7 +681,7 @@ def _job_of(source: Any, inputs: Sequence[Any]) -> Any:
 
 
 def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> FidelityReport:
-    """Compare the N-D SBP OneFlow chose in ``graph``'s job with ``plan``.
+    """Compare the N-D SBP OneFlow chose in ``graph``'s job with ``plan``, in ops and in bytes.
 
     ``graph`` is an ``nn.Graph`` (built here on ``inputs`` if it is not built
     yet; its compiled job once compiled, else its built job), a OneFlow
@@ -666,6 +690,11 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
     Boxing bytes are those the plan itself schedules (producer output SBP !=
     consumer input SBP), ring bytes per device from :mod:`autopar.boxing`; a
     planned boxing matches when both ends compiled as planned.
+
+    Bytes: ``counted`` is what the job moves by its own N-D SBP on every edge
+    (:func:`autopar.oneflow.traffic.count_job_traffic`: ZeRO casts, optimizer
+    inputs and ops the import drops included, each hop priced as OneFlow 0.9
+    lowers it), next to the plan's ``predicted.comm_bytes_per_axis``.
     """
     from autopar.oneflow.importer import import_job
     from autopar.oneflow.plans import import_plan
@@ -743,4 +772,15 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
             total_bytes += moved
             if compiled.output_sbp(src_op, src_port) == src and compiled.input_sbp(op.name, port) == dst:
                 matched_bytes += moved
-    return FidelityReport(len(plan.signatures), matched, total_bytes, matched_bytes, mismatches, missing)
+    predicted = {int(a): float(b) for a, b in (plan.predicted.get("comm_bytes_per_axis") or {}).items()}
+    dropped = {n for names in compiled_graph.meta["oneflow"]["dropped"].values() for n in names}
+    return FidelityReport(
+        len(plan.signatures),
+        matched,
+        total_bytes,
+        matched_bytes,
+        mismatches,
+        missing,
+        predicted,
+        count_job_traffic(job, dropped=dropped),
+    )

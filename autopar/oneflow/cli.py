@@ -4,11 +4,14 @@
 
     autopar oneflow import JOB.pb --out graph.json
     autopar oneflow import-plan JOB.pb --out plan.json [--cluster 2x4 --preset a100-40g] [--no-evaluate]
+    autopar oneflow fidelity JOB.pb PLAN.json [--json report.json]
 
 ``import`` turns a OneFlow ``Job`` protobuf (``nn.Graph._full_job_proto``
 serialized) into an ``autopar.graph/v1`` graph; ``import-plan`` reads the N-D
 SBP OneFlow chose for that job as an ``autopar.plan/v1`` plan and, unless
-``--no-evaluate``, scores it with autopar's evaluator.  OneFlow is imported only
+``--no-evaluate``, scores it with autopar's evaluator; ``fidelity`` compares a
+(compiled) job with a plan: ops that follow it, and per mesh axis the bytes the
+job moves by its own N-D SBP next to the plan's predicted bytes.  OneFlow is imported only
 when a command runs, so registering these commands never needs it.
 """
 
@@ -67,9 +70,24 @@ def _cmd_import_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fidelity(args: argparse.Namespace) -> int:
+    import json
+
+    from autopar.oneflow.apply import check_fidelity
+    from autopar.plan import Plan
+
+    report = check_fidelity(args.job, Plan.load(args.plan))
+    sys.stdout.write(report.summary() + "\n")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report.to_dict(), fh, indent=1)
+    return 0
+
+
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "import": _cmd_import,
     "import-plan": _cmd_import_plan,
+    "fidelity": _cmd_fidelity,
 }
 
 
@@ -93,6 +111,13 @@ def add_oneflow_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--graph-out", default=None, help="also write the imported graph here")
     p.add_argument("--no-evaluate", action="store_true", help="do not attach autopar's evaluation")
+
+    p = sub.add_parser(
+        "fidelity", help="a (compiled) OneFlow job vs a plan: ops that follow it, bytes per mesh axis"
+    )
+    p.add_argument("job", help="the job (nn.Graph._compiled_job_proto serialized, or the built job)")
+    p.add_argument("plan", help="the plan JSON (autopar.plan/v1) the job was compiled with")
+    p.add_argument("--json", default=None, help="also write the full report here")
 
 
 def run_oneflow_command(args: argparse.Namespace) -> int:

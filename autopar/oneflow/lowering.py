@@ -1,0 +1,365 @@
+"""How OneFlow 0.9 lowers one boxing hop, and the bytes each device moves for it.
+
+This is a second, separate account of communication, written from OneFlow's
+source rather than from autopar's cost model (:mod:`autopar.boxing`), so that
+:func:`autopar.oneflow.traffic.count_job_traffic` can count what a compiled
+OneFlow job moves independently of what autopar predicts.
+
+A *hop* is one producer -> consumer edge of a compiled job whose N-D SBPs
+differ.  OneFlow first splits a multi-step transition into hops by inserting
+``System-Boxing-Middle-Identity`` ops (``BoxingWithMiddleNodes``,
+``oneflow/core/job_rewriter/boxing_with_middle_nodes.cpp``, middle SBPs from
+``BoxingCollector``); those ops are in the compiled job, so every edge counted
+here is one hop.  Each hop is then lowered as follows (OneFlow 0.9 with
+``nccl_use_compute_stream``, which ``enable_zero(stage>=2)`` and gradient
+accumulation switch on: ``python/oneflow/nn/graph/graph_config.py``), in
+``InsertNcclLogicalOpPass`` (``oneflow/core/job_rewriter/insert_nccl_logical_op_pass.cpp``):
+
+1. ``InOutParallelDimReduce`` (``oneflow/core/job/nd_sbp_util.cpp``): an N-D SBP
+   whose axes all hold the same value is one value over all devices
+   (``(S(0), S(0))`` on ``[4, 2]`` is ``S(0)`` over 8); both ends are reduced
+   only when both reduce.
+2. 1-D (``TryBuildNcclBy1DHierarchy``) over the ``N`` devices: ``P -> B``
+   all-reduce; ``P -> S(d)`` reduce-scatter; ``S(d) -> B`` all-gather;
+   ``S(i) -> S(j)`` all-to-all (each when the split dims divide by ``N``);
+   any other change whose consumer has no ``P``: ``_nccl_logical_send_recv``.
+3. 2-D, axis 0 equal (``TryBuildNcclBy2DHierarchySameDim0``): on axis 1 within
+   each axis-0 group, on the group's piece of the tensor: ``(*, P) -> (*, B)``
+   all-reduce, ``(*, S) -> (*, B)`` all-gather, ``(*, S(i)) -> (*, S(j))``
+   all-to-all.  ``(*, P) -> (*, S)`` and ``(*, B) -> (*, S)`` are not among
+   them ("TODO: same dim 0 need to deal with (*, P) -> (*, S)"): send/recv.
+4. 2-D, axis 1 equal and neither end ``(S(i), S(i))``
+   (``TryBuildNcclBy2DHierarchySameDim1``): only ``(P, *) -> (B, *)``, an
+   all-reduce on axis 0; everything else (all-gathers and reduce-scatters on
+   axis 0 included) is send/recv.
+5. 2-D otherwise (``TryBuildNcclBy2DHierarchyOthers``): send/recv when the
+   consumer has no ``P``.
+6. A consumer with ``P`` that no rule above takes (``B -> P``, ``S -> P``) is
+   boxed in the task graph without communication (``NaiveB2PSubTskGphBuilder``:
+   zeros on all but one device; ``S -> P`` keeps the local slice).
+
+Bytes per device (the unit of :mod:`autopar.evaluate`'s ``comm_bytes_per_axis``):
+
+* ring collectives on a group of ``n`` holding ``T`` bytes (the tensor as the
+  group sees it): all-gather and reduce-scatter ``(n-1)/n * T``, all-reduce
+  ``2 (n-1)/n * T``, all-to-all ``(n-1)/n^2 * T`` (NCCL's ring and pairwise
+  algorithms); a 1-D collective over all devices of an N-D mesh is counted per
+  axis as its hierarchical decomposition (innermost axis first), whose per-axis
+  sum equals the flat volume;
+* send/recv (``_nccl_logical_send_recv``, ``NcclLogicalSendRecv`` kernel): each
+  device receives, from every other device, the intersection of that device's
+  input slice with its own output slice (``GetRankSendRecvIntersection``); a
+  ``P`` input is summed at the receiver, so every contributor sends its
+  addend; of replicas (``B``) the one with the receiver's own coordinates is
+  read.  A message counts on axis 0 when sender and receiver differ in their
+  axis-0 coordinate (they are in different nodes for a ``[nodes, gpus]``
+  mesh), else on the last axis it crosses.  The bytes are averaged over the
+  devices.
+
+Slices follow OneFlow's ``BalancedSplitter`` (the first ``dim % n`` parts get
+one more row).  Pure Python; no OneFlow needed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.sbp import Broadcast, NdSbp, Partial, SbpValue, Split
+
+__all__ = ["Hop", "balanced_range", "device_slices", "lower_hop", "reduce_nd_sbp"]
+
+ALL_REDUCE = "all_reduce"
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_TO_ALL = "all_to_all"
+SEND_RECV = "send_recv"
+LOCAL = "local"
+
+
+@dataclass
+class Hop:
+    """One boxing hop as OneFlow 0.9 runs it."""
+
+    kind: str
+    """all_reduce, all_gather, reduce_scatter, all_to_all, send_recv or local"""
+    scope: str
+    """``flat`` (1-D over all devices), ``axis 0`` / ``axis 1`` (one axis of a 2-D mesh), ``2-D``"""
+    rule: str
+    """the OneFlow function that chose it"""
+    bytes_per_axis: dict[int, float] = field(default_factory=dict)
+    """bytes each device sends (averaged over devices), per mesh axis"""
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.bytes_per_axis.values())
+
+
+def balanced_range(size: int, parts: int, index: int) -> tuple[int, int]:
+    """``[lo, hi)`` of part ``index`` when OneFlow's ``BalancedSplitter`` cuts ``size`` into ``parts``."""
+    base, extra = divmod(size, parts)
+    lo = index * base + min(index, extra)
+    return lo, lo + base + (1 if index < extra else 0)
+
+
+def device_slices(
+    shape: Sequence[int], sbp: NdSbp, hierarchy: Sequence[int], coord: Sequence[int]
+) -> tuple[tuple[int, int], ...]:
+    """The box ``((lo, hi), ...)`` of the tensor the device at ``coord`` holds under ``sbp``.
+
+    Axes split the same dim in mesh-axis order (OneFlow's ``GetTensorSliceView4ParallelId``).
+    """
+    box = [(0, int(d)) for d in shape]
+    for axis, value in enumerate(sbp):
+        if isinstance(value, Split):
+            lo, hi = box[value.dim]
+            a, b = balanced_range(hi - lo, int(hierarchy[axis]), int(coord[axis]))
+            box[value.dim] = (lo + a, lo + b)
+    return tuple(box)
+
+
+def _volume(box: Sequence[tuple[int, int]]) -> int:
+    return math.prod(max(0, hi - lo) for lo, hi in box)
+
+
+def _intersect(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+
+
+def reduce_nd_sbp(
+    src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
+) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...], tuple[int, ...]]:
+    """``InOutParallelDimReduce`` for one placement: both ends to 1-D when each has one value on all axes."""
+    if len(set(src)) == 1 and len(set(dst)) == 1:
+        return (src[0],), (dst[0],), (math.prod(hierarchy),)
+    return tuple(src), tuple(dst), tuple(int(h) for h in hierarchy)
+
+
+def _ring(kind: str, group_bytes: float, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    if kind == ALL_REDUCE:
+        return 2 * (n - 1) / n * group_bytes
+    if kind == ALL_TO_ALL:
+        return (n - 1) / (n * n) * group_bytes
+    return (n - 1) / n * group_bytes
+
+
+def _flat_per_axis(kind: str, total: float, hierarchy: Sequence[int]) -> dict[int, float]:
+    """A collective over all devices of an N-D mesh, counted per axis.
+
+    Ring collectives as their hierarchical decomposition, innermost axis first:
+    an all-gather of ``T`` over ``[n0, n1]`` is an all-gather of the ``T/n0``
+    group piece on axis 1, then of ``T`` on axis 0; on axis ``a`` the group
+    holds ``T / prod(n[:a])`` and moves ``(n_a-1)/n_a`` of it.  The per-axis
+    bytes add up to the flat ring volume ``(N-1)/N * T`` (twice that for an
+    all-reduce).  All-to-all: every device sends ``T/N^2`` to each of the other
+    ``N-1`` devices; a message counts on the outermost axis where the two
+    devices' coordinates differ.
+    """
+    out: dict[int, float] = {}
+    n_all = math.prod(int(h) for h in hierarchy)
+    for axis in range(len(hierarchy)):
+        n = int(hierarchy[axis])
+        if kind == ALL_TO_ALL:
+            inner = math.prod(int(h) for h in hierarchy[axis + 1 :])
+            peers = (n - 1) * inner  # differ first on this axis
+            out[axis] = peers * total / (n_all * n_all)
+            continue
+        group = total / math.prod(int(h) for h in hierarchy[:axis])
+        out[axis] = _ring(kind, group, n)
+    return out
+
+
+def _send_recv(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
+) -> dict[int, float]:
+    coords = list(itertools.product(*(range(int(h)) for h in hierarchy)))
+    per_axis = {a: 0.0 for a in range(len(hierarchy))}
+    for d in coords:
+        want = device_slices(shape, dst, hierarchy, d)
+        if _volume(want) == 0:
+            continue
+        # sources: every coordinate on S and P axes; the receiver's own on B axes and on
+        # axes where both ends are P (each addend stays with its own group)
+        choices = [
+            [d[a]]
+            if isinstance(v, Broadcast) or (isinstance(v, Partial) and isinstance(dst[a], Partial))
+            else list(range(int(hierarchy[a])))
+            for a, v in enumerate(src)
+        ]
+        for s in itertools.product(*choices):
+            if tuple(s) == tuple(d):
+                continue
+            part = _volume(_intersect(device_slices(shape, src, hierarchy, s), want))
+            if part == 0:
+                continue
+            crossed = [a for a in range(len(hierarchy)) if s[a] != d[a]]
+            per_axis[crossed[0]] += part * itemsize
+    return {a: b / len(coords) for a, b in per_axis.items()}
+
+
+def _divides(shape: Sequence[int], dim: int, n: int) -> bool:
+    return dim < len(shape) and shape[dim] % n == 0
+
+
+def lower_hop(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]) -> Hop:
+    """How OneFlow 0.9 (``nccl_use_compute_stream``) runs the hop ``src -> dst`` (see the module doc)."""
+    shape = [int(d) for d in shape]
+    total = float(math.prod(shape) * itemsize)
+    if src == dst:
+        return Hop(LOCAL, "-", "same SBP")
+    to_partial = [
+        a for a, (s, d) in enumerate(zip(src, dst)) if isinstance(d, Partial) and not isinstance(s, Partial)
+    ]
+    if to_partial:
+        # B -> P, S -> P on an axis is local (zero-fill, NaiveB2PSubTskGphBuilder); the other
+        # axes still have to change: keep the source's value on those axes and lower the rest
+        kept = NdSbp(tuple(src[a] if a in to_partial else d for a, d in enumerate(dst)))
+        if kept == src:
+            return Hop(
+                LOCAL, "-", "NaiveB2P / local slice (consumer takes P)", dict.fromkeys(range(len(src)), 0.0)
+            )
+        return lower_hop(shape, itemsize, src, kept, hierarchy)
+    rsrc, rdst, rh = reduce_nd_sbp(src, dst, hierarchy)
+    if len(rh) == 1:
+        a, b = rsrc[0], rdst[0]
+        n = rh[0]
+        rule = "TryBuildNcclBy1DHierarchy"
+        kind: str | None = None
+        if isinstance(a, Partial) and isinstance(b, Broadcast):
+            kind = ALL_REDUCE
+        elif isinstance(a, Partial) and isinstance(b, Split) and _divides(shape, b.dim, n):
+            kind = REDUCE_SCATTER
+        elif isinstance(a, Split) and isinstance(b, Broadcast) and _divides(shape, a.dim, n):
+            kind = ALL_GATHER
+        elif (
+            isinstance(a, Split)
+            and isinstance(b, Split)
+            and _divides(shape, a.dim, n)
+            and _divides(shape, b.dim, n)
+        ):
+            kind = ALL_TO_ALL
+        if kind is not None:
+            if len(hierarchy) == 1:
+                return Hop(kind, "flat", rule, {0: _ring(kind, total, n)})
+            return Hop(kind, "flat", rule, _flat_per_axis(kind, total, hierarchy))
+        return Hop(SEND_RECV, "flat", rule, _send_recv(shape, itemsize, src, dst, hierarchy))
+    if len(rh) != 2:
+        return Hop(
+            SEND_RECV,
+            "N-D",
+            "NDNcclSendRecvBoxingSubTskGphBuilder",
+            _send_recv(shape, itemsize, src, dst, hierarchy),
+        )
+    n0, n1 = rh
+    if src[0] == dst[0]:
+        a, b = src[1], dst[1]
+        group = total / n0 if isinstance(src[0], Split) else total
+        piece = list(shape)
+        if isinstance(src[0], Split):
+            piece[src[0].dim] //= n0
+        rule = "TryBuildNcclBy2DHierarchySameDim0"
+        kind = None
+        if isinstance(a, Partial) and isinstance(b, Broadcast):
+            kind = ALL_REDUCE
+        elif isinstance(a, Split) and isinstance(b, Broadcast) and _divides(piece, a.dim, n1):
+            kind = ALL_GATHER
+        elif (
+            isinstance(a, Split)
+            and isinstance(b, Split)
+            and _divides(piece, a.dim, n1)
+            and _divides(piece, b.dim, n1)
+        ):
+            kind = ALL_TO_ALL
+        if kind is not None:
+            return Hop(kind, "axis 1", rule, {0: 0.0, 1: _ring(kind, group, n1)})
+    elif (
+        src[1] == dst[1]
+        and not (_all_same_split(src) or _all_same_split(dst))
+        and isinstance(src[0], Partial)
+        and isinstance(dst[0], Broadcast)
+    ):
+        group = total / n1 if isinstance(src[1], Split) else total
+        return Hop(
+            ALL_REDUCE,
+            "axis 0",
+            "TryBuildNcclBy2DHierarchySameDim1",
+            {0: _ring(ALL_REDUCE, group, n0), 1: 0.0},
+        )
+    if any(isinstance(v, Partial) for v in dst):
+        # P kept on an axis (the source has it too), the other changes: the task graph's
+        # Intra/InterGroup builder moves slices within each addend's group (SliceBoxing)
+        moved = _send_recv(shape, itemsize, src, dst, hierarchy)
+        kind = SEND_RECV if sum(moved.values()) > 0 else LOCAL
+        return Hop(kind, "2-D", "Intra/InterGroupSubTskGphBuilder + SliceBoxing (P kept)", moved)
+    return Hop(
+        SEND_RECV, "2-D", "TryBuildNcclBy2DHierarchyOthers", _send_recv(shape, itemsize, src, dst, hierarchy)
+    )
+
+
+def _all_same_split(sbp: NdSbp) -> bool:
+    return len(set(sbp)) == 1 and isinstance(sbp[0], Split)
+
+
+def lower_chain(
+    shape: Sequence[int], itemsize: int, chain: Sequence[NdSbp], hierarchy: Sequence[int]
+) -> list[Hop]:
+    """The hops of ``chain`` (source, OneFlow's middle SBPs, destination), each lowered."""
+    return [lower_hop(shape, itemsize, a, b, hierarchy) for a, b in itertools.pairwise(chain)]
+
+
+def observed_table(probe: dict[str, Any], itemsize: int = 4) -> dict[str, Any]:
+    """The machine-readable boxing table from a probe run (``tests/oneflow/_probe_boxing.py``).
+
+    For every transition: the middle SBPs OneFlow's ``BoxingWithMiddleNodes`` inserted
+    when it compiled the probe job (observed), and each hop as OneFlow 0.9 lowers it on
+    GPUs with ``nccl_use_compute_stream`` (:func:`lower_hop`): collective, scope, the
+    OneFlow function that chose it, bytes per device per axis, and the same bytes as a
+    fraction of the tensor's bytes ``T``.
+    """
+    from autopar.sbp import parse_nd_sbp
+
+    hierarchy = [int(h) for h in probe["hierarchy"]]
+    rows = []
+    for t in probe["transitions"]:
+        shape = [int(d) for d in t["shape"]]
+        total = math.prod(shape) * itemsize
+        chain = [parse_nd_sbp(s) for s in (t["src"], *t["middle"], t["dst"])]
+        hops = lower_chain(shape, itemsize, chain, hierarchy)
+        rows.append(
+            {
+                "shape": shape,
+                "src": t["src"],
+                "dst": t["dst"],
+                "compiled": t["compiled"],
+                "middle": t["middle"],
+                "hops": [
+                    {
+                        "from": str(a),
+                        "to": str(b),
+                        "kind": h.kind,
+                        "scope": h.scope,
+                        "rule": h.rule,
+                        "bytes_per_axis_over_T": {
+                            str(ax): round(v / total, 6) for ax, v in sorted(h.bytes_per_axis.items())
+                        },
+                    }
+                    for (a, b), h in zip(itertools.pairwise(chain), hops)
+                ],
+                "total_over_T": round(sum(h.total_bytes for h in hops) / total, 6),
+            }
+        )
+    return {
+        "oneflow": probe.get("oneflow"),
+        "hierarchy": hierarchy,
+        "itemsize": itemsize,
+        "observed_on": "CPU ranks (middle nodes are device-independent: BoxingWithMiddleNodes runs "
+        "before device-specific lowering)",
+        "lowering": "OneFlow 0.9 on CUDA with nccl_use_compute_stream (ZeRO >= 2): "
+        "InsertNcclLogicalOpPass; see autopar/oneflow/lowering.py",
+        "transitions": rows,
+    }

@@ -1,0 +1,224 @@
+"""Count the bytes a OneFlow job moves, from the job's own N-D SBP on every edge.
+
+:func:`count_job_traffic` walks every data edge of a OneFlow ``Job`` (every op
+of ``job.net.op``: the ZeRO casts, the optimizer's ``model`` / ``model_diff``
+inputs, the ops autopar's import drops, OneFlow's ``System-Boxing-Middle-Identity``
+hops), reads the producer's output N-D SBP and the consumer's input N-D SBP
+from ``job_parallel_view_conf`` and, where they differ, prices the hop as
+OneFlow 0.9 lowers it (:func:`autopar.oneflow.lowering.lower_hop`, written from
+OneFlow's source).  Nothing here calls autopar's cost model, rules or
+evaluator: the count is a check on them.
+
+Use the *compiled* job (``nn.Graph._compiled_job_proto`` after
+``finish_complie_and_init_runtime``): it holds the middle nodes OneFlow's
+``BoxingCollector`` inserted, so every counted edge is one hop as OneFlow runs
+it.  A built, uncompiled job lacks them; its multi-step transitions are then
+priced as one hop (``JobTraffic.compiled`` is False and says so).  Ops that
+OneFlow inserted as ``System-NCCL-Logical-*`` (GPU compiles with
+``nccl_use_compute_stream``) do their own transition: the op's input and
+output SBPs are priced as one hop.
+
+Edges between two placements (a 1-device op feeding the mesh) are not priced
+(OneFlow boxes them across placements); they are counted in
+``JobTraffic.cross_placement_edges``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.graph import DTYPE_BYTES
+from autopar.oneflow.convert import dtype_name, nd_sbp_from_proto, parallel_size
+from autopar.oneflow.jobs import load_job
+from autopar.oneflow.lowering import lower_hop
+from autopar.sbp import NdSbp
+
+__all__ = ["JobTraffic", "count_job_traffic", "edge_category"]
+
+_MIDDLE_PREFIX = "System-Boxing-Middle-Identity"
+_ZERO_PREFIX = "System-ZeRO-"
+_NCCL_PREFIX = "System-NCCL-Logical"
+_COMPILED_MARK = "System-EagerCriticalSection"
+"""ops nn.Graph adds when it compiles a job (absent from the built job)"""
+
+
+@dataclass
+class JobTraffic:
+    """Bytes per device that a job's own SBPs make it move, per mesh axis."""
+
+    hierarchy: tuple[int, ...]
+    compiled: bool
+    """True for a compiled job (it has nn.Graph's ``System-EagerCriticalSection`` ops and
+    OneFlow's middle nodes); False for a built job, whose multi-step transitions count as one hop"""
+    bytes_per_axis: dict[int, float]
+    bytes_per_category: dict[str, dict[int, float]]
+    """``model`` (edges between model ops), ``zero_cast``, ``optimizer``, ``middle_node``, ``dropped``"""
+    bytes_per_kind: dict[str, float]
+    hops: int
+    middle_nodes: int
+    cross_placement_edges: int
+    edges: list[dict[str, Any]] = field(default_factory=list)
+    """the 20 largest hops: producer, consumer, port, src, dst, kind, bytes"""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hierarchy": list(self.hierarchy),
+            "compiled": self.compiled,
+            "bytes_per_axis": {str(a): b for a, b in sorted(self.bytes_per_axis.items())},
+            "bytes_per_category": {
+                c: {str(a): b for a, b in sorted(v.items())}
+                for c, v in sorted(self.bytes_per_category.items())
+            },
+            "bytes_per_kind": dict(sorted(self.bytes_per_kind.items())),
+            "hops": self.hops,
+            "middle_nodes": self.middle_nodes,
+            "cross_placement_edges": self.cross_placement_edges,
+            "largest_edges": self.edges,
+        }
+
+
+def _input_bns(op: Any, lbns: Any) -> list[tuple[str, str]]:
+    """``(bn, lbn)`` of every data input of an ``OperatorConf`` (OneFlow's blob names)."""
+    kind = op.WhichOneof("op_type")
+    if kind == "user_conf":
+        return [(f"{arg}_{i}", lbn) for arg, lst in op.user_conf.input.items() for i, lbn in enumerate(lst.s)]
+    conf = getattr(op, kind)
+    out: list[tuple[str, str]] = []
+    for fd, value in conf.ListFields():
+        if fd.type != fd.TYPE_STRING:
+            continue
+        if fd.label == fd.LABEL_REPEATED:
+            out.extend((f"{fd.name}_{i}", v) for i, v in enumerate(value) if v in lbns)
+        elif value in lbns:
+            out.append((fd.name, value))
+    return out
+
+
+def _placements(job: Any) -> dict[str, tuple[int, ...]]:
+    """op name -> hierarchy of its placement (with the device list as a key suffix)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for group in job.placement.placement_group:
+        conf = group.parallel_conf
+        shape = tuple(int(d) for d in conf.hierarchy.dim) or (parallel_size(conf.device_name),)
+        for name in group.op_set.op_name:
+            out[name] = (*shape, hash(tuple(conf.device_name)))
+    return out
+
+
+def edge_category(producer: str, consumer: str, consumer_is_update: bool, dropped: set[str]) -> str:
+    """Which part of the job an edge belongs to (see :class:`JobTraffic`)."""
+    if consumer.startswith(_MIDDLE_PREFIX) or producer.startswith(_MIDDLE_PREFIX):
+        return "middle_node"
+    if consumer.startswith(_ZERO_PREFIX) or producer.startswith(_ZERO_PREFIX):
+        return "zero_cast"
+    if consumer_is_update:
+        return "optimizer"
+    if consumer in dropped or producer in dropped:
+        return "dropped"
+    return "model"
+
+
+def count_job_traffic(job: Any, *, dropped: set[str] | None = None) -> JobTraffic:
+    """Bytes per device per mesh axis that ``job`` (message, bytes or ``.pb`` path) moves.
+
+    ``dropped``: op names to report under the ``dropped`` category (those
+    :func:`autopar.oneflow.import_job` leaves out; computed when omitted).
+    """
+    from autopar.oneflow.importer import job_mesh_shape
+
+    job = load_job(job)
+    if dropped is None:
+        from autopar.oneflow.importer import import_job
+
+        meta = import_job(job).meta["oneflow"]
+        dropped = {n for names in meta["dropped"].values() for n in names}
+    hierarchy = job_mesh_shape(job)
+    ndim = len(hierarchy)
+    blob_desc = job.helper.lbn2logical_blob_desc
+    conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+    placement = _placements(job)
+
+    def sbp_of(op_name: str, bn: str) -> NdSbp | None:
+        sig = conf.get(op_name) if op_name in conf else None
+        if sig is None or bn not in sig.bn_in_op2nd_sbp:
+            return None
+        return nd_sbp_from_proto(sig.bn_in_op2nd_sbp[bn], ndim)
+
+    per_axis: dict[int, float] = defaultdict(float)
+    per_cat: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    per_kind: dict[str, float] = defaultdict(float)
+    hops = middle = cross = 0
+    edges: list[dict[str, Any]] = []
+    main = next((pl for pl in placement.values() if pl[:-1] == tuple(hierarchy)), None)
+
+    def add(producer: str, consumer: str, port: str, lbn: str, src: NdSbp, dst: NdSbp, update: bool) -> None:
+        nonlocal hops
+        desc = blob_desc[lbn]
+        enum = desc.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[desc.data_type].name
+        shape = [int(d) for d in desc.shape.dim]
+        hop = lower_hop(shape, DTYPE_BYTES[dtype_name(enum, f"blob {lbn!r}")], src, dst, hierarchy)
+        if hop.total_bytes <= 0:
+            return
+        hops += 1
+        cat = edge_category(producer, consumer, update, dropped)
+        for a, b in hop.bytes_per_axis.items():
+            per_axis[a] += b
+            per_cat[cat][a] += b
+        per_kind[hop.kind] += hop.total_bytes
+        edges.append(
+            {
+                "producer": producer,
+                "consumer": consumer,
+                "port": port,
+                "shape": shape,
+                "src": str(src),
+                "dst": str(dst),
+                "kind": f"{hop.kind} ({hop.scope})",
+                "category": cat,
+                "bytes": hop.total_bytes,
+            }
+        )
+
+    for op in job.net.op:
+        if op.name.startswith(_MIDDLE_PREFIX):
+            middle += 1
+        if main is None or placement.get(op.name) != main or op.name not in conf:
+            continue
+        if op.name.startswith(_NCCL_PREFIX):  # the op itself does the transition
+            src = sbp_of(op.name, "in_0")
+            dst = sbp_of(op.name, "out_0")
+            (lbn,) = op.user_conf.input["in"].s
+            if src is not None and dst is not None and src != dst:
+                add(op.name, op.name, "in_0", lbn, src, dst, False)
+            continue
+        inputs = _input_bns(op, blob_desc)
+        update = (
+            op.WhichOneof("op_type") == "user_conf"
+            and "model" in op.user_conf.input
+            and "model_diff" in op.user_conf.input
+        )
+        for bn, lbn in inputs:
+            producer, out_bn = lbn.split("/", 1)
+            if placement.get(producer) != main:
+                cross += placement.get(producer) is not None
+                continue
+            src = sbp_of(producer, out_bn)
+            dst = sbp_of(op.name, bn)
+            if src is None or dst is None or src == dst:
+                continue
+            add(producer, op.name, bn, lbn, src, dst, update)
+    edges.sort(key=lambda e: -e["bytes"])
+    compiled = any(op.name.startswith(_COMPILED_MARK) for op in job.net.op)
+    return JobTraffic(
+        tuple(hierarchy),
+        compiled,
+        {a: per_axis.get(a, 0.0) for a in range(ndim)},
+        {c: {a: v.get(a, 0.0) for a in range(ndim)} for c, v in per_cat.items()},
+        dict(per_kind),
+        hops,
+        middle,
+        cross,
+        edges[:20],
+    )

@@ -1,0 +1,46 @@
+"""Bytes a OneFlow job moves by its own N-D SBP (autopar.oneflow.traffic), on the tiny [2, 2] jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autopar.oneflow.traffic import count_job_traffic
+
+pytestmark = pytest.mark.oneflow
+
+
+def _job(path: Path) -> Any:
+    from autopar.oneflow.jobs import load_job
+
+    return load_job(path)
+
+
+def test_a_zero2_job_moves_bytes_on_both_axes_including_zero_casts_and_optimizer(
+    mesh_jobs: tuple[Path, dict[str, Any]],
+) -> None:
+    out, _ = mesh_jobs
+    traffic = count_job_traffic(out / "mt5-tiny_zero2.pb")
+    assert not traffic.compiled  # a built job: no middle nodes yet
+    assert traffic.bytes_per_axis[0] > 0 and traffic.bytes_per_axis[1] > 0
+    assert sum(traffic.bytes_per_category["zero_cast"].values()) > 0
+    assert sum(traffic.bytes_per_category["optimizer"].values()) > 0
+    assert sum(traffic.bytes_per_axis.values()) == pytest.approx(sum(traffic.bytes_per_kind.values()))
+
+
+def test_without_zero_no_zero_cast_bytes(mesh_jobs: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = mesh_jobs
+    traffic = count_job_traffic(out / "gpt-tiny_zero0.pb")
+    assert "zero_cast" not in traffic.bytes_per_category
+
+
+def test_a_job_whose_every_port_is_broadcast_moves_nothing(mesh_jobs: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = mesh_jobs
+    job = _job(out / "bert-tiny_zero2.pb")
+    for sig in job.job_parallel_view_conf.op_name2nd_sbp_signature_conf.values():
+        for nd in sig.bn_in_op2nd_sbp.values():
+            for v in nd.sbp_parallel:
+                v.broadcast_parallel.SetInParent()
+    assert sum(count_job_traffic(job).bytes_per_axis.values()) == 0
