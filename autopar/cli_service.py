@@ -62,6 +62,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app
+    from service.settings import check_exposure
+
+    check_exposure(settings, args.host)
 
     backend = "redis" if settings.uses_redis else f"embedded cache at {settings.cache_dir}"
     sys.stderr.write(f"autopar serve: http://{args.host}:{args.port} ({backend})\n")

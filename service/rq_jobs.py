@@ -484,7 +484,15 @@ class RQJobManager:
         try:
             return await asyncio.to_thread(check)
         except RedisError as exc:
-            return {"ok": False, "kind": self.kind, "detail": f"Redis unavailable: {exc}"}
+            log.warning("readiness: Redis unavailable: %s", exc)
+            return {"ok": False, "kind": self.kind, "detail": "the queue (Redis) does not answer"}
+
+    async def active(self) -> int:
+        def count() -> int:
+            return int(self.queue.count) + int(StartedJobRegistry(queue=self.queue).count)
+
+        n: int = await self._call("count", count)
+        return n
 
     async def solves_started(self) -> int:
         raw = await self._call("stats", lambda: self.store.get("stat:solves_started"))

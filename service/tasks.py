@@ -15,7 +15,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from autopar.errors import (
     AutoparError,
@@ -32,11 +32,13 @@ from cache.base import PrefixedStore, Store
 from cache.errors import CacheUnavailable
 from cache.plans import PlanCache, plan_key
 from service.jobs import finite
-from service.requests import request_from_payload
+from service.requests import key_dict_of, request_from_payload
 from service.settings import Settings
 from solver.planner import PlanRequest, Progress, plan
 
-__all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job"]
+__all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job", "with_retries"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("autopar.service.tasks")
 
@@ -69,6 +71,22 @@ def error_of(exc: BaseException) -> dict[str, Any]:
         "message": f"the solve failed unexpectedly: {type(exc).__name__}: {exc}",
         "traceback": traceback.format_exception_only(type(exc), exc)[-1].strip(),
     }
+
+
+def with_retries(fn: Callable[[], T], grace_s: float, what: str) -> T:
+    """``fn()``, retried with backoff (0.1 s doubling to 2 s) while the cache is unavailable,
+    for up to ``grace_s`` seconds: a finished solve outlives a Redis restart."""
+    deadline = time.monotonic() + grace_s
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except CacheUnavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("cannot %s yet (%s); retrying in %.1f s", what, exc.code, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 def plan_record(
@@ -152,7 +170,7 @@ def run_job(
         )
     graph = Graph.from_dict(codec.decode(raw)).validate()
     request = request_from_payload(payload, graph)
-    key_dict = request.to_key_dict()
+    key_dict = key_dict_of(request)
     key = plan_key(key_dict, versions)
     if key != job_id:
         theirs = payload.get("versions")
@@ -174,7 +192,9 @@ def run_job(
     result = plan(request, store=costs, progress=_Throttle(report), hint=hint)
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)
-    stored = plans.put(job_id, record, result.step_time_s)
+    stored = with_retries(
+        lambda: plans.put(job_id, record, result.step_time_s), settings.outage_grace_s, "store the plan"
+    )
     solver = result.solver or {}
     log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)
     return finite(

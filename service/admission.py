@@ -1,0 +1,103 @@
+"""Admission control and job ownership.
+
+* A client (its API key, else its address) may have at most
+  ``max_jobs_per_client`` unfinished jobs it started; the whole backend at most
+  ``max_active_jobs``.  Beyond either: 429 with ``Retry-After``.  Joining a job
+  that is already in flight (the same request) is always admitted: it costs no
+  solve.
+* Every client that asked for a job owns a reference to it.  ``DELETE`` by an
+  owner drops that reference; the job is canceled only when no owner is left,
+  so one client cannot cancel another's wait.  A client that never asked for
+  the job cannot cancel it (403).
+
+Ownership is kept per API process (bounded LRU): behind several API replicas,
+a client cancels through the replica it submitted to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from service.problems import ApiError
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.jobs import JobManager
+
+__all__ = ["Admission", "client_id"]
+
+_OWNED_LIMIT = 100_000
+"""Jobs whose owners one API process remembers (least recently submitted forgotten first)."""
+
+
+def client_id(api_key: str | None, address: str | None) -> str:
+    """A stable, non-secret client identity: a digest of the key, else the address."""
+    if api_key:
+        return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+    return f"addr:{address or 'unknown'}"
+
+
+class Admission:
+    """Per-client and global bounds on unfinished jobs; owners of each job."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.owners: OrderedDict[str, set[str]] = OrderedDict()
+
+    def _too_many(self, detail: str) -> ApiError:
+        return ApiError(
+            429,
+            "too_many_jobs",
+            detail,
+            headers={"Retry-After": str(self.settings.retry_after_s)},
+        )
+
+    async def _unfinished_of(self, client: str, jobs: JobManager) -> int:
+        count = 0
+        for job_id, owners in list(self.owners.items()):
+            if client not in owners:
+                continue
+            info = await jobs.get(job_id)
+            if info is None or info.terminal:
+                self.owners.pop(job_id, None)
+            else:
+                count += 1
+        return count
+
+    async def admit(self, client: str, job_id: str, jobs: JobManager, *, new: bool) -> None:
+        """Raise 429 when starting a ``new`` job would exceed a bound; record ``client`` as owner."""
+        if new:
+            if await self._unfinished_of(client, jobs) >= self.settings.max_jobs_per_client:
+                raise self._too_many(
+                    f"you have {self.settings.max_jobs_per_client} unfinished jobs, the most one client "
+                    "may have; wait for one to end (or cancel one) and retry"
+                )
+            if await jobs.active() >= self.settings.max_active_jobs:
+                raise self._too_many(
+                    f"the server has {self.settings.max_active_jobs} unfinished jobs, its limit; retry later"
+                )
+            self.owners.pop(job_id, None)
+        self.owners.setdefault(job_id, set()).add(client)
+        self.owners.move_to_end(job_id)
+        while len(self.owners) > _OWNED_LIMIT:
+            self.owners.popitem(last=False)
+
+    def release(self, client: str, job_id: str) -> bool:
+        """Drop ``client``'s reference; True when no owner is left (the job should be canceled).
+
+        403 when ``client`` does not own the job.
+        """
+        owners = self.owners.get(job_id)
+        if owners is None or client not in owners:
+            raise ApiError(
+                403,
+                "not_job_owner",
+                "only a client that submitted this job can cancel it (through the same API server)",
+            )
+        owners.discard(client)
+        if owners:
+            return False
+        del self.owners[job_id]
+        return True
