@@ -2,8 +2,8 @@
 
 :func:`parse_graph` turns *any* failure of the graph reader into a
 :class:`GraphError` (422), caps the graph's size (413), refuses tensor sizes
-that would overflow the cost model, and runs every op's sharding rule once on
-a two-device mesh, so an op whose rule cannot read it (a renamed port, an
+that would overflow the cost model; :func:`check_rules` runs every op's sharding rule once on
+a two-device mesh before a solve starts, so an op whose rule cannot read it (a renamed port, an
 attribute of the wrong type) is refused up front instead of failing inside a
 solve.  :func:`shared_graph_data` is the graph as stored for the workers: its
 name and metadata belong to the request, not to the content-addressed record.
@@ -11,15 +11,16 @@ name and metadata belong to the request, not to the content-addressed record.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from autopar.errors import AutoparError, GraphError
-from autopar.graph import Graph
+from autopar.graph import Graph, Op
 from autopar.rules.registry import RuleContext, default_rules, nd_signatures
 from service.problems import ApiError
 from service.settings import Settings
 
-__all__ = ["MAX_TENSOR_BYTES", "parse_graph", "shared_graph_data"]
+__all__ = ["MAX_TENSOR_BYTES", "check_rules", "parse_graph", "shared_graph_data"]
 
 MAX_TENSOR_BYTES = 2**50
 """Largest logical tensor, bytes (1 PiB): far above any real model's tensor, far below
@@ -62,18 +63,38 @@ def _check_sizes(graph: Graph) -> None:
         if t.nbytes > MAX_TENSOR_BYTES:
             raise GraphError(
                 "tensor_too_large",
-                f"tensor {t.name!r} of shape {list(t.shape)[:8]} has more than {MAX_TENSOR_BYTES} "
-                "bytes; check its dims",
+                f"tensor {t.name!r} ({len(t.shape)} dims) has more than {MAX_TENSOR_BYTES} bytes; "
+                "check its dims",
                 tensor=t.name,
             )
 
 
-def _check_rules(graph: Graph) -> None:
+def _op_shape(graph: Graph, op: Op) -> tuple[Any, ...]:
+    """What a rule's outcome depends on: type, ports with their tensors' shapes and dtypes, attrs."""
+    ports = tuple(
+        (port, graph.tensors[t].shape, graph.tensors[t].dtype)
+        for port, t in (*op.inputs.items(), ("->", ""), *op.outputs.items())
+        if t
+    )
+    return op.type, ports, json.dumps(op.attrs, sort_keys=True, default=repr)
+
+
+def check_rules(graph: Graph) -> None:
+    """Run every op's sharding rule once on a two-device mesh; 422 naming the first op it fails on.
+
+    Ops alike (same type, ports, shapes and attributes: every layer of a transformer)
+    are checked once.
+    """
     rules = default_rules()
+    seen: set[tuple[Any, ...]] = set()
     for op in graph.ops:
         rule = rules.get(op.type)
         if rule is None:
             continue  # unknown op types are replicated, which always works
+        shape = _op_shape(graph, op)
+        if shape in seen:
+            continue
+        seen.add(shape)
         ctx = RuleContext(
             op=op,
             inputs=tuple(graph.tensors[t] for t in op.inputs.values()),
@@ -94,7 +115,10 @@ def _check_rules(graph: Graph) -> None:
 
 
 def parse_graph(data: Any, settings: Settings) -> Graph:
-    """The validated graph of a request body; 413 when too large, 422 naming the first problem."""
+    """The validated graph of a request body; 413 when too large, 422 naming the first problem.
+
+    Call :func:`check_rules` as well before a solve is started for it.
+    """
     _check_counts(data, settings)
     try:
         graph = Graph.from_dict(data).validate()
@@ -110,7 +134,6 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
         if isinstance(exc, AutoparError):
             raise
         raise GraphError("bad_shape", f"a tensor shape is not a list of sizes: {_short(exc)}") from None
-    _check_rules(graph)
     return graph
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from autopar.errors import AutoparError
 from cache.errors import CacheUnavailable
@@ -27,12 +29,19 @@ __all__ = ["install_handlers"]
 log = logging.getLogger("autopar.service")
 
 
-def _allowed(app: FastAPI, request: Request) -> str:
+def _methods(routes: Iterable[BaseRoute], scope: Scope) -> set[str]:
     methods: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI's include_router wrapper
+        if included is not None:
+            methods |= _methods(included.routes, scope)
+        elif getattr(route, "methods", None) and route.matches(scope)[0] is not Match.NONE:
+            methods |= set(route.methods)  # type: ignore[attr-defined]
+    return methods
+
+
+def _allowed(app: FastAPI, request: Request) -> str:
+    methods = _methods(app.router.routes, {**request.scope, "method": "GET"})
     if "GET" in methods:
         methods.add("HEAD")
     return ", ".join(sorted(methods))

@@ -102,11 +102,24 @@ async def settle(service: Service, key: str, info: JobInfo, deadline: float) -> 
 
 
 async def known_job(service: Service, job_id: str) -> JobInfo:
+    """The job; a succeeded one when only its plan is left; a failed one when the backend lost it.
+
+    A job this process submitted whose record is gone (Redis restarted without
+    persistence) ends ``failed`` with the reason, rather than vanishing (404).
+    """
     info = await service.jobs.get(job_id)
     if info is not None:
         return info
     if await run_in_threadpool(service.plans.get, job_id) is not None:
         return JobInfo(job_id, JobStatus.SUCCEEDED, phase="done", version=1)
+    if job_id in service.admission.owners:
+        error = {
+            "kind": "lost",
+            "code": "job_lost",
+            "message": "the job queue lost this job (Redis restarted without its data); "
+            "submit the request again",
+        }
+        return JobInfo(job_id, JobStatus.FAILED, error=error, version=1)
     raise ApiError(404, "job_not_found", f"no job {job_id}; it never existed or its record expired")
 
 

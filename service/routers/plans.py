@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from cache.plans import PlanRecord, plan_key
 from service.body import BodyRoute, parse_json_model
 from service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
-from service.graphs import parse_graph, shared_graph_data
+from service.graphs import check_rules, parse_graph, shared_graph_data
 from service.jobs import JobStatus
 from service.openapi import WRITE_ERRORS, json_body, problem_responses, ref
 from service.problems import ApiError
@@ -57,6 +57,8 @@ def prepare(service: Service, raw: bytes, refresh: bool) -> Prepared:
     key = plan_key(key_dict, service.versions)
     payload = payload_of(request, service.versions, graph_hash=key_dict["graph"])
     cached = None if refresh else service.plans.get(key)
+    if cached is None:
+        check_rules(graph)
     return Prepared(key, payload, cached, shared_graph_data(body.graph, key_dict["graph"]))
 
 

@@ -16,7 +16,7 @@ from cache.plans import plan_key
 from service import schemas
 from service.body import BodyRoute, parse_json_model
 from service.deps import Auth, Client, Key, ServiceDep
-from service.graphs import parse_graph, shared_graph_data
+from service.graphs import check_rules, parse_graph, shared_graph_data
 from service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
 from service.openapi import WRITE_ERRORS, json_body, problem_responses, ref
 from service.problems import ApiError
@@ -36,6 +36,7 @@ def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any
     settings = service.settings
     body = parse_json_model(SweepBody, raw, settings.max_json_depth)
     graph = parse_graph(body.graph, settings)
+    check_rules(graph)
     cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
     product = itertools.product(body.mesh_shapes, body.memory_budgets_bytes, body.zero_stages)
     combos = list(dict.fromkeys((tuple(m) if m else None, b, z) for m, b, z in product))
