@@ -17,6 +17,7 @@ a client cancels through the replica it submitted to.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,7 @@ class Admission:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.owners: OrderedDict[str, set[str]] = OrderedDict()
+        self._missing_since: dict[str, float] = {}
 
     def _too_many(self, detail: str) -> ApiError:
         return ApiError(
@@ -83,6 +85,20 @@ class Admission:
         self.owners.move_to_end(job_id)
         while len(self.owners) > _OWNED_LIMIT:
             self.owners.popitem(last=False)
+
+    def lost(self, job_id: str) -> bool:
+        """Whether a job this process submitted has had no record for ``worker_lost_after_s``.
+
+        Called when the backend has no record of it: a worker still solving it puts
+        the record back within a heartbeat, so only a job missing that long is lost.
+        """
+        if job_id not in self.owners:
+            return False
+        now = time.monotonic()
+        since = self._missing_since.setdefault(job_id, now)
+        if len(self._missing_since) > _OWNED_LIMIT:
+            self._missing_since = {k: v for k, v in self._missing_since.items() if k in self.owners}
+        return now - since >= self.settings.worker_lost_after_s
 
     def release(self, client: str, job_id: str) -> bool:
         """Drop ``client``'s reference; True when no owner is left (the job should be canceled).

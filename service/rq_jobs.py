@@ -79,8 +79,8 @@ class JobRecords:
         raw: Any = self.client.get(self.key(job_id))
         return JobInfo.from_dict(json.loads(raw)) if raw is not None else None
 
-    def save(self, info: JobInfo) -> None:
-        self.client.set(self.key(info.id), json.dumps(info.to_dict()), px=self.ttl_ms)
+    def save(self, info: JobInfo, *, if_missing: bool = False) -> None:
+        self.client.set(self.key(info.id), json.dumps(info.to_dict()), px=self.ttl_ms, nx=if_missing)
 
     def update(self, job_id: str, change: Callable[[JobInfo], bool]) -> JobInfo | None:
         """Apply ``change`` atomically (WATCH/MULTI); it returns False to leave the record as is.
@@ -162,9 +162,13 @@ class _Heartbeat:
         return self
 
     def _run(self) -> None:
+        started = time.time()
         while not self._stop.wait(self.settings.heartbeat_interval_s):
             with contextlib.suppress(RedisError):
                 self.records.beat(self.job_id, self.settings.worker_lost_after_s)
+                # Redis restarted without its data: put the running job's record back
+                running = JobInfo(self.job_id, JobStatus.RUNNING, attempts=1, started_at=started, version=1)
+                self.records.save(running, if_missing=True)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -384,8 +388,8 @@ class RQJobManager:
             rq_job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)
             status = rq_job.get_status()
         except NoSuchJobError:
-            if time.time() - info.created_at < 5:
-                return info  # being enqueued right now
+            if time.time() - info.created_at < 5 or self.records.alive(job_id):
+                return info  # being enqueued right now, or a worker is solving it (Redis lost RQ's data)
             return self._terminal(
                 job_id,
                 JobStatus.FAILED,

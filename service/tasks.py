@@ -62,6 +62,15 @@ def graph_key(content_hash: str) -> str:
 
 def error_of(exc: BaseException) -> dict[str, Any]:
     """The job ``error`` dict of ``exc``: ``kind`` (family), ``code``, ``message``, details."""
+    if isinstance(exc, CacheUnavailable):  # its message names the Redis host: keep it in the log
+        log.warning("job failed: %s", exc.message)
+        return {
+            "kind": "cache_unavailable",
+            "code": exc.code,
+            "message": "the plan cache / job queue was unavailable for too long; submit the request again",
+        }
+    if isinstance(exc, AutoparError) and exc.code == "graph_missing":
+        return finite({"kind": "lost", **exc.to_dict()})  # not the request's fault: a new POST solves
     if isinstance(exc, AutoparError):
         kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "autopar_error")
         return finite({"kind": kind, **exc.to_dict()})
@@ -161,7 +170,9 @@ def run_job(
     than the API that computed the job id.
     """
     report({"phase": "loading", "objective": None, "bound": None, "elapsed_s": 0.0})
-    raw = store.get(graph_key(payload["graph"]))
+    raw = with_retries(
+        lambda: store.get(graph_key(payload["graph"])), settings.outage_grace_s, "load the graph"
+    )
     if raw is None:
         raise ConfigError(
             "graph_missing",
@@ -187,7 +198,7 @@ def run_job(
         cached = plans.get(job_id)
         if cached is not None:
             hint = Plan.from_dict(cached.data()["plan"])
-    costs = PrefixedStore(store, "cost:", settings.cost_ttl_s)
+    costs = PrefixedStore(store, "cost:", settings.cost_ttl_s, tolerant=True)
     t0 = time.perf_counter()
     result = plan(request, store=costs, progress=_Throttle(report), hint=hint)
     wall = time.perf_counter() - t0

@@ -113,6 +113,9 @@ async def known_job(service: Service, job_id: str) -> JobInfo:
     if await run_in_threadpool(service.plans.get, job_id) is not None:
         return JobInfo(job_id, JobStatus.SUCCEEDED, phase="done", version=1)
     if job_id in service.admission.owners:
+        if not service.admission.lost(job_id):
+            # the backend has no record yet; a worker solving it puts it back within a heartbeat
+            return JobInfo(job_id, JobStatus.QUEUED, phase="recovering", version=0)
         error = {
             "kind": "lost",
             "code": "job_lost",
