@@ -53,9 +53,11 @@ def _check_counts(data: Any, settings: Settings) -> None:
             f"the graph has {len(tensors)} tensors; this server plans at most {settings.max_graph_tensors}",
             limit=settings.max_graph_tensors,
         )
-    meta = data.get("meta")
-    if meta is not None and not isinstance(meta, dict):
-        raise GraphError("bad_format", f"graph meta must be an object, got {type(meta).__name__}")
+    for field, kind in (("tensors", dict), ("ops", list), ("variables", list), ("meta", dict), ("name", str)):
+        value = data.get(field)
+        if value is not None and not isinstance(value, kind):
+            what = "an object" if kind is dict else "a list" if kind is list else "a string"
+            raise GraphError("bad_format", f"graph {field} must be {what}, got {type(value).__name__}")
 
 
 def _check_sizes(graph: Graph) -> None:

@@ -23,7 +23,17 @@ from service import schemas
 from service.problems import PROBLEM_JSON
 from service.requests import EvaluateBody, PlanBody, SweepBody
 
-__all__ = ["WRITE_ERRORS", "install_docs", "install_openapi", "json_body", "problem_responses", "ref"]
+__all__ = [
+    "JOB_LINKS",
+    "PLAN_LINKS",
+    "SWEEP_LINKS",
+    "WRITE_ERRORS",
+    "install_docs",
+    "install_openapi",
+    "json_body",
+    "problem_responses",
+    "ref",
+]
 
 WRITE_ERRORS = (400, 401, 413, 415, 422, 429, 503)
 
@@ -61,6 +71,20 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         s: {"description": _DESCRIPTIONS[s], "content": {PROBLEM_JSON: {"schema": ref("Problem")}}}
         for s in statuses
     }
+
+
+JOB_LINKS = {
+    "GetJob": {"operationId": "getJob", "parameters": {"job_id": "$response.body#/id"}},
+    "JobEvents": {"operationId": "jobEvents", "parameters": {"job_id": "$response.body#/id"}},
+    "CancelJob": {"operationId": "cancelJob", "parameters": {"job_id": "$response.body#/id"}},
+    "GetPlan": {"operationId": "getPlan", "parameters": {"key": "$response.body#/id"}},
+}
+"""OpenAPI links from a job (202) to what can be done with it (stateful clients and tests)."""
+PLAN_LINKS = {
+    "GetPlan": {"operationId": "getPlan", "parameters": {"key": "$response.body#/key"}},
+    "GetJob": {"operationId": "getJob", "parameters": {"job_id": "$response.body#/key"}},
+}
+SWEEP_LINKS = {"GetSweep": {"operationId": "getSweep", "parameters": {"sweep_id": "$response.body#/id"}}}
 
 
 def json_body(model: str) -> dict[str, Any]:

@@ -80,6 +80,7 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
 @router.post(
     "/v1/evaluate",
     summary="Evaluate a plan",
+    operation_id="evaluatePlan",
     response_model=schemas.Evaluation,
     openapi_extra=json_body("EvaluateBody"),
     responses=problem_responses(*WRITE_ERRORS, 404),

@@ -21,7 +21,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["health"])
 
 
-@router.get("/livez", summary="Liveness", response_model=schemas.Liveness)
+@router.get("/livez", summary="Liveness", operation_id="liveness", response_model=schemas.Liveness)
 async def livez() -> dict[str, str]:
     """The process answers."""
     return {"status": "alive"}
@@ -45,6 +45,7 @@ async def _checks(service: Service) -> dict[str, dict[str, Any]]:
 @router.get(
     "/readyz",
     summary="Readiness",
+    operation_id="readiness",
     response_model=schemas.Readiness,
     responses={
         503: {"description": "Not ready.", "content": {"application/json": {"schema": ref("Readiness")}}}
@@ -66,6 +67,7 @@ async def readyz(request: Request) -> Response:
 @router.get(
     "/metrics",
     summary="Prometheus metrics",
+    operation_id="metrics",
     response_class=Response,
     responses={
         200: {

@@ -23,6 +23,17 @@ __all__ = ["SSE_PERIOD_S", "router"]
 
 router = APIRouter(tags=["jobs"])
 
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["progress", "end", "error"]},
+        "id": {"type": "string"},
+        "data": {"type": "string", "description": "The job as JSON (JobView); for `error`, code and detail."},
+    },
+    "required": ["data"],
+}
+"""One server-sent event (OpenAPI 3.1 describes each event of a ``text/event-stream``)."""
+
 SSE_PERIOD_S = 5.0
 """Longest gap between two server-sent events of a running job, seconds."""
 
@@ -30,6 +41,7 @@ SSE_PERIOD_S = 5.0
 @router.get(
     "/v1/jobs/{job_id}",
     summary="Job status",
+    operation_id="getJob",
     response_model=schemas.JobView,
     responses=problem_responses(401, 404, 422, 503),
 )
@@ -59,12 +71,13 @@ async def get_job(
 @router.get(
     "/v1/jobs/{job_id}/events",
     summary="Job progress as server-sent events",
+    operation_id="jobEvents",
     response_class=EventSourceResponse,
     responses={
         200: {
             "description": "`event: progress` with the job as JSON on every change; "
             "`event: end` with the final job.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
         },
         **problem_responses(401, 404, 422, 503),
     },
@@ -97,6 +110,7 @@ async def job_events(job_id: Key, service: ServiceDep, _auth: Auth) -> EventSour
 @router.delete(
     "/v1/jobs/{job_id}",
     summary="Cancel your request for a job",
+    operation_id="cancelJob",
     response_model=schemas.JobView,
     responses=problem_responses(401, 403, 404, 409, 422, 503),
 )

@@ -9,12 +9,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from autopar.graph import Graph
 from cache.plans import PlanRecord, plan_key
 from service.body import BodyRoute, parse_json_model
 from service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
 from service.graphs import check_rules, parse_graph, shared_graph_data
 from service.jobs import JobStatus
-from service.openapi import WRITE_ERRORS, json_body, problem_responses, ref
+from service.openapi import JOB_LINKS, PLAN_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
 from service.problems import ApiError
 from service.requests import PlanBody, build_request, cluster_of, key_dict_of, payload_of
 from service.routers.common import (
@@ -42,6 +43,7 @@ class Prepared:
     """The cached plan, when there is one (and no refresh was asked)."""
     graph_data: dict[str, Any]
     """The graph as the workers get it (no request-specific name or metadata)."""
+    graph: Graph
 
 
 def prepare(service: Service, raw: bytes, refresh: bool) -> Prepared:
@@ -57,24 +59,35 @@ def prepare(service: Service, raw: bytes, refresh: bool) -> Prepared:
     key = plan_key(key_dict, service.versions)
     payload = payload_of(request, service.versions, graph_hash=key_dict["graph"])
     cached = None if refresh else service.plans.get(key)
-    if cached is None:
-        check_rules(graph)
-    return Prepared(key, payload, cached, shared_graph_data(body.graph, key_dict["graph"]))
+    return Prepared(key, payload, cached, shared_graph_data(body.graph, key_dict["graph"]), graph)
+
+
+async def _check_new(service: Service, key: str, prepared: Prepared) -> None:
+    """Before a new job: every op's rule must read the graph; then store the graph for the workers."""
+    try:
+        await in_thread_bounded(service, lambda: check_rules(prepared.graph))
+    except Exception:
+        service.admission.owners.pop(key, None)  # no job will exist
+        raise
+    await run_in_threadpool(service.store_graph, prepared.graph_data, prepared.payload["graph"])
 
 
 @router.post(
     "/v1/plans",
     summary="Request a plan",
+    operation_id="createPlan",
     status_code=202,
     openapi_extra=json_body("PlanBody"),
     responses={
         200: {
             "description": "Cache hit: the plan.",
             "content": {"application/json": {"schema": ref("PlanRecordView")}},
+            "links": PLAN_LINKS,
         },
         202: {
             "description": "Accepted: a job solves it (Location: /v1/jobs/{id}, Retry-After).",
             "content": {"application/json": {"schema": ref("JobView")}},
+            "links": JOB_LINKS,
         },
         **problem_responses(*WRITE_ERRORS),
     },
@@ -110,7 +123,7 @@ async def create_plan(
     await service.admission.admit(client, key, service.jobs, new=new)
     service.metrics.cache(False)
     if new:
-        await run_in_threadpool(service.store_graph, prepared.graph_data, prepared.payload["graph"])
+        await _check_new(service, key, prepared)
     info = await service.jobs.submit(key, prepared.payload, refresh=refresh)
     if info.status is JobStatus.SUCCEEDED and not refresh:
         # the job finished but its plan was evicted: solve again
@@ -122,6 +135,7 @@ async def create_plan(
 @router.get(
     "/v1/plans/{key}",
     summary="Get a cached plan",
+    operation_id="getPlan",
     response_class=Response,
     responses={
         200: {"description": "The plan.", "content": {"application/json": {"schema": ref("PlanRecordView")}}},

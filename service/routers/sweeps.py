@@ -18,7 +18,7 @@ from service.body import BodyRoute, parse_json_model
 from service.deps import Auth, Client, Key, ServiceDep
 from service.graphs import check_rules, parse_graph, shared_graph_data
 from service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
-from service.openapi import WRITE_ERRORS, json_body, problem_responses, ref
+from service.openapi import SWEEP_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
 from service.problems import ApiError
 from service.requests import SweepBody, build_request, cluster_of, key_dict_of, payload_of
 from service.routers.common import deadline_after, in_thread_bounded
@@ -141,6 +141,7 @@ async def _submit_points(service: Service, client: str, points: list[dict[str, A
 @router.post(
     "/v1/sweeps",
     summary="What-if sweep",
+    operation_id="createSweep",
     status_code=202,
     response_class=Response,
     openapi_extra=json_body("SweepBody"),
@@ -148,10 +149,12 @@ async def _submit_points(service: Service, client: str, points: list[dict[str, A
         200: {
             "description": "Every point is done.",
             "content": {"application/json": {"schema": ref("SweepView")}},
+            "links": SWEEP_LINKS,
         },
         202: {
             "description": "Some points are still solving (Location: /v1/sweeps/{id}).",
             "content": {"application/json": {"schema": ref("SweepView")}},
+            "links": SWEEP_LINKS,
         },
         **problem_responses(*WRITE_ERRORS),
     },
@@ -184,6 +187,7 @@ async def create_sweep(
 @router.get(
     "/v1/sweeps/{sweep_id}",
     summary="A sweep's table",
+    operation_id="getSweep",
     response_model=schemas.SweepView,
     responses=problem_responses(401, 404, 422, 503),
 )
