@@ -16,7 +16,6 @@ Key layout (every backend adds its own namespace prefix)::
     cost:{memo key}     one cost-table entry (bytes from the core's memo)
     graph:{hash}        compressed graph JSON          (job TTL)
     job:{id}            compressed job record           (job TTL)
-    body:{digest}       request-body digest -> plan key (plan TTL)
     sweep:{id}          compressed sweep record         (job TTL)
     stat:{name}         integer counters
 
