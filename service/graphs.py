@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 from autopar.errors import AutoparError, GraphError
 from autopar.graph import Graph, Op
 from autopar.rules.registry import RuleContext, default_rules, nd_signatures
 from service.problems import ApiError
+from service.schemas import GraphDoc
 from service.settings import Settings
 
 __all__ = ["MAX_TENSOR_BYTES", "check_rules", "parse_graph", "shared_graph_data"]
@@ -116,12 +119,25 @@ def check_rules(graph: Graph) -> None:
             ) from None
 
 
+def _check_types(data: dict[str, Any]) -> None:
+    """Every field of the wire format has its documented JSON type (the OpenAPI ``GraphDoc``, strictly)."""
+    try:
+        GraphDoc.model_validate(data, strict=True)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise GraphError(
+            "bad_format", f"graph.{where}: {first.get('msg', 'invalid')}", errors=exc.error_count()
+        ) from None
+
+
 def parse_graph(data: Any, settings: Settings) -> Graph:
     """The validated graph of a request body; 413 when too large, 422 naming the first problem.
 
     Call :func:`check_rules` as well before a solve is started for it.
     """
     _check_counts(data, settings)
+    _check_types(data)
     try:
         graph = Graph.from_dict(data).validate()
     except AutoparError:
