@@ -103,7 +103,7 @@ def run_worker(settings: Settings, name: str | None, *, burst: bool, log_level: 
             worker.work(burst=burst, logging_level=log_level)
         except RedisError as exc:
             log.warning("worker %s: work loop ended on a Redis error (%s)", worker.name, exc)
-        if burst or worker._stop_requested:
+        if burst or worker._shutdown_requested_date is not None:  # SIGTERM / SIGINT
             return
         log.warning("worker %s: restarting its work loop", worker.name)
         worker = make_worker(settings, worker.name)
