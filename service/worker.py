@@ -20,6 +20,7 @@ end on a Redis error, and stops only on SIGTERM / SIGINT or in burst mode.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from typing import Any
 
@@ -93,10 +94,17 @@ def _wait_for_redis(worker: Worker) -> None:
             delay = min(2 * delay, MAX_BACKOFF_S)
 
 
+def _exit_now(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
 def run_worker(settings: Settings, name: str | None, *, burst: bool, log_level: str) -> None:
     """Work until stopped (SIGTERM / SIGINT) or, with ``burst``, until the queue is empty."""
     worker = make_worker(settings, name)
     while True:
+        # between work loops (waiting for Redis) a signal stops at once; work() installs RQ's own
+        signal.signal(signal.SIGTERM, _exit_now)
+        signal.signal(signal.SIGINT, _exit_now)
         _wait_for_redis(worker)
         try:
             worker.connection.delete(worker.key)  # our own registration from before an outage
