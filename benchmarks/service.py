@@ -312,6 +312,7 @@ def main() -> int:
     parser.add_argument("--skip-cold", action="store_true")
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument("--skip-429", action="store_true")
+    parser.add_argument("--only-429", action="store_true", help="only the 429 measurement")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results: dict[str, Any] = {"cpus": os.cpu_count(), "time_limit_s": args.time_limit}
@@ -326,6 +327,12 @@ def main() -> int:
         "zstd_bytes": len(zstandard.ZstdCompressor(level=3).compress(body)),
     }
     print("body", results["body"], flush=True)
+
+    if args.only_429:
+        with tempfile.TemporaryDirectory(prefix="autopar-bench-") as tmp:
+            results["refused_429"] = refused_report(Path(tmp) / "cache-429", graph_json, 20)
+        print(json.dumps(results, indent=1))
+        return 0
 
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as tmp:
         cache = Path(tmp) / "cache"

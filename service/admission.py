@@ -2,9 +2,10 @@
 
 * A client (its API key, else its address) may have at most
   ``max_jobs_per_client`` unfinished jobs it started; the whole backend at most
-  ``max_active_jobs``.  Beyond either: 429 with ``Retry-After``.  Joining a job
-  that is already in flight (the same request) is always admitted: it costs no
-  solve.
+  ``max_active_jobs``.  Beyond either: 429 with ``Retry-After``, decided
+  *before* the body is parsed (:meth:`Admission.precheck`).  Below the bounds,
+  joining a job already in flight (the same request) does not count: it costs
+  no solve.
 * Every client that asked for a job owns a reference to it.  ``DELETE`` by an
   owner drops that reference; the job is canceled only when no owner is left,
   so one client cannot cancel another's wait.  A client that never asked for
@@ -68,18 +69,30 @@ class Admission:
                 count += 1
         return count
 
+    async def precheck(self, client: str, jobs: JobManager) -> None:
+        """Refuse (429) before parsing a body when this client or the server is at its bound.
+
+        Shedding load before the parse is the point: a large graph takes seconds to read.
+        A client at its bound can still follow its jobs (``GET /v1/jobs/{id}``) and get
+        byte-identical cache hits (answered before this check).
+        """
+        await self._check_bounds(client, jobs)
+
+    async def _check_bounds(self, client: str, jobs: JobManager) -> None:
+        if await self._unfinished_of(client, jobs) >= self.settings.max_jobs_per_client:
+            raise self._too_many(
+                f"you have {self.settings.max_jobs_per_client} unfinished jobs, the most one client "
+                "may have; wait for one to end (or cancel one) and retry"
+            )
+        if await jobs.active() >= self.settings.max_active_jobs:
+            raise self._too_many(
+                f"the server has {self.settings.max_active_jobs} unfinished jobs, its limit; retry later"
+            )
+
     async def admit(self, client: str, job_id: str, jobs: JobManager, *, new: bool) -> None:
         """Raise 429 when starting a ``new`` job would exceed a bound; record ``client`` as owner."""
         if new:
-            if await self._unfinished_of(client, jobs) >= self.settings.max_jobs_per_client:
-                raise self._too_many(
-                    f"you have {self.settings.max_jobs_per_client} unfinished jobs, the most one client "
-                    "may have; wait for one to end (or cancel one) and retry"
-                )
-            if await jobs.active() >= self.settings.max_active_jobs:
-                raise self._too_many(
-                    f"the server has {self.settings.max_active_jobs} unfinished jobs, its limit; retry later"
-                )
+            await self._check_bounds(client, jobs)
             self.owners.pop(job_id, None)
         self.owners.setdefault(job_id, set()).add(client)
         self.owners.move_to_end(job_id)

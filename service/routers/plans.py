@@ -110,6 +110,7 @@ async def create_plan(
         if hit is not None:
             service.metrics.cache(True)
             return plan_response(hit)
+    await service.admission.precheck(client, service.jobs)
     prepared = await in_thread_bounded(service, lambda: prepare(service, raw, refresh))
     key = prepared.key
     if prepared.cached is not None:

@@ -169,6 +169,7 @@ async def create_sweep(
     """Plan every (mesh shape, budget, ZeRO stage) combination; returns step time vs memory."""
     deadline = deadline_after(wait, service)
     raw = await request.body()
+    await service.admission.precheck(client, service.jobs)
     sweep_id, points = await in_thread_bounded(service, lambda: prepare_sweep(service, raw))
     await _submit_points(service, client, points)
     for p in points:

@@ -3,8 +3,8 @@
 Each example applies one to three mutations to the bundled ``tiny-gpt`` graph:
 drop or rename a port, put a value of the wrong type anywhere, huge / negative
 / NaN sizes, deep nesting.  Mutated graphs that are still valid are accepted
-(200/202) and solved with a one-second limit; at most one job runs and the
-rest are refused with 429, which is a 4xx as well.
+(200/202) and solved with a one-second limit; at most two jobs are unfinished
+and further requests are refused with 429 (a 4xx as well) until one ends.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     settings_ = make_settings(
         tmp_path_factory.mktemp("fuzz"),
         local_workers=1,
-        max_active_jobs=1,
-        max_jobs_per_client=1,
+        max_active_jobs=2,
+        max_jobs_per_client=2,
         default_time_limit_s=1.0,
     )
     with live_server(settings_) as server:

@@ -185,22 +185,25 @@ def test_case8_admission_control(tmp_path, tiny_graph: dict[str, Any]) -> None:
         tmp_path, local_workers=1, max_jobs_per_client=2, max_active_jobs=3, max_graph_ops=500
     )
     with live_server(settings) as server, keep_alive(server) as conn:
-        ids = []
-        for seed in range(2):
-            status, job = conn.post("/v1/plans", slow(tiny_graph, seed))
-            assert status == 202, job
-            ids.append(job["id"])
-        # joining a job in flight is free; a third new job is refused
-        status, job = conn.post("/v1/plans", slow(tiny_graph, 0))
-        assert status == 202 and job["id"] == ids[0]
-        status, problem = conn.post("/v1/plans", slow(tiny_graph, 9))
-        assert status == 429 and problem["code"] == "too_many_jobs"
-        assert int(conn.last_headers["Retry-After"]) >= 1
         # graphs over the size cap are refused before parsing them fully
         big = copy.deepcopy(tiny_graph)
         big["ops"] = big["ops"] * 2
         status, problem = conn.post("/v1/plans", plan_body(big))
         assert status == 413 and problem["code"] == "graph_too_large"
+        ids = []
+        status, job = conn.post("/v1/plans", slow(tiny_graph, 0))
+        assert status == 202, job
+        ids.append(job["id"])
+        # below the bound, joining a job in flight does not count
+        status, job = conn.post("/v1/plans", slow(tiny_graph, 0))
+        assert status == 202 and job["id"] == ids[0]
+        status, job = conn.post("/v1/plans", slow(tiny_graph, 1))
+        assert status == 202, job
+        ids.append(job["id"])
+        # at the bound, a new request is refused before its body is parsed
+        status, problem = conn.post("/v1/plans", slow(tiny_graph, 9))
+        assert status == 429 and problem["code"] == "too_many_jobs"
+        assert int(conn.last_headers["Retry-After"]) >= 1
         for job_id in ids:
             status, _ = conn.request("DELETE", f"/v1/jobs/{job_id}")
             assert status == 200
