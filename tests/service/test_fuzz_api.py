@@ -3,8 +3,8 @@
 Each example applies one to three mutations to the bundled ``tiny-gpt`` graph:
 drop or rename a port, put a value of the wrong type anywhere, huge / negative
 / NaN sizes, deep nesting.  Mutated graphs that are still valid are accepted
-(200/202) and solved with a one-second limit; at most two jobs are unfinished
-and further requests are refused with 429 (a 4xx as well) until one ends.
+(200/202) and queued for one solver process with a one-second limit; the
+admission bounds are lifted so that every body is parsed and checked.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     settings_ = make_settings(
         tmp_path_factory.mktemp("fuzz"),
         local_workers=1,
-        max_active_jobs=2,
-        max_jobs_per_client=2,
+        max_active_jobs=1000,  # admission would refuse before parsing: let every body be parsed
+        max_jobs_per_client=1000,
         default_time_limit_s=1.0,
     )
     with live_server(settings_) as server:
@@ -150,4 +150,4 @@ def test_mutated_graphs_never_get_a_5xx(fuzz_server: LiveServer, tiny_graph: dic
         assert r.status_code in (200, 202, 429), r.text
     print(f"fuzz: {sum(seen.values())} requests, statuses {dict(sorted(seen.items()))}")
     assert sum(seen.values()) == EXAMPLES
-    assert sum(n for s, n in seen.items() if 400 <= s < 500) > EXAMPLES // 2
+    assert seen.get(422, 0) > EXAMPLES // 2  # the mutations reach the graph checks
