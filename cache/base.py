@@ -16,7 +16,6 @@ Key layout (every backend adds its own namespace prefix)::
     cost:{memo key}     one cost-table entry (bytes from the core's memo)
     graph:{hash}        compressed graph JSON          (job TTL)
     job:{id}            compressed job record           (job TTL)
-    body:{digest}       request-body digest -> plan key (plan TTL)
     sweep:{id}          compressed sweep record         (job TTL)
     stat:{name}         integer counters
 
@@ -26,14 +25,18 @@ own TTL, so cost-table entries are shared by every request and graph.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from autopar.store import KeyValueStore
+from cache.errors import CacheUnavailable
 
 __all__ = ["PrefixedStore", "Store", "score_text"]
+
+log = logging.getLogger("autopar.cache")
 
 
 @runtime_checkable
@@ -93,18 +96,34 @@ class PrefixedStore:
     """A :class:`~autopar.store.KeyValueStore` view of ``store`` under ``prefix``.
 
     Every write uses ``ttl_s`` (the caller's TTL is ignored) so the core's memo
-    need not know about expiry.
+    need not know about expiry.  With ``tolerant`` an unavailable backend reads
+    as a miss and drops writes (a memo is an optimisation: a solve must not fail
+    because Redis restarted under it).
     """
 
-    def __init__(self, store: Store, prefix: str, ttl_s: float | None = None) -> None:
+    def __init__(
+        self, store: Store, prefix: str, ttl_s: float | None = None, *, tolerant: bool = False
+    ) -> None:
         self._store = store
         self._prefix = prefix
         self._ttl_s = ttl_s
+        self._tolerant = tolerant
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         wanted = {self._prefix + k: k for k in keys}
-        found = self._store.get_many(wanted)
+        try:
+            found = self._store.get_many(wanted)
+        except CacheUnavailable:
+            if not self._tolerant:
+                raise
+            log.warning("memo %s unavailable: reading as a miss", self._prefix)
+            return {}
         return {wanted[k]: v for k, v in found.items()}
 
     def put_many(self, items: Mapping[str, bytes], ttl_s: float | None = None) -> None:
-        self._store.put_many({self._prefix + k: v for k, v in items.items()}, self._ttl_s)
+        try:
+            self._store.put_many({self._prefix + k: v for k, v in items.items()}, self._ttl_s)
+        except CacheUnavailable:
+            if not self._tolerant:
+                raise
+            log.warning("memo %s unavailable: %d entries not stored", self._prefix, len(items))

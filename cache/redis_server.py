@@ -5,10 +5,13 @@
     with RedisServer() as server:
         store = RedisStore(server.url)
 
-No persistence (``--save "" --appendonly no``); the data directory is a
-temporary directory removed on :meth:`RedisServer.stop`.  :meth:`stop` then
-:meth:`start` again reuses the same port, which lets a test take Redis away
-from a running API and bring it back.
+No persistence by default (``--save "" --appendonly no``); with
+``appendonly=True`` every write is appended and fsynced (``appendfsync
+always``) and the data survives :meth:`kill` / :meth:`stop` then
+:meth:`start`.  The data directory is a temporary directory removed on
+:meth:`close` (and on :meth:`stop` without persistence).  A restart reuses
+the same port, which lets a test take Redis away from a running API and
+workers and bring it back.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def free_port() -> int:
 class RedisServer:
     """Owns one ``redis-server`` child process."""
 
-    def __init__(self, port: int | None = None, startup_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, port: int | None = None, startup_timeout_s: float = 10.0, *, appendonly: bool = False
+    ) -> None:
         binary = redis_server_binary()
         if binary is None:
             raise ConfigError(
@@ -51,6 +56,7 @@ class RedisServer:
         self.binary = binary
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
+        self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -62,7 +68,11 @@ class RedisServer:
         """Start the server and wait until it accepts connections."""
         if self.process is not None and self.process.poll() is None:
             return self
-        self._dir = tempfile.TemporaryDirectory(prefix="autopar-redis-")
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="autopar-redis-")
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
+        )
         self.process = subprocess.Popen(
             [
                 self.binary,
@@ -72,8 +82,7 @@ class RedisServer:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--dir",
                 self._dir.name,
             ],
@@ -97,8 +106,25 @@ class RedisServer:
         self.stop()
         raise ConfigError("redis_start_failed", f"redis-server did not answer on port {self.port} in time")
 
+    def kill(self) -> None:
+        """SIGKILL the server (a crash); with ``appendonly`` its data survives for :meth:`start`."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(5)
+            self.process = None
+        if not self.appendonly:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the server and remove its data directory."""
+        self.stop()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
     def stop(self) -> None:
-        """Terminate the server (SIGTERM, then SIGKILL after 5 s) and remove its directory."""
+        """Terminate the server (SIGTERM, then SIGKILL after 5 s); without ``appendonly``, drop its data."""
         if self.process is not None:
             if self.process.poll() is None:
                 self.process.terminate()
@@ -108,7 +134,7 @@ class RedisServer:
                     self.process.kill()
                     self.process.wait(5)
             self.process = None
-        if self._dir is not None:
+        if not self.appendonly and self._dir is not None:
             self._dir.cleanup()
             self._dir = None
 
@@ -121,4 +147,4 @@ class RedisServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        self.close()

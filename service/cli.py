@@ -77,6 +77,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app
+    from service.settings import check_exposure
+
+    check_exposure(settings, args.host)
 
     backend = "redis" if settings.uses_redis else f"embedded cache at {settings.cache_dir}"
     sys.stderr.write(f"autopar serve: http://{args.host}:{args.port} ({backend})\n")
@@ -99,13 +102,12 @@ def worker(args: argparse.Namespace) -> int:
             "autopar worker needs Redis: pass --redis-url or set AUTOPAR_REDIS_URL "
             "(without Redis, `autopar serve` solves in local processes)",
         )
-    from service.rq_jobs import make_worker
+    from service.worker import run_worker
 
     # each job runs in a forked work horse that reads its settings from the environment
     os.environ["AUTOPAR_REDIS_URL"] = str(settings.redis_url)
-    w = make_worker(settings, name=args.name)
-    sys.stderr.write(f"autopar worker {w.name}: queue {settings.queue_name!r}\n")
-    w.work(burst=args.burst, logging_level=args.log_level.upper())
+    sys.stderr.write(f"autopar worker: queue {settings.queue_name!r}\n")
+    run_worker(settings, args.name, burst=args.burst, log_level=args.log_level.upper())
     return 0
 
 

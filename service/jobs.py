@@ -188,6 +188,10 @@ class JobManager(Protocol):
         """``{"ok": bool, ...}``: whether jobs can run now (workers alive, pool up)."""
         ...
 
+    async def active(self) -> int:
+        """How many jobs are queued or running now (the whole backend)."""
+        ...
+
     async def solves_started(self) -> int:
         """How many solve attempts have started (all processes sharing the backend)."""
         ...

@@ -198,6 +198,9 @@ class LocalJobManager:
             "queued": queued,
         }
 
+    async def active(self) -> int:
+        return sum(1 for e in self._jobs.values() if not e.info.terminal)
+
     async def solves_started(self) -> int:
         return self._started
 

@@ -45,12 +45,14 @@ PROBLEM_JSON = "application/problem+json"
 _TITLES = {
     400: "Bad request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
     413: "Content too large",
     415: "Unsupported media type",
     422: "Unprocessable content",
+    429: "Too many requests",
     500: "Internal server error",
     503: "Service unavailable",
 }
@@ -130,7 +132,13 @@ def from_autopar(exc: AutoparError, retry_after_s: int = 2) -> ApiError:
             return ApiError(415, "unsupported_media_type", exc.message)
         return ApiError(400, "bad_encoding", exc.message)
     if isinstance(exc, CacheUnavailable):
-        return ApiError(503, exc.code, exc.message, headers={"Retry-After": str(retry_after_s)}, **details)
+        # the message names the Redis host: it goes to the log, not to clients
+        return ApiError(
+            503,
+            exc.code,
+            f"the plan cache / job queue is unavailable; retry after {retry_after_s} s",
+            headers={"Retry-After": str(retry_after_s)},
+        )
     if isinstance(exc, InfeasibleError):
         return ApiError(422, exc.code, exc.message, title="Infeasible memory budget", **details)
     if isinstance(exc, GraphError):

@@ -14,13 +14,14 @@ that its plan key equals the job id (same request, same code versions).
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autopar.cluster import PRESETS, Cluster, DeviceSpec, Mesh
-from autopar.errors import ConfigError, GraphError
+from autopar.errors import ConfigError
 from autopar.graph import Graph
+from service.schemas import GraphField
 from service.settings import Settings
 from solver.options import SolverOptions
 from solver.planner import PlanRequest
@@ -32,22 +33,21 @@ __all__ = [
     "SweepBody",
     "build_request",
     "cluster_of",
+    "key_dict_of",
     "payload_of",
     "request_from_payload",
 ]
 
 PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
 
-GRAPH_DESCRIPTION = (
-    "The training-step graph in the `autopar.graph/v1` JSON format "
-    "(`format`, `name`, `tensors`, `ops`, `variables`; see docs/graph-format.md)."
-)
+RESULT_NEUTRAL_OPTIONS = frozenset({"log"})
+"""Solver options that cannot change the plan; every other option is part of the plan key."""
 
 
 class SolverOptionsBody(BaseModel):
     """Solver options a client may set; unset ones take the server's defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     time_limit_s: float | None = Field(
         default=None, gt=0, description="Wall-clock limit of the solve, seconds."
@@ -67,9 +67,9 @@ class SolverOptionsBody(BaseModel):
 class ClusterFields(BaseModel):
     """Where the plan runs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    graph: dict[str, Any] = Field(description=GRAPH_DESCRIPTION)
+    graph: GraphField
     cluster: str = Field(
         default="2x4",
         pattern=r"^[0-9]{1,5}x[0-9]{1,5}$",
@@ -82,7 +82,7 @@ class ClusterFields(BaseModel):
 class PlanBody(ClusterFields):
     """``POST /v1/plans``: one plan request."""
 
-    mesh_shape: list[int] | None = Field(
+    mesh_shape: list[Annotated[int, Field(ge=1, le=65536)]] | None = Field(
         default=None,
         min_length=1,
         max_length=4,
@@ -91,6 +91,7 @@ class PlanBody(ClusterFields):
     memory_budget_bytes: int | None = Field(
         default=None,
         gt=0,
+        lt=2**63,
         description="Per-device memory budget, bytes; omitted = the device's memory.",
     )
     zero_stage: int = Field(default=2, ge=0, le=3, description="ZeRO stage (0-3).")
@@ -107,35 +108,30 @@ def _no_budget() -> list[int | None]:
 class SweepBody(ClusterFields):
     """``POST /v1/sweeps``: the cartesian product of the listed values, one plan each."""
 
-    mesh_shapes: list[list[int] | None] = Field(
-        default_factory=_no_mesh, min_length=1, description="Mesh shapes (null = search)."
+    mesh_shapes: list[list[Annotated[int, Field(ge=1, le=65536)]] | None] = Field(
+        default_factory=_no_mesh, min_length=1, max_length=64, description="Mesh shapes (null = search)."
     )
-    memory_budgets_bytes: list[int | None] = Field(
+    memory_budgets_bytes: list[Annotated[int, Field(gt=0, lt=2**63)] | None] = Field(
         default_factory=_no_budget,
         min_length=1,
+        max_length=64,
         description="Per-device budgets, bytes (null = the device's memory).",
     )
-    zero_stages: list[int] = Field(default_factory=lambda: [2], min_length=1, description="ZeRO stages.")
+    zero_stages: list[Annotated[int, Field(ge=0, le=3)]] = Field(
+        default_factory=lambda: [2], min_length=1, max_length=4, description="ZeRO stages."
+    )
 
 
 class EvaluateBody(BaseModel):
     """``POST /v1/evaluate``: a graph and a plan for it (inline or by key)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    graph: dict[str, Any] = Field(description=GRAPH_DESCRIPTION)
+    graph: GraphField
     plan: dict[str, Any] | None = Field(default=None, description="An `autopar.plan/v1` plan.")
     plan_key: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$", description="Key of a cached plan instead."
     )
-
-
-def parse_graph(data: dict[str, Any]) -> Graph:
-    """Parse and validate a graph; a graph with no ops is rejected too."""
-    graph = Graph.from_dict(data).validate()
-    if not graph.ops:
-        raise GraphError("empty_graph", "the graph has no ops; send a training-step graph")
-    return graph
 
 
 def cluster_of(cluster: str, preset: str, max_devices: int) -> Cluster:
@@ -179,6 +175,18 @@ def build_request(
         Mesh(cluster, shape)  # ConfigError naming the shape and the device count
     budget = memory_budget_bytes or cluster.device.memory_bytes
     return PlanRequest(graph, cluster, shape, budget, zero_stage, _options(options, settings))
+
+
+def key_dict_of(request: PlanRequest) -> dict[str, Any]:
+    """The plan key's input: the request's canonical form with *every* option that can change
+    the plan (``use_hint``, ``reductions``, ``max_model_vars`` ...); only
+    :data:`RESULT_NEUTRAL_OPTIONS` (and ``workers`` outside deterministic mode) stay out."""
+    key = request.to_key_dict()
+    options = {k: v for k, v in asdict(request.options).items() if k not in RESULT_NEUTRAL_OPTIONS}
+    if not request.options.deterministic:
+        options["workers"] = None
+    key["options"] = options
+    return key
 
 
 def payload_of(

@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 from redis.exceptions import RedisError, WatchError
-from rq import Queue, Retry, Worker
+from rq import Queue, Retry
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, get_current_job
@@ -52,7 +52,7 @@ from cache.redis_store import RedisStore, connect, redact_url
 from service.jobs import JobInfo, JobStatus
 from service.settings import Settings
 
-__all__ = ["JobRecords", "RQJobManager", "make_worker", "solve_job"]
+__all__ = ["JobRecords", "RQJobManager", "solve_job"]
 
 log = logging.getLogger("autopar.service.rq")
 
@@ -79,8 +79,8 @@ class JobRecords:
         raw: Any = self.client.get(self.key(job_id))
         return JobInfo.from_dict(json.loads(raw)) if raw is not None else None
 
-    def save(self, info: JobInfo) -> None:
-        self.client.set(self.key(info.id), json.dumps(info.to_dict()), px=self.ttl_ms)
+    def save(self, info: JobInfo, *, if_missing: bool = False) -> None:
+        self.client.set(self.key(info.id), json.dumps(info.to_dict()), px=self.ttl_ms, nx=if_missing)
 
     def update(self, job_id: str, change: Callable[[JobInfo], bool]) -> JobInfo | None:
         """Apply ``change`` atomically (WATCH/MULTI); it returns False to leave the record as is.
@@ -162,9 +162,13 @@ class _Heartbeat:
         return self
 
     def _run(self) -> None:
+        started = time.time()
         while not self._stop.wait(self.settings.heartbeat_interval_s):
             with contextlib.suppress(RedisError):
                 self.records.beat(self.job_id, self.settings.worker_lost_after_s)
+                # Redis restarted without its data: put the running job's record back
+                running = JobInfo(self.job_id, JobStatus.RUNNING, attempts=1, started_at=started, version=1)
+                self.records.save(running, if_missing=True)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -234,31 +238,31 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
                 f"{settings.job_timeout_margin_s:.0f} s and was stopped; raise time_limit_s "
                 "or send a smaller graph",
             }
-            records.update(job_id, _finish(JobStatus.FAILED, error=error))
+            _record_outcome(records, job_id, settings, JobStatus.FAILED, error=error)
             return {"ok": False, "error": error}
         except Exception as exc:  # process boundary: every failure becomes the job's error
             error = error_of(exc)
-            records.update(job_id, _finish(JobStatus.FAILED, error=error))
+            _record_outcome(records, job_id, settings, JobStatus.FAILED, error=error)
             return {"ok": False, "error": error}
-    records.update(job_id, _finish(JobStatus.SUCCEEDED, result=result, phase="done", error=None))
+    _record_outcome(records, job_id, settings, JobStatus.SUCCEEDED, result=result, phase="done", error=None)
     return {"ok": True, "result": result}
 
 
-def make_worker(settings: Settings, name: str | None = None) -> Worker:
-    """An RQ worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
-    import solver.planner  # noqa: F401  - import once in the parent so each horse forks warm
+def _record_outcome(
+    records: JobRecords, job_id: str, settings: Settings, status: JobStatus, **changes: Any
+) -> None:
+    """Write the job's end, retrying through a Redis outage; recreate the record if Redis lost it."""
+    from service.tasks import with_retries
 
-    client = connect(str(settings.redis_url))
-    queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)
-    interval = max(1, int(settings.heartbeat_interval_s))
-    return Worker(
-        [queue],
-        connection=client,
-        serializer=JSONSerializer,
-        name=name,
-        worker_ttl=max(10, int(3 * settings.worker_lost_after_s)),
-        job_monitoring_interval=interval,
-    )
+    def write() -> None:
+        try:
+            if records.update(job_id, _finish(status, **changes)) is None:
+                lost = JobInfo(job_id, status, finished_at=time.time(), attempts=1, version=1, **changes)
+                records.save(lost)
+        except RedisError as exc:
+            raise CacheUnavailable("queue_unavailable", f"Redis failed: {exc}") from None
+
+    with_retries(write, settings.outage_grace_s, f"record the end of job {job_id[:12]}")
 
 
 # ------------------------------------------------------------------ API side
@@ -312,12 +316,19 @@ class RQJobManager:
                 await self._janitor
 
     async def _janitor_loop(self) -> None:
+        # after a Redis outage, heartbeats written before it may have expired: give the
+        # workers worker_lost_after_s of healthy Redis to beat again before reaping
+        quiet_until = 0.0
         while True:
             await asyncio.sleep(self.settings.janitor_interval_s)
             try:
-                await asyncio.to_thread(self.reap_lost)
+                if time.monotonic() >= quiet_until:
+                    await asyncio.to_thread(self.reap_lost)
+                else:
+                    await asyncio.to_thread(self.client.ping)
             except RedisError as exc:
                 log.warning("janitor: Redis unavailable: %s", exc)
+                quiet_until = time.monotonic() + self.settings.worker_lost_after_s
 
     # ------------------------------------------------------------ API
 
@@ -377,8 +388,8 @@ class RQJobManager:
             rq_job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)
             status = rq_job.get_status()
         except NoSuchJobError:
-            if time.time() - info.created_at < 5:
-                return info  # being enqueued right now
+            if time.time() - info.created_at < 5 or self.records.alive(job_id):
+                return info  # being enqueued right now, or a worker is solving it (Redis lost RQ's data)
             return self._terminal(
                 job_id,
                 JobStatus.FAILED,
@@ -484,7 +495,15 @@ class RQJobManager:
         try:
             return await asyncio.to_thread(check)
         except RedisError as exc:
-            return {"ok": False, "kind": self.kind, "detail": f"Redis unavailable: {exc}"}
+            log.warning("readiness: Redis unavailable: %s", exc)
+            return {"ok": False, "kind": self.kind, "detail": "the queue (Redis) does not answer"}
+
+    async def active(self) -> int:
+        def count() -> int:
+            return int(self.queue.count) + int(StartedJobRegistry(queue=self.queue).count)
+
+        n: int = await self._call("count", count)
+        return n
 
     async def solves_started(self) -> int:
         raw = await self._call("stats", lambda: self.store.get("stat:solves_started"))

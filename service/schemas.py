@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 __all__ = [
+    "GRAPH_DEFS",
+    "GRAPH_SCHEMA",
     "Evaluation",
+    "GraphDoc",
+    "GraphField",
     "JobView",
     "Liveness",
     "PlanRecordView",
@@ -15,6 +19,63 @@ __all__ = [
     "Readiness",
     "SweepView",
 ]
+
+
+# ------------------------------------------------------------------ the graph a request carries
+
+
+class TensorDoc(BaseModel):
+    """A logical tensor."""
+
+    shape: list[Annotated[int, Field(ge=0)]] = Field(description="Dims, e.g. `[8, 512, 768]`.")
+    dtype: str = Field(description="`float32`, `float16`, `bfloat16`, `int64`, ...")
+
+
+class OpDoc(BaseModel):
+    """One op; ports map port name -> tensor name, in port order."""
+
+    name: str = Field(min_length=1)
+    type: str = Field(min_length=1, description="OneFlow op type, e.g. `matmul`.")
+    role: Literal["forward", "backward", "optimizer"] = "forward"
+    inputs: dict[str, str] = Field(default_factory=dict)
+    outputs: dict[str, str] = Field(default_factory=dict)
+    attrs: dict[str, Any] = Field(default_factory=dict)
+
+
+class VariableDoc(BaseModel):
+    """A parameter: the variable op producing it, its gradient and optimizer op."""
+
+    op: str
+    tensor: str
+    grad: str | None = None
+    optimizer: str | None = None
+
+
+class GraphDoc(BaseModel):
+    """A training-step graph in the `autopar.graph/v1` format (docs/graph-format.md)."""
+
+    format: Literal["autopar.graph/v1"]
+    name: str = Field(default="graph", description="Shown to the requester only; not part of the plan key.")
+    meta: dict[str, Any] = Field(default_factory=dict, description="Free-form; not stored with the plan.")
+    tensors: dict[str, TensorDoc]
+    ops: list[OpDoc] = Field(min_length=1)
+    variables: list[VariableDoc] = Field(default_factory=list)
+
+
+def _graph_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    schema = GraphDoc.model_json_schema(ref_template="#/components/schemas/{model}")
+    return schema, schema.pop("$defs", {})
+
+
+GRAPH_SCHEMA, GRAPH_DEFS = _graph_schema()
+"""The graph's JSON Schema (inline) and the schemas it refers to (``components/schemas``)."""
+
+GraphField = Annotated[dict[str, Any], WithJsonSchema(GRAPH_SCHEMA)]
+"""The type of a request's ``graph``: parsed by :func:`service.graphs.parse_graph`, documented as
+:class:`GraphDoc`.  The one place to point at shared wire models when they exist."""
+
+
+# ------------------------------------------------------------------ responses
 
 
 class Problem(BaseModel):

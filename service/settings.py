@@ -8,6 +8,7 @@ them once at start and turns a validation failure into a
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from autopar.errors import ConfigError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "check_exposure", "load_settings"]
 
 MIB = 1024**2
 
@@ -39,12 +40,31 @@ class Settings(BaseSettings):
     cache_size_limit_bytes: int = Field(default=8 * 1024**3, gt=0)
     """Size limit of the embedded cache, bytes (least recently stored evicted first)."""
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Accepted ``X-API-Key`` values (comma list); empty = no auth on write endpoints."""
+    """Accepted ``X-API-Key`` values (comma list); empty = no auth at all (loopback use)."""
+    allow_anonymous: bool = False
+    """Let ``autopar serve`` bind a non-loopback address without API keys (open to anyone)."""
+    public_plan_reads: bool = False
+    """With keys configured, still let anyone ``GET /v1/plans/{key}`` (jobs, sweeps, metrics stay keyed)."""
 
     max_body_bytes: int = Field(default=64 * MIB, gt=0)
     """Largest request body after decompression, bytes (413 beyond)."""
     max_compressed_body_bytes: int = Field(default=64 * MIB, gt=0)
     """Largest request body as sent (compressed or not), bytes (413 beyond)."""
+
+    max_json_depth: int = Field(default=64, ge=8, le=512)
+    """Deepest JSON nesting a body may have (422 beyond; a graph needs about 6)."""
+    max_graph_ops: int = Field(default=50_000, ge=1)
+    """Most ops a graph may have (413 beyond)."""
+    max_graph_tensors: int = Field(default=200_000, ge=1)
+    """Most tensors a graph may declare (413 beyond)."""
+    max_parse_s: float = Field(default=20.0, gt=0)
+    """Longest time a body may take to parse and validate, seconds (503 beyond)."""
+    max_jobs_per_client: int = Field(default=8, ge=1)
+    """Most unfinished jobs one client (API key, else address) may have started (429 beyond)."""
+    max_active_jobs: int = Field(default=64, ge=1)
+    """Most unfinished jobs overall, queued or running (429 beyond)."""
+    body_index_size: int = Field(default=10_000, ge=0)
+    """Request-body digests remembered per API process for the cache-hit fast path (LRU)."""
 
     plan_ttl_s: float = Field(default=30 * 86400, gt=0)
     """How long a plan stays cached, seconds."""
@@ -72,6 +92,8 @@ class Settings(BaseSettings):
     """How often a running job reports it is alive, seconds."""
     worker_lost_after_s: float = Field(default=20.0, gt=0)
     """A running job with no heartbeat for this long is retried or failed, seconds."""
+    outage_grace_s: float = Field(default=120.0, ge=0)
+    """How long a worker keeps retrying Redis (to save a finished plan, to reconnect) in an outage, s."""
     janitor_interval_s: float = Field(default=5.0, gt=0)
     """How often the API looks for jobs whose worker died, seconds."""
 
@@ -137,3 +159,24 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(
             "bad_settings", "invalid service settings: " + "; ".join(problems), problems=problems
         ) from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings, host: str) -> None:
+    """Refuse to serve a non-loopback ``host`` without API keys unless anonymous use is allowed."""
+    if settings.api_keys or settings.allow_anonymous or _is_loopback(host):
+        return
+    raise ConfigError(
+        "no_api_keys",
+        f"refusing to serve on {host} without API keys: anyone who can reach it could read and "
+        "cancel plans; set AUTOPAR_API_KEYS=key1,key2 (clients send X-API-Key), or "
+        "AUTOPAR_ALLOW_ANONYMOUS=1 to serve without keys",
+    )

@@ -15,7 +15,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from autopar.errors import (
     AutoparError,
@@ -32,11 +32,13 @@ from cache.base import PrefixedStore, Store
 from cache.errors import CacheUnavailable
 from cache.plans import PlanCache, plan_key
 from service.jobs import finite
-from service.requests import request_from_payload
+from service.requests import key_dict_of, request_from_payload
 from service.settings import Settings
 from solver.planner import PlanRequest, Progress, plan
 
-__all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job"]
+__all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job", "with_retries"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("autopar.service.tasks")
 
@@ -60,6 +62,15 @@ def graph_key(content_hash: str) -> str:
 
 def error_of(exc: BaseException) -> dict[str, Any]:
     """The job ``error`` dict of ``exc``: ``kind`` (family), ``code``, ``message``, details."""
+    if isinstance(exc, CacheUnavailable):  # its message names the Redis host: keep it in the log
+        log.warning("job failed: %s", exc.message)
+        return {
+            "kind": "cache_unavailable",
+            "code": exc.code,
+            "message": "the plan cache / job queue was unavailable for too long; submit the request again",
+        }
+    if isinstance(exc, AutoparError) and exc.code == "graph_missing":
+        return finite({"kind": "lost", **exc.to_dict()})  # not the request's fault: a new POST solves
     if isinstance(exc, AutoparError):
         kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "autopar_error")
         return finite({"kind": kind, **exc.to_dict()})
@@ -69,6 +80,22 @@ def error_of(exc: BaseException) -> dict[str, Any]:
         "message": f"the solve failed unexpectedly: {type(exc).__name__}: {exc}",
         "traceback": traceback.format_exception_only(type(exc), exc)[-1].strip(),
     }
+
+
+def with_retries(fn: Callable[[], T], grace_s: float, what: str) -> T:
+    """``fn()``, retried with backoff (0.1 s doubling to 2 s) while the cache is unavailable,
+    for up to ``grace_s`` seconds: a finished solve outlives a Redis restart."""
+    deadline = time.monotonic() + grace_s
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except CacheUnavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("cannot %s yet (%s); retrying in %.1f s", what, exc.code, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 def plan_record(
@@ -143,7 +170,9 @@ def run_job(
     than the API that computed the job id.
     """
     report({"phase": "loading", "objective": None, "bound": None, "elapsed_s": 0.0})
-    raw = store.get(graph_key(payload["graph"]))
+    raw = with_retries(
+        lambda: store.get(graph_key(payload["graph"])), settings.outage_grace_s, "load the graph"
+    )
     if raw is None:
         raise ConfigError(
             "graph_missing",
@@ -152,7 +181,7 @@ def run_job(
         )
     graph = Graph.from_dict(codec.decode(raw)).validate()
     request = request_from_payload(payload, graph)
-    key_dict = request.to_key_dict()
+    key_dict = key_dict_of(request)
     key = plan_key(key_dict, versions)
     if key != job_id:
         theirs = payload.get("versions")
@@ -169,12 +198,14 @@ def run_job(
         cached = plans.get(job_id)
         if cached is not None:
             hint = Plan.from_dict(cached.data()["plan"])
-    costs = PrefixedStore(store, "cost:", settings.cost_ttl_s)
+    costs = PrefixedStore(store, "cost:", settings.cost_ttl_s, tolerant=True)
     t0 = time.perf_counter()
     result = plan(request, store=costs, progress=_Throttle(report), hint=hint)
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)
-    stored = plans.put(job_id, record, result.step_time_s)
+    stored = with_retries(
+        lambda: plans.put(job_id, record, result.step_time_s), settings.outage_grace_s, "store the plan"
+    )
     solver = result.solver or {}
     log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)
     return finite(

@@ -138,3 +138,12 @@ def test_unknown_graph_argument(tmp_path: Path) -> None:
 def test_bad_arguments_are_config_errors(tmp_path: Path, bad: str) -> None:
     result = run_cli("submit", "tiny-gpt", "--server", "http://127.0.0.1:9", bad, cwd=tmp_path)
     assert result.returncode == 2 and "autopar: error:" in result.stderr
+
+
+def test_serve_refuses_a_public_address_without_keys(tmp_path) -> None:
+    env = {"AUTOPAR_CACHE_DIR": str(tmp_path), "AUTOPAR_API_KEYS": "", "AUTOPAR_ALLOW_ANONYMOUS": "0"}
+    result = run_cli("serve", "--host", "0.0.0.0", "--port", "9", cwd=tmp_path, env=env, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autopar: error: [no_api_keys]"), result.stderr
+    assert "AUTOPAR_ALLOW_ANONYMOUS=1" in lines[0]

@@ -1,0 +1,73 @@
+"""FastAPI dependencies shared by the routers: the service, API keys, the client's identity.
+
+With ``api_keys`` configured every ``/v1`` route and ``/metrics`` needs a valid
+``X-API-Key`` (reads too: a plan tells what was planned); ``public_plan_reads``
+opens ``GET /v1/plans/{key}`` alone.  Without keys the server is open, which
+``autopar serve`` allows on loopback only (:func:`service.settings.check_exposure`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import APIKeyHeader
+
+from service.admission import client_id
+from service.problems import ApiError
+from service.state import Service
+
+__all__ = ["Auth", "Client", "Key", "PlanReadAuth", "ServiceDep", "get_service"]
+
+KEY_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def get_service(request: Request) -> Service:
+    """The app's :class:`Service` (503 while the app is still starting)."""
+    service: Service | None = getattr(request.app.state, "service", None)
+    if service is None:
+        raise ApiError(
+            503, "starting", "the service is starting; retry shortly", headers={"Retry-After": "1"}
+        )
+    return service
+
+
+api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="API key")
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def _check_key(service: Service, key: str | None) -> None:
+    keys = service.settings.api_keys
+    if not keys:
+        return
+    if key is None or not any(secrets.compare_digest(key.encode(), k.encode()) for k in keys):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing or wrong X-API-Key header; ask the operator for a key",
+            headers={"WWW-Authenticate": 'ApiKey header="X-API-Key"'},
+        )
+
+
+def require_key(key: Annotated[str | None, Depends(api_key_header)], service: ServiceDep) -> None:
+    """401 unless the ``X-API-Key`` is one of the configured keys (no keys: open)."""
+    _check_key(service, key)
+
+
+def require_plan_read(key: Annotated[str | None, Depends(api_key_header)], service: ServiceDep) -> None:
+    """Like :func:`require_key`, unless plans are public (``public_plan_reads``)."""
+    if not service.settings.public_plan_reads:
+        _check_key(service, key)
+
+
+def current_client(request: Request, key: Annotated[str | None, Depends(api_key_header)]) -> str:
+    """Who is asking: a digest of the API key, else the peer address."""
+    return client_id(key, request.client.host if request.client else None)
+
+
+Auth = Annotated[None, Depends(require_key)]
+PlanReadAuth = Annotated[None, Depends(require_plan_read)]
+Client = Annotated[str, Depends(current_client)]
+Key = Annotated[str, Path(pattern=KEY_PATTERN, description="64 hex digits")]

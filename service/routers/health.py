@@ -1,0 +1,86 @@
+"""``/livez``, ``/readyz`` (no infrastructure addresses) and ``/metrics`` (behind the API key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from cache.errors import CacheUnavailable
+from service import schemas
+from service.deps import Auth, ServiceDep
+from service.jobs import finite
+from service.metrics import CONTENT_TYPE_LATEST
+from service.openapi import problem_responses, ref
+from service.state import Service
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/livez", summary="Liveness", operation_id="liveness", response_model=schemas.Liveness)
+async def livez() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "alive"}
+
+
+async def _checks(service: Service) -> dict[str, dict[str, Any]]:
+    checks: dict[str, dict[str, Any]] = {}
+    try:
+        await run_in_threadpool(service.store.ping)
+        checks["cache"] = {"ok": True, "backend": service.store.backend}
+    except CacheUnavailable:
+        checks["cache"] = {
+            "ok": False,
+            "backend": service.store.backend,
+            "detail": "the cache does not answer",
+        }
+    checks["jobs"] = await service.jobs.health()
+    return checks
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness",
+    operation_id="readiness",
+    response_model=schemas.Readiness,
+    responses={
+        503: {"description": "Not ready.", "content": {"application/json": {"schema": ref("Readiness")}}}
+    },
+)
+async def readyz(request: Request) -> Response:
+    """Whether the cache answers and jobs can run (Redis and workers when configured)."""
+    service: Service | None = getattr(request.app.state, "service", None)
+    if service is None:
+        body = {"status": "not_ready", "checks": {"service": {"ok": False, "detail": "starting"}}}
+        return JSONResponse(body, status_code=503)
+    checks = await _checks(service)
+    ok = all(c.get("ok") for c in checks.values())
+    return JSONResponse(
+        {"status": "ready" if ok else "not_ready", "checks": finite(checks)}, status_code=200 if ok else 503
+    )
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    operation_id="metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(401),
+    },
+)
+async def metrics(service: ServiceDep, _auth: Auth) -> Response:
+    """Requests, cache hits, solve time and gap."""
+    try:
+        started: int | None = await service.jobs.solves_started()
+    except CacheUnavailable:
+        started = None
+    return Response(service.metrics.render(started), media_type=CONTENT_TYPE_LATEST)

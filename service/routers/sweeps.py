@@ -1,0 +1,223 @@
+"""``POST /v1/sweeps`` (a what-if table: one plan per point) and ``GET /v1/sweeps/{id}``."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from cache import codec
+from cache.plans import plan_key
+from service import schemas
+from service.body import BodyRoute, parse_json_model
+from service.deps import Auth, Client, Key, ServiceDep
+from service.graphs import check_rules, parse_graph, shared_graph_data
+from service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
+from service.openapi import SWEEP_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
+from service.problems import ApiError
+from service.requests import SweepBody, build_request, cluster_of, key_dict_of, payload_of
+from service.routers.common import deadline_after, in_thread_bounded
+from service.state import Service
+
+__all__ = ["router", "sweep_table"]
+
+router = APIRouter(route_class=BodyRoute, tags=["sweeps"])
+
+_NEVER = 1 << 62
+
+
+def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any]]]:
+    """Parse the sweep, store its graph and record; its id and points (runs in a thread)."""
+    settings = service.settings
+    body = parse_json_model(SweepBody, raw, settings.max_json_depth)
+    graph = parse_graph(body.graph, settings)
+    check_rules(graph)
+    cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
+    product = itertools.product(body.mesh_shapes, body.memory_budgets_bytes, body.zero_stages)
+    combos = list(dict.fromkeys((tuple(m) if m else None, b, z) for m, b, z in product))
+    if len(combos) > settings.max_sweep_points:
+        raise ApiError(
+            422,
+            "sweep_too_large",
+            f"the sweep has {len(combos)} points; this server allows at most "
+            f"{settings.max_sweep_points}: split it",
+        )
+    points: list[dict[str, Any]] = []
+    for mesh_shape, budget, zero in combos:
+        shape = list(mesh_shape) if mesh_shape else None
+        request = build_request(graph, cluster, shape, budget, zero, body.options, settings)
+        key_dict = key_dict_of(request)
+        points.append(
+            {
+                "mesh_shape": shape,
+                "memory_budget_bytes": request.memory_budget_bytes,
+                "zero_stage": zero,
+                "key": plan_key(key_dict, service.versions),
+                "payload": payload_of(request, service.versions, graph_hash=key_dict["graph"]),
+            }
+        )
+    sweep_id = hashlib.sha256("".join(p["key"] for p in points).encode()).hexdigest()
+    content_hash = points[0]["payload"]["graph"]
+    service.store_graph(shared_graph_data(body.graph, content_hash), content_hash)
+    record = [{k: v for k, v in p.items() if k != "payload"} for p in points]
+    service.store.put(f"sweep:{sweep_id}", codec.encode(record), settings.job_ttl_s)
+    return sweep_id, points
+
+
+async def _row(service: Service, p: dict[str, Any]) -> dict[str, Any]:
+    key = p["key"]
+    row: dict[str, Any] = {
+        "mesh_shape": p["mesh_shape"],
+        "memory_budget_bytes": p["memory_budget_bytes"],
+        "zero_stage": p["zero_stage"],
+        "key": key,
+        "status": "queued",
+        "step_time_s": None,
+        "memory_per_device_bytes": None,
+        "chosen_mesh_shape": None,
+        "gap": None,
+        "min_feasible_bytes": None,
+        "error": None,
+        "links": {"job": f"/v1/jobs/{key}"},
+    }
+    record = await run_in_threadpool(service.plans.get, key)
+    if record is not None:
+        data = record.data()
+        row.update(
+            status="succeeded",
+            step_time_s=data.get("step_time_s"),
+            memory_per_device_bytes=data.get("memory_per_device_bytes"),
+            chosen_mesh_shape=data.get("mesh_shape"),
+            gap=(data.get("solver") or {}).get("gap"),
+        )
+        row["links"]["plan"] = f"/v1/plans/{key}"
+        return finite(row)
+    info = await service.jobs.get(key)
+    if info is not None:
+        error = info.error or {}
+        status = info.status.value
+        if error.get("kind") == "infeasible_budget" and info.status is JobStatus.FAILED:
+            status = "infeasible"
+        row.update(
+            status=status,
+            error=error.get("message") if info.terminal else None,
+            min_feasible_bytes=error.get("min_feasible_bytes"),
+        )
+    return finite(row)
+
+
+async def sweep_view(service: Service, sweep_id: str, points: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [await _row(service, p) for p in points]
+    return {
+        "id": sweep_id,
+        "complete": all(r["status"] not in ("queued", "running") for r in rows),
+        "rows": rows,
+        "table": sweep_table(rows),
+        "links": {"self": f"/v1/sweeps/{sweep_id}"},
+    }
+
+
+async def _submit_points(service: Service, client: str, points: list[dict[str, Any]]) -> None:
+    for p in points:
+        if await run_in_threadpool(service.plans.get, p["key"]) is not None:
+            continue
+        existing = await service.jobs.get(p["key"])
+        if (
+            existing is not None
+            and existing.status is JobStatus.FAILED
+            and ((existing.error or {}).get("kind") in DETERMINISTIC_ERRORS)
+        ):
+            continue
+        new = existing is None or existing.terminal
+        await service.admission.admit(client, p["key"], service.jobs, new=new)
+        await service.jobs.submit(p["key"], p["payload"])
+
+
+@router.post(
+    "/v1/sweeps",
+    summary="What-if sweep",
+    operation_id="createSweep",
+    status_code=202,
+    response_class=Response,
+    openapi_extra=json_body("SweepBody"),
+    responses={
+        200: {
+            "description": "Every point is done.",
+            "content": {"application/json": {"schema": ref("SweepView")}},
+            "links": SWEEP_LINKS,
+        },
+        202: {
+            "description": "Some points are still solving (Location: /v1/sweeps/{id}).",
+            "content": {"application/json": {"schema": ref("SweepView")}},
+            "links": SWEEP_LINKS,
+        },
+        **problem_responses(*WRITE_ERRORS),
+    },
+)
+async def create_sweep(
+    request: Request,
+    service: ServiceDep,
+    _auth: Auth,
+    client: Client,
+    wait: Annotated[float, Query(ge=0, le=600, description="Seconds to wait for every point.")] = 0,
+) -> Response:
+    """Plan every (mesh shape, budget, ZeRO stage) combination; returns step time vs memory."""
+    deadline = deadline_after(wait, service)
+    raw = await request.body()
+    await service.admission.precheck(client, service.jobs)
+    sweep_id, points = await in_thread_bounded(service, lambda: prepare_sweep(service, raw))
+    await _submit_points(service, client, points)
+    for p in points:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        await service.jobs.wait(p["key"], remaining, after_version=_NEVER)
+    view = await sweep_view(service, sweep_id, points)
+    status = 200 if view["complete"] else 202
+    headers = {"Location": f"/v1/sweeps/{sweep_id}"}
+    if status == 202:
+        headers["Retry-After"] = str(service.settings.retry_after_s)
+    return JSONResponse(view, status_code=status, headers=headers)
+
+
+@router.get(
+    "/v1/sweeps/{sweep_id}",
+    summary="A sweep's table",
+    operation_id="getSweep",
+    response_model=schemas.SweepView,
+    responses=problem_responses(401, 404, 422, 503),
+)
+async def get_sweep(sweep_id: Key, service: ServiceDep, _auth: Auth) -> Response:
+    """The sweep's rows as they fill in."""
+    raw = await run_in_threadpool(service.store.get, f"sweep:{sweep_id}")
+    if raw is None:
+        raise ApiError(404, "sweep_not_found", f"no sweep {sweep_id}; it never existed or expired")
+    return JSONResponse(await sweep_view(service, sweep_id, codec.decode(raw)))
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    """Aligned text: mesh, budget, ZeRO, status, step time, memory."""
+    gib = 1024**3
+    lines = [
+        f"{'mesh':<10}{'budget GiB':>11}{'ZeRO':>6}  {'status':<11}{'step ms':>10}{'mem GiB':>9}{'gap':>8}"
+    ]
+    for r in rows:
+        mesh = r["chosen_mesh_shape"] or r["mesh_shape"]
+        budget = r["memory_budget_bytes"]
+        step = r["step_time_s"]
+        mem = r["memory_per_device_bytes"]
+        gap = r["gap"]
+        lines.append(
+            f"{'x'.join(map(str, mesh)) if mesh else 'search':<10}"
+            f"{budget / gib if budget else float('nan'):>11.2f}"
+            f"{r['zero_stage']:>6}  {r['status']:<11}"
+            f"{step * 1e3 if step is not None else float('nan'):>10.2f}"
+            f"{mem / gib if mem is not None else float('nan'):>9.2f}"
+            f"{'' if gap is None else f'{100 * gap:.2f}%':>8}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""``autopar worker``: an RQ worker that survives Redis outages.
+
+RQ's worker quits on the first Redis error outside its dequeue loop (while
+monitoring a running job, or on the heartbeat after one), and once Redis comes
+back without its data the worker is no longer registered, so ``/readyz``
+reports no workers.  :class:`ResilientWorker` changes three things:
+
+* a Redis error while a job runs is logged and the worker keeps waiting for its
+  work horse (the horse retries saving its plan and the job's end for
+  ``outage_grace_s``: a finished solve is not lost);
+* every heartbeat re-registers the worker (``SADD``, idempotent), and an idle
+  worker heartbeats every :data:`IDLE_HEARTBEAT_S` s, so ``/readyz`` is right
+  within seconds of Redis returning;
+* reconnection backs off from 0.5 s to at most :data:`MAX_BACKOFF_S` s.
+
+:func:`run_worker` restarts the work loop (new registration) should it still
+end on a Redis error, and stops only on SIGTERM / SIGINT or in burst mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+from redis.exceptions import RedisError
+from rq import Queue, Worker, worker_registration
+from rq.serializers import JSONSerializer
+
+from cache.redis_store import connect
+from service.settings import Settings
+
+__all__ = ["IDLE_HEARTBEAT_S", "MAX_BACKOFF_S", "ResilientWorker", "make_worker", "run_worker"]
+
+log = logging.getLogger("autopar.service.worker")
+
+IDLE_HEARTBEAT_S = 2
+"""Longest blocking dequeue of an idle worker, s: also how soon it re-registers after an outage."""
+MAX_BACKOFF_S = 4.0
+"""Longest pause between two reconnection attempts, s."""
+
+
+class ResilientWorker(Worker):
+    """An RQ worker that rides out Redis outages (see the module docstring)."""
+
+    max_connection_wait_time = MAX_BACKOFF_S
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return IDLE_HEARTBEAT_S
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        try:
+            super().heartbeat(timeout, pipeline)
+            worker_registration.register(self, pipeline)
+        except RedisError as exc:
+            if pipeline is not None:
+                raise
+            log.warning("worker %s: heartbeat failed (%s); retrying", self.name, exc)
+
+    def maintain_heartbeats(self, job: Any, execution: Any) -> None:
+        try:
+            super().maintain_heartbeats(job, execution)
+        except RedisError as exc:
+            log.warning("worker %s: Redis unavailable while job %s runs (%s)", self.name, job.id, exc)
+
+
+def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
+    """A worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
+    import solver.planner  # noqa: F401  - import once in the parent so each horse forks warm
+
+    client = connect(str(settings.redis_url))
+    queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)
+    return ResilientWorker(
+        [queue],
+        connection=client,
+        serializer=JSONSerializer,
+        name=name,
+        worker_ttl=max(10, int(3 * settings.worker_lost_after_s)),
+        job_monitoring_interval=max(1, int(settings.heartbeat_interval_s)),
+    )
+
+
+def _wait_for_redis(worker: Worker) -> None:
+    delay = 0.5
+    while True:
+        try:
+            worker.connection.ping()
+            return
+        except RedisError as exc:
+            log.warning("worker %s: Redis unavailable (%s); retrying in %.1f s", worker.name, exc, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, MAX_BACKOFF_S)
+
+
+def _exit_now(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def run_worker(settings: Settings, name: str | None, *, burst: bool, log_level: str) -> None:
+    """Work until stopped (SIGTERM / SIGINT) or, with ``burst``, until the queue is empty."""
+    worker = make_worker(settings, name)
+    while True:
+        # between work loops (waiting for Redis) a signal stops at once; work() installs RQ's own
+        signal.signal(signal.SIGTERM, _exit_now)
+        signal.signal(signal.SIGINT, _exit_now)
+        _wait_for_redis(worker)
+        try:
+            worker.connection.delete(worker.key)  # our own registration from before an outage
+            worker.work(burst=burst, logging_level=log_level)
+        except RedisError as exc:
+            log.warning("worker %s: work loop ended on a Redis error (%s)", worker.name, exc)
+        if burst or worker._shutdown_requested_date is not None:  # SIGTERM / SIGINT
+            return
+        log.warning("worker %s: restarting its work loop", worker.name)
+        worker = make_worker(settings, worker.name)

@@ -1,0 +1,36 @@
+"""The service's graph checks accept every bundled model and refuse what the solver cannot use."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.errors import GraphError
+from autopar.models import MODEL_NAMES, build
+from service.body import json_depth
+from service.graphs import check_rules, parse_graph, shared_graph_data
+from service.settings import Settings
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_NAMES))
+def test_every_bundled_model_passes_the_request_checks(name: str, tmp_path) -> None:
+    data = build(name).to_dict()
+    graph = parse_graph(data, Settings(cache_dir=tmp_path))
+    if len(graph.ops) < 1000:
+        check_rules(graph)
+    shared = shared_graph_data(data, graph.content_hash())
+    assert "meta" not in shared and shared["name"].startswith("graph-")
+    assert parse_graph(shared, Settings(cache_dir=tmp_path)).content_hash() == graph.content_hash()
+
+
+def test_wire_types_are_strict(tmp_path) -> None:
+    data = build("tiny-gpt").to_dict()
+    data["ops"][0]["type"] = {}
+    with pytest.raises(GraphError) as err:
+        parse_graph(data, Settings(cache_dir=tmp_path))
+    assert err.value.code == "bad_format" and "ops.0.type" in err.value.message
+
+
+def test_json_depth_skips_strings_and_does_not_recurse() -> None:
+    assert json_depth(b'{"a": [1, {"b": "[[[["}]}') == 3
+    assert json_depth(b'"\\"[[["') == 0
+    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
