@@ -226,7 +226,7 @@ submit() {  # submit LABEL ARGS...: runs autopar submit, records its wall time
   t1=$(date +%s.%N)
   # last line of the output: "plan KEY in S s -> FILE"
   timing "$label" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f s", b - a}') ($(tail -1 "$WORK/out" \
-    | awk '{printf "plan %s, %s s in the client", substr($2, 1, 12), $4}'))"
+    | awk '{printf "plan %s; %s s from request to plan", substr($2, 1, 12), $4}'))"
 }
 submit "submit tiny-gpt (miss, solved by a worker)" tiny-gpt "${SHAPE[@]}" --time-limit 10 --wait --out "$WORK/tiny.json"
 grep -q "cached plan" "$WORK/err" && die "the first tiny-gpt submit was a cache hit: is the volume fresh?"
