@@ -283,4 +283,10 @@ def add_service_commands(subparsers: Any) -> dict[str, Handler]:
         default=None,
         help="with --serve: solver processes",
     )
-    return {"serve": serve, "worker": worker, "submit": submit}
+    handlers: dict[str, Handler] = {"serve": serve, "worker": worker, "submit": submit}
+    try:
+        from service.report import add_report_command
+    except ImportError:  # the service extra (plotly) is not installed
+        return handlers
+    handlers.update(add_report_command(subparsers))
+    return handlers

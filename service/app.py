@@ -53,7 +53,7 @@ from cache import codec, open_store
 from cache.base import Store
 from cache.errors import CacheUnavailable
 from cache.plans import PlanCache, PlanRecord, canonical_json, code_versions, plan_key
-from service import schemas
+from service import explorer, schemas
 from service.jobs import DETERMINISTIC_ERRORS, JobInfo, JobManager, JobStatus, finite
 from service.metrics import Metrics
 from service.problems import PROBLEM_JSON, ApiError, from_autopar, from_job_error, problem
@@ -406,6 +406,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         return service.metrics if service is not None else None
 
     app.add_middleware(TimingMiddleware, metrics_of=current_metrics)
+    app.include_router(explorer.router)
 
     # ---------------------------------------------------------- error handlers
 

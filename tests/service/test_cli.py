@@ -33,13 +33,14 @@ def test_cli_surface() -> None:
     parser = argparse.ArgumentParser(prog="autopar")
     sub = parser.add_subparsers(dest="command")
     handlers = add_service_commands(sub)
-    assert set(handlers) == {"serve", "worker", "submit"}
+    assert set(handlers) == {"serve", "worker", "submit", "report"}
     flags = {
         name: sorted(a.dest for a in sub.choices[name]._actions if a.dest != "help") for name in handlers
     }
     assert flags == {
         "serve": ["cache_dir", "host", "local_workers", "log_level", "port", "redis_url"],
         "worker": ["burst", "log_level", "name", "redis_url"],
+        "report": ["budget", "compare", "graph", "label", "out", "plan"],
         "submit": sorted(
             [
                 "graph",
