@@ -158,9 +158,11 @@ async def plan_report(
         raise ApiError(
             422, "invalid_request", f"compare={bad[0]!r} is not a baseline; choose from {BASELINES}"
         )
-    memo: OrderedDict[tuple[str, tuple[str, ...]], bytes] = request.app.state.__dict__.setdefault(
-        "report_memo", OrderedDict()
+    memo: OrderedDict[tuple[str, tuple[str, ...]], bytes] | None = getattr(
+        request.app.state, "report_memo", None
     )
+    if memo is None:
+        memo = request.app.state.report_memo = OrderedDict()
     body = memo.get((key, kinds))
     if body is None:
         body = await run_in_threadpool(_render, service, key, kinds)

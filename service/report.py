@@ -22,7 +22,8 @@
 
 Charts are Plotly figures; plotly.js is inlined once, so the file needs no
 network when viewed.  Every number is recomputed from the graph and the plan by
-the core's pure cost functions (:mod:`autopar.evaluate`, :mod:`autopar.breakdown`).
+:mod:`autopar.breakdown`, which prices with the evaluator's pure cost functions
+and adds up to :func:`autopar.evaluate.evaluate`'s totals (tests/report check it).
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ from autopar.breakdown import (
     EdgeCost,
     MemoryTimeline,
     PlanBreakdown,
+    PricingMemo,
     breakdown,
     layer_of,
     memory_timeline,
     module_of,
 )
 from autopar.errors import ConfigError, PlanError
-from autopar.evaluate import Evaluation, evaluate
-from autopar.graph import Graph, Role
+from autopar.graph import Graph, Op, Role
 from autopar.plan import Plan
 
 __all__ = ["PlanView", "add_report_command", "build_report", "check_plan_fits", "cmd_report", "plotly_js"]
@@ -64,6 +65,8 @@ TOP_EDGES = 10
 """How many of the most expensive boxing edges the report lists per plan."""
 TIMELINE_POINTS = 1500
 """Most points of a memory timeline; longer ones keep each bucket's maximum (the peak survives)."""
+BUDGET_SCALE = 3.0
+"""The memory chart's y axis stops short of the budget line when the budget exceeds every peak this much."""
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 STATE_COLORS = {
     "parameters": "#4c78a8",
@@ -108,14 +111,26 @@ class PlanView:
 
     label: str
     plan: Plan
-    evaluation: Evaluation
     parts: PlanBreakdown
     timeline: MemoryTimeline
 
     @classmethod
-    def of(cls, label: str, graph: Graph, plan: Plan) -> PlanView:
+    def of(cls, label: str, graph: Graph, plan: Plan, memo: PricingMemo | None = None) -> PlanView:
         check_plan_fits(graph, plan)
-        return cls(label, plan, evaluate(graph, plan), breakdown(graph, plan), memory_timeline(graph, plan))
+        return cls(label, plan, breakdown(graph, plan, memo=memo), memory_timeline(graph, plan))
+
+    @property
+    def step_time_s(self) -> float:
+        """Serial step time: compute plus communication (the evaluator's sum)."""
+        return self.parts.compute_time_s + self.parts.comm_time_s
+
+    @property
+    def comm_time_s_per_axis(self) -> dict[int, float]:
+        return self.parts.comm_time_s_per_axis(self.plan.mesh.ndim)
+
+    @property
+    def comm_bytes_per_axis(self) -> dict[int, float]:
+        return self.parts.comm_bytes_per_axis(self.plan.mesh.ndim)
 
 
 def _finite(x: float | None) -> float | None:
@@ -147,9 +162,9 @@ def _module_layouts(graph: Graph, plan: Plan) -> dict[str, tuple[str, str, str, 
             continue
         wsbp = plan.output_sbp(v.op, next(iter(graph.op_by_name[v.op].outputs)))
         frontier = [v.tensor]
-        user = None
+        user: Op | None = None
         for _ in range(4):
-            nxt = []
+            nxt: list[str] = []
             for t in frontier:
                 for cname, _port in graph.consumers.get(t, []):
                     cop = graph.op_by_name[cname]
@@ -190,15 +205,15 @@ def _step_chart(views: Sequence[PlanView]) -> go.Figure:
     fig.add_bar(
         name="compute",
         x=labels,
-        y=[_finite(v.evaluation.compute_time_s * 1e3) for v in views],
+        y=[_finite(v.parts.compute_time_s * 1e3) for v in views],
         marker_color="#7f7f7f",
     )
-    axes = sorted({a for v in views for a in v.evaluation.comm_time_s_per_axis})
+    axes = sorted({a for v in views for a in v.comm_time_s_per_axis})
     for a in axes:
         fig.add_bar(
             name=f"communication, mesh axis {a}",
             x=labels,
-            y=[_finite(v.evaluation.comm_time_s_per_axis.get(a, 0.0) * 1e3) for v in views],
+            y=[_finite(v.comm_time_s_per_axis.get(a, 0.0) * 1e3) for v in views],
             marker_color=COLORS[(a + 2) % len(COLORS)],
         )
     fig.update_layout(
@@ -320,6 +335,20 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
             col=col,
         )
         fig.update_xaxes(title_text="position in the step (topological order)", row=1, col=col)
+    peak = max((v.timeline.peak for v in views), default=0.0)
+    if budget > BUDGET_SCALE * peak > 0:
+        # a budget far above every plan's peak would flatten the timelines: cut the axis, say so
+        fig.update_yaxes(range=[0, 1.3 * peak / GIB])
+        fig.add_annotation(
+            text=f"budget {budget / GIB:.2f} GiB is above the scale",
+            xref="paper",
+            yref="paper",
+            x=0.01,
+            y=0.97,
+            showarrow=False,
+            xanchor="left",
+            yanchor="top",
+        )
     fig.update_yaxes(title_text="GiB per device", row=1, col=1)
     fig.update_layout(title="Memory per device over the step", height=420)
     return fig
@@ -335,17 +364,17 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     def row(name: str, cells: list[str]) -> None:
         rows.append((name, cells))
 
-    row("evaluated step time", [f"<b>{_ms(v.evaluation.step_time_s)}</b>" for v in views])
-    row("&nbsp; compute", [_ms(v.evaluation.compute_time_s) for v in views])
-    axes = sorted({a for v in views for a in v.evaluation.comm_time_s_per_axis})
+    row("evaluated step time", [f"<b>{_ms(v.step_time_s)}</b>" for v in views])
+    row("&nbsp; compute", [_ms(v.parts.compute_time_s) for v in views])
+    axes = sorted({a for v in views for a in v.comm_time_s_per_axis})
     mesh_shape = views[0].plan.mesh.shape
     for a in axes:
         size = mesh_shape[a] if a < len(mesh_shape) else "?"
         row(
             f"&nbsp; communication, mesh axis {a} ({size} devices)",
             [
-                f"{_ms(v.evaluation.comm_time_s_per_axis.get(a, 0.0))} "
-                f"({v.evaluation.comm_bytes_per_axis.get(a, 0.0) / MIB:,.1f} MiB)"
+                f"{_ms(v.comm_time_s_per_axis.get(a, 0.0))} "
+                f"({v.comm_bytes_per_axis.get(a, 0.0) / MIB:,.1f} MiB)"
                 for v in views
             ],
         )
@@ -368,7 +397,7 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     row("planner: predicted step time", [_ms(v.plan.predicted.get("step_time_s")) for v in views])
     cells = []
     for v in views:
-        total = v.evaluation.memory.total
+        total = v.timeline.peak
         fits = total <= budget
         cls = "ok" if fits else "bad"
         cells.append(
@@ -376,17 +405,14 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
             f"{'fits' if fits else 'OVER BUDGET'})"
         )
     row(f"memory per device (budget {_gib(budget)})", cells)
-    row("&nbsp; parameters", [_gib(v.evaluation.memory.params) for v in views])
-    row("&nbsp; gradients", [_gib(v.evaluation.memory.grads) for v in views])
-    row("&nbsp; optimizer states", [_gib(v.evaluation.memory.optimizer) for v in views])
-    row("&nbsp; activation peak", [_gib(v.evaluation.memory.activations) for v in views])
-    row("boxed edges", [str(v.evaluation.boxed_edges) for v in views])
+    row("&nbsp; parameters", [_gib(v.timeline.params) for v in views])
+    row("&nbsp; gradients", [_gib(v.timeline.grads) for v in views])
+    row("&nbsp; optimizer states", [_gib(v.timeline.optimizer) for v in views])
+    row("&nbsp; activation peak", [_gib(v.timeline.activation_peak) for v in views])
+    row("boxed edges", [str(v.parts.boxed_edges) for v in views])
     row(
         "valid",
-        [
-            "yes" if v.evaluation.valid else f"<b class='bad'>no</b>: {_esc(v.evaluation.errors[0])}"
-            for v in views
-        ],
+        ["yes" if v.parts.valid else f"<b class='bad'>no</b>: {_esc(v.parts.errors[0])}" for v in views],
     )
     solver_cells = []
     for v in views:
@@ -436,9 +462,9 @@ def _edges_table(view: PlanView) -> str:
     )
 
 
-def _layer_tables(graph: Graph, main: PlanView, megatron: PlanView, views: Sequence[PlanView]) -> str:
+def _layer_tables(graph: Graph, main: PlanView, megatron: Plan, views: Sequence[PlanView]) -> str:
     mine = _module_layouts(graph, main.plan)
-    ref = _module_layouts(graph, megatron.plan)
+    ref = _module_layouts(graph, megatron)
     by_layer: dict[str, list[str]] = {}
     for v in graph.variables:
         by_layer.setdefault(layer_of(v.op), []).append(v.op)
@@ -450,8 +476,7 @@ def _layer_tables(graph: Graph, main: PlanView, megatron: PlanView, views: Seque
         differ = sum(
             1
             for name in op_names
-            if name in megatron.plan.signatures
-            and main.plan.signatures.get(name) != megatron.plan.signatures[name]
+            if name in megatron.signatures and main.plan.signatures.get(name) != megatron.signatures[name]
         )
         costs = " &middot; ".join(
             f"{_esc(v.label)}: {_ms(v.parts.layer_compute_s.get(layer, 0.0))} compute + "
@@ -512,22 +537,19 @@ def build_report(
     """One self-contained HTML page about ``plan`` on ``graph``, with ``compare`` plans side by side.
 
     ``budget_bytes`` defaults to the plan's budget, else the device's memory.
-    The Megatron layout column comes from a ``megatron`` plan in ``compare``
+    The Megatron layout column comes from a ``megatron`` plan among the plans
     (label or source) or from :func:`autopar.baselines.baseline_plan` on the
     plan's mesh and ZeRO stage.  Raises :class:`PlanError` when a plan does not
     fit the graph.
     """
     budget = float(budget_bytes or plan.memory_budget_bytes or plan.mesh.cluster.device.memory_bytes)
-    main = PlanView.of(label or plan.source, graph, plan)
-    views = [main] + [PlanView.of(lbl, graph, p) for lbl, p in compare]
+    memo = PricingMemo()
+    main = PlanView.of(label or plan.source, graph, plan, memo)
+    views = [main] + [PlanView.of(lbl, graph, p, memo) for lbl, p in compare]
     megatron = next(
-        (v for v in views[1:] if v.label == "megatron" or v.plan.source == "baseline:megatron"),
+        (v.plan for v in views if v.label == "megatron" or v.plan.source == "baseline:megatron"),
         None,
-    )
-    if megatron is None:
-        megatron = PlanView.of(
-            "megatron", graph, baseline_plan("megatron", graph, plan.mesh, plan.zero_stage)
-        )
+    ) or baseline_plan("megatron", graph, plan.mesh, plan.zero_stage)
     order_names = [op.name for op in graph.topological_order]
     layers = list(dict.fromkeys(layer_of(op.name) for op in graph.ops))
     charts = {
@@ -556,8 +578,9 @@ def build_report(
 plan <b>{_esc(main.label)}</b> compared with {compared}</p>
 <h2 id="headline">Headline</h2>
 {_headline_table(views, budget)}
-<p class="note">Evaluated figures are recomputed by the independent evaluator (compute plus
-communication, no overlap); "planner" rows are what the plan file itself predicts.</p>
+<p class="note">Evaluated figures are recomputed from the graph and the plan with the evaluator's
+cost functions (compute plus communication, no overlap); "planner" rows are what the plan file
+itself predicts.</p>
 {rendered["chart-step"]}
 <h2 id="communication">Communication</h2>
 {rendered["chart-comm"]}

@@ -71,16 +71,24 @@ def test_options_and_model_graphs(client: httpx.Client, tiny_graph: dict[str, An
     assert missing.json()["code"] == "model_not_found"
 
 
+REPORT_TIMEOUT_S = 900
+"""Rendering prices three plans of the graph; generous for a loaded machine."""
+
+
 def test_report_of_a_cached_plan(server, client: httpx.Client, plan_key: str) -> None:
     with server.client() as anonymous:  # reads are open, like GET /v1/plans/{key}
-        r = anonymous.get(f"/v1/plans/{plan_key}/report", params=[("compare", "megatron"), ("compare", "inferred")])
+        r = anonymous.get(
+            f"/v1/plans/{plan_key}/report",
+            params=[("compare", "megatron"), ("compare", "inferred")],
+            timeout=REPORT_TIMEOUT_S,
+        )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/html")
     html = r.text
     assert "<b>megatron</b>" not in html or "compared with megatron, inferred" in html
     assert "compared with megatron, inferred" in html
     assert not re.search(r"""<script[^>]*src\s*=""", html)
-    default = client.get(f"/v1/plans/{plan_key}/report")
+    default = client.get(f"/v1/plans/{plan_key}/report", timeout=REPORT_TIMEOUT_S)
     assert default.status_code == 200 and "compared with megatron" in default.text
 
 
@@ -98,7 +106,9 @@ def test_report_when_the_graph_expired(server, client: httpx.Client, plan_key: s
     saved = service.store.get(graph_key(record["request"]["graph"]))
     service.store.delete(graph_key(record["request"]["graph"]))
     try:
-        r = client.get(f"/v1/plans/{plan_key}/report", params={"compare": "data-parallel"})
+        r = client.get(
+            f"/v1/plans/{plan_key}/report", params={"compare": "data-parallel"}, timeout=REPORT_TIMEOUT_S
+        )
         assert r.status_code == 404
         assert r.json()["code"] == "graph_not_stored"
         assert "autopar report" in r.json()["detail"]

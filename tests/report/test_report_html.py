@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
 from autopar.errors import PlanError
 from autopar.evaluate import evaluate
-from autopar.models import build
 from service.report import build_report
+from tests.report.plans import MESH, baseline, model
 from tests.service.helpers import REPO
 
 GIB = 1024**3
@@ -22,24 +20,26 @@ GIB = 1024**3
 
 @pytest.fixture(scope="module")
 def graph():
-    return build("tiny-gpt")
+    return model("tiny-gpt")
 
 
 @pytest.fixture(scope="module")
 def mesh():
-    return Mesh(Cluster.parse("2x4"), (4, 2))
+    return MESH
 
 
 @pytest.fixture(scope="module")
 def report(graph, mesh) -> str:
-    plan = baseline_plan("inferred", graph, mesh, 2)
-    compare = [("megatron", baseline_plan("megatron", graph, mesh, 2))]
+    plan = baseline("tiny-gpt", "inferred", 2)
+    compare = [("megatron", baseline("tiny-gpt", "megatron", 2))]
     return build_report(graph, plan, compare, 2 * GIB, label="inferred")
 
 
 def test_self_contained(report: str) -> None:
     # no script, stylesheet, image or frame is fetched from the network
-    assert not re.search(r"""<(script|link|img|iframe)[^>]*(src|href)\s*=\s*["']?(https?:)?//""", report, re.I)
+    assert not re.search(
+        r"""<(script|link|img|iframe)[^>]*(src|href)\s*=\s*["']?(https?:)?//""", report, re.I
+    )
     assert "@import" not in report
     scripts = re.findall(r"<script[^>]*>", report)
     assert all("src=" not in s for s in scripts)
@@ -53,7 +53,7 @@ def test_sections_and_headline(report: str, graph, mesh) -> None:
         assert f'id="{anchor}"' in report
     for chart in ("chart-step", "chart-comm", "chart-layers", "chart-memory"):
         assert f'id="{chart}"' in report
-    ev = evaluate(graph, baseline_plan("inferred", graph, mesh, 2))
+    ev = evaluate(graph, baseline("tiny-gpt", "inferred", 2))
     assert f"{ev.step_time_s * 1e3:,.2f} ms" in report
     assert f"{ev.memory.total / GIB:,.2f} GiB" in report
     assert "budget 2.00 GiB" in report
@@ -69,7 +69,7 @@ def test_layer_tables_mark_differences_from_megatron(report: str, graph) -> None
 
 
 def test_megatron_column_computed_when_not_compared(graph, mesh) -> None:
-    plan = baseline_plan("megatron", graph, mesh, 2)
+    plan = baseline("tiny-gpt", "megatron", 2)
     html = build_report(graph, plan)
     assert "compared with nothing" in html
     assert "class='diff'" not in html  # the plan is Megatron's own layout
@@ -77,13 +77,12 @@ def test_megatron_column_computed_when_not_compared(graph, mesh) -> None:
 
 
 def test_over_budget_is_flagged(graph, mesh) -> None:
-    html = build_report(graph, baseline_plan("megatron", graph, mesh, 2), budget_bytes=1024)
+    html = build_report(graph, baseline("tiny-gpt", "megatron", 2), budget_bytes=1024)
     assert "OVER BUDGET" in html
 
 
 def test_plan_for_another_graph_is_refused(graph, mesh) -> None:
-    other = build("tiny-bert")
-    plan = baseline_plan("megatron", other, mesh, 2)
+    plan = baseline("tiny-bert", "data-parallel", 2)
     with pytest.raises(PlanError) as info:
         build_report(graph, plan)
     assert info.value.code == "plan_mismatch"
@@ -102,7 +101,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cli_report_with_baselines_and_a_plan_file(tmp_path: Path, graph, mesh) -> None:
     plan_path = tmp_path / "megatron.json"
-    baseline_plan("megatron", graph, mesh, 2).save(str(plan_path))
+    baseline("tiny-gpt", "megatron", 2).save(str(plan_path))
     graph_path = tmp_path / "g.json"
     graph.save(str(graph_path))
     out = tmp_path / "r.html"
@@ -111,7 +110,7 @@ def test_cli_report_with_baselines_and_a_plan_file(tmp_path: Path, graph, mesh) 
         str(graph_path),
         str(plan_path),
         "--compare",
-        "inferred",
+        "data-parallel",
         f"mine={plan_path}",
         "--budget",
         "3GiB",
@@ -122,7 +121,7 @@ def test_cli_report_with_baselines_and_a_plan_file(tmp_path: Path, graph, mesh) 
     assert r.returncode == 0, r.stderr
     assert "report of 3 plan(s)" in r.stdout
     html = out.read_text()
-    assert "budget 3.00 GiB" in html and "mine" in html and "inferred" in html
+    assert "budget 3.00 GiB" in html and "mine" in html and "data-parallel" in html
 
 
 @pytest.mark.parametrize(
@@ -134,7 +133,7 @@ def test_cli_report_with_baselines_and_a_plan_file(tmp_path: Path, graph, mesh) 
     ],
 )
 def test_cli_errors_are_one_line(tmp_path: Path, mesh, args: list[str], code: str) -> None:
-    baseline_plan("megatron", build("tiny-bert"), mesh, 2).save(str(tmp_path / "bert.json"))
+    baseline("tiny-bert", "data-parallel", 2).save(str(tmp_path / "bert.json"))
     r = _cli("report", *args, "--out", str(tmp_path / "r.html"), cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.startswith(f"autopar: error: [{code}]"), r.stderr
