@@ -55,7 +55,15 @@ from autopar.errors import ConfigError, PlanError
 from autopar.graph import Graph, Op, Role
 from autopar.plan import Plan
 
-__all__ = ["PlanView", "add_report_command", "build_report", "check_plan_fits", "cmd_report", "plotly_js"]
+__all__ = [
+    "PlanView",
+    "add_report_command",
+    "build_report",
+    "check_plan_fits",
+    "cmd_report",
+    "format_bytes",
+    "plotly_js",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -138,11 +146,20 @@ def _finite(x: float | None) -> float | None:
 
 
 def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1e3:,.2f} ms"
+    """``12.34 ms``; ``5.6 us`` below 10 microseconds."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    return f"{seconds * 1e3:,.2f} ms" if seconds == 0 or seconds >= 1e-5 else f"{seconds * 1e6:.1f} us"
 
 
-def _gib(nbytes: float | None) -> str:
-    return "n/a" if nbytes is None or not math.isfinite(nbytes) else f"{nbytes / GIB:,.2f} GiB"
+def format_bytes(nbytes: float | None) -> str:
+    """``3.00 GiB`` from 1 GiB up, else ``12.5 MiB`` (tiny models stay readable)."""
+    if nbytes is None or not math.isfinite(nbytes):
+        return "n/a"
+    return f"{nbytes / GIB:,.2f} GiB" if nbytes >= GIB else f"{nbytes / MIB:,.1f} MiB"
+
+
+_gib = format_bytes
 
 
 def _esc(value: Any) -> str:
@@ -284,6 +301,9 @@ def _downsample(values: list[float], points: int) -> tuple[list[int], list[float
 
 
 def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[str]) -> go.Figure:
+    peak = max((v.timeline.peak for v in views), default=0.0)
+    cut = budget > BUDGET_SCALE * peak > 0
+    unit, scale = ("GiB", GIB) if (peak if cut else max(peak, budget)) >= GIB else ("MiB", MIB)
     fig = make_subplots(
         rows=1,
         cols=len(views),
@@ -297,10 +317,10 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
         if not xs:
             xs, acts = [0], [0.0]
         layers = [
-            ("parameters", [t.params / GIB] * len(xs)),
-            ("gradients", [t.grads / GIB] * len(xs)),
-            ("optimizer states", [t.optimizer / GIB] * len(xs)),
-            ("activations", [a / GIB for a in acts]),
+            ("parameters", [t.params / scale] * len(xs)),
+            ("gradients", [t.grads / scale] * len(xs)),
+            ("optimizer states", [t.optimizer / scale] * len(xs)),
+            ("activations", [a / scale for a in acts]),
         ]
         names = [order_names[x] if x < len(order_names) else "" for x in xs]
         for name, ys in layers:
@@ -315,7 +335,7 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
                     mode="lines",
                     line={"width": 0.5, "color": STATE_COLORS[name]},
                     customdata=names,
-                    hovertemplate=name + ": %{y:.2f} GiB at %{customdata}<extra></extra>",
+                    hovertemplate=name + ": %{y:.2f} " + unit + " at %{customdata}<extra></extra>",
                 ),
                 row=1,
                 col=col,
@@ -323,24 +343,23 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
         fig.add_trace(
             go.Scatter(
                 x=[xs[0], xs[-1]],
-                y=[budget / GIB, budget / GIB],
+                y=[budget / scale, budget / scale],
                 name="budget",
                 legendgroup="budget",
                 showlegend=col == 1,
                 mode="lines",
                 line={"color": "black", "dash": "dash", "width": 1.5},
-                hovertemplate="budget %{y:.2f} GiB<extra></extra>",
+                hovertemplate="budget %{y:.2f} " + unit + "<extra></extra>",
             ),
             row=1,
             col=col,
         )
         fig.update_xaxes(title_text="position in the step (topological order)", row=1, col=col)
-    peak = max((v.timeline.peak for v in views), default=0.0)
-    if budget > BUDGET_SCALE * peak > 0:
+    if cut:
         # a budget far above every plan's peak would flatten the timelines: cut the axis, say so
-        fig.update_yaxes(range=[0, 1.3 * peak / GIB])
+        fig.update_yaxes(range=[0, 1.3 * peak / scale])
         fig.add_annotation(
-            text=f"budget {budget / GIB:.2f} GiB is above the scale",
+            text=f"budget {format_bytes(budget)} is above the scale",
             xref="paper",
             yref="paper",
             x=0.01,
@@ -349,7 +368,7 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
             xanchor="left",
             yanchor="top",
         )
-    fig.update_yaxes(title_text="GiB per device", row=1, col=1)
+    fig.update_yaxes(title_text=f"{unit} per device", row=1, col=1)
     fig.update_layout(title="Memory per device over the step", height=420)
     return fig
 

@@ -108,9 +108,9 @@ function progressChart() {
       { x: [], y: [], name: "bound", mode: "lines+markers", line: { shape: "hv", dash: "dot" } },
     ],
     {
-      title: "Solver progress",
-      xaxis: { title: "elapsed s" },
-      yaxis: { title: "modelled step time, ms" },
+      title: { text: "Solver progress" },
+      xaxis: { title: { text: "elapsed s" } },
+      yaxis: { title: { text: "modelled step time, ms" } },
       height: 300,
       margin: { l: 60, r: 20, t: 40, b: 40 },
     },
@@ -263,8 +263,9 @@ function paretoFront(points) {
   const front = [];
   let best = Infinity;
   for (const p of sorted) {
-    if (p.step < best) {
-      front.push(p);
+    const last = front[front.length - 1];
+    if (p.step < best || (last && p.step === last.step && p.mem === last.mem)) {
+      front.push(p);  // equal points are all on the front
       best = p.step;
     }
   }
@@ -301,9 +302,9 @@ function drawSweep(view) {
       },
     ],
     {
-      title: "Step time vs memory per device",
-      xaxis: { title: "memory per device, GiB" },
-      yaxis: { title: "modelled step time, ms" },
+      title: { text: "Step time vs memory per device" },
+      xaxis: { title: { text: "memory per device, GiB" } },
+      yaxis: { title: { text: "modelled step time, ms" } },
       height: 360,
       margin: { l: 60, r: 20, t: 40, b: 40 },
     },

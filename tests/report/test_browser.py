@@ -115,9 +115,9 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     def finished() -> bool:
         status = driver.find_element(by_id, "status")
         state = status.text.split(" · ")[0]
-        if state == "running" and "objective" in status.text and "running" not in seen:
+        if state == "running" and "objective" in status.text and "shot" not in seen:
             driver.save_screenshot(str(shots / "explorer-solve.png"))  # the page during the solve
-            seen.add(state)
+            seen.add("shot")
         seen.add(state)
         return "succeeded" in (status.get_attribute("class") or "")
 

@@ -11,7 +11,7 @@ import pytest
 
 from autopar.errors import PlanError
 from autopar.evaluate import evaluate
-from service.report import build_report
+from service.report import build_report, format_bytes
 from tests.report.plans import MESH, baseline, model
 from tests.service.helpers import REPO
 
@@ -55,7 +55,7 @@ def test_sections_and_headline(report: str, graph, mesh) -> None:
         assert f'id="{chart}"' in report
     ev = evaluate(graph, baseline("tiny-gpt", "inferred", 2))
     assert f"{ev.step_time_s * 1e3:,.2f} ms" in report
-    assert f"{ev.memory.total / GIB:,.2f} GiB" in report
+    assert f"{format_bytes(ev.memory.total)}</b>" in report
     assert "budget 2.00 GiB" in report
     assert "The 10 most expensive boxing edges" in report
     assert "communication, mesh axis 0 (4 devices)" in report
