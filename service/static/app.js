@@ -4,6 +4,7 @@
 "use strict";
 
 const GIB = 1024 ** 3;
+const MIB = 1024 ** 2;
 const KEY_STORAGE = "autopar.apiKey";
 const SWEEP_POLL_MS = 1000;
 const SWEEP_MAX_POLLS = 1800;
@@ -280,8 +281,10 @@ function rowLabel(r) {
 
 function drawSweep(view) {
   const done = view.rows.filter((r) => r.status === "succeeded" && r.step_time_s !== null);
+  // GiB, or MiB when every plan is under 1 GiB (small models)
+  const [unit, scale] = done.some((r) => r.memory_per_device_bytes >= GIB) ? ["GiB", GIB] : ["MiB", MIB];
   const points = done.map((r) => ({
-    mem: r.memory_per_device_bytes / GIB,
+    mem: r.memory_per_device_bytes / scale,
     step: r.step_time_s * 1e3,
     label: rowLabel(r),
   }));
@@ -292,18 +295,18 @@ function drawSweep(view) {
       {
         x: points.map((p) => p.mem), y: points.map((p) => p.step), text: points.map((p) => p.label),
         mode: "markers", name: "plans", marker: { size: 10, color: "#1f77b4" },
-        hovertemplate: "%{text}<br>%{x:.2f} GiB, %{y:.2f} ms<extra></extra>",
+        hovertemplate: `%{text}<br>%{x:.2f} ${unit}, %{y:.2f} ms<extra></extra>`,
       },
       {
         x: front.map((p) => p.mem), y: front.map((p) => p.step), text: front.map((p) => p.label),
         mode: "lines+markers", name: "Pareto front",
         marker: { size: 14, symbol: "star", color: "#d62728" }, line: { dash: "dot", color: "#d62728" },
-        hovertemplate: "%{text}<br>%{x:.2f} GiB, %{y:.2f} ms<extra>Pareto</extra>",
+        hovertemplate: `%{text}<br>%{x:.2f} ${unit}, %{y:.2f} ms<extra>Pareto</extra>`,
       },
     ],
     {
       title: { text: "Step time vs memory per device" },
-      xaxis: { title: { text: "memory per device, GiB" } },
+      xaxis: { title: { text: `memory per device, ${unit}` } },
       yaxis: { title: { text: "modelled step time, ms" } },
       height: 360,
       margin: { l: 60, r: 20, t: 40, b: 40 },
@@ -313,13 +316,13 @@ function drawSweep(view) {
   const onFront = new Set(front.map((p) => p.label));
   const rows = view.rows.map((r) => {
     const pareto = onFront.has(rowLabel(r));
-    const mem = r.memory_per_device_bytes === null ? "" : (r.memory_per_device_bytes / GIB).toFixed(2);
+    const mem = r.memory_per_device_bytes === null ? "" : (r.memory_per_device_bytes / scale).toFixed(2);
     return `<tr><td>${rowLabel(r)}</td><td>${r.status}${r.error ? ": " + r.error : ""}</td>` +
       `<td>${r.step_time_s === null ? "" : ms(r.step_time_s)}</td><td>${mem}</td>` +
       `<td class="${pareto ? "pareto" : ""}">${pareto ? "yes" : ""}</td></tr>`;
   });
   $("sweep-table").innerHTML =
-    "<tr><th>point</th><th>status</th><th>step</th><th>GiB / device</th><th>Pareto</th></tr>" + rows.join("");
+    `<tr><th>point</th><th>status</th><th>step</th><th>${unit} / device</th><th>Pareto</th></tr>` + rows.join("");
 }
 
 async function submitSweep(ev) {
