@@ -145,7 +145,6 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     href = driver.find_element(by_id, "report-tab").get_attribute("href")
     driver.get(href)
     until(driver, "the report page's charts", lambda: svg_count(driver, ".js-plotly-plot svg.main-svg") >= 4)
-    driver.save_screenshot(str(shots / "report.png"))
     assert severe(driver) == []
 
     driver.get(server.url + "/")
