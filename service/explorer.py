@@ -32,7 +32,7 @@ from autopar.cluster import PRESETS
 from autopar.graph import Graph
 from autopar.plan import Plan
 from cache import codec
-from service.problems import ApiError
+from service.problems import PROBLEM_JSON, ApiError
 from service.report import build_report, plotly_js
 from service.tasks import graph_key
 
@@ -44,6 +44,17 @@ REPORT_MEMO_SIZE = 4
 """Rendered reports kept in memory per app (each is a few MB, mostly plotly.js)."""
 
 router = APIRouter()
+
+
+def _problems(**descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses: ``_404="..."`` -> a 404 problem+json answer with that description."""
+    return {
+        int(code.lstrip("_")): {
+            "description": text,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for code, text in descriptions.items()
+    }
 
 
 def _service(request: Request) -> Any:
@@ -100,7 +111,15 @@ async def options() -> dict[str, Any]:
     }
 
 
-@router.get("/v1/models/{name}/graph", summary="A bundled model's graph")
+@router.get(
+    "/v1/models/{name}/graph",
+    summary="A bundled model's graph",
+    response_class=Response,
+    responses={
+        200: {"description": "The graph.", "content": {"application/json": {"schema": {"type": "object"}}}},
+        **_problems(_404="No bundled model of that name."),
+    },
+)
 async def model_graph(name: str) -> Response:
     """The training-step graph of a bundled model, ready to send as ``graph`` in ``POST /v1/plans``."""
     from autopar.models import MODEL_NAMES
@@ -140,7 +159,11 @@ def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:
     "/v1/plans/{key}/report",
     summary="A cached plan's HTML report",
     response_class=HTMLResponse,
-    responses={404: {"description": "Unknown plan, or its graph is no longer stored."}},
+    responses=_problems(
+        _404="Unknown plan, or its graph is no longer stored.",
+        _422="Bad key or an unknown baseline in compare.",
+        _503="The service is starting, or the cache is unavailable.",
+    ),
 )
 async def plan_report(
     request: Request,
