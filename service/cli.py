@@ -331,3 +331,31 @@ WORKER_COMMAND = Command(
     "worker", "run an RQ worker solving jobs from Redis", _worker_arguments, worker, extra="service"
 )
 SUBMIT_COMMAND = Command("submit", "send a graph to a planning service", _submit_arguments, submit)
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    from autopar.baselines import BASELINES
+
+    p.add_argument("graph", help="graph JSON file or bundled model name (e.g. mt5-base)")
+    p.add_argument("plan", help="autopar.plan/v1 JSON file")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="PLAN",
+        help=f"plans to show side by side: a baseline ({', '.join(BASELINES)}), PATH or LABEL=PATH",
+    )
+    p.add_argument("--budget", default=None, help="per-device budget line, e.g. 40GiB (default: the plan's)")
+    p.add_argument("--label", default=None, help="name of the plan in the report (default: its source)")
+    p.add_argument("--out", required=True, help="HTML file to write (checked before any work)")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from service.report import cmd_report
+
+    return cmd_report(args)
+
+
+REPORT_COMMAND = Command(
+    "report", "write a self-contained HTML report of a plan", _report_arguments, _report, extra="service"
+)

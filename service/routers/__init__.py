@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service import explorer
 from service.routers import evaluate, health, jobs, plans, sweeps
 
 __all__ = ["ROUTERS"]
 
-ROUTERS: list[APIRouter] = [plans.router, jobs.router, sweeps.router, evaluate.router, health.router]
+ROUTERS: list[APIRouter] = [
+    plans.router,
+    jobs.router,
+    sweeps.router,
+    evaluate.router,
+    health.router,
+    explorer.router,
+]

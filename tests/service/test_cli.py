@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autopar.plan import Plan
-from service.cli import SERVE_COMMAND, SUBMIT_COMMAND, WORKER_COMMAND
+from service.cli import REPORT_COMMAND, SERVE_COMMAND, SUBMIT_COMMAND, WORKER_COMMAND
 from tests.cli.helpers import run_cli
 from tests.service.helpers import REPO, live_server, make_settings
 
@@ -20,13 +20,14 @@ from tests.service.helpers import REPO, live_server, make_settings
 def test_cli_surface() -> None:
     """Freeze the commands and their flags (scripts and launchers depend on them)."""
     flags = {}
-    for command in (SERVE_COMMAND, WORKER_COMMAND, SUBMIT_COMMAND):
+    for command in (SERVE_COMMAND, WORKER_COMMAND, SUBMIT_COMMAND, REPORT_COMMAND):
         parser = argparse.ArgumentParser(prog=f"autopar {command.name}")
         command.add_arguments(parser)
         flags[command.name] = sorted(a.dest for a in parser._actions if a.dest != "help")
     assert flags == {
         "serve": ["cache_dir", "host", "local_workers", "log_level", "port", "redis_url"],
         "worker": ["burst", "log_level", "name", "redis_url"],
+        "report": ["budget", "compare", "graph", "label", "out", "plan"],
         "submit": sorted(
             [
                 "graph",

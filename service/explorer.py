@@ -1,0 +1,195 @@
+"""The plan explorer: a small web page for experimenting, and plan reports over HTTP.
+
+::
+
+    GET /                              the experimenter page (service/static/index.html)
+    GET /ui/{file}                     its script and style, and plotly.js (served from the Python package)
+    GET /v1/explorer/options           bundled models, device presets, ZeRO stages (for the page's form)
+    GET /v1/models/{name}/graph        a bundled model's training-step graph (autopar.graph/v1 JSON)
+    GET /v1/plans/{key}/report         the HTML report of a cached plan (:mod:`service.report`)
+
+The page is plain HTML and JavaScript (no build step).  It talks to the same
+API as any client: ``POST /v1/plans``, the job's server-sent events read with
+``fetch`` (so the ``X-API-Key`` header travels with it), ``POST /v1/sweeps``.
+Reads are open like the other ``GET`` routes; the report needs the plan's graph,
+which the service keeps for ``job_ttl_s`` after a solve.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from autopar.baselines import BASELINES, baseline_plan
+from autopar.cluster import PRESETS
+from autopar.graph import Graph
+from autopar.plan import Plan
+from cache import codec
+from service.problems import PROBLEM_JSON, ApiError
+from service.report import build_report, plotly_js
+from service.tasks import graph_key
+
+__all__ = ["router"]
+
+STATIC_DIR = Path(__file__).parent / "static"
+_STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+REPORT_MEMO_SIZE = 4
+"""Rendered reports kept in memory per app (each is a few MB, mostly plotly.js)."""
+
+router = APIRouter()
+
+
+def _problems(**descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses: ``_404="..."`` -> a 404 problem+json answer with that description."""
+    return {
+        int(code.lstrip("_")): {
+            "description": text,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for code, text in descriptions.items()
+    }
+
+
+def _service(request: Request) -> Any:
+    service = getattr(request.app.state, "service", None)
+    if service is None:
+        raise ApiError(
+            503, "starting", "the service is starting; retry shortly", headers={"Retry-After": "1"}
+        )
+    return service
+
+
+@functools.lru_cache(maxsize=1)
+def _plotly_bytes() -> bytes:
+    return plotly_js().encode()
+
+
+@functools.lru_cache(maxsize=4)
+def _model_graph_json(name: str) -> bytes:
+    from autopar.models import build
+
+    return build(name).to_json().encode()
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> Response:
+    """The experimenter page."""
+    return HTMLResponse((STATIC_DIR / "index.html").read_bytes(), headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/ui/{name}", include_in_schema=False)
+async def static_file(name: str) -> Response:
+    """The page's script and style, and plotly.js."""
+    if name == "plotly.min.js":
+        return Response(
+            _plotly_bytes(), media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"}
+        )
+    path = STATIC_DIR / name
+    kind = _STATIC_TYPES.get(path.suffix)
+    if kind is None or "/" in name or name.startswith(".") or not path.is_file():
+        raise ApiError(404, "not_found", f"no file {name!r} under /ui/")
+    return Response(path.read_bytes(), media_type=kind, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/explorer/options", summary="Choices for the explorer page's form")
+async def options() -> dict[str, Any]:
+    """Bundled model names, device presets with their memory, ZeRO stages, baselines to compare."""
+    from autopar.models import MODEL_NAMES
+
+    return {
+        "models": list(MODEL_NAMES),
+        "presets": {name: {"memory_bytes": spec.memory_bytes} for name, spec in sorted(PRESETS.items())},
+        "zero_stages": [0, 1, 2, 3],
+        "baselines": list(BASELINES),
+    }
+
+
+@router.get(
+    "/v1/models/{name}/graph",
+    summary="A bundled model's graph",
+    response_class=Response,
+    responses={
+        200: {"description": "The graph.", "content": {"application/json": {"schema": {"type": "object"}}}},
+        **_problems(_404="No bundled model of that name."),
+    },
+)
+async def model_graph(name: str) -> Response:
+    """The training-step graph of a bundled model, ready to send as ``graph`` in ``POST /v1/plans``."""
+    from autopar.models import MODEL_NAMES
+
+    if name not in MODEL_NAMES:
+        raise ApiError(
+            404, "model_not_found", f"no bundled model {name!r}; choose one of {list(MODEL_NAMES)}"
+        )
+    body = await run_in_threadpool(_model_graph_json, name)
+    return Response(body, media_type="application/json", headers={"Cache-Control": "public, max-age=3600"})
+
+
+def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:
+    record = service.plans.get(key)
+    if record is None:
+        raise ApiError(404, "plan_not_found", f"no plan is cached under {key}; POST /v1/plans to make one")
+    data = record.data()
+    graph_hash = (data.get("request") or {}).get("graph") or ""
+    raw = service.store.get(graph_key(graph_hash))
+    if raw is None:
+        raise ApiError(
+            404,
+            "graph_not_stored",
+            f"the graph of plan {key[:12]}... is no longer stored (the service keeps it "
+            f"{service.settings.job_ttl_s:.0f} s after a solve); POST /v1/plans with ?refresh=true "
+            "to store it again, or run `autopar report GRAPH PLAN` locally",
+        )
+    graph = Graph.from_dict(codec.decode(raw)).validate()
+    plan = Plan.from_dict(data["plan"])
+    others = [(kind, baseline_plan(kind, graph, plan.mesh, plan.zero_stage)) for kind in compare]
+    return build_report(
+        graph, plan, others, plan.memory_budget_bytes or data.get("memory_budget_bytes")
+    ).encode()
+
+
+@router.get(
+    "/v1/plans/{key}/report",
+    summary="A cached plan's HTML report",
+    response_class=HTMLResponse,
+    responses=_problems(
+        _404="Unknown plan, or its graph is no longer stored.",
+        _422="Bad key or an unknown baseline in compare.",
+        _503="The service is starting, or the cache is unavailable.",
+    ),
+)
+async def plan_report(
+    request: Request,
+    key: Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="64 hex digits")],
+    compare: Annotated[
+        list[str] | None,
+        Query(description=f"Baselines to show side by side: {', '.join(BASELINES)} (default megatron)."),
+    ] = None,
+) -> Response:
+    """A self-contained HTML page: headline, communication, memory timeline, per-layer layouts."""
+    service = _service(request)
+    kinds = tuple(dict.fromkeys(compare if compare is not None else ["megatron"]))
+    bad = [k for k in kinds if k not in BASELINES]
+    if bad:
+        raise ApiError(
+            422, "invalid_request", f"compare={bad[0]!r} is not a baseline; choose from {BASELINES}"
+        )
+    memo: OrderedDict[tuple[str, tuple[str, ...]], bytes] | None = getattr(
+        request.app.state, "report_memo", None
+    )
+    if memo is None:
+        memo = request.app.state.report_memo = OrderedDict()
+    body = memo.get((key, kinds))
+    if body is None:
+        body = await run_in_threadpool(_render, service, key, kinds)
+        memo[(key, kinds)] = body
+        while len(memo) > REPORT_MEMO_SIZE:
+            memo.popitem(last=False)
+    return HTMLResponse(body, headers={"Cache-Control": "private, max-age=3600"})

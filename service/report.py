@@ -1,0 +1,671 @@
+"""The plan report: one self-contained HTML file a person reads at a glance.
+
+::
+
+    autopar report GRAPH PLAN [--compare megatron|inferred|LABEL=PLAN.json ...] [--budget 40GiB]
+                   --out report.html
+
+:func:`build_report` renders, for a plan and any plans to compare it with:
+
+* the headline: step time (compute, communication per mesh axis, the planner's
+  exposed / overlapped figures when the plan carries them), memory per device
+  against the budget, solver status, gap and time;
+* per layer (module scope read from op names, :func:`autopar.breakdown.layer_of`):
+  compute and communication time, and per module the layout of its weight and
+  of its output activation in ``(S(0), B)`` notation next to the Megatron
+  layout, differences marked;
+* communication by collective and mesh axis (bar chart) and the ten most
+  expensive boxing edges with their tensor shapes;
+* the memory timeline over the step (liveness along the topological order),
+  stacked parameters / gradients / optimizer states / activations, with the
+  budget line.
+
+Charts are Plotly figures; plotly.js is inlined once, so the file needs no
+network when viewed.  Every number is recomputed from the graph and the plan by
+:mod:`autopar.breakdown`, which prices with the evaluator's pure cost functions
+and adds up to :func:`autopar.evaluate.evaluate`'s totals (tests/report check it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from autopar.baselines import BASELINES, baseline_plan
+from autopar.breakdown import (
+    EdgeCost,
+    MemoryTimeline,
+    PlanBreakdown,
+    PricingMemo,
+    breakdown,
+    layer_of,
+    memory_timeline,
+    module_of,
+)
+from autopar.errors import ConfigError, PlanError
+from autopar.graph import Graph, Op, Role
+from autopar.plan import Plan
+
+__all__ = [
+    "PlanView",
+    "build_report",
+    "check_plan_fits",
+    "cmd_report",
+    "format_bytes",
+    "plotly_js",
+]
+
+Handler = Callable[[argparse.Namespace], int]
+
+MIB = 1024**2
+GIB = 1024**3
+TOP_EDGES = 10
+"""How many of the most expensive boxing edges the report lists per plan."""
+TIMELINE_POINTS = 1500
+"""Most points of a memory timeline; longer ones keep each bucket's maximum (the peak survives)."""
+BUDGET_SCALE = 3.0
+"""The memory chart's y axis stops short of the budget line when the budget exceeds every peak this much."""
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+STATE_COLORS = {
+    "parameters": "#4c78a8",
+    "gradients": "#f58518",
+    "optimizer states": "#54a24b",
+    "activations": "#b279a2",
+}
+_PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def plotly_js() -> str:
+    """The plotly.js bundle shipped with the Python package (no network)."""
+    return str(get_plotlyjs())
+
+
+def check_plan_fits(graph: Graph, plan: Plan) -> None:
+    """Raise :class:`PlanError` ``plan_mismatch`` naming the first op the plan lacks or whose ports differ."""
+    for op in graph.ops:
+        ports = plan.ports.get(op.name)
+        if ports is None:
+            raise PlanError(
+                "plan_mismatch",
+                f"the plan has no signature for op {op.name!r}: is it a plan for this graph "
+                f"({graph.name})? it was made for {plan.graph_name!r}",
+                op=op.name,
+            )
+        if list(op.inputs) != ports[0] or list(op.outputs) != ports[1]:
+            raise PlanError(
+                "plan_mismatch",
+                f"op {op.name!r}: the plan's ports {ports} differ from the graph's "
+                f"({list(op.inputs)}, {list(op.outputs)})",
+                op=op.name,
+            )
+
+
+# ------------------------------------------------------------------ analysis
+
+
+@dataclass
+class PlanView:
+    """A plan with everything the report shows about it."""
+
+    label: str
+    plan: Plan
+    parts: PlanBreakdown
+    timeline: MemoryTimeline
+
+    @classmethod
+    def of(cls, label: str, graph: Graph, plan: Plan, memo: PricingMemo | None = None) -> PlanView:
+        check_plan_fits(graph, plan)
+        return cls(label, plan, breakdown(graph, plan, memo=memo), memory_timeline(graph, plan))
+
+    @property
+    def step_time_s(self) -> float:
+        """Serial step time: compute plus communication (the evaluator's sum)."""
+        return self.parts.compute_time_s + self.parts.comm_time_s
+
+    @property
+    def comm_time_s_per_axis(self) -> dict[int, float]:
+        return self.parts.comm_time_s_per_axis(self.plan.mesh.ndim)
+
+    @property
+    def comm_bytes_per_axis(self) -> dict[int, float]:
+        return self.parts.comm_bytes_per_axis(self.plan.mesh.ndim)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _ms(seconds: float | None) -> str:
+    """``12.34 ms``; ``5.6 us`` below 10 microseconds."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    return f"{seconds * 1e3:,.2f} ms" if seconds == 0 or seconds >= 1e-5 else f"{seconds * 1e6:.1f} us"
+
+
+def format_bytes(nbytes: float | None) -> str:
+    """``3.00 GiB`` from 1 GiB up, else ``12.5 MiB`` (tiny models stay readable)."""
+    if nbytes is None or not math.isfinite(nbytes):
+        return "n/a"
+    return f"{nbytes / GIB:,.2f} GiB" if nbytes >= GIB else f"{nbytes / MIB:,.1f} MiB"
+
+
+_gib = format_bytes
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _module_layouts(graph: Graph, plan: Plan) -> dict[str, tuple[str, str, str, str]]:
+    """Variable op -> (weight shape, weight SBP, activation shape, activation SBP).
+
+    The activation is the output of the first forward op that reads the
+    variable (through its casts), e.g. the matmul of ``...q.weight``.
+    """
+    casts = ("cast", "amp_white_identity", "identity")
+    out: dict[str, tuple[str, str, str, str]] = {}
+    for v in graph.variables:
+        if v.op not in plan.ports:
+            continue
+        wsbp = plan.output_sbp(v.op, next(iter(graph.op_by_name[v.op].outputs)))
+        frontier = [v.tensor]
+        user: Op | None = None
+        for _ in range(4):
+            nxt: list[str] = []
+            for t in frontier:
+                for cname, _port in graph.consumers.get(t, []):
+                    cop = graph.op_by_name[cname]
+                    if cop.role is not Role.FORWARD:
+                        continue
+                    if cop.type in casts:
+                        nxt.extend(cop.outputs.values())
+                    elif user is None:
+                        user = cop
+            if user is not None or not nxt:
+                break
+            frontier = nxt
+        act_shape = act_sbp = ""
+        if user is not None and user.outputs and user.name in plan.ports:
+            port, tensor = next(iter(user.outputs.items()))
+            act_shape = "x".join(map(str, graph.tensors[tensor].shape))
+            act_sbp = str(plan.output_sbp(user.name, port))
+        wshape = "x".join(map(str, graph.tensors[v.tensor].shape))
+        out[v.op] = (wshape, str(wsbp), act_shape, act_sbp)
+    return out
+
+
+# ------------------------------------------------------------------ charts
+
+
+def _figure_html(fig: go.Figure, div_id: str) -> str:
+    fig.update_layout(
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        template="plotly_white",
+        font={"family": "system-ui, sans-serif", "size": 12},
+    )
+    return str(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=_PLOT_CONFIG))
+
+
+def _step_chart(views: Sequence[PlanView]) -> go.Figure:
+    labels = [v.label for v in views]
+    fig = go.Figure()
+    fig.add_bar(
+        name="compute",
+        x=labels,
+        y=[_finite(v.parts.compute_time_s * 1e3) for v in views],
+        marker_color="#7f7f7f",
+    )
+    axes = sorted({a for v in views for a in v.comm_time_s_per_axis})
+    for a in axes:
+        fig.add_bar(
+            name=f"communication, mesh axis {a}",
+            x=labels,
+            y=[_finite(v.comm_time_s_per_axis.get(a, 0.0) * 1e3) for v in views],
+            marker_color=COLORS[(a + 2) % len(COLORS)],
+        )
+    fig.update_layout(
+        barmode="stack",
+        title="Step time (serial sum of compute and communication)",
+        yaxis_title="ms",
+        height=360,
+    )
+    return fig
+
+
+def _comm_chart(views: Sequence[PlanView]) -> go.Figure:
+    keys = sorted({k for v in views for k in v.parts.comm_s if v.parts.comm_s[k] > 0})
+    names = [f"{c} @ axis {a}" for c, a in keys]
+    fig = go.Figure()
+    for i, v in enumerate(views):
+        fig.add_bar(
+            name=v.label,
+            x=names,
+            y=[_finite(v.parts.comm_s.get(k, 0.0) * 1e3) for k in keys],
+            customdata=[v.parts.comm_bytes.get(k, 0.0) / MIB for k in keys],
+            hovertemplate="%{x}: %{y:.2f} ms, %{customdata:.1f} MiB per device<extra>" + v.label + "</extra>",
+            marker_color=COLORS[i % len(COLORS)],
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Communication by collective and mesh axis",
+        yaxis_title="ms per step",
+        height=360,
+    )
+    return fig
+
+
+def _layer_chart(views: Sequence[PlanView], layers: list[str]) -> go.Figure:
+    fig = go.Figure()
+    for i, v in enumerate(views):
+        fig.add_bar(
+            name=v.label,
+            x=layers,
+            y=[
+                _finite((v.parts.layer_compute_s.get(name, 0.0) + v.parts.layer_comm_s.get(name, 0.0)) * 1e3)
+                for name in layers
+            ],
+            marker_color=COLORS[i % len(COLORS)],
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Time per layer (compute + communication into its ops)",
+        yaxis_title="ms",
+        height=380,
+    )
+    return fig
+
+
+def _downsample(values: list[float], points: int) -> tuple[list[int], list[float]]:
+    """(positions, values) with at most ``points`` points, each the maximum of its bucket."""
+    n = len(values)
+    if n <= points:
+        return list(range(n)), list(values)
+    size = math.ceil(n / points)
+    xs, ys = [], []
+    for start in range(0, n, size):
+        bucket = values[start : start + size]
+        j = max(range(len(bucket)), key=bucket.__getitem__)
+        xs.append(start + j)
+        ys.append(bucket[j])
+    return xs, ys
+
+
+def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[str]) -> go.Figure:
+    peak = max((v.timeline.peak for v in views), default=0.0)
+    cut = budget > BUDGET_SCALE * peak > 0
+    unit, scale = ("GiB", GIB) if (peak if cut else max(peak, budget)) >= GIB else ("MiB", MIB)
+    fig = make_subplots(
+        rows=1,
+        cols=len(views),
+        shared_yaxes=True,
+        subplot_titles=[v.label for v in views],
+        horizontal_spacing=0.04,
+    )
+    for col, v in enumerate(views, start=1):
+        t = v.timeline
+        xs, acts = _downsample(t.activations, TIMELINE_POINTS)
+        if not xs:
+            xs, acts = [0], [0.0]
+        layers = [
+            ("parameters", [t.params / scale] * len(xs)),
+            ("gradients", [t.grads / scale] * len(xs)),
+            ("optimizer states", [t.optimizer / scale] * len(xs)),
+            ("activations", [a / scale for a in acts]),
+        ]
+        names = [order_names[x] if x < len(order_names) else "" for x in xs]
+        for name, ys in layers:
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    stackgroup=f"mem{col}",
+                    mode="lines",
+                    line={"width": 0.5, "color": STATE_COLORS[name]},
+                    customdata=names,
+                    hovertemplate=name + ": %{y:.2f} " + unit + " at %{customdata}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=[xs[0], xs[-1]],
+                y=[budget / scale, budget / scale],
+                name="budget",
+                legendgroup="budget",
+                showlegend=col == 1,
+                mode="lines",
+                line={"color": "black", "dash": "dash", "width": 1.5},
+                hovertemplate="budget %{y:.2f} " + unit + "<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(title_text="position in the step (topological order)", row=1, col=col)
+    if cut:
+        # a budget far above every plan's peak would flatten the timelines: cut the axis, say so
+        fig.update_yaxes(range=[0, 1.3 * peak / scale])
+        fig.add_annotation(
+            text=f"budget {format_bytes(budget)} is above the scale",
+            xref="paper",
+            yref="paper",
+            x=0.01,
+            y=0.97,
+            showarrow=False,
+            xanchor="left",
+            yanchor="top",
+        )
+    fig.update_yaxes(title_text=f"{unit} per device", row=1, col=1)
+    fig.update_layout(title="Memory per device over the step", height=420)
+    return fig
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _headline_table(views: Sequence[PlanView], budget: float) -> str:
+    head = "".join(f"<th>{_esc(v.label)}</th>" for v in views)
+    rows: list[tuple[str, list[str]]] = []
+
+    def row(name: str, cells: list[str]) -> None:
+        rows.append((name, cells))
+
+    row("evaluated step time", [f"<b>{_ms(v.step_time_s)}</b>" for v in views])
+    row("&nbsp; compute", [_ms(v.parts.compute_time_s) for v in views])
+    axes = sorted({a for v in views for a in v.comm_time_s_per_axis})
+    mesh_shape = views[0].plan.mesh.shape
+    for a in axes:
+        size = mesh_shape[a] if a < len(mesh_shape) else "?"
+        row(
+            f"&nbsp; communication, mesh axis {a} ({size} devices)",
+            [
+                f"{_ms(v.comm_time_s_per_axis.get(a, 0.0))} "
+                f"({v.comm_bytes_per_axis.get(a, 0.0) / MIB:,.1f} MiB)"
+                for v in views
+            ],
+        )
+    predicted_keys = sorted(
+        {
+            k
+            for v in views
+            for k, x in v.plan.predicted.items()
+            if isinstance(x, int | float) and ("overlap" in k or "exposed" in k or "serial" in k)
+        }
+    )
+    for k in predicted_keys:
+        row(
+            f"planner: {_esc(k.removesuffix('_s').replace('_', ' '))}",
+            [
+                _ms(v.plan.predicted.get(k)) if k.endswith("_s") else _esc(v.plan.predicted.get(k, ""))
+                for v in views
+            ],
+        )
+    row("planner: predicted step time", [_ms(v.plan.predicted.get("step_time_s")) for v in views])
+    cells = []
+    for v in views:
+        total = v.timeline.peak
+        fits = total <= budget
+        cls = "ok" if fits else "bad"
+        cells.append(
+            f"<b class='{cls}'>{_gib(total)}</b> ({100 * total / budget:.0f}% of budget, "
+            f"{'fits' if fits else 'OVER BUDGET'})"
+        )
+    row(f"memory per device (budget {_gib(budget)})", cells)
+    row("&nbsp; parameters", [_gib(v.timeline.params) for v in views])
+    row("&nbsp; gradients", [_gib(v.timeline.grads) for v in views])
+    row("&nbsp; optimizer states", [_gib(v.timeline.optimizer) for v in views])
+    row("&nbsp; activation peak", [_gib(v.timeline.activation_peak) for v in views])
+    row("boxed edges", [str(v.parts.boxed_edges) for v in views])
+    row(
+        "valid",
+        ["yes" if v.parts.valid else f"<b class='bad'>no</b>: {_esc(v.parts.errors[0])}" for v in views],
+    )
+    solver_cells = []
+    for v in views:
+        s = v.plan.solver or {}
+        if not s:
+            solver_cells.append(_esc(v.plan.source))
+            continue
+        gap = s.get("gap")
+        wall = s.get("wall_s")
+        solver_cells.append(
+            f"{_esc(s.get('status', '?'))}, gap "
+            f"{'n/a' if gap is None else f'{100 * float(gap):.2f}%'}, "
+            f"{'n/a' if wall is None else f'{float(wall):.1f} s'}"
+        )
+    row("solver (status, gap, time)", solver_cells)
+    body = "".join(
+        f"<tr><th>{name}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>" for name, cells in rows
+    )
+    return f"<table class='headline'><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _edges_table(view: PlanView) -> str:
+    edges: list[EdgeCost] = view.parts.most_expensive_edges(TOP_EDGES)
+    if not edges:
+        return f"<p>{_esc(view.label)}: no boxing.</p>"
+    rows = []
+    for e in edges:
+        what = (
+            f"ZeRO gather in <code>{_esc(e.consumer)}</code>"
+            if e.zero_gather
+            else f"<code>{_esc(e.producer)}</code> &rarr; <code>{_esc(e.consumer)}</code>:{_esc(e.port)}"
+        )
+        rows.append(
+            "<tr>"
+            f"<td>{what}</td>"
+            f"<td>{'x'.join(map(str, e.shape))} {_esc(e.dtype)}</td>"
+            f"<td><code>{_esc(e.src)}</code> &rarr; <code>{_esc(e.dst)}</code></td>"
+            f"<td>{_esc(e.collectives)}</td>"
+            f"<td class='num'>{e.bytes_per_device / MIB:,.2f}</td>"
+            f"<td class='num'>{_ms(e.time_s)}</td>"
+            "</tr>"
+        )
+    return (
+        f"<h3>{_esc(view.label)}</h3><table class='edges'><thead><tr><th>edge</th><th>tensor</th>"
+        "<th>layout change</th><th>collectives @ mesh axis</th><th>MiB / device</th><th>time</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _layer_tables(graph: Graph, main: PlanView, megatron: Plan, views: Sequence[PlanView]) -> str:
+    mine = _module_layouts(graph, main.plan)
+    ref = _module_layouts(graph, megatron)
+    by_layer: dict[str, list[str]] = {}
+    for v in graph.variables:
+        by_layer.setdefault(layer_of(v.op), []).append(v.op)
+    ops_by_layer: dict[str, list[str]] = {}
+    for op in graph.ops:
+        ops_by_layer.setdefault(layer_of(op.name), []).append(op.name)
+    out = []
+    for layer, op_names in ops_by_layer.items():
+        differ = sum(
+            1
+            for name in op_names
+            if name in megatron.signatures and main.plan.signatures.get(name) != megatron.signatures[name]
+        )
+        costs = " &middot; ".join(
+            f"{_esc(v.label)}: {_ms(v.parts.layer_compute_s.get(layer, 0.0))} compute + "
+            f"{_ms(v.parts.layer_comm_s.get(layer, 0.0))} comm"
+            for v in views
+        )
+        rows = []
+        for var in by_layer.get(layer, []):
+            if var not in mine:
+                continue
+            wshape, wsbp, ashape, asbp = mine[var]
+            _, rw, _, ra = ref.get(var, ("", "", "", ""))
+            wcls = " class='diff'" if rw and rw != wsbp else ""
+            acls = " class='diff'" if ra and ra != asbp else ""
+            module = module_of(var)
+            short = module[len(layer) + 1 :] if module.startswith(layer + ".") else module
+            rows.append(
+                f"<tr><td><code>{_esc(short or module)}</code></td><td>{wshape}</td>"
+                f"<td{wcls}><code>{_esc(wsbp)}</code></td><td><code>{_esc(rw)}</code></td>"
+                f"<td>{ashape}</td><td{acls}><code>{_esc(asbp)}</code></td><td><code>{_esc(ra)}</code></td></tr>"
+            )
+        table = (
+            "<table class='layer'><thead><tr><th>module</th><th>weight shape</th><th>weight layout</th>"
+            "<th>Megatron</th><th>output shape</th><th>output layout</th><th>Megatron</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>"
+            if rows
+            else ""
+        )
+        out.append(
+            f"<details{' open' if differ and rows else ''}><summary><b>{_esc(layer)}</b>: "
+            f"{len(op_names)} ops, {differ} differ from Megatron &middot; {costs}</summary>{table}</details>"
+        )
+    return "".join(out)
+
+
+# ------------------------------------------------------------------ report
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px auto;max-width:1400px;padding:0 16px;color:#222}
+h1{font-size:1.5em;margin-bottom:4px} h2{margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555} table{border-collapse:collapse;margin:8px 0;font-size:13px}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+thead th{background:#f4f4f4} td.num{text-align:right} .ok{color:#1a7f37} .bad{color:#cf222e}
+td.diff{background:#fff3cd} details{margin:4px 0} summary{cursor:pointer;padding:2px 0}
+code{font-family:ui-monospace,monospace;font-size:12px} .note{color:#555;font-size:13px}
+"""
+
+
+def build_report(
+    graph: Graph,
+    plan: Plan,
+    compare: Sequence[tuple[str, Plan]] = (),
+    budget_bytes: float | None = None,
+    *,
+    label: str | None = None,
+    title: str | None = None,
+) -> str:
+    """One self-contained HTML page about ``plan`` on ``graph``, with ``compare`` plans side by side.
+
+    ``budget_bytes`` defaults to the plan's budget, else the device's memory.
+    The Megatron layout column comes from a ``megatron`` plan among the plans
+    (label or source) or from :func:`autopar.baselines.baseline_plan` on the
+    plan's mesh and ZeRO stage.  Raises :class:`PlanError` when a plan does not
+    fit the graph.
+    """
+    budget = float(budget_bytes or plan.memory_budget_bytes or plan.mesh.cluster.device.memory_bytes)
+    memo = PricingMemo()
+    main = PlanView.of(label or plan.source, graph, plan, memo)
+    views = [main] + [PlanView.of(lbl, graph, p, memo) for lbl, p in compare]
+    megatron = next(
+        (v.plan for v in views if v.label == "megatron" or v.plan.source == "baseline:megatron"),
+        None,
+    ) or baseline_plan("megatron", graph, plan.mesh, plan.zero_stage)
+    order_names = [op.name for op in graph.topological_order]
+    layers = list(dict.fromkeys(layer_of(op.name) for op in graph.ops))
+    charts = {
+        "chart-step": _step_chart(views),
+        "chart-comm": _comm_chart(views),
+        "chart-layers": _layer_chart(views, layers),
+        "chart-memory": _memory_chart(views, budget, order_names),
+    }
+    rendered = {k: _figure_html(fig, k) for k, fig in charts.items()}
+    mesh = plan.mesh
+    heading = title or f"autopar plan report: {graph.name}"
+    compared = ", ".join(_esc(v.label) for v in views[1:]) or "nothing"
+    peak = main.timeline.peak_position
+    peak_op = order_names[peak] if peak < len(order_names) else "n/a"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{_esc(heading)}</title>
+<style>{_CSS}</style>
+<script type="text/javascript">{plotly_js()}</script>
+</head><body>
+<h1>{_esc(heading)}</h1>
+<p class="meta">{len(graph.ops)} ops, {len(graph.variables)} variables &middot; mesh {list(mesh.shape)} over
+{_esc(mesh.cluster)} &middot; ZeRO-{plan.zero_stage} &middot; budget {_gib(budget)} per device &middot;
+plan <b>{_esc(main.label)}</b> compared with {compared}</p>
+<h2 id="headline">Headline</h2>
+{_headline_table(views, budget)}
+<p class="note">Evaluated figures are recomputed from the graph and the plan with the evaluator's
+cost functions (compute plus communication, no overlap); "planner" rows are what the plan file
+itself predicts.</p>
+{rendered["chart-step"]}
+<h2 id="communication">Communication</h2>
+{rendered["chart-comm"]}
+<h3>The {TOP_EDGES} most expensive boxing edges</h3>
+{"".join(_edges_table(v) for v in views)}
+<h2 id="memory">Memory over the step</h2>
+<p class="note">Model states are held for the whole step; activations are live from their producer to
+their last consumer. Peak of <b>{_esc(main.label)}</b>: {_gib(main.timeline.peak)} at op
+<code>{_esc(peak_op)}</code>.</p>
+{rendered["chart-memory"]}
+<h2 id="layers">Per layer</h2>
+{rendered["chart-layers"]}
+<p class="note">Layouts of <b>{_esc(main.label)}</b> next to the Megatron layout on the same mesh;
+cells that differ are highlighted. The output is the first forward op that reads the weight.</p>
+{_layer_tables(graph, main, megatron, views)}
+</body></html>
+"""
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _load_graph_arg(spec: str) -> Graph:
+    from pathlib import Path
+
+    if Path(spec).is_file():
+        return Graph.load(spec).validate()
+    from autopar.models import build
+
+    try:
+        return build(spec).validate()
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(
+            "bad_graph_arg", f"{spec!r} is neither a graph file nor a bundled model ({exc})"
+        ) from None
+
+
+def _load_plan_arg(spec: str) -> Plan:
+    try:
+        return Plan.load(spec)
+    except OSError as exc:
+        raise ConfigError("bad_plan_arg", f"cannot read plan {spec!r}: {exc.strerror or exc}") from None
+
+
+def _compare_arg(spec: str, graph: Graph, plan: Plan) -> tuple[str, Plan]:
+    """``megatron`` / ``inferred`` / ... (a baseline on the plan's mesh), ``LABEL=PATH`` or ``PATH``."""
+    if spec in BASELINES:
+        return spec, baseline_plan(spec, graph, plan.mesh, plan.zero_stage)
+    label, sep, path = spec.partition("=")
+    if not sep:
+        label, path = spec, spec
+    return label, _load_plan_arg(path)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``autopar report``: write the HTML report of a plan."""
+    from autopar.cli_args import parse_bytes
+
+    graph = _load_graph_arg(args.graph)
+    plan = _load_plan_arg(args.plan)
+    compare = [_compare_arg(s, graph, plan) for s in args.compare]
+    budget = parse_bytes(args.budget) if args.budget else None
+    text = build_report(graph, plan, compare, budget, label=args.label)
+    try:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise ConfigError("bad_out", f"cannot write {args.out!r}: {exc.strerror or exc}") from None
+    sys.stdout.write(f"report of {len(compare) + 1} plan(s) -> {args.out} ({len(text.encode()):,} bytes)\n")
+    return 0

@@ -1,0 +1,372 @@
+// autopar plan explorer: plain JavaScript against the public API (no build step).
+// Every request carries X-API-Key when one is set; the job's server-sent events are
+// read with fetch() rather than EventSource, which cannot send headers.
+"use strict";
+
+const GIB = 1024 ** 3;
+const MIB = 1024 ** 2;
+const KEY_STORAGE = "autopar.apiKey";
+const SWEEP_POLL_MS = 1000;
+const SWEEP_MAX_POLLS = 1800;
+
+const $ = (id) => document.getElementById(id);
+const graphCache = new Map();
+let currentJob = null;
+let currentAbort = null;
+let reportUrl = null;
+
+function headers(extra) {
+  const h = Object.assign({}, extra || {});
+  const key = $("api-key").value.trim();
+  if (key) h["X-API-Key"] = key;
+  return h;
+}
+
+async function problemText(resp) {
+  try {
+    const body = await resp.json();
+    return `${resp.status} ${body.code || ""}: ${body.detail || body.title || JSON.stringify(body)}`;
+  } catch (err) {
+    return `${resp.status} ${resp.statusText}`;
+  }
+}
+
+async function api(method, path, body) {
+  const init = { method, headers: headers(body ? { "Content-Type": "application/json" } : {}) };
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const resp = await fetch(path, init);
+  if (!resp.ok) throw new Error(await problemText(resp));
+  return { status: resp.status, data: await resp.json() };
+}
+
+function setStatus(text, cls) {
+  const el = $("status");
+  el.textContent = text;
+  el.className = cls || "";
+}
+
+function ms(seconds) {
+  return seconds === null || seconds === undefined ? "n/a" : `${(seconds * 1e3).toFixed(2)} ms`;
+}
+
+// ------------------------------------------------------------------ form
+
+async function loadOptions() {
+  const { data } = await api("GET", "/v1/explorer/options");
+  const model = $("model");
+  for (const name of data.models) model.add(new Option(name, name, name === "tiny-gpt", name === "tiny-gpt"));
+  const preset = $("preset");
+  for (const [name, spec] of Object.entries(data.presets)) {
+    const gib = (spec.memory_bytes / GIB).toFixed(0);
+    preset.add(new Option(`${name} (${gib} GiB)`, name, name === "a100-40g", name === "a100-40g"));
+  }
+}
+
+async function graphJson() {
+  const source = document.querySelector("input[name=source]:checked").value;
+  if (source === "file") {
+    const file = $("graph-file").files[0];
+    if (!file) throw new Error("choose a graph JSON file to upload");
+    try {
+      return JSON.parse(await file.text());
+    } catch (err) {
+      throw new Error(`${file.name} is not JSON: ${err.message}`);
+    }
+  }
+  const name = $("model").value;
+  if (!graphCache.has(name)) {
+    setStatus(`building the ${name} graph...`);
+    graphCache.set(name, (await api("GET", `/v1/models/${encodeURIComponent(name)}/graph`)).data);
+  }
+  return graphCache.get(name);
+}
+
+function parseMesh(text) {
+  const t = text.trim();
+  if (!t || t === "search") return null;
+  return t.split(/[,x ]+/).filter(Boolean).map((v) => parseInt(v, 10));
+}
+
+function parseBudget(text) {
+  const t = String(text).trim();
+  return t ? Math.round(parseFloat(t) * GIB) : null;
+}
+
+function commonFields() {
+  const options = {};
+  const limit = parseFloat($("time-limit").value);
+  if (limit > 0) options.time_limit_s = limit;
+  return { cluster: $("cluster").value.trim(), preset: $("preset").value, options };
+}
+
+// ------------------------------------------------------------------ one plan
+
+function progressChart() {
+  Plotly.newPlot(
+    "progress-chart",
+    [
+      { x: [], y: [], name: "objective (best plan)", mode: "lines+markers", line: { shape: "hv" } },
+      { x: [], y: [], name: "bound", mode: "lines+markers", line: { shape: "hv", dash: "dot" } },
+    ],
+    {
+      title: { text: "Solver progress" },
+      xaxis: { title: { text: "elapsed s" } },
+      yaxis: { title: { text: "modelled step time, ms" } },
+      height: 300,
+      margin: { l: 60, r: 20, t: 40, b: 40 },
+    },
+    { displaylogo: false, responsive: true },
+  );
+}
+
+function showProgress(job) {
+  const parts = [`${job.status}`, job.phase || ""];
+  if (job.elapsed_s !== null && job.elapsed_s !== undefined) parts.push(`${job.elapsed_s.toFixed(1)} s`);
+  if (job.objective !== null && job.objective !== undefined) parts.push(`objective ${ms(job.objective)}`);
+  if (job.bound !== null && job.bound !== undefined) parts.push(`bound ${ms(job.bound)}`);
+  if (job.gap !== null && job.gap !== undefined) parts.push(`gap ${(100 * job.gap).toFixed(2)}%`);
+  setStatus(parts.join(" · "), job.status);
+  if (job.objective !== null && job.objective !== undefined) {
+    const t = job.elapsed_s || 0;
+    Plotly.extendTraces(
+      "progress-chart",
+      { x: [[t], [t]], y: [[job.objective * 1e3], [job.bound === null ? null : job.bound * 1e3]] },
+      [0, 1],
+    );
+  }
+}
+
+// Server-sent events over fetch: yields {event, data} until the stream ends.
+async function* sseEvents(path, signal) {
+  const resp = await fetch(path, { headers: headers({ Accept: "text/event-stream" }), signal });
+  if (!resp.ok) throw new Error(await problemText(resp));
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let event = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
+      }
+      if (data.length) yield { event, data: JSON.parse(data.join("\n")) };
+    }
+  }
+}
+
+async function followJob(job) {
+  currentJob = job.id;
+  currentAbort = new AbortController();
+  $("cancel-button").disabled = false;
+  let last = job;
+  try {
+    for await (const { event, data } of sseEvents(`/v1/jobs/${job.id}/events`, currentAbort.signal)) {
+      if (event === "error") throw new Error(`${data.code}: ${data.detail}`);
+      last = data;
+      showProgress(data);
+      if (event === "end") break;
+    }
+  } finally {
+    $("cancel-button").disabled = true;
+    currentJob = null;
+  }
+  return last;
+}
+
+function showRecord(record) {
+  $("summary").textContent = `${record.summary || ""}\nplan ${record.key}`;
+  const link = `/v1/plans/${record.key}/report?compare=megatron&compare=inferred`;
+  $("report-tab").href = link;
+  $("report-button").dataset.href = link;
+  $("report-links").hidden = false;
+}
+
+async function submitPlan(ev) {
+  ev.preventDefault();
+  $("plan-button").disabled = true;
+  $("report-links").hidden = true;
+  $("summary").textContent = "";
+  progressChart();
+  try {
+    const body = Object.assign(commonFields(), {
+      graph: await graphJson(),
+      mesh_shape: parseMesh($("mesh").value),
+      memory_budget_bytes: parseBudget($("budget").value),
+      zero_stage: parseInt($("zero").value, 10),
+    });
+    setStatus("submitting...");
+    const { status, data } = await api("POST", "/v1/plans", body);
+    if (status === 200) {
+      setStatus(`cached plan · step ${ms(data.step_time_s)}`, "succeeded");
+      showRecord(data);
+      return;
+    }
+    const final = await followJob(data);
+    if (final.status === "succeeded") {
+      const record = (await api("GET", `/v1/plans/${final.id}`)).data;
+      setStatus(`succeeded · step ${ms(record.step_time_s)} · ` +
+        `${(record.memory_per_device_bytes / GIB).toFixed(2)} GiB per device`, "succeeded");
+      showRecord(record);
+    } else {
+      const err = final.error || {};
+      setStatus(`${final.status}: ${err.message || err.code || "no detail"}`, "failed");
+    }
+  } catch (err) {
+    if (err.name !== "AbortError") setStatus(err.message, "failed");
+  } finally {
+    $("plan-button").disabled = false;
+  }
+}
+
+async function cancelJob() {
+  if (!currentJob) return;
+  try {
+    await api("DELETE", `/v1/jobs/${currentJob}`);
+  } catch (err) {
+    setStatus(err.message, "failed");
+  }
+}
+
+async function showReport() {
+  const href = $("report-button").dataset.href;
+  $("report-button").disabled = true;
+  setStatus("rendering the report...", "succeeded");
+  try {
+    const resp = await fetch(href, { headers: headers() });
+    if (!resp.ok) throw new Error(await problemText(resp));
+    const blob = await resp.blob();
+    if (reportUrl) URL.revokeObjectURL(reportUrl);
+    reportUrl = URL.createObjectURL(new Blob([blob], { type: "text/html" }));
+    $("report-frame").src = reportUrl;
+    $("report-section").hidden = false;
+    setStatus("report ready", "succeeded");
+    $("report-section").scrollIntoView();
+  } catch (err) {
+    setStatus(err.message, "failed");
+  } finally {
+    $("report-button").disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------ sweep
+
+function paretoFront(points) {
+  // points with no other point at most as large in both memory and step time (one strictly smaller)
+  const sorted = [...points].sort((a, b) => a.mem - b.mem || a.step - b.step);
+  const front = [];
+  let best = Infinity;
+  for (const p of sorted) {
+    const last = front[front.length - 1];
+    if (p.step < best || (last && p.step === last.step && p.mem === last.mem)) {
+      front.push(p);  // equal points are all on the front
+      best = p.step;
+    }
+  }
+  return front;
+}
+
+function rowLabel(r) {
+  const mesh = r.chosen_mesh_shape || r.mesh_shape;
+  const budget = r.memory_budget_bytes ? `${(r.memory_budget_bytes / GIB).toFixed(1)} GiB` : "device";
+  return `mesh ${mesh ? mesh.join("x") : "search"} · ZeRO-${r.zero_stage} · budget ${budget}`;
+}
+
+function drawSweep(view) {
+  const done = view.rows.filter((r) => r.status === "succeeded" && r.step_time_s !== null);
+  // GiB, or MiB when every plan is under 1 GiB (small models)
+  const [unit, scale] = done.some((r) => r.memory_per_device_bytes >= GIB) ? ["GiB", GIB] : ["MiB", MIB];
+  const points = done.map((r) => ({
+    mem: r.memory_per_device_bytes / scale,
+    step: r.step_time_s * 1e3,
+    label: rowLabel(r),
+  }));
+  const front = paretoFront(points);
+  Plotly.react(
+    "sweep-chart",
+    [
+      {
+        x: points.map((p) => p.mem), y: points.map((p) => p.step), text: points.map((p) => p.label),
+        mode: "markers", name: "plans", marker: { size: 10, color: "#1f77b4" },
+        hovertemplate: `%{text}<br>%{x:.2f} ${unit}, %{y:.2f} ms<extra></extra>`,
+      },
+      {
+        x: front.map((p) => p.mem), y: front.map((p) => p.step), text: front.map((p) => p.label),
+        mode: "lines+markers", name: "Pareto front",
+        marker: { size: 14, symbol: "star", color: "#d62728" }, line: { dash: "dot", color: "#d62728" },
+        hovertemplate: `%{text}<br>%{x:.2f} ${unit}, %{y:.2f} ms<extra>Pareto</extra>`,
+      },
+    ],
+    {
+      title: { text: "Step time vs memory per device" },
+      xaxis: { title: { text: `memory per device, ${unit}` } },
+      yaxis: { title: { text: "modelled step time, ms" } },
+      height: 360,
+      margin: { l: 60, r: 20, t: 40, b: 40 },
+    },
+    { displaylogo: false, responsive: true },
+  );
+  const onFront = new Set(front.map((p) => p.label));
+  const rows = view.rows.map((r) => {
+    const pareto = onFront.has(rowLabel(r));
+    const mem = r.memory_per_device_bytes === null ? "" : (r.memory_per_device_bytes / scale).toFixed(2);
+    return `<tr><td>${rowLabel(r)}</td><td>${r.status}${r.error ? ": " + r.error : ""}</td>` +
+      `<td>${r.step_time_s === null ? "" : ms(r.step_time_s)}</td><td>${mem}</td>` +
+      `<td class="${pareto ? "pareto" : ""}">${pareto ? "yes" : ""}</td></tr>`;
+  });
+  $("sweep-table").innerHTML =
+    `<tr><th>point</th><th>status</th><th>step</th><th>${unit} / device</th><th>Pareto</th></tr>` + rows.join("");
+}
+
+async function submitSweep(ev) {
+  ev.preventDefault();
+  $("sweep-button").disabled = true;
+  try {
+    const meshes = $("sweep-meshes").value.split(";").map((m) => parseMesh(m));
+    const budgetText = $("sweep-budgets").value.trim();
+    const budgets = budgetText ? budgetText.split(",").map((b) => parseBudget(b)) : [null];
+    const zeros = $("sweep-zero").value.split(",").map((z) => parseInt(z, 10)).filter((z) => z >= 0);
+    const body = Object.assign(commonFields(), {
+      graph: await graphJson(),
+      mesh_shapes: meshes,
+      memory_budgets_bytes: budgets,
+      zero_stages: zeros.length ? zeros : [2],
+    });
+    $("sweep-status").textContent = "submitting...";
+    let { data } = await api("POST", "/v1/sweeps", body);
+    for (let i = 0; i < SWEEP_MAX_POLLS; i++) {
+      const done = data.rows.filter((r) => !["queued", "running"].includes(r.status)).length;
+      $("sweep-status").textContent = `${done} of ${data.rows.length} points done` +
+        (data.complete ? "" : " (solving...)");
+      drawSweep(data);
+      if (data.complete) break;
+      await new Promise((resolve) => setTimeout(resolve, SWEEP_POLL_MS));
+      data = (await api("GET", `/v1/sweeps/${data.id}`)).data;
+    }
+  } catch (err) {
+    $("sweep-status").textContent = err.message;
+  } finally {
+    $("sweep-button").disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------ start
+
+document.addEventListener("DOMContentLoaded", () => {
+  const key = $("api-key");
+  key.value = localStorage.getItem(KEY_STORAGE) || "";
+  key.addEventListener("change", () => localStorage.setItem(KEY_STORAGE, key.value.trim()));
+  $("plan-form").addEventListener("submit", submitPlan);
+  $("sweep-form").addEventListener("submit", submitSweep);
+  $("cancel-button").addEventListener("click", cancelJob);
+  $("report-button").addEventListener("click", showReport);
+  progressChart();
+  loadOptions().catch((err) => setStatus(`cannot load the form's choices: ${err.message}`, "failed"));
+});

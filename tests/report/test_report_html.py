@@ -1,0 +1,140 @@
+"""The HTML report: self-contained, with the sections and numbers it promises."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autopar.errors import PlanError
+from autopar.evaluate import evaluate
+from service.report import build_report, format_bytes
+from tests.report.plans import MESH, baseline, model
+from tests.service.helpers import REPO
+
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return model("tiny-gpt")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return MESH
+
+
+@pytest.fixture(scope="module")
+def report(graph, mesh) -> str:
+    plan = baseline("tiny-gpt", "inferred", 2)
+    compare = [("megatron", baseline("tiny-gpt", "megatron", 2))]
+    return build_report(graph, plan, compare, 2 * GIB, label="inferred")
+
+
+def test_self_contained(report: str) -> None:
+    # no script, stylesheet, image or frame is fetched from the network
+    assert not re.search(
+        r"""<(script|link|img|iframe)[^>]*(src|href)\s*=\s*["']?(https?:)?//""", report, re.I
+    )
+    assert "@import" not in report
+    scripts = re.findall(r"<script[^>]*>", report)
+    assert all("src=" not in s for s in scripts)
+    assert "Plotly.newPlot" in report
+    # plotly.js is inlined exactly once
+    assert report.count("plotly.js v") <= 2 and len(report) > 1_000_000
+
+
+def test_sections_and_headline(report: str, graph, mesh) -> None:
+    for anchor in ("headline", "communication", "memory", "layers"):
+        assert f'id="{anchor}"' in report
+    for chart in ("chart-step", "chart-comm", "chart-layers", "chart-memory"):
+        assert f'id="{chart}"' in report
+    ev = evaluate(graph, baseline("tiny-gpt", "inferred", 2))
+    assert f"{ev.step_time_s * 1e3:,.2f} ms" in report
+    assert f"{format_bytes(ev.memory.total)}</b>" in report
+    assert "budget 2.00 GiB" in report
+    assert "The 10 most expensive boxing edges" in report
+    assert "communication, mesh axis 0 (4 devices)" in report
+
+
+def test_layer_tables_mark_differences_from_megatron(report: str, graph) -> None:
+    assert "<b>layers.0</b>" in report and "<b>layers.1</b>" in report
+    # the inferred plan lays out some weights differently from Megatron: highlighted cells
+    assert "class='diff'" in report
+    assert "(S(0), B)" in report or "(S(0), S(1))" in report
+
+
+def test_megatron_column_computed_when_not_compared(graph, mesh) -> None:
+    plan = baseline("tiny-gpt", "megatron", 2)
+    html = build_report(graph, plan)
+    assert "compared with nothing" in html
+    assert "class='diff'" not in html  # the plan is Megatron's own layout
+    assert "OVER BUDGET" not in html  # default budget: the device's 40 GB
+
+
+def test_over_budget_is_flagged(graph, mesh) -> None:
+    html = build_report(graph, baseline("tiny-gpt", "megatron", 2), budget_bytes=1024)
+    assert "OVER BUDGET" in html
+
+
+def test_plan_for_another_graph_is_refused(graph, mesh) -> None:
+    plan = baseline("tiny-bert", "data-parallel", 2)
+    with pytest.raises(PlanError) as info:
+        build_report(graph, plan)
+    assert info.value.code == "plan_mismatch"
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_cli_report_with_baselines_and_a_plan_file(tmp_path: Path, graph, mesh) -> None:
+    plan_path = tmp_path / "megatron.json"
+    baseline("tiny-gpt", "megatron", 2).save(str(plan_path))
+    graph_path = tmp_path / "g.json"
+    graph.save(str(graph_path))
+    out = tmp_path / "r.html"
+    r = _cli(
+        "report",
+        str(graph_path),
+        str(plan_path),
+        "--compare",
+        "data-parallel",
+        f"mine={plan_path}",
+        "--budget",
+        "3GiB",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "report of 3 plan(s)" in r.stdout
+    html = out.read_text()
+    assert "budget 3.00 GiB" in html and "mine" in html and "data-parallel" in html
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["no-such-model", "p.json"], "bad_graph_arg"),
+        (["tiny-gpt", "missing.json"], "bad_plan_arg"),
+        (["tiny-gpt", "bert.json"], "plan_mismatch"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path: Path, mesh, args: list[str], code: str) -> None:
+    baseline("tiny-bert", "data-parallel", 2).save(str(tmp_path / "bert.json"))
+    r = _cli("report", *args, "--out", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"autopar: error: [{code}]"), r.stderr
+    assert "Traceback" not in r.stderr
