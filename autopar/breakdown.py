@@ -17,23 +17,34 @@ belongs to ``encoder.layers.3``): see :func:`layer_of`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from autopar.boxing import BoxingPlan, BoxingSearch, BoxingStep
+from autopar.boxing import BoxingStep
 from autopar.cluster import Mesh
 from autopar.costs import (
     EdgeKind,
     edge_kind,
+    edge_time,
     op_compute_time,
     op_signatures,
     optimizer_gather_plan,
     rule_context,
+    zero_gathers_per_step,
 )
-from autopar.graph import DTYPE_BYTES, Graph
-from autopar.memory import MIXED_PRECISION_ADAM, StateBytes, activation_profile, variable_state_bytes
+from autopar.graph import Graph
+from autopar.memory import (
+    activation_profile,
+    boxed_copy_bytes,
+    graph_state_bytes,
+    variable_state_bytes,
+    zero3_gather_buffer_bytes,
+)
+from autopar.optimizer import model_port_index, weight_gradient_path
 from autopar.plan import Plan
 from autopar.rules.registry import RuleContext, RuleSet, default_rules
+from autopar.runtime import runtime_profile
 from autopar.sbp import NdSbp, Signature
 
 __all__ = [
@@ -197,16 +208,7 @@ class PricingMemo:
     """
 
     def __init__(self) -> None:
-        self.searches: dict[tuple[str, tuple[int, ...], int], BoxingSearch] = {}
         self.signatures: dict[tuple[str, str, int], tuple[frozenset[Signature], bool]] = {}
-
-    def boxing(self, shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
-        """Same as :func:`autopar.boxing.boxing_plan`, with the search kept per (mesh, shape, item size)."""
-        key = (mesh.key(), shape, itemsize)
-        search = self.searches.get(key)
-        if search is None:
-            search = self.searches[key] = BoxingSearch(shape, itemsize, mesh)
-        return search.plan(src, dst)
 
     def valid_signatures(
         self, rules: RuleSet, ctx: RuleContext, mesh: Mesh, zero_stage: int
@@ -239,6 +241,9 @@ def breakdown(
     rules = rules or default_rules()
     memo = memo or PricingMemo()
     mesh = plan.mesh
+    runtime = runtime_profile(plan.runtime)
+    lowering = runtime.lowering.value
+    gradients = weight_gradient_path(graph)
     ops: list[OpCost] = []
     edges: list[EdgeCost] = []
     errors: list[str] = []
@@ -263,30 +268,32 @@ def breakdown(
                 fallback_ops.append(op.name)
             if sig not in valid_sigs:
                 errors.append(f"op {op.name!r} ({op.type}): signature {sig} is not one its rule offers")
-        t = op_compute_time(rules.get(op.type), ctx, sig, mesh)
-        gather = optimizer_gather_plan(ctx, sig, mesh)
+        t = op_compute_time(rules.get(op.type), ctx, sig, mesh, lowering)
+        gather = optimizer_gather_plan(ctx, sig, mesh, lowering)
         if gather is not None:
-            t -= gather.time_s
-            model_port = next(
-                p for p in op.inputs if p.startswith("model_") and not p.startswith("model_diff")
-            )
+            times = zero_gathers_per_step(plan.zero_stage)
+            t -= gather.time_s * times
+            model_index = model_port_index(op)
+            assert model_index is not None  # a gather needs the parameter port
+            model_port = list(op.inputs)[model_index]
             tensor = op.inputs[model_port]
             spec = graph.tensors[tensor]
-            edges.append(
-                EdgeCost(
-                    op.name,
-                    op.name,
-                    model_port,
-                    tensor,
-                    tuple(spec.shape),
-                    "float16",  # the gather moves the fp16 working copy (optimizer_gather_plan)
-                    gather.src,
-                    gather.dst,
-                    gather.steps,
-                    gather.time_s,
-                    zero_gather=True,
+            for _ in range(times):  # ZeRO-3 gathers before forward and again before backward
+                edges.append(
+                    EdgeCost(
+                        op.name,
+                        op.name,
+                        model_port,
+                        tensor,
+                        tuple(spec.shape),
+                        spec.dtype,  # the parameter, in its own dtype (optimizer_gather_plan)
+                        gather.src,
+                        gather.dst,
+                        gather.steps,
+                        gather.time_s,
+                        zero_gather=True,
+                    )
                 )
-            )
         ops.append(OpCost(op.name, op.type, layer_of(op.name), str(sig), t))
         for port, sbp in zip(ports[1], sig.outputs):
             tensor_sbp[op.outputs[port]] = sbp
@@ -301,17 +308,19 @@ def breakdown(
             src = tensor_sbp.get(tensor)
             if src is None or src == dst:
                 continue
-            kind = edge_kind(op, port)
+            kind = edge_kind(op, port, tensor in gradients)
             if kind is EdgeKind.SHAPE_ONLY:
                 continue
             if kind is EdgeKind.IN_PLACE:
                 errors.append(f"op {op.name!r} port {port!r} updates {tensor!r} in place: it must take {src}")
                 continue
             spec = graph.tensors[tensor]
-            bp = memo.boxing(tuple(spec.shape), DTYPE_BYTES[spec.dtype], src, dst, mesh)
-            if not bp.feasible:
+            t_edge, bp = edge_time(spec, src, dst, mesh, kind, runtime)
+            if bp is None or not math.isfinite(t_edge):
                 errors.append(f"edge into {op.name!r} port {port!r}: cannot box {src} into {dst}")
                 continue
+            # a bucketed gradient edge spreads its saving over its steps, as the evaluator does
+            scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
             edges.append(
                 EdgeCost(
                     graph.producer[tensor][0],
@@ -322,8 +331,8 @@ def breakdown(
                     spec.dtype,
                     src,
                     dst,
-                    bp.steps,
-                    bp.time_s,
+                    tuple(dataclasses.replace(step, time_s=step.time_s * scale) for step in bp.steps),
+                    t_edge,
                 )
             )
 
@@ -340,7 +349,7 @@ def breakdown(
     return result
 
 
-def memory_timeline(graph: Graph, plan: Plan, states: StateBytes = MIXED_PRECISION_ADAM) -> MemoryTimeline:
+def memory_timeline(graph: Graph, plan: Plan) -> MemoryTimeline:
     """Model states per device and live activation bytes per position of the topological order.
 
     Model states: :func:`autopar.memory.variable_state_bytes` of each variable
@@ -362,12 +371,36 @@ def memory_timeline(graph: Graph, plan: Plan, states: StateBytes = MIXED_PRECISI
         if var_sbp is None:
             continue
         p, g, o = variable_state_bytes(
-            graph.tensors[v.tensor].shape, var_sbp, plan.mesh.shape, plan.zero_stage, states
+            graph.tensors[v.tensor].shape,
+            var_sbp,
+            plan.mesh.shape,
+            plan.zero_stage,
+            graph_state_bytes(graph, v),
         )
         params += p
         grads += g
         opt += o
     activations: list[float] = []
     if len(tensor_sbp) == len(graph.tensors):
-        activations = activation_profile(graph, tensor_sbp, plan.mesh.shape)
+        # boxed input copies live at their consumers, as the evaluator counts them
+        pos = {op.name: i for i, op in enumerate(graph.topological_order)}
+        gradients = weight_gradient_path(graph)
+        copies = []
+        for op in graph.ops:
+            sig = plan.signatures.get(op.name)
+            if sig is None:
+                continue
+            for port, dst in zip(op.inputs, sig.inputs):
+                tensor = op.inputs[port]
+                src = tensor_sbp.get(tensor)
+                kind = edge_kind(op, port, tensor in gradients)
+                if src is None or src == dst or kind in (EdgeKind.SHAPE_ONLY, EdgeKind.IN_PLACE):
+                    continue
+                spec = graph.tensors[tensor]
+                copies.append((pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, plan.mesh.shape)))
+        activations = activation_profile(graph, tensor_sbp, plan.mesh.shape, consumer_copies=copies)
+        if plan.zero_stage >= 3:
+            variable_sbp = {v.op: tensor_sbp[v.tensor] for v in graph.variables if v.tensor in tensor_sbp}
+            extra = zero3_gather_buffer_bytes(graph, variable_sbp, plan.mesh.shape)
+            activations = [a + extra for a in activations]
     return MemoryTimeline(params, grads, opt, activations)

@@ -45,12 +45,12 @@ from autopar.optimizer import (
     model_port_index,
     state_count,
 )
+from autopar.ports import base_name
 from autopar.rules.registry import (
     CostKind,
     Rule,
     RuleContext,
     RuleSet,
-    base_name,
     fallback_signatures,
     nd_signatures,
     work_share,
@@ -109,7 +109,6 @@ def model_digest(root: str | None = None) -> str:
 
 
 _DIGEST_CACHE: list[str] = []
-
 
 
 def optimizer_update_bytes(param_itemsize: int, grad_itemsize: int, states: int) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from autopar.graph import Graph, Op
-from autopar.rules.registry import base_name
+from autopar.ports import base_name
 
 __all__ = [
     "IN_PLACE_PORTS",

@@ -172,8 +172,6 @@ def run_plan_command(args: argparse.Namespace) -> int:
     deadline = Deadline(options.time_limit_s)  # the limit covers loading the graph too
     progress = None if args.no_progress else ProgressLine(sys.stderr)
     try:
-        if progress:
-            deadline.report(progress, "load")
         graph = graph_from_arg(args.graph)  # plan() validates it
         cluster = cluster_from_args(args)
         budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes

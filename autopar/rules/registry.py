@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -184,15 +183,6 @@ def nd_signatures(rule: Rule, ctx: RuleContext) -> list[Signature]:
             sigs.append(Signature(ins_nd, outs_nd))
     out = [s for s in dict.fromkeys(sigs) if _fits(ctx, s)]
     return out
-
-
-_PORT_RE = re.compile(r"^(?P<base>.+?)(?:_(?P<index>\d+))?$")
-
-
-def base_name(port: str) -> str:
-    """``a_0`` -> ``a``; ``model_diff_0`` -> ``model_diff``; ``out`` -> ``out``."""
-    m = _PORT_RE.match(port)
-    return m.group("base") if m else port
 
 
 def work_share(sig: Signature, mesh_shape: Sequence[int]) -> int:

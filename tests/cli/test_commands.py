@@ -42,8 +42,9 @@ def test_help_lists_models_kinds_and_defaults() -> None:
     plan = _help("plan")
     for text in (
         "(default: 30.0)",  # time limit
-        "seconds of search per mesh shape",
-        "building the cost tables and the baselines comes on top",
+        "seconds for the whole command",
+        "--compare comes on top",
+        "default: oneflow-0.9",  # runtime profile
         "(default: 0.01)",  # gap
         "(default: min(8, CPUs))",  # workers
         "(default: 2x4)",
@@ -66,7 +67,7 @@ def test_commands_come_from_the_core_and_the_entry_points() -> None:
     core = {c.name for c in core_commands()}
     assert core == {"model", "costs", "baseline", "evaluate", "calibrate", "oneflow"}
     registered = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    assert registered == {"plan", "serve", "worker", "submit"}
+    assert registered == {"plan", "serve", "worker", "submit", "report"}
     assert set(commands) == core | registered
     assert (commands["plan"].extra, commands["serve"].extra, commands["submit"].extra) == (
         "solver",

@@ -326,7 +326,10 @@ def test_server_timing_header(client: httpx.Client, tiny_graph: dict[str, Any]) 
 @pytest.mark.parametrize("retries", [1, 0])
 def test_solver_process_sigkilled_mid_job(tmp_path, tiny_graph: dict[str, Any], retries: int) -> None:
     body = plan_body(
-        tiny_graph, cluster="1x4", mesh_shape=[2, 2], options={"time_limit_s": 3, "relative_gap": 0}
+        tiny_graph,
+        cluster="1x4",
+        mesh_shape=[2, 2],
+        options={"time_limit_s": 10, "relative_gap": 0},  # the whole solve, cost tables included
     )
     with live_server(make_settings(tmp_path, job_retries=retries)) as server, server.client() as c:
         key = c.post("/v1/plans", json=body).json()["id"]

@@ -186,7 +186,10 @@ def test_worker_sigkilled_mid_job(
     env = {"AUTOPAR_JOB_RETRIES": str(retries)}
     settings = make_settings(tmp_path, redis_url=redis_url, job_retries=retries)
     body = plan_body(
-        tiny_graph, cluster="1x4", mesh_shape=[2, 2], options={"time_limit_s": 3, "relative_gap": 0}
+        tiny_graph,
+        cluster="1x4",
+        mesh_shape=[2, 2],
+        options={"time_limit_s": 10, "relative_gap": 0},  # the whole solve, cost tables included
     )
     with live_server(settings) as server, server.client() as c:
         doomed = start_worker(workers, redis_url, "doomed", **env)

@@ -33,10 +33,8 @@ def test_plan_end_to_end_then_cached(server, tiny_graph: dict[str, Any]) -> None
     assert updates and updates[-1]["status"] == "succeeded"
     assert any(u["status"] == "running" for u in updates)
 
-    t0 = time.perf_counter()
     again = client.submit(tiny_graph, **REQUEST)  # a dict this time: same key
-    assert again.status == 200 and again.done and again.key == record["key"]
-    assert time.perf_counter() - t0 < 2.0
+    assert again.status == 200 and again.done and again.key == record["key"]  # a cache hit
     assert client.get_plan(record["key"])["key"] == record["key"]
 
     ev = client.evaluate(tiny_graph, record["plan"])
@@ -86,11 +84,9 @@ def test_wrong_key_is_401(server, tiny_graph: dict[str, Any]) -> None:
 
 def test_unreachable_after_retries() -> None:
     client = PlanClient(f"http://127.0.0.1:{free_port()}", retries=2, backoff_s=0.01, timeout_s=2)
-    t0 = time.perf_counter()
     with pytest.raises(ServiceError) as info:
         client.job("0" * 64)
     assert info.value.code == "unreachable"
-    assert time.perf_counter() - t0 < 5
 
 
 def test_sweep(server, tiny_graph: dict[str, Any]) -> None:

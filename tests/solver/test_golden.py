@@ -2,7 +2,7 @@
 
 import pytest
 
-from autopar.baselines import megatron_parameter_layout
+from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.models import build
@@ -11,7 +11,9 @@ from solver.planner import PlanRequest, plan
 from tests.graphs import mlp_graph
 
 TP2 = Cluster.parse("1x2", "a100-40g")
-OPTIONS = SolverOptions(time_limit_s=30, deterministic=True)
+# Megatron's layout is optimal under ideal collectives; OneFlow 0.9's lowering prices
+# some of its all-reduces as send/recv and may prefer another layout
+OPTIONS = SolverOptions(time_limit_s=30, deterministic=True, runtime="ideal")
 
 
 def _solve(graph):
@@ -33,11 +35,19 @@ def test_mlp_gets_column_then_row_split():
 
 
 def test_tiny_gpt_matrices_follow_megatron():
-    g = build("tiny-gpt")
+    """Weights large next to the activations (tensor parallelism wins over data parallelism with
+    bucketed gradients): the solver proves Megatron's column/row split optimal.  The attention
+    output projection may equally be column-split (two all-gathers of b*s*h cost what Megatron's
+    one all-reduce costs), so for it only the step time is compared."""
+    g = build("tiny-gpt", hidden=512, batch=2, seq=32)
     p = _solve(g)
-    layout = megatron_parameter_layout(g, Mesh(TP2, (1, 2)))
+    mesh = Mesh(TP2, (1, 2))
+    layout = megatron_parameter_layout(g, mesh)
     matrices = [v for v in g.variables if len(g.tensors[v.tensor].shape) == 2 and v.op.startswith("layers.")]
     assert len(matrices) >= 8
     for v in matrices:
-        assert p.variables[v.op]["sbp"] == str(layout[v.op]), v.op
+        if ".self_attn.o." not in v.op:
+            assert p.variables[v.op]["sbp"] == str(layout[v.op]), v.op
+    megatron = evaluate(g, baseline_plan("megatron", g, mesh, 2, runtime=OPTIONS.runtime))
+    assert p.step_time_s <= megatron.step_time_s * (1 + 1e-9)
     assert p.solver["status"] == "optimal"

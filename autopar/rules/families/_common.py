@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autopar.graph import TensorSpec
-from autopar.rules.registry import OneDSignature, RuleContext, base_name
+from autopar.ports import base_name
+from autopar.rules.registry import OneDSignature, RuleContext
 from autopar.sbp import B, SbpValue, Split
 
 __all__ = [

@@ -25,53 +25,18 @@ replicated layout only.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 
+from autopar.optimizer import OPTIMIZER_OPS, SCALAR_PORTS
 from autopar.rules.families._common import port_map
 from autopar.rules.registry import CostKind, RuleContext, register
 from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
 
 __all__ = ["OPTIMIZER_OPS", "parameter_layouts", "zero_shard"]
 
-OPTIMIZER_OPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "adam_update": (
-        "model", "model_diff", "model_copy", "learning_rate", "scale_by_tensor", "skip_if",
-        "bias_correction1", "bias_correction2", "m", "v", "max_v",
-    ),
-    "sgd_update": (
-        "model", "model_diff", "model_copy", "learning_rate", "scale_by_tensor", "skip_if",
-    ),
-    "momentum_update": (
-        "model", "model_diff", "momentum", "learning_rate", "scale_by_tensor", "skip_if",
-    ),
-    "adagrad_update": (
-        "model", "model_diff", "learning_rate", "scale_by_tensor", "skip_if", "train_step",
-        "sum",
-    ),
-    "rmsprop_update": (
-        "model", "model_diff", "learning_rate", "scale_by_tensor", "skip_if", "mean_square",
-        "mean_gradient",
-    ),
-    "ftrl_update": ("model", "model_diff", "learning_rate", "skip_if", "accumulate", "z"),
-    "adadelta_update": (
-        "model", "model_diff", "learning_rate", "skip_if", "square_avgs", "acc_deltas",
-    ),
-    "lamb_update": (
-        "model", "model_diff", "learning_rate", "scale_by_tensor", "skip_if",
-        "bias_correction1", "bias_correction2", "m", "v",
-    ),
-    "lars_update": (
-        "model", "model_diff", "learning_rate", "momentum", "scale_by_tensor", "skip_if",
-    ),
-})  # fmt: skip
-"""Optimizer ops and their inputs in OneFlow's declaration order."""
-
 _REPLICATED_ONLY = frozenset({"lamb_update", "lars_update"})
 _MODEL_LAYOUT = frozenset({"model", "model_copy"})
-_SCALARS = frozenset(
-    {"learning_rate", "scale_by_tensor", "skip_if", "bias_correction1", "bias_correction2", "train_step"}
-)
+_SCALARS = SCALAR_PORTS
 
 
 def parameter_layouts(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[NdSbp]:

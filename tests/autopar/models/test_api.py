@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
@@ -41,12 +40,9 @@ def test_importing_models_needs_only_numpy() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_mt5_base_op_count_in_range_and_fast() -> None:
-    start = time.perf_counter()
+def test_mt5_base_op_count_in_range() -> None:
     g = build("mt5-base")
-    elapsed = time.perf_counter() - start
     assert 4000 <= len(g.ops) <= 5500, len(g.ops)
-    assert elapsed < 5.0, f"mt5-base took {elapsed:.2f} s"
 
 
 def test_gpt_1_3b_stress_size_grows_linearly_with_layers() -> None:
