@@ -509,8 +509,16 @@ def _run_batches(
         return out
     pool = multiprocessing.get_context().Pool(workers)
     try:
-        pending = [(idx, pool.apply_async(fn, ([jobs[i] for i in idx],))) for idx in batches]
-        for idx, res in pending:
+        # a bounded window of batches in flight: with every batch queued up front, the
+        # pool's task thread blocks writing to workers that terminate() has killed, and
+        # join() never returns (the deadline would then not bound the command)
+        queue = list(batches)
+        pending: list[tuple[list[int], Any]] = []
+        while queue or pending:
+            while queue and len(pending) < 2 * workers:
+                idx = queue.pop(0)
+                pending.append((idx, pool.apply_async(fn, ([jobs[i] for i in idx],))))
+            idx, res = pending.pop(0)
             left = deadline.left()
             try:
                 entries = res.get(timeout=None if math.isinf(left) else max(left, 0.01))
