@@ -264,16 +264,23 @@ t=$SECONDS
 podman restart -t 30 "$(cname redis)" >/dev/null
 wait_healthy 60 redis || die "redis did not come back"
 job_after="$("$PY" - "$SERVER" "$job" <<'EOF'
-import json, sys, time, urllib.error, urllib.request
+import json, os, sys, time, urllib.error, urllib.request
 deadline = time.monotonic() + 60
 while True:  # the API reconnects to the restarted Redis
     try:
-        with urllib.request.urlopen(f"{sys.argv[1]}/v1/jobs/{sys.argv[2]}", timeout=5) as r:
+        # reads need the key too when keys are configured (issue 10)
+        req = urllib.request.Request(
+            f"{sys.argv[1]}/v1/jobs/{sys.argv[2]}", headers={"X-API-Key": os.environ["AUTOPAR_API_KEY"]}
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
             print(json.load(r)["status"])
             break
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             print("lost")
+            break
+        if exc.code in (401, 403):
+            print(f"refused ({exc.code})")
             break
     except OSError:
         pass
