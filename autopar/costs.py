@@ -28,16 +28,17 @@ pool) live in :mod:`autopar.cost_tables`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 from collections.abc import Sequence
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from autopar.boxing import BoxingPlan, BoxingStep, Collective, boxing_plan
 from autopar.cluster import Mesh
+from autopar.content_key import python_sources, source_digest
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.optimizer import (
     IN_PLACE_PORTS,
@@ -87,22 +88,10 @@ def model_digest(root: str | None = None) -> str:
     Part of every cost-table key, so a changed rule, boxing or cost formula
     misses entries written by older code instead of serving them.
     """
-    base = root or os.path.dirname(os.path.abspath(__file__))
     if root is None and _DIGEST_CACHE:
         return _DIGEST_CACHE[0]
-    h = hashlib.sha256()
-    for name in _MODEL_SOURCES:
-        path = os.path.join(base, name)
-        files = (
-            sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".py"))
-            if os.path.isdir(path)
-            else [path]
-        )
-        for f in files:
-            h.update(os.path.relpath(f, base).encode())
-            with open(f, "rb") as fh:
-                h.update(fh.read())
-    digest = h.hexdigest()[:16]
+    base = Path(root or os.path.dirname(os.path.abspath(__file__)))
+    digest = source_digest(base, python_sources(base, _MODEL_SOURCES))
     if root is None:
         _DIGEST_CACHE.append(digest)
     return digest

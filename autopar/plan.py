@@ -20,7 +20,7 @@ from autopar.errors import PlanError
 from autopar.graph import Graph
 from autopar.memory import data_parallel_axes
 from autopar.runtime import DEFAULT_RUNTIME
-from autopar.sbp import Signature, parse_nd_sbp
+from autopar.sbp import NdSbp, Signature, parse_nd_sbp
 from autopar.wire import PlanModel, error_path
 
 __all__ = ["FORMAT", "Plan"]
@@ -97,11 +97,13 @@ class Plan:
 
     # ------------------------------------------------------------ lookups
 
-    def input_sbp(self, op: str, port: str):  # type: ignore[no-untyped-def]
+    def input_sbp(self, op: str, port: str) -> NdSbp:
+        """The N-D SBP the plan gives input ``port`` of ``op``."""
         ins, _ = self.ports[op]
         return self.signatures[op].inputs[ins.index(port)]
 
-    def output_sbp(self, op: str, port: str):  # type: ignore[no-untyped-def]
+    def output_sbp(self, op: str, port: str) -> NdSbp:
+        """The N-D SBP the plan gives output ``port`` of ``op``."""
         _, outs = self.ports[op]
         return self.signatures[op].outputs[outs.index(port)]
 

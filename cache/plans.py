@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from autopar.content_key import content_key, python_sources, source_digest
 from cache import codec
 from cache.base import Store
 
@@ -30,7 +31,6 @@ __all__ = [
     "KEY_SCHEMA",
     "PlanCache",
     "PlanRecord",
-    "canonical_json",
     "code_versions",
     "plan_key",
 ]
@@ -41,25 +41,11 @@ KEY_SCHEMA = 1
 _SOURCE_PACKAGES = ("autopar", "solver")
 
 
-def canonical_json(obj: Any) -> bytes:
-    """Sorted-key, whitespace-free UTF-8 JSON: equal values give equal bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
 def _package_version(name: str) -> str:
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _source_digest(root: Path) -> str:
-    digest = hashlib.sha256()
-    for package in _SOURCE_PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def code_versions() -> dict[str, str]:
@@ -72,15 +58,14 @@ def code_versions() -> dict[str, str]:
     root = Path(autopar.__file__).resolve().parent.parent
     return {
         "autopar": _package_version("autopar"),
-        "source": _source_digest(root),
+        "source": source_digest(root, python_sources(root, _SOURCE_PACKAGES)),
         "ortools": _package_version("ortools"),
     }
 
 
 def plan_key(key_dict: Mapping[str, Any], versions: Mapping[str, str]) -> str:
     """SHA-256 hex of the canonical request plus code versions."""
-    payload = {"schema": KEY_SCHEMA, "request": dict(key_dict), "versions": dict(versions)}
-    return hashlib.sha256(canonical_json(payload)).hexdigest()
+    return content_key({"schema": KEY_SCHEMA, "request": dict(key_dict), "versions": dict(versions)})
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ solver load inside :func:`run_plan_command`, after ``autopar`` checked that
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -119,23 +117,24 @@ def baseline_evaluated(
     profile and the versions of autopar and its cost model, so it is evaluated once."""
     from autopar import __version__ as autopar_version
     from autopar.baselines import baseline_plan
+    from autopar.content_key import content_key
     from autopar.costs import COST_MODEL_VERSION, model_digest
     from autopar.evaluate import attach_evaluation, evaluate
 
-    key = hashlib.sha256(
-        json.dumps(
-            [
-                kind,
-                graph.content_hash(),
-                mesh.key(),
-                zero_stage,
-                runtime,
-                autopar_version,
-                COST_MODEL_VERSION,
-                model_digest(),
-            ]
-        ).encode()
-    ).hexdigest()[:32]
+    key = content_key(
+        {
+            "baseline": kind,
+            "graph": graph.content_hash(),
+            "mesh": mesh.key(),
+            "zero_stage": zero_stage,
+            "runtime": runtime,
+            "versions": {
+                "autopar": autopar_version,
+                "cost_model": COST_MODEL_VERSION,
+                "model": model_digest(),
+            },
+        }
+    )[:32]
     path = cache / f"{key}.json" if cache is not None else None
     if path is not None and path.exists():
         try:
