@@ -9,7 +9,20 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    b*s*h forward and 2 backward; a T5 decoder block 3 + 3, plus 1 backward for
    the cross-attention keys/values; the vocab-parallel embedding one forward
    per use, the LM head one backward), ZeRO-0 (Megatron-DeepSpeed shards ZeRO
-   over the data-parallel group only, so tensor-parallel traffic is ZeRO-0's);
+   over the data-parallel group only, so tensor-parallel traffic is ZeRO-0's).
+   Sources, Megatron-LM ``megatron/core/tensor_parallel/mappings.py``:
+   ``reduce_from_tensor_model_parallel_region`` (forward all-reduce after each
+   row-parallel linear and the vocab-parallel embedding) and
+   ``copy_to_tensor_model_parallel_region`` (backward all-reduce of the input
+   gradient of each column-parallel linear: fused QKV, fc1 / the fused wi, the
+   cross-attention ``key_value`` on the encoder output, the LM head).  T5's
+   relative position bias adds no traffic: NeMo's Megatron T5 adds each
+   rank's heads' slice of it (``CoreAttention.forward`` in NeMo's
+   ``megatron/attention.py``), which the baseline lays out as the bias table
+   split by heads.  For T5 a second count, ``hand (graph)``, sums the decoder's
+   cross-attention key/value input gradients before one all-reduce, as the
+   graph allows (one ``add_n`` gathers them all) and the baseline does;
+   Megatron-LM issues one all-reduce per decoder layer instead;
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory.
@@ -31,8 +44,14 @@ from autopar.models import build
 GIB = 1024**3
 
 
-def hand_count_tp_bytes(graph: Graph, mesh: Mesh) -> float:
-    """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring)."""
+def hand_count_tp_bytes(graph: Graph, mesh: Mesh, *, summed_cross_attention: bool = False) -> float:
+    """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring).
+
+    Bytes = ``2 (tp-1)/tp`` (ring all-reduce) x the bytes of every all-reduced
+    activation ``b/dp x s x h x itemsize``.  ``summed_cross_attention``: a T5
+    decoder's cross-attention key/value input gradients are summed over the
+    layers before one all-reduce instead of one all-reduce per layer.
+    """
     meta = graph.meta or {}
     cfg = meta["config"]
     dp, tp = mesh.shape[0], mesh.shape[-1]
@@ -43,7 +62,8 @@ def hand_count_tp_bytes(graph: Graph, mesh: Mesh) -> float:
     if meta["family"] == "t5":
         enc = b * cfg["encoder_seq"] * h * itemsize
         dec = b * cfg["decoder_seq"] * h * itemsize
-        blocks = cfg["encoder_layers"] * 4 * enc + cfg["decoder_layers"] * (6 * dec + enc)
+        cross = enc if summed_cross_attention else cfg["decoder_layers"] * enc
+        blocks = cfg["encoder_layers"] * 4 * enc + cfg["decoder_layers"] * 6 * dec + cross
         embedding = enc + dec  # the shared vocab-parallel embedding, once per stack
         head = dec  # LM head input gradient
         return per_all_reduce * (blocks + embedding + head)
@@ -56,6 +76,7 @@ def measure(model: str) -> dict[str, Any]:
     mesh = Mesh(Cluster.parse("2x4"), (4, 2))
     out: dict[str, Any] = {"model": model, "ops": len(graph.ops)}
     hand = hand_count_tp_bytes(graph, mesh)
+    hand_graph = hand_count_tp_bytes(graph, mesh, summed_cross_attention=True)
     rows = {}
     for runtime in ("oneflow-0.9", "ideal"):
         meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime))
@@ -73,6 +94,7 @@ def measure(model: str) -> dict[str, Any]:
     z3 = evaluate(graph, baseline_plan("data-parallel", graph, mesh, 3))
     out.update(
         hand_tp_bytes=hand,
+        hand_tp_bytes_graph=hand_graph,
         runtimes=rows,
         zero={
             "zero2_ms": z2.step_time_s * 1e3,
@@ -99,10 +121,16 @@ def main() -> None:
         print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
         for runtime, row in r["runtimes"].items():
             got = row["megatron_tp_bytes_zero0"]
-            print(
+            line = (
                 f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {r['hand_tp_bytes'] / 1e6:9.1f} MB  "
                 f"ratio {got / r['hand_tp_bytes']:.3f}"
             )
+            if r["hand_tp_bytes_graph"] != r["hand_tp_bytes"]:
+                line += (
+                    f"  hand (graph) {r['hand_tp_bytes_graph'] / 1e6:.1f} MB  "
+                    f"ratio {got / r['hand_tp_bytes_graph']:.3f}"
+                )
+            print(line)
         print("  inferred / megatron modelled step time (ZeRO-2; serial, overlapped in brackets):")
         for runtime, row in r["runtimes"].items():
             print(

@@ -205,3 +205,37 @@ def test_megatron_tensor_parallel_bytes_match_megatron_lm_by_hand():
         per_all_reduce = 2 * (tp - 1) / tp * t
         hand = (4 * layers + 2) * per_all_reduce
         assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05), runtime
+
+
+def test_megatron_t5_bytes_match_the_hand_count_and_the_position_bias_is_split_by_heads():
+    """T5: 4 all-reduces per encoder block, 6 per decoder block, the cross-attention key/value
+    input gradients summed over the decoder before one all-reduce (one ``add_n`` in the
+    graph; Megatron-LM issues one per layer), the shared vocab-parallel embedding once per
+    stack and the LM head once.  The relative position bias moves nothing: its table is
+    split by heads, as each tensor-parallel rank adds only its heads' slice."""
+    from autopar.baselines import megatron_parameter_layout
+    from benchmarks.model_truth import hand_count_tp_bytes
+
+    g = build(
+        "mt5-base",
+        encoder_layers=2,
+        decoder_layers=2,
+        batch=16,
+        encoder_seq=64,
+        decoder_seq=32,
+        hidden=256,
+        heads=4,
+        d_kv=64,
+        ffn=512,
+        vocab=4096,
+    )
+    layout = megatron_parameter_layout(g, MESH)
+    tables = [name for name in layout if "relative_attention_bias" in name]
+    assert tables and all(str(layout[name]) == "(B, S(1))" for name in tables)
+    ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime="ideal"))
+    hand = hand_count_tp_bytes(g, MESH, summed_cross_attention=True)
+    assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05)
+    # Megatron-LM's own count differs by one all-reduce of the encoder output per extra decoder layer
+    per_layer = hand_count_tp_bytes(g, MESH) - hand
+    enc = 16 // MESH.shape[0] * 64 * 256 * DTYPE_BYTES["float16"]
+    assert per_layer == pytest.approx((2 - 1) * enc)  # 2 (tp-1)/tp = 1 for tp = 2
