@@ -1,6 +1,7 @@
 """The cost model against other systems' own numbers (issue 8), in one run.
 
     python -m benchmarks.model_truth [--models gpt2-medium,mt5-base] [--json out.json]
+    python -m benchmarks.model_truth --inference-jobs /tmp/fid   # in the OneFlow venv
 
 Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
 
@@ -26,6 +27,13 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory.
+
+With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
+signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
+did in the jobs ``DIR/{model}_2x2_inference_built.pb`` (the LiBai-layout
+inference jobs of ``benchmarks/fidelity.py``, ZeRO-2): cascaded (every op
+decides from the emulation's own earlier choices) and per op (every op decides
+from OneFlow's producer layouts).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from autopar.baselines import baseline_plan
@@ -106,11 +115,44 @@ def measure(model: str) -> dict[str, Any]:
     return out
 
 
+INFERENCE_MODELS = ("mt5-tiny", "gpt-tiny", "bert-tiny")
+
+
+def inference_agreement(jobs: Path) -> list[dict[str, Any]]:
+    """Share of op signatures the emulated inference picks as OneFlow did, per inference job."""
+    from autopar.oneflow import import_job, import_plan
+    from autopar.oneflow_inference import agreement
+
+    rows = []
+    for model in INFERENCE_MODELS:
+        job = jobs / f"{model}_2x2_inference_built.pb"
+        graph = import_job(job, zero_stage=2)
+        plan = import_plan(job, graph=graph, zero_stage=2)
+        cascaded = agreement(graph, plan)
+        per_op = agreement(graph, plan, cascade=False)
+        rows.append({"model": model, "ops": cascaded.ops, "cascaded": cascaded.share, "per_op": per_op.share})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2-medium,mt5-base")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument(
+        "--inference-jobs", type=Path, help="measure the inference emulation on these OneFlow jobs"
+    )
     args = ap.parse_args()
+    if args.inference_jobs is not None:
+        rows = inference_agreement(args.inference_jobs)
+        print("OneFlow SBP inference emulated vs OneFlow's own choice (2x2, ZeRO-2, LiBai layout):")
+        for row in rows:
+            print(
+                f"  {row['model']:<10} {row['ops']:4d} ops  cascaded {100 * row['cascaded']:5.1f} %  "
+                f"per op {100 * row['per_op']:5.1f} %"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     results = []
     for model in args.models.split(","):
         t0 = time.perf_counter()
