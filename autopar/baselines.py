@@ -21,6 +21,7 @@ the others are data-parallel.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
@@ -130,6 +131,17 @@ def _forward_region(graph: Graph, start: str, st: _Structure) -> set[str]:
     return seen
 
 
+def _meets_region(graph: Graph, start: str, region: set[str], st: _Structure) -> bool:
+    """Whether a forward op downstream of ``start`` also reads a tensor of ``region``."""
+    reach = _forward_region(graph, start, st)
+    for t in reach:
+        for cname, _ in graph.consumers.get(t, []):
+            cop = graph.op_by_name[cname]
+            if cop.role is Role.FORWARD and any(i in region and i not in reach for i in cop.inputs.values()):
+                return True
+    return False
+
+
 def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
     """Variable op -> Megatron N-D SBP (dp axes ``B``, tp axis per the layer's role).
 
@@ -140,6 +152,9 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
       output, wo, fc2) is row-parallel: split on its input dim;
     * an embedding table is vocab-parallel: split on dim 0; a tied LM head
       follows the embedding;
+    * a table whose gathered values are added to the head-split scores of
+      a column-parallel attention (T5's relative position bias ``[buckets, heads]``)
+      is split by heads (dim 1);
     * a 1-D bias added to a column-parallel output is split; everything else ``B``.
     """
     ndim = mesh.ndim
@@ -155,6 +170,7 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
 
     column_outputs: set[str] = set()
     region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
+    tables: list[tuple[str, str, tuple[int, ...]]] = []  # (variable, gathered tensor, table shape)
     for op in graph.topological_order:
         if op.role is not Role.FORWARD:
             continue
@@ -167,6 +183,7 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
             # vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated
             if wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] and wshape[0] % mesh.shape[tp] == 0:
                 layout[var] = tp_split(0)
+            tables.append((var, next(iter(op.outputs.values())), wshape))
             continue
         if op.type not in MATMUL_OPS or len(wshape) != 2:
             continue
@@ -193,6 +210,15 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
         if column:
             column_outputs.add(out)
             region |= _forward_region(graph, out, st)
+    # a per-head table (T5's relative position bias [buckets, heads]) whose gathered
+    # values are added to head-split attention scores is split by heads, as each
+    # tensor-parallel rank adds only its heads' slice of the bias (NeMo's Megatron T5,
+    # CoreAttention.forward: relative_position_bias[:, offset : offset + heads_per_partition])
+    for var, gathered, wshape in tables:
+        if wshape[1] % mesh.shape[tp] != 0:
+            continue
+        if _meets_region(graph, gathered, region, st):
+            layout[var] = tp_split(1)
     # biases added to column-parallel outputs are split with them
     for op in graph.ops:
         if op.role is not Role.FORWARD or op.type not in ("bias_add", "broadcast_add", "fused_matmul_bias"):
@@ -206,6 +232,18 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
                 if n % mesh.shape[tp] == 0:
                     layout[st.param_source[t]] = tp_split(0)
     return layout
+
+
+def _batch_size(graph: Graph) -> int | None:
+    """The batch size: the leading dim most of the graph's inputs share (None without inputs)."""
+    leading = Counter(
+        graph.tensors[t].shape[0]
+        for op in graph.ops
+        if op.type == "input"
+        for t in op.outputs.values()
+        if graph.tensors[t].shape
+    )
+    return leading.most_common(1)[0][0] if leading else None
 
 
 def _closest(sigs: list[Signature], out_target: NdSbp) -> Signature:
@@ -239,6 +277,7 @@ def baseline_plan(
     replicated = NdSbp(tuple(B for _ in range(ndim)))
     st = _structure(graph)
     tp_axis = ndim - 1 if ndim >= 2 else None
+    batch = _batch_size(graph)
 
     if kind is BaselineKind.SINGLE_DEVICE:
         var_layout = {v.op: replicated for v in graph.variables}
@@ -283,6 +322,7 @@ def baseline_plan(
                     axis == tp_axis
                     and op.type in SUM_OPS
                     and all(isinstance(s[axis], Partial) for s in sig.inputs)
+                    and all(isinstance(tensor_sbp[i][axis], Partial) for i in op.inputs.values())
                 ):
                     # summing tp partial sums (the input gradients of separate Q, K, V
                     # projections) before the one all-reduce, as Megatron's fused QKV does
@@ -291,12 +331,15 @@ def baseline_plan(
         return True
 
     def resolves_partial(op: Op, sig: Signature) -> bool:
-        """Megatron all-reduces a tensor-parallel partial sum to ``B`` (never scatters it)."""
+        """Megatron all-reduces a tensor-parallel partial sum to ``B`` (never scatters it)
+        and never turns a whole or split tensor into a partial sum."""
         if tp_axis is None:
             return True
         for port, dst in zip(op.inputs, sig.inputs):
             src = tensor_sbp[op.inputs[port]]
             if isinstance(src[tp_axis], Partial) and not isinstance(dst[tp_axis], (Partial, type(B))):
+                return False
+            if isinstance(dst[tp_axis], Partial) and not isinstance(src[tp_axis], Partial):
                 return False
         return True
 
@@ -310,7 +353,10 @@ def baseline_plan(
             target = var_layout.get(op.name, replicated)
             sig = _closest(sigs, target)
         elif op.type == "input":
-            sig = _closest(sigs, data)
+            # batch inputs are split over data parallelism; others (T5's position
+            # buckets) are the same on every rank
+            spec = graph.tensors[next(iter(op.outputs.values()))]
+            sig = _closest(sigs, data if spec.shape[:1] == (batch,) else replicated)
         elif kind is BaselineKind.SINGLE_DEVICE:
             sig = min(sigs, key=lambda s: sum(v != B for p in (*s.inputs, *s.outputs) for v in p))
         else:

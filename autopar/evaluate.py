@@ -18,15 +18,25 @@ model itself.  The independent check of the model is what OneFlow compiles
    the graph's dtypes) + activation peak along the topological order,
    including boxed input copies at their consumers and ZeRO-3's gathered
    parameters.
+
+Every price is kept as a record: one :class:`OpCost` per op, one
+:class:`EdgeCost` per boxed edge (and per ZeRO parameter gather), and the live
+activation bytes at every position of the topological order
+(``Evaluation.activation_profile``).  The totals are sums of these records, and
+:mod:`autopar.breakdown` (the report's per-op, per-edge and per-layer view)
+reads them instead of pricing the plan a second time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from autopar.boxing import BoxingStep
+from autopar.cluster import Mesh
 from autopar.costs import (
     EdgeKind,
     edge_kind,
@@ -47,13 +57,76 @@ from autopar.memory import (
     variable_state_bytes,
     zero3_gather_buffer_bytes,
 )
-from autopar.optimizer import weight_gradient_path
+from autopar.optimizer import model_port_index, weight_gradient_path
 from autopar.plan import Plan
-from autopar.rules.registry import RuleSet, default_rules
+from autopar.rules.registry import RuleContext, RuleSet, default_rules
 from autopar.runtime import runtime_profile
-from autopar.sbp import NdSbp
+from autopar.sbp import NdSbp, Signature
 
-__all__ = ["Evaluation", "attach_evaluation", "evaluate"]
+__all__ = ["EdgeCost", "Evaluation", "OpCost", "PricingMemo", "attach_evaluation", "evaluate"]
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op's chosen signature and its compute time (the ZeRO gather counts as communication)."""
+
+    name: str
+    type: str
+    signature: str
+    compute_s: float
+    """Seconds: :func:`autopar.costs.op_compute_time` less the op's ZeRO parameter gathers."""
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """One producer -> consumer edge that needs boxing (or the ZeRO gather inside an optimizer op)."""
+
+    producer: str
+    consumer: str
+    port: str
+    tensor: str
+    shape: tuple[int, ...]
+    dtype: str
+    src: NdSbp
+    dst: NdSbp
+    steps: tuple[BoxingStep, ...]
+    """The boxing's steps; a bucketed gradient edge's saving is spread over them in proportion."""
+    time_s: float
+    """Seconds: :func:`autopar.costs.edge_time` (sum of the steps' times)."""
+    zero_gather: bool = False
+    """True for the ZeRO parameter all-gather of an optimizer op (not a graph edge)."""
+    gradient: bool = False
+    """True for a data-parallel gradient reduction (overlappable with the backward pass)."""
+
+    @property
+    def bytes_per_device(self) -> float:
+        return sum(s.bytes_per_device for s in self.steps)
+
+    @property
+    def collectives(self) -> str:
+        """``all-reduce@1, all-gather@0``: the steps' collectives and mesh axes."""
+        return ", ".join(f"{s.collective.value}@{s.axis}" for s in self.steps) or "local"
+
+
+class PricingMemo:
+    """What evaluations of plans of one graph on one mesh share: each op's valid signatures.
+
+    Pass the same memo to :func:`evaluate` for several plans of one graph (a
+    report comparing plans) to ask the rules once per op.
+    """
+
+    def __init__(self) -> None:
+        self.signatures: dict[tuple[str, str, int], tuple[frozenset[Signature], bool]] = {}
+
+    def valid_signatures(
+        self, rules: RuleSet, ctx: RuleContext, mesh: Mesh, zero_stage: int
+    ) -> tuple[frozenset[Signature], bool]:
+        key = (mesh.key(), ctx.op.name, zero_stage)
+        found = self.signatures.get(key)
+        if found is None:
+            sigs, fallback = op_signatures(rules, ctx)
+            found = self.signatures[key] = (frozenset(sigs), fallback)
+        return found
 
 
 @dataclass
@@ -80,6 +153,13 @@ class Evaluation:
     fallback_ops: list[str] = field(default_factory=list)
     fallback_op_types: list[str] = field(default_factory=list)
     boxed_edges: int = 0
+    ops: list[OpCost] = field(default_factory=list)
+    """Per op, in graph order (ops the plan lacks or mismatches are left out and named in ``errors``)."""
+    edges: list[EdgeCost] = field(default_factory=list)
+    """Per ZeRO gather (one per gather a step makes) and per boxed edge, in graph order."""
+    activation_profile: list[float] = field(default_factory=list)
+    """Live activation bytes per device at each position of the topological order, with
+    boxed copies and ZeRO-3's gathered parameters (empty when the plan lacks ops)."""
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -120,31 +200,30 @@ def evaluate(
     rules: RuleSet | None = None,
     precision: Precision | None = None,
     check_signatures: bool = True,
+    memo: PricingMemo | None = None,
 ) -> Evaluation:
     """Recompute validity, step time, communication and memory of ``plan`` on ``graph``.
 
     ``precision`` None takes model-state bytes from the graph's dtypes
     (:func:`autopar.memory.graph_state_bytes`); a :class:`Precision` imposes
-    that policy instead.
+    that policy instead.  ``memo`` shares the rules' answers between plans of
+    one graph.
     """
     rules = rules or default_rules()
+    memo = memo or PricingMemo()
     mesh = plan.mesh
     runtime = runtime_profile(plan.runtime)
     lowering = runtime.lowering.value
     order_pos = {op.name: i for i, op in enumerate(graph.topological_order)}
     copies: list[tuple[int, float]] = []
     gradients = weight_gradient_path(graph)
-    grad_comm = 0.0
-    backward = 0.0
     errors: list[str] = []
-    compute = 0.0
-    comm_axis: dict[int, float] = defaultdict(float)
-    bytes_axis: dict[int, float] = defaultdict(float)
-    comm_kind: dict[str, float] = defaultdict(float)
+    ops: list[OpCost] = []
+    edges: list[EdgeCost] = []
+    backward = 0.0
     fallback_ops: list[str] = []
     fallback_types: set[str] = set()
     tensor_sbp: dict[str, NdSbp] = {}
-    boxed = 0
 
     for op in graph.ops:
         sig = plan.signatures.get(op.name)
@@ -164,7 +243,7 @@ def evaluate(
         ctx = rule_context(graph, op, mesh.shape, plan.zero_stage)
         rule = rules.get(op.type)
         if check_signatures:
-            valid_sigs, fallback = op_signatures(rules, ctx)
+            valid_sigs, fallback = memo.valid_signatures(rules, ctx, mesh, plan.zero_stage)
             if fallback:
                 fallback_ops.append(op.name)
                 fallback_types.add(op.type)
@@ -176,11 +255,28 @@ def evaluate(
             # the ZeRO parameter all-gathers count as communication on the dp axes
             times = zero_gathers_per_step(plan.zero_stage)
             t -= gather.time_s * times
-            for step in gather.steps:
-                comm_axis[step.axis] += step.time_s * times
-                bytes_axis[step.axis] += step.bytes_per_device * times
-                comm_kind[step.collective.value] += step.time_s * times
-        compute += t
+            model_index = model_port_index(op)
+            assert model_index is not None  # a gather needs the parameter port
+            model_port = list(op.inputs)[model_index]
+            tensor = op.inputs[model_port]
+            spec = graph.tensors[tensor]
+            for _ in range(times):  # ZeRO-3 gathers before forward and again before backward
+                edges.append(
+                    EdgeCost(
+                        op.name,
+                        op.name,
+                        model_port,
+                        tensor,
+                        tuple(spec.shape),
+                        spec.dtype,  # the parameter, in its own dtype (optimizer_gather_plan)
+                        gather.src,
+                        gather.dst,
+                        tuple(gather.steps),
+                        gather.time_s,
+                        zero_gather=True,
+                    )
+                )
+        ops.append(OpCost(op.name, op.type, str(sig), t))
         if op.role is Role.BACKWARD:
             backward += t
         for port, sbp in zip(outs, sig.outputs):
@@ -217,17 +313,25 @@ def evaluate(
                     f"cannot box {src} into {dst} for shape {list(spec.shape)}"
                 )
                 continue
-            boxed += 1
             copies.append((order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape)))
-            # steps carry the unbucketed time; a bucketed gradient edge spreads its
-            # saving over its steps in proportion
+            # the plan's steps carry the unbucketed time; a bucketed gradient edge
+            # spreads its saving over its steps in proportion
             scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
-            for step in bp.steps:
-                comm_axis[step.axis] += step.time_s * scale
-                bytes_axis[step.axis] += step.bytes_per_device
-                comm_kind[step.collective.value] += step.time_s * scale
-            if kind is EdgeKind.GRADIENT:
-                grad_comm += t_edge
+            edges.append(
+                EdgeCost(
+                    graph.producer[tensor][0],
+                    op.name,
+                    port,
+                    tensor,
+                    tuple(spec.shape),
+                    spec.dtype,
+                    src,
+                    dst,
+                    tuple(dataclasses.replace(step, time_s=step.time_s * scale) for step in bp.steps),
+                    t_edge,
+                    gradient=kind is EdgeKind.GRADIENT,
+                )
+            )
 
     params = grads = opt = 0.0
     variable_sbp: dict[str, NdSbp] = {}
@@ -243,8 +347,7 @@ def evaluate(
         params += p
         grads += g
         opt += o
-    activations = 0.0
-    peak_position = 0
+    profile: list[float] = []
     if len(tensor_sbp) == len(graph.tensors):
         profile = activation_profile(
             graph,
@@ -253,10 +356,21 @@ def evaluate(
             consumer_copies=copies,
             working_copy_is_state=precision is Precision.MIXED,
         )
-        activations = max(profile) if profile else 0.0
-        peak_position = max(range(len(profile)), key=profile.__getitem__) if profile else 0
-    if plan.zero_stage >= 3:
-        activations += zero3_gather_buffer_bytes(graph, variable_sbp, mesh.shape)
+    peak_position = max(range(len(profile)), key=profile.__getitem__) if profile else 0
+    gathered = zero3_gather_buffer_bytes(graph, variable_sbp, mesh.shape) if plan.zero_stage >= 3 else 0.0
+    profile = [a + gathered for a in profile]
+    activations = max(profile) if profile else gathered
+
+    compute = sum(o.compute_s for o in ops)
+    comm_axis: dict[int, float] = defaultdict(float)
+    bytes_axis: dict[int, float] = defaultdict(float)
+    comm_kind: dict[str, float] = defaultdict(float)
+    for e in edges:
+        for step in e.steps:
+            comm_axis[step.axis] += step.time_s
+            bytes_axis[step.axis] += step.bytes_per_device
+            comm_kind[step.collective.value] += step.time_s
+    grad_comm = sum(e.time_s for e in edges if e.gradient)
     comm = sum(comm_axis.values())
     serial = compute + comm
     return Evaluation(
@@ -276,7 +390,10 @@ def evaluate(
         memory=MemoryBreakdown(params, grads, opt, activations),
         fallback_ops=fallback_ops,
         fallback_op_types=sorted(fallback_types),
-        boxed_edges=boxed,
+        boxed_edges=sum(1 for e in edges if not e.zero_gather),
+        ops=ops,
+        edges=edges,
+        activation_profile=profile,
     )
 
 

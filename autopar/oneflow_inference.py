@@ -1,46 +1,243 @@
 """OneFlow 0.9's greedy SBP inference, emulated on an autopar graph (core; no OneFlow needed).
 
-OneFlow infers each op's N-D SBP signature as it builds the job
-(``Operator::InferNdSbpSignature`` -> ``GreedilyFindMinCopyCostNdSbp``,
-``oneflow/core/operator/operator.cpp``; costs in
-``oneflow/core/framework/sbp_infer_util.cpp``): ops are visited in
-topological order and, among the op's candidate signatures, it takes the one
-with
+OneFlow infers each op's N-D SBP signature as it builds the job, visiting ops
+in topological order (``Operator::InferNdSbpSignature`` ->
+``Operator::GreedilyFindMinCopyCostNdSbp``, ``oneflow/core/operator/operator.cpp``;
+costs in ``oneflow/core/framework/sbp_infer_util.cpp``, OneFlow v0.9.0 with its
+defaults ``SBP_INFER_RULE_TAG=1`` and ``ONEFLOW_PENALTY_FOR_PARTIAL_IN_CONSUMER_POLICY=2``).
+Ported here:
 
-1. the lowest *priority* summed over the inputs
-   (``ComputeSbpInferPriority``: 0 when the producer's N-D SBP already is the
-   signature's input SBP, else 1), then
-2. the lowest copy cost summed over the inputs (``ComputeCopyCostWithMiddleNodes``),
-3. ties to the earlier candidate (a strict ``<`` on both).
+1. **Candidate order.** OneFlow's N-D candidates are the direct product of the
+   op's 1-D signatures (``DfsGetNdSbpSignature``: axis 0 outermost), the
+   all-``B`` signature last among the 1-D ones (``GetSbpSignaturesIf``);
+   candidates whose split dims do not divide are then removed from the tail,
+   each replaced by the list's last entry (``FilterNdSbpSignatureListByLogicalShape``),
+   which reorders the list.  autopar's rules give the valid set;
+   :func:`oneflow_candidate_order` rebuilds OneFlow's order from it, the 1-D
+   signatures ordered splits (by dim) < ``P`` < ``B``, outputs first.
+2. **Priority** per input (``ComputeSbpInferPriority``): 0 when the producer's
+   N-D SBP equals the input's after ``InOutParallelDimReduce``, else 1, or 2
+   for an input that may not be boxed (an in-place port); a candidate with a
+   priority above 1.5 is rejected.
+3. **Choice.** The first candidate whose inputs all match wins at once
+   (``kAllMatch``); otherwise the candidate with the least summed copy cost,
+   where a later candidate wins ties (``total_copy_cost <= min_copy_cost``)
+   and the first zero-cost one stops the search.
+4. **Copy cost** (``ComputeCopyCostWithMiddleNodes``): 0 when both ends reduce
+   to the same SBP (``NdSbpDimReduce``); else the direct cost
+   (``ComputeLazyCopyCostBetweenNdSbp``) when it is supported, else the
+   cheapest route through one or two middle N-D SBPs (``BoxingCollector``).
+   Each hop costs ``AUTO_PARALLEL_TRANSFER_COST`` (1.65e8) plus a byte count
+   (:func:`lazy_copy_cost`), so the number of hops dominates and bytes break ties.
 
 Sources (variables, graph inputs, constants) keep the layout the user gave them.
-
-:func:`infer_like_oneflow` reproduces this with autopar's rules as the
-candidate lists and, as the copy cost, the bytes per device OneFlow 0.9 moves
-for the hop (:func:`autopar.oneflow.lowering.lower_hop`: OneFlow's lazy copy
-cost is a byte count too).  What it cannot reproduce exactly: OneFlow's own
-candidate order (ties go to the first of autopar's rule order), and the
-cost penalties ``sbp_infer_util.cpp`` adds for a ``P`` at the consumer.
-:func:`agreement` measures how many op signatures agree with a reference plan
-(OneFlow's own choice, read back with ``autopar oneflow import-plan``).
+What it cannot reproduce exactly: OneFlow's per-op 1-D signature order (item 1
+uses one canonical order for every op) and middle nodes chosen among routes of
+equal cost.  :func:`agreement` measures how many op signatures agree with a
+reference plan (OneFlow's own choice, read back with ``autopar oneflow import-plan``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from autopar.costs import EdgeKind, edge_kind, op_signatures, rule_context
 from autopar.graph import DTYPE_BYTES, Graph
-from autopar.oneflow.lowering import lower_hop
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
-from autopar.sbp import NdSbp, Signature
+from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Signature, Split
 
-__all__ = ["SOURCE_TYPES", "Agreement", "agreement", "infer_like_oneflow"]
+__all__ = [
+    "SOURCE_TYPES",
+    "Agreement",
+    "agreement",
+    "copy_cost_with_middle_nodes",
+    "infer_like_oneflow",
+    "lazy_copy_cost",
+    "oneflow_candidate_order",
+]
 
 SOURCE_TYPES = frozenset({"variable", "input", "constant"})
 """Op types whose layout is given (parameters, data, folded constants), not inferred."""
+
+UNSUPPORTED_BOXING = 3.4028234663852886e38
+"""``kUnsupportedBoxing``: ``GetMaxVal<float>()``, the cost of a boxing OneFlow cannot do."""
+VALID_MAX_COPY_COST = 0.8 * UNSUPPORTED_BOXING
+"""``GetValidMaxCopyCost()``: costs above this are unsupported."""
+TRANSFER_COST = 1.65e8
+"""``GetTransferCost()``: ``AUTO_PARALLEL_TRANSFER_COST`` default, added to every hop."""
+PARTIAL_IN_CONSUMER_PENALTY = 4
+"""``Penalty4PartialInConsumer`` under ``kMiddle`` (default policy 2): ``4 * bytes * (n_in + n_out)``."""
+
+
+def _reduce_one(
+    sbp: Sequence[SbpValue], hierarchy: Sequence[int]
+) -> tuple[tuple[SbpValue, ...], tuple[int, ...]]:
+    """``NdSbpDimReduce``: drop size-1 axes, merge neighbouring axes with the same value."""
+    values: list[SbpValue] = []
+    sizes: list[int] = []
+    for v, n in zip(sbp, hierarchy):
+        if n == 1:
+            continue
+        if values and values[-1] == v:
+            sizes[-1] *= n
+        else:
+            values.append(v)
+            sizes.append(n)
+    if not values:
+        return (B,), (int(hierarchy[0]) if hierarchy else 1,)
+    return tuple(values), tuple(sizes)
+
+
+def _reduce_pair(
+    src: Sequence[SbpValue], dst: Sequence[SbpValue], hierarchy: Sequence[int]
+) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...], tuple[int, ...]]:
+    """``CollaborativeParallelDimReduce`` (same placement): an axis merges into the previous
+    one only when both ends repeat their previous value."""
+    rs: list[SbpValue] = []
+    rd: list[SbpValue] = []
+    sizes: list[int] = []
+    for a, b, n in zip(src, dst, hierarchy):
+        if n == 1:
+            continue
+        if rs and rs[-1] == a and rd[-1] == b:
+            sizes[-1] *= n
+        else:
+            rs.append(a)
+            rd.append(b)
+            sizes.append(n)
+    if not rs:
+        return (src[0],), (dst[0],), (int(hierarchy[0]),)
+    if len(hierarchy) == 1:
+        return tuple(src), tuple(dst), tuple(int(h) for h in hierarchy)
+    return tuple(rs), tuple(rd), tuple(sizes)
+
+
+def _one_axis_cost(a: SbpValue, b: SbpValue, size: float, n: int) -> float:
+    """``ComputCopyCostBetweenTwoDiffSbpParallel`` on the same devices (lazy mode)."""
+    if isinstance(b, Partial) and isinstance(a, Split):
+        return UNSUPPORTED_BOXING  # S -> P is not supported in lazy boxing
+    if a == b:
+        return 0.0
+    if isinstance(b, Partial):
+        return PARTIAL_IN_CONSUMER_PENALTY * size * (n + n)
+    if isinstance(a, Broadcast):
+        return 1.0  # B -> S: a local slice
+    if isinstance(a, Split) and isinstance(b, Split):
+        return size * (n - 1) / n
+    if isinstance(a, Split) or isinstance(b, Split):
+        return size * (n - 1)  # P -> S, S -> B
+    return 2 * size * (n - 1)  # P -> B
+
+
+def _two_axes_cost(
+    src: Sequence[SbpValue], dst: Sequence[SbpValue], size: float, hierarchy: Sequence[int]
+) -> float:
+    """``ComputCopyCostBetweenTwoNdSbp``: supported only when one axis keeps its value."""
+    for same in (0, 1):
+        if src[same] != dst[same]:
+            continue
+        if not isinstance(src[same], Split):
+            size *= hierarchy[same]
+        diff = 1 - same
+        all_same_split = any(len(set(x)) == 1 and isinstance(x[0], Split) for x in (src, dst))
+        if diff == 0 and src[0] != dst[0] and all_same_split:
+            return UNSUPPORTED_BOXING
+        return _one_axis_cost(src[diff], dst[diff], size, hierarchy[diff])
+    return UNSUPPORTED_BOXING
+
+
+def lazy_copy_cost(nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]) -> float:
+    """OneFlow 0.9's cost of one boxing hop on one placement (``ComputeLazyCopyCostBetweenNdSbp``).
+
+    ``nbytes``: the logical tensor's bytes.  Unitless (bytes plus
+    :data:`TRANSFER_COST` per hop); :data:`UNSUPPORTED_BOXING` when OneFlow
+    cannot box it directly.
+    """
+    rs, rd, sizes = _reduce_pair(src.values, dst.values, hierarchy)
+    if len(sizes) >= 3:
+        return UNSUPPORTED_BOXING
+    if rs == rd:
+        return 0.0
+    if len(sizes) == 1:
+        n = sizes[0]
+        if isinstance(rd[0], Partial) and isinstance(rs[0], Split):
+            return UNSUPPORTED_BOXING
+        if isinstance(rd[0], Partial):
+            return TRANSFER_COST + PARTIAL_IN_CONSUMER_PENALTY * nbytes * (n + n)
+        return TRANSFER_COST + _one_axis_cost(rs[0], rd[0], nbytes, n)
+    return TRANSFER_COST + _two_axes_cost(rs, rd, nbytes, sizes)
+
+
+@lru_cache(maxsize=65536)
+def copy_cost_with_middle_nodes(
+    shape: tuple[int, ...], nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]
+) -> float:
+    """OneFlow 0.9's copy cost of an edge (``ComputeCopyCostWithMiddleNodes``).
+
+    0 when both ends reduce to the same SBP; the direct hop's
+    :func:`lazy_copy_cost` when OneFlow boxes it directly; else the cheapest
+    route through one, then two, middle N-D SBPs (``BoxingCollector``, middle
+    SBPs whose split dims divide).  Unitless, as :func:`lazy_copy_cost`.
+    """
+    if _reduce_one(src.values, hierarchy) == _reduce_one(dst.values, hierarchy):
+        return 0.0
+    direct = lazy_copy_cost(nbytes, src, dst, hierarchy)
+    if direct <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
+        return direct
+    values: list[SbpValue] = [B, Partial(), *(Split(d) for d in range(len(shape)))]
+    states = [
+        NdSbp(combo)
+        for combo in itertools.product(values, repeat=2)
+        if all(not isinstance(v, Split) or shape[v.dim] % n == 0 for v, n in zip(combo, hierarchy))
+    ]
+    first = {m: lazy_copy_cost(nbytes, src, m, hierarchy) for m in states}
+    last = {m: lazy_copy_cost(nbytes, m, dst, hierarchy) for m in states}
+    best = min((first[m] + last[m] for m in states), default=UNSUPPORTED_BOXING)
+    if best <= VALID_MAX_COPY_COST:
+        return best
+    for m, k in itertools.product(states, repeat=2):
+        if first[m] > VALID_MAX_COPY_COST or last[k] > VALID_MAX_COPY_COST:
+            continue
+        best = min(best, first[m] + lazy_copy_cost(nbytes, m, k, hierarchy) + last[k])
+    return best
+
+
+def _value_rank(v: SbpValue) -> tuple[int, int]:
+    if isinstance(v, Split):
+        return (0, v.dim)
+    return (1, 0) if isinstance(v, Partial) else (2, 0)
+
+
+def oneflow_candidate_order(candidates: Sequence[Signature], ndim: int) -> list[Signature]:
+    """``candidates`` in the order OneFlow 0.9 would list them (item 1 of the module doc).
+
+    The product of the 1-D signatures (ordered splits < ``P`` < ``B``, outputs
+    first, then inputs; axis 0 outermost), then ``FilterNdSbpSignatureListByLogicalShape``'s
+    removal from the tail of every product entry autopar's rules do not offer,
+    each replaced by the last entry.
+    """
+
+    def one_d(sig: Signature, axis: int) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...]]:
+        return tuple(i[axis] for i in sig.inputs), tuple(o[axis] for o in sig.outputs)
+
+    by_key = {tuple(one_d(c, a) for a in range(ndim)): c for c in candidates}
+    singles = sorted(
+        {one_d(c, a) for c in candidates for a in range(ndim)},
+        key=lambda s: (tuple(map(_value_rank, s[1])), tuple(map(_value_rank, s[0]))),
+    )
+    if len(singles) ** ndim > 50_000:
+        return list(candidates)
+    order = list(itertools.product(singles, repeat=ndim))
+    for i in range(len(order) - 1, -1, -1):
+        if order[i] not in by_key:
+            order[i] = order[-1]
+            order.pop()
+    return [by_key[k] for k in order]
 
 
 def infer_like_oneflow(
@@ -60,6 +257,7 @@ def infer_like_oneflow(
     from the ones inferred before it (one decision per op, no cascade).
     """
     rules = rules if rules is not None else default_rules()
+    hierarchy = tuple(int(n) for n in mesh_shape)
     chosen: dict[str, Signature] = {}
     tensor_sbp: dict[str, NdSbp] = {}
     for op in graph.topological_order:
@@ -67,29 +265,56 @@ def infer_like_oneflow(
             sig = sources[op.name]
         else:
             ctx = rule_context(graph, op, mesh_shape, zero_stage)
-            candidates, _ = op_signatures(rules, ctx)
-            best: tuple[int, float] | None = None
+            offered, _ = op_signatures(rules, ctx)
+            candidates = oneflow_candidate_order(offered, len(hierarchy)) or list(offered)
             sig = candidates[0]
-            for cand in candidates:
-                priority = 0
-                cost = 0.0
-                for (port, tensor), want in zip(op.inputs.items(), cand.inputs):
-                    have = tensor_sbp.get(tensor)
-                    if have is None or have == want:
-                        continue
-                    priority += 1
-                    if edge_kind(op, port) is not EdgeKind.BOXING:
-                        continue
-                    spec = graph.tensors[tensor]
-                    cost += lower_hop(spec.shape, DTYPE_BYTES[spec.dtype], have, want, mesh_shape).total_bytes
-                if best is None or (priority, cost) < best:
-                    best = (priority, cost)
-                    sig = cand
+            if len(candidates) > 1:
+                sig = (
+                    _greedily_find_min_copy_cost(graph, op.inputs, candidates, tensor_sbp, hierarchy, op)
+                    or sig
+                )
         chosen[op.name] = sig
         given = producers[op.name] if producers is not None and op.name in producers else sig
         for tensor, sbp in zip(op.outputs.values(), given.outputs):
             tensor_sbp[tensor] = sbp
     return chosen
+
+
+def _greedily_find_min_copy_cost(
+    graph: Graph,
+    inputs: Mapping[str, str],
+    candidates: Sequence[Signature],
+    tensor_sbp: Mapping[str, NdSbp],
+    hierarchy: tuple[int, ...],
+    op: object,
+) -> Signature | None:
+    """``Operator::GreedilyFindMinCopyCostNdSbp`` under ``kAllMatch`` (item 3 of the module doc)."""
+    selected: Signature | None = None
+    min_cost = VALID_MAX_COPY_COST
+    for cand in candidates:
+        total = 0.0
+        priority = 0.0
+        for (port, tensor), want in zip(inputs.items(), cand.inputs):
+            have = tensor_sbp.get(tensor)
+            if have is None:
+                continue
+            rs, rd, _ = _reduce_pair(have.values, want.values, hierarchy)
+            in_place = edge_kind(op, port) is EdgeKind.IN_PLACE  # type: ignore[arg-type]
+            p = 0.0 if rs == rd else (2.0 if in_place else 1.0)
+            priority += p
+            if p > 1.5:
+                total = UNSUPPORTED_BOXING
+                break
+            spec = graph.tensors[tensor]
+            nbytes = float(math.prod(spec.shape) * DTYPE_BYTES[spec.dtype])
+            total += copy_cost_with_middle_nodes(tuple(spec.shape), nbytes, have, want, hierarchy)
+        if priority == 0.0:
+            return cand
+        if total <= min_cost:
+            selected, min_cost = cand, total
+            if total == 0.0:
+                break
+    return selected
 
 
 @dataclass

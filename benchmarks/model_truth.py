@@ -1,6 +1,7 @@
 """The cost model against other systems' own numbers (issue 8), in one run.
 
     python -m benchmarks.model_truth [--models gpt2-medium,mt5-base] [--json out.json]
+    python -m benchmarks.model_truth --inference-jobs /tmp/fid   # in the OneFlow venv
 
 Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
 
@@ -9,10 +10,30 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    b*s*h forward and 2 backward; a T5 decoder block 3 + 3, plus 1 backward for
    the cross-attention keys/values; the vocab-parallel embedding one forward
    per use, the LM head one backward), ZeRO-0 (Megatron-DeepSpeed shards ZeRO
-   over the data-parallel group only, so tensor-parallel traffic is ZeRO-0's);
+   over the data-parallel group only, so tensor-parallel traffic is ZeRO-0's).
+   Sources, Megatron-LM ``megatron/core/tensor_parallel/mappings.py``:
+   ``reduce_from_tensor_model_parallel_region`` (forward all-reduce after each
+   row-parallel linear and the vocab-parallel embedding) and
+   ``copy_to_tensor_model_parallel_region`` (backward all-reduce of the input
+   gradient of each column-parallel linear: fused QKV, fc1 / the fused wi, the
+   cross-attention ``key_value`` on the encoder output, the LM head).  T5's
+   relative position bias adds no traffic: NeMo's Megatron T5 adds each
+   rank's heads' slice of it (``CoreAttention.forward`` in NeMo's
+   ``megatron/attention.py``), which the baseline lays out as the bias table
+   split by heads.  For T5 a second count, ``hand (graph)``, sums the decoder's
+   cross-attention key/value input gradients before one all-reduce, as the
+   graph allows (one ``add_n`` gathers them all) and the baseline does;
+   Megatron-LM issues one all-reduce per decoder layer instead;
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory.
+
+With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
+signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
+did in the jobs ``DIR/{model}_2x2_inference_built.pb`` (the LiBai-layout
+inference jobs of ``benchmarks/fidelity.py``, ZeRO-2): cascaded (every op
+decides from the emulation's own earlier choices) and per op (every op decides
+from OneFlow's producer layouts).
 """
 
 from __future__ import annotations
@@ -20,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from autopar.baselines import baseline_plan
@@ -31,8 +53,14 @@ from autopar.models import build
 GIB = 1024**3
 
 
-def hand_count_tp_bytes(graph: Graph, mesh: Mesh) -> float:
-    """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring)."""
+def hand_count_tp_bytes(graph: Graph, mesh: Mesh, *, summed_cross_attention: bool = False) -> float:
+    """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring).
+
+    Bytes = ``2 (tp-1)/tp`` (ring all-reduce) x the bytes of every all-reduced
+    activation ``b/dp x s x h x itemsize``.  ``summed_cross_attention``: a T5
+    decoder's cross-attention key/value input gradients are summed over the
+    layers before one all-reduce instead of one all-reduce per layer.
+    """
     meta = graph.meta or {}
     cfg = meta["config"]
     dp, tp = mesh.shape[0], mesh.shape[-1]
@@ -43,7 +71,8 @@ def hand_count_tp_bytes(graph: Graph, mesh: Mesh) -> float:
     if meta["family"] == "t5":
         enc = b * cfg["encoder_seq"] * h * itemsize
         dec = b * cfg["decoder_seq"] * h * itemsize
-        blocks = cfg["encoder_layers"] * 4 * enc + cfg["decoder_layers"] * (6 * dec + enc)
+        cross = enc if summed_cross_attention else cfg["decoder_layers"] * enc
+        blocks = cfg["encoder_layers"] * 4 * enc + cfg["decoder_layers"] * 6 * dec + cross
         embedding = enc + dec  # the shared vocab-parallel embedding, once per stack
         head = dec  # LM head input gradient
         return per_all_reduce * (blocks + embedding + head)
@@ -56,6 +85,7 @@ def measure(model: str) -> dict[str, Any]:
     mesh = Mesh(Cluster.parse("2x4"), (4, 2))
     out: dict[str, Any] = {"model": model, "ops": len(graph.ops)}
     hand = hand_count_tp_bytes(graph, mesh)
+    hand_graph = hand_count_tp_bytes(graph, mesh, summed_cross_attention=True)
     rows = {}
     for runtime in ("oneflow-0.9", "ideal"):
         meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime))
@@ -73,6 +103,7 @@ def measure(model: str) -> dict[str, Any]:
     z3 = evaluate(graph, baseline_plan("data-parallel", graph, mesh, 3))
     out.update(
         hand_tp_bytes=hand,
+        hand_tp_bytes_graph=hand_graph,
         runtimes=rows,
         zero={
             "zero2_ms": z2.step_time_s * 1e3,
@@ -84,11 +115,44 @@ def measure(model: str) -> dict[str, Any]:
     return out
 
 
+INFERENCE_MODELS = ("mt5-tiny", "gpt-tiny", "bert-tiny")
+
+
+def inference_agreement(jobs: Path) -> list[dict[str, Any]]:
+    """Share of op signatures the emulated inference picks as OneFlow did, per inference job."""
+    from autopar.oneflow import import_job, import_plan
+    from autopar.oneflow_inference import agreement
+
+    rows = []
+    for model in INFERENCE_MODELS:
+        job = jobs / f"{model}_2x2_inference_built.pb"
+        graph = import_job(job, zero_stage=2)
+        plan = import_plan(job, graph=graph, zero_stage=2)
+        cascaded = agreement(graph, plan)
+        per_op = agreement(graph, plan, cascade=False)
+        rows.append({"model": model, "ops": cascaded.ops, "cascaded": cascaded.share, "per_op": per_op.share})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2-medium,mt5-base")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument(
+        "--inference-jobs", type=Path, help="measure the inference emulation on these OneFlow jobs"
+    )
     args = ap.parse_args()
+    if args.inference_jobs is not None:
+        rows = inference_agreement(args.inference_jobs)
+        print("OneFlow SBP inference emulated vs OneFlow's own choice (2x2, ZeRO-2, LiBai layout):")
+        for row in rows:
+            print(
+                f"  {row['model']:<10} {row['ops']:4d} ops  cascaded {100 * row['cascaded']:5.1f} %  "
+                f"per op {100 * row['per_op']:5.1f} %"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     results = []
     for model in args.models.split(","):
         t0 = time.perf_counter()
@@ -99,10 +163,16 @@ def main() -> None:
         print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
         for runtime, row in r["runtimes"].items():
             got = row["megatron_tp_bytes_zero0"]
-            print(
+            line = (
                 f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {r['hand_tp_bytes'] / 1e6:9.1f} MB  "
                 f"ratio {got / r['hand_tp_bytes']:.3f}"
             )
+            if r["hand_tp_bytes_graph"] != r["hand_tp_bytes"]:
+                line += (
+                    f"  hand (graph) {r['hand_tp_bytes_graph'] / 1e6:.1f} MB  "
+                    f"ratio {got / r['hand_tp_bytes_graph']:.3f}"
+                )
+            print(line)
         print("  inferred / megatron modelled step time (ZeRO-2; serial, overlapped in brackets):")
         for runtime, row in r["runtimes"].items():
             print(

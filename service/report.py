@@ -22,8 +22,8 @@
 
 Charts are Plotly figures; plotly.js is inlined once, so the file needs no
 network when viewed.  Every number is recomputed from the graph and the plan by
-:mod:`autopar.breakdown`, which prices with the evaluator's pure cost functions
-and adds up to :func:`autopar.evaluate.evaluate`'s totals (tests/report check it).
+:func:`autopar.evaluate.evaluate`, whose per-op and per-edge records and
+activation profile :mod:`autopar.breakdown` groups per layer and collective.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from autopar.breakdown import (
     module_of,
 )
 from autopar.errors import ConfigError, PlanError
+from autopar.evaluate import evaluate
 from autopar.graph import Graph, Op, Role
 from autopar.plan import Plan
 
@@ -124,7 +125,10 @@ class PlanView:
     @classmethod
     def of(cls, label: str, graph: Graph, plan: Plan, memo: PricingMemo | None = None) -> PlanView:
         check_plan_fits(graph, plan)
-        return cls(label, plan, breakdown(graph, plan, memo=memo), memory_timeline(graph, plan))
+        ev = evaluate(graph, plan, memo=memo)
+        return cls(
+            label, plan, breakdown(graph, plan, evaluation=ev), memory_timeline(graph, plan, evaluation=ev)
+        )
 
     @property
     def step_time_s(self) -> float:

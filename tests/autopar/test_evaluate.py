@@ -8,6 +8,7 @@ from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import attach_evaluation, evaluate
 from autopar.memory import Precision, graph_state_bytes, variable_state_bytes
+from autopar.models import build
 from autopar.plan import Plan
 from autopar.sbp import parse_signature
 from tests.graphs import mlp_graph
@@ -99,3 +100,32 @@ def test_plan_with_wrong_mesh_rank_is_refused():
     d["mesh"]["cluster"]["nodes"] = 2
     with pytest.raises(PlanError, match="axes"):
         Plan.from_dict(d)
+
+
+@pytest.mark.parametrize(("kind", "zero"), [("megatron", 2), ("data-parallel", 3)])
+def test_totals_are_the_sums_of_the_records(kind: str, zero: int) -> None:
+    """Every total is a sum over the per-op and per-edge records (the report reads the records)."""
+    g = build("tiny-gpt")
+    mesh = Mesh(Cluster.parse("2x4"), (4, 2))
+    ev = evaluate(g, baseline_plan(kind, g, mesh, zero))
+    assert ev.valid and len(ev.ops) == len(g.ops)
+    assert ev.compute_time_s == pytest.approx(sum(o.compute_s for o in ev.ops), rel=1e-12)
+    assert ev.comm_time_s == pytest.approx(sum(e.time_s for e in ev.edges), rel=1e-12)
+    for axis in range(mesh.ndim):
+        on_axis = [s for e in ev.edges for s in e.steps if s.axis == axis]
+        assert ev.comm_time_s_per_axis[axis] == pytest.approx(sum(s.time_s for s in on_axis), rel=1e-12)
+        assert ev.comm_bytes_per_axis[axis] == pytest.approx(
+            sum(s.bytes_per_device for s in on_axis), rel=1e-12
+        )
+    assert ev.grad_comm_time_s == pytest.approx(sum(e.time_s for e in ev.edges if e.gradient), rel=1e-12)
+    assert ev.boxed_edges == sum(1 for e in ev.edges if not e.zero_gather)
+    gathers = [e for e in ev.edges if e.zero_gather]
+    assert gathers and all(e.producer == e.consumer for e in gathers)
+    # ZeRO-3 gathers each parameter twice per step (forward and backward), ZeRO-2 once
+    per_param = {e.consumer: 0 for e in gathers}
+    for e in gathers:
+        per_param[e.consumer] += 1
+    assert set(per_param.values()) == {2 if zero >= 3 else 1}
+    assert len(ev.activation_profile) == len(g.ops)
+    assert ev.memory.activations == max(ev.activation_profile)
+    assert ev.activation_profile[ev.activation_peak_position] == ev.memory.activations

@@ -205,3 +205,88 @@ def test_megatron_tensor_parallel_bytes_match_megatron_lm_by_hand():
         per_all_reduce = 2 * (tp - 1) / tp * t
         hand = (4 * layers + 2) * per_all_reduce
         assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05), runtime
+
+
+def test_megatron_t5_bytes_match_the_hand_count_and_the_position_bias_is_split_by_heads():
+    """T5: 4 all-reduces per encoder block, 6 per decoder block, the cross-attention key/value
+    input gradients summed over the decoder before one all-reduce (one ``add_n`` in the
+    graph; Megatron-LM issues one per layer), the shared vocab-parallel embedding once per
+    stack and the LM head once.  The relative position bias moves nothing: its table is
+    split by heads, as each tensor-parallel rank adds only its heads' slice."""
+    from autopar.baselines import megatron_parameter_layout
+    from benchmarks.model_truth import hand_count_tp_bytes
+
+    g = build(
+        "mt5-base",
+        encoder_layers=2,
+        decoder_layers=2,
+        batch=16,
+        encoder_seq=64,
+        decoder_seq=32,
+        hidden=256,
+        heads=4,
+        d_kv=64,
+        ffn=512,
+        vocab=4096,
+    )
+    layout = megatron_parameter_layout(g, MESH)
+    tables = [name for name in layout if "relative_attention_bias" in name]
+    assert tables and all(str(layout[name]) == "(B, S(1))" for name in tables)
+    ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime="ideal"))
+    hand = hand_count_tp_bytes(g, MESH, summed_cross_attention=True)
+    assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05)
+    # Megatron-LM's own count differs by one all-reduce of the encoder output per extra decoder layer
+    per_layer = hand_count_tp_bytes(g, MESH) - hand
+    enc = 16 // MESH.shape[0] * 64 * 256 * DTYPE_BYTES["float16"]
+    assert per_layer == pytest.approx((2 - 1) * enc)  # 2 (tp-1)/tp = 1 for tp = 2
+
+
+# ------------------------------------------------------------------ OneFlow's SBP inference rule
+
+
+def test_oneflow_copy_costs_by_hand():
+    from autopar.oneflow_inference import (
+        TRANSFER_COST,
+        UNSUPPORTED_BOXING,
+        VALID_MAX_COPY_COST,
+        copy_cost_with_middle_nodes,
+        lazy_copy_cost,
+    )
+
+    h = (2, 2)
+    size = 64 * 32 * 4.0
+    sbp = parse_nd_sbp
+    assert lazy_copy_cost(size, sbp("(S(0), B)"), sbp("(S(0), B)"), h) == 0.0
+    # (P, P) -> (B, B) reduces to P -> B over 4 devices: 2 (n-1) bytes, plus one transfer
+    assert lazy_copy_cost(size, sbp("(P, P)"), sbp("(B, B)"), h) == TRANSFER_COST + 2 * size * 3
+    # axis 0 kept as a split: P -> B inside each group of 2
+    assert lazy_copy_cost(size, sbp("(S(0), P)"), sbp("(S(0), B)"), h) == TRANSFER_COST + 2 * size * 1
+    # axis 0 kept as B: every group does it, so the bytes count twice
+    assert lazy_copy_cost(size, sbp("(B, P)"), sbp("(B, B)"), h) == TRANSFER_COST + 2 * (2 * size) * 1
+    # S -> P is not supported lazily; B -> P pays the partial-in-consumer penalty
+    assert lazy_copy_cost(size, sbp("(S(0), S(1))"), sbp("(S(0), P)"), h) == UNSUPPORTED_BOXING
+    assert lazy_copy_cost(size, sbp("(S(0), B)"), sbp("(S(0), P)"), h) == TRANSFER_COST + 4 * size * 4
+    # both axes change: not direct, through a middle node (two transfers at least)
+    swap = (sbp("(S(0), B)"), sbp("(B, S(0))"))
+    assert lazy_copy_cost(size, *swap, h) > VALID_MAX_COPY_COST
+    routed = copy_cost_with_middle_nodes((64, 32), size, *swap, h)
+    assert 2 * TRANSFER_COST <= routed < VALID_MAX_COPY_COST
+
+
+def test_oneflow_candidate_order_is_the_product_of_one_d_signatures():
+    from autopar.oneflow_inference import oneflow_candidate_order
+    from autopar.sbp import Signature
+
+    values = ["S(0)", "S(1)", "P", "B"]
+    sigs = [
+        Signature((parse_nd_sbp(f"({a}, {b})"),), (parse_nd_sbp(f"({a}, {b})"),))
+        for a in values
+        for b in values
+        if (a, b) != ("S(1)", "S(1)")  # one the rules would not offer
+    ]
+    ordered = oneflow_candidate_order(list(reversed(sigs)), 2)
+    assert set(ordered) == set(sigs)
+    # DfsGetNdSbpSignature: axis 0 outermost, splits < P < B; the missing entry is replaced by the last
+    names = [str(s.outputs[0]) for s in ordered]
+    assert names[:5] == ["(S(0), S(0))", "(S(0), S(1))", "(S(0), P)", "(S(0), B)", "(S(1), S(0))"]
+    assert names[5] == "(B, B)"  # (S(1), S(1)) removed, the list's last entry moved into its place
