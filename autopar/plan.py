@@ -21,7 +21,15 @@ from autopar.graph import Graph
 from autopar.memory import data_parallel_axes
 from autopar.runtime import DEFAULT_RUNTIME
 from autopar.sbp import NdSbp, Signature, parse_nd_sbp
-from autopar.wire import PlanModel, error_path
+from autopar.wire import (
+    Diagnostics,
+    MemoryReport,
+    PlanModel,
+    Predicted,
+    SolverReport,
+    VariableLayout,
+    error_path,
+)
 
 __all__ = ["FORMAT", "Plan"]
 
@@ -39,11 +47,11 @@ class Plan:
     signatures: dict[str, Signature]
     ports: dict[str, tuple[list[str], list[str]]]
     """op -> (input port names, output port names), in signature order."""
-    variables: dict[str, dict[str, Any]] = field(default_factory=dict)
-    predicted: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
-    diagnostics: dict[str, Any] = field(default_factory=dict)
-    solver: dict[str, Any] | None = None
+    variables: dict[str, VariableLayout] = field(default_factory=dict)
+    predicted: Predicted = field(default_factory=lambda: Predicted())
+    memory: MemoryReport = field(default_factory=lambda: MemoryReport())
+    diagnostics: Diagnostics = field(default_factory=lambda: Diagnostics())
+    solver: SolverReport | None = None
     source: str = "autopar"
     memory_budget_bytes: int | None = None
     runtime: str = DEFAULT_RUNTIME
@@ -82,8 +90,8 @@ class Plan:
         plan.variables = plan.variable_layouts(graph)
         return plan
 
-    def variable_layouts(self, graph: Graph) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def variable_layouts(self, graph: Graph) -> dict[str, VariableLayout]:
+        out: dict[str, VariableLayout] = {}
         for v in graph.variables:
             sbp = self.output_sbp(v.op, next(iter(graph.op_by_name[v.op].outputs)))
             out[v.op] = {
@@ -202,11 +210,11 @@ class Plan:
             zero_stage=model.zero_stage,
             signatures=signatures,
             ports=ports,
-            variables={k: v.model_dump(exclude_unset=True) for k, v in model.variables.items()},
-            predicted=model.predicted.model_dump(exclude_unset=True),
-            memory=model.memory.model_dump(exclude_unset=True),
-            diagnostics=model.diagnostics.model_dump(exclude_unset=True),
-            solver=None if model.solver is None else model.solver.model_dump(exclude_unset=True),
+            variables=dict(model.variables),
+            predicted=model.predicted,
+            memory=model.memory,
+            diagnostics=model.diagnostics,
+            solver=model.solver,
             source=model.source,
             memory_budget_bytes=model.memory_budget_bytes,
             runtime=model.runtime,

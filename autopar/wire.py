@@ -38,7 +38,9 @@ from pydantic import (
     Field,
     JsonValue,
     StringConstraints,
+    with_config,
 )
+from typing_extensions import TypedDict
 
 from autopar.runtime import DEFAULT_RUNTIME
 
@@ -209,79 +211,100 @@ class PlanOpModel(_Strict):
     outputs: dict[Name, NdSbpText] = Field(default_factory=dict, max_length=MAX_PORTS)
 
 
-class VariableLayout(_Open):
+# Report sections are TypedDicts: a plan keeps them as plain dicts (cheap to build, JSON as
+# they are), mypy checks every key and value the code writes or reads, and pydantic validates
+# them in a plan document.  Keys other than those listed are kept as they are.
+_SECTION = ConfigDict(strict=True, extra="allow")
+
+
+@with_config(_SECTION)
+class VariableLayout(TypedDict):
     """Where a parameter lives: its SBP and the axes it is data-parallel over."""
 
     tensor: Name
-    shape: list[Dim] = Field(max_length=MAX_RANK)
+    shape: Annotated[list[Dim], Field(max_length=MAX_RANK)]
     sbp: NdSbpText
     dp_axes: list[int]
-    split_factor: int = Field(ge=1)
+    split_factor: Annotated[int, Field(ge=1)]
 
 
 PerKey = dict[str, float]
 
 
-class Predicted(_Open):
+@with_config(_SECTION)
+class Predicted(TypedDict, total=False):
     """The evaluator's step time and communication (seconds, bytes)."""
 
-    step_time_s: float | None = None
-    step_time_overlapped_s: float | None = Field(
-        default=None, description="serial step time less the gradient reduction hidden behind backward"
-    )
-    grad_comm_time_s: float | None = None
-    backward_compute_time_s: float | None = None
-    runtime: str | None = None
-    compute_time_s: float | None = None
-    comm_time_s: float | None = None
-    comm_time_s_per_axis: PerKey | None = None
-    comm_bytes_per_axis: PerKey | None = None
-    comm_time_s_per_collective: PerKey | None = None
+    step_time_s: float
+    step_time_overlapped_s: Annotated[
+        float, Field(description="serial step time less the gradient reduction hidden behind backward")
+    ]
+    grad_comm_time_s: float
+    backward_compute_time_s: float
+    runtime: str
+    compute_time_s: float
+    comm_time_s: float
+    comm_time_s_per_axis: PerKey
+    comm_bytes_per_axis: PerKey
+    comm_time_s_per_collective: PerKey
 
 
-class MemoryReport(_Open):
+@with_config(_SECTION)
+class MemoryReport(TypedDict, total=False):
     """Peak memory per device and its parts (bytes), against the budget."""
 
-    per_device_bytes: float | None = None
-    params_bytes: float | None = None
-    grads_bytes: float | None = None
-    optimizer_bytes: float | None = None
-    activation_peak_bytes: float | None = None
-    budget_bytes: int | None = None
-    fits: bool | None = None
+    per_device_bytes: float
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activation_peak_bytes: float
+    budget_bytes: int | None
+    fits: bool
 
 
-class MeshSearchEntry(_Open):
+@with_config(_SECTION)
+class MeshSearchEntry(TypedDict, total=False):
+    """One mesh shape the search tried: its plan's step time and memory, or why it failed."""
+
     shape: list[int]
-    step_time_s: float | None = None
-    memory_per_device_bytes: float | None = None
-    gap: float | None = None
-    error: str | None = None
+    step_time_s: float | None
+    memory_per_device_bytes: float | None
+    gap: float | None
+    wall_s: float
+    error: str | None
 
 
-class Diagnostics(_Open):
+@with_config(_SECTION)
+class Diagnostics(TypedDict, total=False):
     """What the evaluator noticed: ops without a rule, boxed edges, errors; the mesh search."""
 
-    fallback_ops: list[str] | None = None
-    fallback_op_types: list[str] | None = None
-    boxed_edges: int | None = None
-    valid: bool | None = None
-    errors: list[str] | None = None
-    mesh_search: list[MeshSearchEntry] | None = None
+    fallback_ops: list[str]
+    fallback_op_types: list[str]
+    boxed_edges: int
+    valid: bool
+    errors: list[str]
+    mesh_search: list[MeshSearchEntry]
+    solved_on_mesh: Annotated[list[int], Field(description="the squeezed mesh the solve ran on")]
+    oneflow_job: Annotated[str, Field(description="the OneFlow job a plan was read back from")]
+    zero_gradient_layout_normalized: Annotated[
+        list[str], Field(description="updates whose ZeRO gradient layout was normalised on import")
+    ]
 
 
-class SolverReport(_Open):
+@with_config(_SECTION)
+class SolverReport(TypedDict, total=False):
     """How the solver ended: objective and bound (seconds), gap, status, wall time."""
 
-    objective: float | None = None
-    bound: float | None = None
-    gap: float | None = None
-    status: str | None = None
-    wall_s: float | None = None
-    memory_rows: int | None = None
-    tied_layers: bool | None = None
-    mesh_search_wall_s: float | None = None
-    stats: dict[str, JsonValue] | None = None
+    objective: float
+    bound: float | None
+    gap: float | None
+    status: str
+    wall_s: float
+    memory_rows: int
+    tied_layers: bool
+    mesh_search_wall_s: float
+    command_wall_s: Annotated[float, Field(description="the whole command: load, tables, solve, checks")]
+    stats: dict[str, JsonValue]
 
 
 class PlanModel(_Strict):
@@ -300,10 +323,10 @@ class PlanModel(_Strict):
         max_length=MAX_NAME_CHARS,
         description="runtime profile the plan is priced for",
     )
-    predicted: Predicted = Field(default_factory=Predicted)
-    memory: MemoryReport = Field(default_factory=MemoryReport)
+    predicted: Predicted = Field(default_factory=lambda: Predicted())
+    memory: MemoryReport = Field(default_factory=lambda: MemoryReport())
     variables: dict[Name, VariableLayout] = Field(default_factory=dict, max_length=MAX_OPS)
-    diagnostics: Diagnostics = Field(default_factory=Diagnostics)
+    diagnostics: Diagnostics = Field(default_factory=lambda: Diagnostics())
     solver: SolverReport | None = None
     ops: dict[Name, PlanOpModel] = Field(max_length=MAX_OPS)
 

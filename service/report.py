@@ -409,12 +409,10 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
         }
     )
     for k in predicted_keys:
+        values: list[Any] = [dict(v.plan.predicted).get(k) for v in views]  # numbers, by the filter above
         row(
             f"planner: {_esc(k.removesuffix('_s').replace('_', ' '))}",
-            [
-                _ms(v.plan.predicted.get(k)) if k.endswith("_s") else _esc(v.plan.predicted.get(k, ""))
-                for v in views
-            ],
+            [_ms(x) if k.endswith("_s") else _esc(x if x is not None else "") for x in values],
         )
     row("planner: predicted step time", [_ms(v.plan.predicted.get("step_time_s")) for v in views])
     cells = []

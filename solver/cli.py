@@ -194,12 +194,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if result.diagnostics.get("mesh_search"):
         sys.stdout.write("mesh search:\n")
         for r in result.diagnostics["mesh_search"]:
-            t = r["step_time_s"]
-            gap = r.get("gap")
+            t, mem, gap = r["step_time_s"], r["memory_per_device_bytes"] or 0.0, r.get("gap")
             sys.stdout.write(
                 f"  {r['shape']!s:<10} "
                 + (
-                    f"{t * 1e3:.2f} ms, {r['memory_per_device_bytes'] / GIB:.2f} GiB, "
+                    f"{t * 1e3:.2f} ms, {mem / GIB:.2f} GiB, "
                     f"gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
                     if t
                     else str(r["error"])

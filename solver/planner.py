@@ -50,6 +50,7 @@ from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
+from autopar.wire import SolverReport
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
 from solver.solve import solve
@@ -698,9 +699,9 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
         runtime=solved.runtime,
     )
     ev = evaluate(graph, lifted)
-    solver = dict(solved.solver or {})
-    if solved.solver is not None:
-        _verify(ev, _SolvedObjective(float(solver["objective"])), solved.memory_budget_bytes)
+    solver = SolverReport(**(solved.solver or {}))
+    if "objective" in solver:
+        _verify(ev, _SolvedObjective(solver["objective"]), solved.memory_budget_bytes)
     attach_evaluation(lifted, ev)
     lifted.solver = solver
     lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
