@@ -346,7 +346,7 @@ def baseline_plan(
     chosen: dict[str, Signature] = {}
     tensor_sbp: dict[str, NdSbp] = {}
     for op in graph.topological_order:
-        ctx = rule_context(graph, op, mesh.shape, zero_stage)
+        ctx = rule_context(graph, op, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value)
         sigs, _ = op_signatures(rules, ctx)
         sig: Signature | None = None
         if op.name in var_layout or op.type == "variable":

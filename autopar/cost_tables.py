@@ -262,10 +262,18 @@ class CostTables:
 
 
 def _compute_op_entry(
-    op: Op, ins: tuple[TensorSpec, ...], outs: tuple[TensorSpec, ...], mesh: Mesh, zero: int, lowering: str
+    op: Op,
+    ins: tuple[TensorSpec, ...],
+    outs: tuple[TensorSpec, ...],
+    mesh: Mesh,
+    zero: int,
+    lowering: str,
+    zero_sharding: str = "all_axes",
 ) -> bytes:
     rules = default_rules()
-    ctx = RuleContext(op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero)
+    ctx = RuleContext(
+        op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero, zero_sharding=zero_sharding
+    )
     sigs, fallback = op_signatures(rules, ctx)
     rule = rules.get(op.type)
     times = np.array([op_compute_time(rule, ctx, s, mesh, lowering) for s in sigs], dtype=np.float64)
@@ -273,7 +281,7 @@ def _compute_op_entry(
 
 
 def _compute_op_batch(
-    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int, str]],
+    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int, str, str]],
 ) -> list[bytes]:
     return [_compute_op_entry(*item) for item in batch]
 
@@ -376,6 +384,7 @@ def build_cost_tables(
             mesh,
             zero_stage,
             lowering,
+            profile.zero_sharding.value,
         )
         for k in missing
     ]

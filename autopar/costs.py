@@ -114,13 +114,16 @@ def optimizer_update_bytes(param_itemsize: int, grad_itemsize: int, states: int)
 # ------------------------------------------------------------------ per op
 
 
-def rule_context(graph: Graph, op: Op, mesh_shape: Sequence[int], zero_stage: int) -> RuleContext:
+def rule_context(
+    graph: Graph, op: Op, mesh_shape: Sequence[int], zero_stage: int, zero_sharding: str = "all_axes"
+) -> RuleContext:
     return RuleContext(
         op=op,
         inputs=tuple(graph.tensors[t] for t in op.inputs.values()),
         outputs=tuple(graph.tensors[t] for t in op.outputs.values()),
         mesh_shape=tuple(mesh_shape),
         zero_stage=zero_stage,
+        zero_sharding=str(getattr(zero_sharding, "value", zero_sharding)),
     )
 
 
@@ -146,6 +149,7 @@ def op_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bo
         tuple((t.shape, t.dtype) for t in ctx.outputs),
         tuple(ctx.mesh_shape),
         ctx.zero_stage,
+        ctx.zero_sharding,
     )
     hit = _signature_memo.get(key)
     if hit is not None and hit[0] is rules:

@@ -116,12 +116,12 @@ class PricingMemo:
     """
 
     def __init__(self) -> None:
-        self.signatures: dict[tuple[str, str, int], tuple[frozenset[Signature], bool]] = {}
+        self.signatures: dict[tuple[str, str, int, str], tuple[frozenset[Signature], bool]] = {}
 
     def valid_signatures(
         self, rules: RuleSet, ctx: RuleContext, mesh: Mesh, zero_stage: int
     ) -> tuple[frozenset[Signature], bool]:
-        key = (mesh.key(), ctx.op.name, zero_stage)
+        key = (mesh.key(), ctx.op.name, zero_stage, ctx.zero_sharding)
         found = self.signatures.get(key)
         if found is None:
             sigs, fallback = op_signatures(rules, ctx)
@@ -240,7 +240,7 @@ def evaluate(
         if any(len(s) != mesh.ndim for s in (*sig.inputs, *sig.outputs)):
             errors.append(f"op {op.name!r}: signature {sig} does not have {mesh.ndim} mesh axes")
             continue
-        ctx = rule_context(graph, op, mesh.shape, plan.zero_stage)
+        ctx = rule_context(graph, op, mesh.shape, plan.zero_stage, runtime.zero_sharding.value)
         rule = rules.get(op.type)
         if check_signatures:
             valid_sigs, fallback = memo.valid_signatures(rules, ctx, mesh, plan.zero_stage)
@@ -342,7 +342,12 @@ def evaluate(
         variable_sbp[v.op] = var_sbp
         states = precision.state_bytes if precision is not None else graph_state_bytes(graph, v)
         p, g, o = variable_state_bytes(
-            graph.tensors[v.tensor].shape, var_sbp, mesh.shape, plan.zero_stage, states
+            graph.tensors[v.tensor].shape,
+            var_sbp,
+            mesh.shape,
+            plan.zero_stage,
+            states,
+            runtime.zero_sharding.value,
         )
         params += p
         grads += g

@@ -27,7 +27,9 @@ backward use; the gathered copy is transient: :func:`zero3_gather_buffer_bytes`.
 
 A variable's data-parallel axes are the mesh axes on which its SBP is ``B``:
 the parameter is replicated there, so ZeRO shards its gradients and optimizer
-states over them.  ``Nd`` is the product of those axes' sizes.
+states over them.  ``Nd`` is the product of those axes' sizes under the
+``all_axes`` ZeRO sharding (``ideal`` runtime); OneFlow 0.9 (``one_axis``)
+shards over one of them only, ``Nd`` = that axis's size (:func:`zero_dp_size`).
 
 Activations: a tensor occupies ``bytes / split_factor`` per device from the op
 that produces it to its last consumer in topological order (forward outputs
@@ -45,7 +47,7 @@ from enum import Enum
 from autopar.errors import ConfigError
 from autopar.graph import DTYPE_BYTES, Graph, Variable
 from autopar.optimizer import state_count
-from autopar.sbp import Broadcast, NdSbp
+from autopar.sbp import Broadcast, NdSbp, local_shape
 
 __all__ = [
     "FP32_ADAM",
@@ -60,6 +62,7 @@ __all__ = [
     "model_state_bytes",
     "model_state_tensors",
     "zero3_gather_buffer_bytes",
+    "zero_dp_size",
 ]
 
 
@@ -155,16 +158,41 @@ def model_state_bytes(
     return param, grad, opt
 
 
+def zero_dp_size(
+    shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int], zero_sharding: str = "all_axes"
+) -> int:
+    """``Nd``: over how many devices ZeRO shards a variable laid out as ``sbp``.
+
+    ``all_axes``: the product of its data-parallel axes' sizes (ZeRO paper).
+    ``one_axis`` (OneFlow 0.9): the factor by which OneFlow's ZeRO layout
+    (:func:`autopar.rules.families.optimizer.oneflow_zero_shard`) splits it
+    further -- the size of the one axis it shards, 1 when it shards none.
+    """
+    if str(getattr(zero_sharding, "value", zero_sharding)) == "one_axis":
+        from autopar.rules.families.optimizer import oneflow_zero_shard
+
+        if local_shape(shape, sbp, mesh_shape) is None:
+            return 1
+        sharded = oneflow_zero_shard(shape, sbp, mesh_shape)
+        return sharded.split_factor(mesh_shape) // sbp.split_factor(mesh_shape)
+    return math.prod(mesh_shape[a] for a in data_parallel_axes(sbp))
+
+
 def variable_state_bytes(
     shape: Sequence[int],
     sbp: NdSbp,
     mesh_shape: Sequence[int],
     zero_stage: int,
     states: StateBytes = MIXED_PRECISION_ADAM,
+    zero_sharding: str = "all_axes",
 ) -> tuple[float, float, float]:
-    """(param, grad, optimizer) bytes per device of a variable of ``shape`` laid out as ``sbp``."""
+    """(param, grad, optimizer) bytes per device of a variable of ``shape`` laid out as ``sbp``.
+
+    ``Nd`` = :func:`zero_dp_size` under ``zero_sharding`` (the runtime's
+    :class:`autopar.runtime.ZeroSharding`).
+    """
     local = math.prod(shape) / sbp.split_factor(mesh_shape)
-    dp = math.prod(mesh_shape[a] for a in data_parallel_axes(sbp))
+    dp = zero_dp_size(shape, sbp, mesh_shape, zero_sharding)
     return model_state_bytes(local, dp, zero_stage, states)
 
 

@@ -49,6 +49,7 @@ from autopar.costs import EdgeKind, edge_kind, op_signatures, rule_context
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
+from autopar.runtime import runtime_profile
 from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Signature, Split
 
 __all__ = [
@@ -248,6 +249,7 @@ def infer_like_oneflow(
     zero_stage: int = 0,
     rules: RuleSet | None = None,
     producers: Mapping[str, Signature] | None = None,
+    zero_sharding: str = "one_axis",
 ) -> dict[str, Signature]:
     """op -> signature OneFlow's greedy inference picks, given the signatures of the source ops.
 
@@ -264,7 +266,7 @@ def infer_like_oneflow(
         if op.name in sources:
             sig = sources[op.name]
         else:
-            ctx = rule_context(graph, op, mesh_shape, zero_stage)
+            ctx = rule_context(graph, op, mesh_shape, zero_stage, zero_sharding)
             offered, _ = op_signatures(rules, ctx)
             candidates = oneflow_candidate_order(offered, len(hierarchy)) or list(offered)
             sig = candidates[0]
@@ -349,6 +351,7 @@ def agreement(
         zero_stage=reference.zero_stage,
         rules=rules,
         producers=None if cascade else reference.signatures,
+        zero_sharding=runtime_profile(reference.runtime).zero_sharding.value,
     )
     result = Agreement(0, 0)
     per_type: dict[str, list[int]] = {}

@@ -282,6 +282,7 @@ def _state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndar
                         tables.mesh.shape,
                         tables.zero_stage,
                         graph_state_bytes(graph, v),
+                        tables.runtime.zero_sharding.value,
                     )
                 )
                 for s in sigs

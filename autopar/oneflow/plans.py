@@ -35,6 +35,7 @@ from autopar.oneflow.importer import import_job
 from autopar.oneflow.jobs import load_job
 from autopar.plan import Plan
 from autopar.rules.registry import default_rules
+from autopar.runtime import runtime_profile
 from autopar.sbp import NdSbp, Signature
 
 __all__ = ["import_plan", "job_signatures"]
@@ -130,7 +131,9 @@ def import_plan(
                 continue
             update = chosen[v.optimizer]
             update["model_0"] = layout
-            ctx = rule_context(graph, graph.op_by_name[v.optimizer], mesh.shape, stage)
+            ctx = rule_context(
+                graph, graph.op_by_name[v.optimizer], mesh.shape, stage, runtime_profile().zero_sharding.value
+            )
             ins = list(graph.op_by_name[v.optimizer].inputs)
             offered = [
                 s.inputs[ins.index("model_diff_0")]
@@ -138,8 +141,8 @@ def import_plan(
                 if "model_diff_0" in ins and s.inputs[ins.index("model_0")] == layout
             ]
             if offered and update.get("model_diff_0") not in offered:
-                # OneFlow 0.9 shards a 2-D-mesh gradient over one axis only; autopar's
-                # ZeRO shards it over every axis the parameter is replicated on.
+                # OneFlow's layout is not one the rules offer (an uneven split that
+                # autopar's even layouts leave replicated)
                 update["model_diff_0"] = offered[0]
                 normalized.append(v.optimizer)
     signatures = {

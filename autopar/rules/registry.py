@@ -71,6 +71,9 @@ class RuleContext:
     outputs: tuple[TensorSpec, ...]
     mesh_shape: tuple[int, ...]
     zero_stage: int = 0
+    zero_sharding: str = "all_axes"
+    """``all_axes`` or ``one_axis``: where ZeRO shards a replicated parameter
+    (:class:`autopar.runtime.ZeroSharding`)."""
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def test_baselines_are_valid_and_round_trip(kind, tmp_path):
 
 def test_data_parallel_memory_matches_zero_formula():
     g = mlp_graph(layers=1, batch=64)
-    plan = baseline_plan("data-parallel", g, MESH, 2)
+    plan = baseline_plan("data-parallel", g, MESH, 2, runtime="ideal")
     ev = evaluate(g, plan)
     expected = sum(
         sum(
@@ -53,6 +53,7 @@ def test_data_parallel_memory_matches_zero_formula():
                 MESH.shape,
                 2,
                 graph_state_bytes(g, v),
+                "all_axes",
             )
         )
         for v in g.variables
@@ -64,6 +65,23 @@ def test_data_parallel_memory_matches_zero_formula():
     # the ZeRO paper's mixed-precision policy, on request: 2 Psi + 14 Psi / Nd
     paper = evaluate(g, plan, precision=Precision.MIXED)
     assert paper.memory.model_states == pytest.approx(2 * psi + 14 * psi / 8)
+
+
+def test_oneflow_zero_shards_one_axis_only():
+    """OneFlow 0.9's ZeRO splits an all-B parameter on the last mesh axis only (Nd = 2 on
+    [4, 2]); the ideal runtime shards over every replicated axis (Nd = 8): more memory, and
+    the gradient reduce-scatter / parameter all-gather move on axis 1 only."""
+    g = mlp_graph(layers=1, batch=64)
+    psi = sum(g.tensors[v.tensor].numel for v in g.variables)
+    ideal = evaluate(g, baseline_plan("data-parallel", g, MESH, 2, runtime="ideal"))
+    oneflow = evaluate(g, baseline_plan("data-parallel", g, MESH, 2, runtime="oneflow-0.9"))
+    assert ideal.valid and oneflow.valid, (ideal.errors[:3], oneflow.errors[:3])
+    assert oneflow.memory.model_states == pytest.approx(4 * psi + 12 * psi / 2)
+    assert oneflow.memory.model_states > ideal.memory.model_states
+    update = next(op for op in g.ops if op.type == "adam_update")
+    plan = baseline_plan("data-parallel", g, MESH, 2, runtime="oneflow-0.9")
+    model, diff = plan.signatures[update.name].inputs[:2]
+    assert str(model) == "(B, B)" and str(diff) == "(B, S(0))"
 
 
 def test_single_device_has_no_communication():

@@ -8,7 +8,8 @@ holds values, not addends), with every split dividing evenly.
 ZeRO (``ctx.zero_stage >= 1``; Rajbhandari et al. 2020, OneFlow's
 ``optimizer_placement_optimization_mode="distributed_split"``): on every mesh
 axis where ``v`` is ``B`` the parameter is replicated, so the gradient and the
-optimizer states are sharded there instead -- ``B`` becomes ``S(d)`` for the
+optimizer states are sharded there instead (``ctx.zero_sharding="one_axis"``,
+the ``oneflow-0.9`` runtime: on one such axis only, :func:`oneflow_zero_shard`) -- ``B`` becomes ``S(d)`` for the
 first dim ``d`` that still divides evenly (it stays ``B`` when none does, and on
 axes of size 1).  The gradient producer's ``P`` then reaches the update through
 a reduce-scatter rather than an all-reduce.  With ``model`` ``B`` and
@@ -32,7 +33,7 @@ from autopar.rules.families._common import port_map
 from autopar.rules.registry import CostKind, RuleContext, register
 from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
 
-__all__ = ["OPTIMIZER_OPS", "parameter_layouts", "zero_shard"]
+__all__ = ["OPTIMIZER_OPS", "oneflow_zero_shard", "parameter_layouts", "zero_shard"]
 
 _REPLICATED_ONLY = frozenset({"lamb_update", "lars_update"})
 _MODEL_LAYOUT = frozenset({"model", "model_copy"})
@@ -53,15 +54,23 @@ def parameter_layouts(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[N
     return layouts
 
 
-def zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]) -> NdSbp:
-    """``v`` with each ``B`` axis (of size > 1) turned into ``S(d)``, ``d`` the first dim
-    whose local size still divides by the axis size; ``B`` stays when none does.
+def zero_shard(
+    shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int], sharding: str = "all_axes"
+) -> NdSbp:
+    """Where ZeRO keeps a replicated parameter's gradient and states.
 
-    This is where ZeRO keeps a replicated parameter's gradient and states.
+    ``sharding="all_axes"``: ``v`` with each ``B`` axis (of size > 1) turned
+    into ``S(d)``, ``d`` the first dim whose local size still divides by the
+    axis size; ``B`` stays when none does.
+
+    ``sharding="one_axis"`` (OneFlow 0.9, :func:`oneflow_zero_shard`): one
+    ``B`` axis becomes split, as OneFlow's ``GenerateSplitSignature`` chooses.
     """
     local = local_shape(shape, v, mesh_shape)
     if local is None:
         raise ValueError(f"layout {v} does not divide shape {list(shape)} on mesh {list(mesh_shape)}")
+    if sharding == "one_axis":
+        return oneflow_zero_shard(shape, v, mesh_shape)
     sizes = list(local)
     values = list(v.values)
     for axis, (value, n) in enumerate(zip(v.values, mesh_shape, strict=True)):
@@ -73,6 +82,41 @@ def zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]) -> NdS
                 sizes[d] //= n
                 break
     return NdSbp(tuple(values))
+
+
+def oneflow_zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]) -> NdSbp:
+    """OneFlow 0.9's ZeRO layout of a variable laid out as ``v`` (one more split axis).
+
+    Source: ``oneflow/core/job_rewriter/optimizer_placement_optimization_pass.cpp``
+    (``GenerateSplitSignature``, ``IsSplitValid``): an all-``B`` variable gets
+    ``S(0)`` on the last mesh axis; otherwise the first ``B`` axis ``j`` whose
+    neighbour ``j-1`` (else ``j+1``) is ``S(d)`` becomes ``S(d)``; nothing else
+    changes ("Only split one more dim").  OneFlow accepts uneven splits
+    (``BalancedSplitter``) as long as the shard keeps ``threshold`` elements;
+    autopar keeps the layout when the split does not divide evenly (its layouts
+    are even) -- a deviation only for odd sizes.
+    """
+    values = list(v.values)
+    n = len(values)
+    if all(x == B for x in values):
+        target: int | None = n - 1
+        split: SbpValue = Split(0)
+    else:
+        target, split = None, B
+        for j, x in enumerate(values):
+            if x != B:
+                continue
+            for k in (j - 1, j + 1):
+                if 0 <= k < n and isinstance(values[k], Split):
+                    target, split = j, values[k]
+                    break
+            if target is not None:
+                break
+    if target is None or mesh_shape[target] == 1:
+        return v
+    values[target] = split
+    out = NdSbp(tuple(values))
+    return out if local_shape(shape, out, mesh_shape) is not None else v
 
 
 @register(*OPTIMIZER_OPS, cost=CostKind.MEMORY, nd=True)
@@ -88,7 +132,7 @@ def optimizer_update(ctx: RuleContext) -> list[Signature]:
         layouts = [replicated]
     sigs = []
     for v in layouts:
-        g = zero_shard(model.shape, v, mesh) if ctx.zero_stage >= 1 else v
+        g = zero_shard(model.shape, v, mesh, ctx.zero_sharding) if ctx.zero_stage >= 1 else v
         ins = []
         for name, spec in zip(pm.inputs, pm.input_specs, strict=True):
             if name in _MODEL_LAYOUT:
