@@ -25,7 +25,6 @@ cannot happen (a split that does not divide, a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import heapq
 import itertools
@@ -534,37 +533,6 @@ def boxing_time(
 # ------------------------------------------------------------- OneFlow 0.9 lowering
 
 
-def _group_bytes(
-    shape: Sequence[int], itemsize: int, sbp: NdSbp, axis: int, mesh_shape: Sequence[int]
-) -> float | None:
-    """Bytes of the tensor held by the group of ``axis``: local size ignoring ``axis``'s split."""
-    unsplit = sbp.replace(axis, B)
-    local = local_shape(shape, unsplit, mesh_shape)
-    if local is None:
-        return None
-    return float(math.prod(local) * itemsize)
-
-
-def _step(
-    shape: Sequence[int], itemsize: int, mesh: Mesh, cur: NdSbp, axis: int, value: SbpValue
-) -> BoxingStep | None:
-    nxt = cur.replace(axis, value)
-    if local_shape(shape, nxt, mesh.shape) is None:
-        return None
-    kind = one_axis_collective(cur[axis], value)
-    if kind is None:
-        return None
-    group = _group_bytes(shape, itemsize, cur, axis, mesh.shape)
-    if group is None:
-        return None
-    link = mesh.axes[axis]
-    if kind is Collective.LOCAL:
-        return BoxingStep(axis, kind, cur, nxt, 0.0, 0.0)
-    return BoxingStep(
-        axis, kind, cur, nxt, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
-    )
-
-
 def _intervals(
     shape: tuple[int, ...], sbp: NdSbp, mesh_shape: tuple[int, ...], coord: tuple[int, ...]
 ) -> list[tuple[int, int]]:
@@ -621,240 +589,39 @@ def send_recv_bytes(
     return float(worst * itemsize)
 
 
-def _send_recv_step(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingStep:
-    """One NCCL send/recv boxing, charged to the slowest mesh axis the data crosses."""
-    if any(isinstance(v, Partial) for v in dst.values):
-        # OneFlow 0.9: "Partial SBP in the consumer" is not supported by send/recv boxing
-        return BoxingStep(0, Collective.SEND_RECV, src, dst, INF, INF)
-    nbytes = send_recv_bytes(tuple(shape), itemsize, src, dst, mesh.shape)
-    involved = [
-        a for a, (s, d) in enumerate(zip(src.values, dst.values)) if (s != d or isinstance(s, Partial))
-    ] or [0]
-    axis = min(involved, key=lambda a: (mesh.axes[a].bandwidth, a))
-    seconds = send_recv_time(nbytes, mesh.axes[axis]) if nbytes > 0 else 0.0
-    return BoxingStep(axis, Collective.SEND_RECV, src, dst, nbytes, seconds)
-
-
-def _all_same(sbp: NdSbp, axes: Sequence[int]) -> bool:
-    return len({sbp[a] for a in axes}) == 1
-
-
-def _oneflow_hop(
-    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
-) -> BoxingStep | None:
-    """One boxing as OneFlow 0.9 builds it without middle nodes (None: same SBP)."""
-    if src == dst:
-        return None
-    live = [a for a, n in enumerate(mesh.shape) if n > 1]
-    changed = [a for a in live if src[a] != dst[a]]
-    if not changed:
-        return None  # differ only on size-1 axes: dropped by InOutParallelDimReduce
-    if len(live) > 1 and _all_same(src, live) and _all_same(dst, live):
-        # both reduce to 1-D over the flattened mesh: one collective over every device,
-        # as slow as the slowest axis it spans
-        axis = min(live, key=lambda a: (mesh.axes[a].bandwidth, a))
-        flat = dataclasses.replace(mesh.axes[axis], size=math.prod(mesh.shape[a] for a in live))
-        kind = one_axis_collective(src[live[0]], dst[live[0]])
-        if kind is None:
-            return BoxingStep(axis, Collective.SEND_RECV, src, dst, INF, INF)
-        if kind is Collective.LOCAL:
-            return BoxingStep(axis, kind, src, dst, 0.0, 0.0)
-        total = float(math.prod(shape) * itemsize)
-        return BoxingStep(
-            axis, kind, src, dst, collective_bytes(kind, total, flat.size), _TIME[kind](total, flat)
-        )
-    if len(changed) == 1 and len(live) <= 2:
-        (axis,) = changed
-        outer = live.index(axis) == 0 and len(live) == 2
-        if outer and (_all_same(src, live) or _all_same(dst, live)):
-            # Dim0NdSbpMismatchedSubTskGphBuilder: an all-same-split end goes to send/recv
-            return _send_recv_step(shape, itemsize, src, dst, mesh)
-        step = _step(shape, itemsize, mesh, src, axis, dst[axis])
-        return step if step is not None else BoxingStep(axis, Collective.SEND_RECV, src, dst, INF, INF)
-    # both axes change (or more than two axes): NDNcclSendRecvBoxingSubTskGphBuilder
-    return _send_recv_step(shape, itemsize, src, dst, mesh)
-
-
 class OneFlowBoxing:
     """What OneFlow 0.9 runs for every boxing of one tensor (shape, item size) on one mesh.
 
-    Source: OneFlow v0.9.0 ``oneflow/core/graph/boxing/hierarchical_sub_task_graph_builder_impl.cpp``
-    and ``oneflow/core/job_rewriter/boxing_with_middle_nodes.cpp`` (table in
-    docs/runtime-profiles.md):
-
-    * size-1 axes are dropped; when both ends are the same value on every
-      remaining axis (``(S(0), S(0))``, ``(B, B)``, ``(P, P)``) the change is one
-      1-D collective over all devices (``FlatSubTskGphBuilder``);
-    * only the inner axis changes: a 1-D collective inside each group
-      (``IntraGroupSubTskGphBuilder``);
-    * only the outer axis changes: a 1-D collective across groups
-      (``InterGroupSubTskGphBuilder``), except when an end is split the same
-      way on every axis, which goes to send/recv;
-    * anything else, and every change on more than two axes: point-to-point
-      NCCL send/recv of the needed slices (``NDNcclSendRecvBoxingSubTskGphBuilder``;
-      it cannot produce ``P``).
-
-    On two axes the middle-node pass (``BoxingWithMiddleNodes``, on unless
-    ``ONEFLOW_BOXING_DISABLE_MIDDLE_NODE_AND_CHECK``) may route a change through
-    up to two intermediate N-D SBPs when that is cheaper; each hop is lowered
-    as above.  Routes considered: up to three single-axis collectives (min-plus
-    products of the collective hop matrix, once per tensor), or one send/recv
-    leaving the source or entering the destination plus up to two collectives;
-    the work per tensor is polynomial in the number of N-D SBPs.
+    Each boxing follows OneFlow's route through middle N-D SBPs
+    (``BoxingWithMiddleNodes``: observed routes from compiled jobs, else
+    OneFlow's copy-cost rule) and each hop is lowered as OneFlow's
+    ``InsertNcclLogicalOpPass`` lowers it (hierarchical NCCL collectives where it
+    has one, send/recv of the needed slices otherwise), one step per mesh axis
+    that moves bytes: :mod:`autopar.oneflow.pricing` (the one registry of
+    routes and lowerings; source references there and in
+    :mod:`autopar.oneflow.lowering`).  Memoised per (source, destination).
     """
 
     def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
         self.shape = tuple(shape)
         self.itemsize = itemsize
         self.mesh = mesh
-        self.live = [a for a, n in enumerate(mesh.shape) if n > 1]
-        self._routes: tuple[list[NdSbp], dict[NdSbp, int], np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._hops: dict[tuple[NdSbp, NdSbp], BoxingStep | None] = {}
-        self._memo: dict[tuple[NdSbp, NdSbp], tuple[float, list[tuple[NdSbp, NdSbp]]]] = {}
+        self._plans: dict[tuple[NdSbp, NdSbp], BoxingPlan] = {}
 
-    def _canon(self, sbp: NdSbp) -> NdSbp:
-        """``sbp`` with size-1 axes set to ``B`` (their value changes nothing)."""
-        return NdSbp(tuple(v if n > 1 else B for v, n in zip(sbp.values, self.mesh.shape)))
-
-    def hop(self, src: NdSbp, dst: NdSbp) -> BoxingStep | None:
+    def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
         key = (src, dst)
-        if key not in self._hops:
-            self._hops[key] = _oneflow_hop(self.shape, self.itemsize, src, dst, self.mesh)
-        return self._hops[key]
-
-    def _route_tables(self) -> tuple[list[NdSbp], dict[NdSbp, int], np.ndarray, np.ndarray, np.ndarray]:
-        """States, and the cheapest routes of at most 2 and 3 single-axis collective hops."""
-        if self._routes is None:
-            values: tuple[SbpValue, ...] = (B, P, *(Split(d) for d in range(len(self.shape))))
-            states = []
-            for combo in itertools.product(values, repeat=len(self.live)):
-                vals: list[SbpValue] = [B] * self.mesh.ndim
-                for a, v in zip(self.live, combo):
-                    vals[a] = v
-                state = NdSbp(tuple(vals))
-                if local_shape(self.shape, state, self.mesh.shape) is not None:
-                    states.append(state)
-            index = {s: i for i, s in enumerate(states)}
-            n = len(states)
-            hop = np.full((n, n), INF, dtype=np.float64)
-            np.fill_diagonal(hop, 0.0)
-            for i, first in enumerate(states):
-                for j, second in enumerate(states):
-                    if i != j and sum(first[a] != second[a] for a in self.live) == 1:
-                        step = self.hop(first, second)
-                        if step is not None and step.collective is not Collective.SEND_RECV:
-                            hop[i, j] = step.time_s
-            two = hop[:, :, None] + hop[None, :, :]  # i -> k -> j
-            via2 = two.argmin(axis=1)
-            best2 = two.min(axis=1)
-            three = best2[:, :, None] + hop[None, :, :]  # (i ->> k) -> j
-            via3 = three.argmin(axis=1)
-            self._routes = (states, index, best2, via2, via3)
-        return self._routes
-
-    def _collective_route(self, i: int, j: int) -> tuple[float, list[tuple[int, int]]]:
-        """Cheapest route of at most three single-axis collective hops between states."""
-        _, _, best2, via2, via3 = self._route_tables()
-
-        def hops2(a: int, b: int) -> list[tuple[int, int]]:
-            k = int(via2[a, b])
-            return [(x, y) for x, y in ((a, k), (k, b)) if x != y]
-
-        k = int(via3[i, j])
-        cost3 = float(best2[i, k]) + self._hop_cost(k, j)
-        if cost3 < best2[i, j]:
-            return cost3, [*hops2(i, k), *([(k, j)] if k != j else [])]
-        return float(best2[i, j]), hops2(i, j)
-
-    def _hop_cost(self, a: int, b: int) -> float:
-        states = self._route_tables()[0]
-        if a == b:
-            return 0.0
-        step = self.hop(states[a], states[b])
-        if step is None:
-            return 0.0
-        if (
-            step.collective is Collective.SEND_RECV
-            or sum(states[a][x] != states[b][x] for x in self.live) != 1
-        ):
-            return INF
-        return step.time_s
-
-    def _route(self, src: NdSbp, dst: NdSbp) -> tuple[float, list[tuple[NdSbp, NdSbp]]]:
-        key = (src, dst)
-        found = self._memo.get(key)
+        found = self._plans.get(key)
         if found is None:
-            found = self._memo[key] = self._find_route(src, dst)
+            from autopar.oneflow.pricing import oneflow_plan
+
+            found = self._plans[key] = oneflow_plan(self.shape, self.itemsize, src, dst, self.mesh)
         return found
 
-    def _find_route(self, src: NdSbp, dst: NdSbp) -> tuple[float, list[tuple[NdSbp, NdSbp]]]:
-        """Cheapest of: the direct boxing; up to three single-axis collectives; one send/recv
-        from ``src`` (or into ``dst``) plus up to two collectives (``BoxingWithMiddleNodes``)."""
-        direct = self.hop(src, dst)
-        best: tuple[float, list[tuple[NdSbp, NdSbp]]] = (
-            0.0 if direct is None else direct.time_s,
-            [] if direct is None else [(src, dst)],
-        )
-        if len(self.live) != 2 or best[0] == 0.0:
-            return best
-        if (
-            direct is not None
-            and direct.collective is not Collective.SEND_RECV
-            and math.isfinite(direct.time_s)
-        ):
-            # one hierarchical collective: a middle node cannot beat it
-            return best
-        states, index, best2, _, _ = self._route_tables()
-        i, j = index.get(self._canon(src)), index.get(self._canon(dst))
-        if i is None or j is None:
-            return best
-        cost, hops = self._collective_route(i, j)
-        if cost < best[0]:
-            best = (cost, [(states[a], states[b]) for a, b in hops])
-        for m, mid in enumerate(states):
-            if m in (i, j):
-                continue
-            out = self.hop(src, mid)  # send/recv first, then collectives
-            if out is not None and math.isfinite(out.time_s) and out.time_s + best2[m, j] < best[0]:
-                _, tail = self._collective_route(m, j)
-                c = out.time_s + self._path_cost(tail)
-                if c < best[0]:
-                    best = (c, [(src, mid), *((states[a], states[b]) for a, b in tail)])
-            into = self.hop(mid, dst)  # collectives first, then send/recv
-            if into is not None and math.isfinite(into.time_s) and best2[i, m] + into.time_s < best[0]:
-                _, head = self._collective_route(i, m)
-                c = self._path_cost(head) + into.time_s
-                if c < best[0]:
-                    best = (c, [*((states[a], states[b]) for a, b in head), (mid, dst)])
-        return best
-
-    def _path_cost(self, hops: list[tuple[int, int]]) -> float:
-        return sum(self._hop_cost(a, b) for a, b in hops)
-
     def time(self, src: NdSbp, dst: NdSbp) -> float:
-        if src == dst:
-            return 0.0
-        if local_shape(self.shape, src, self.mesh.shape) is None:
-            return INF
-        if local_shape(self.shape, dst, self.mesh.shape) is None:
-            return INF
-        return self._route(src, dst)[0]
+        return 0.0 if src == dst else self.plan(src, dst).time_s
 
     def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
         """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns)."""
         return np.array([[self.time(s, d) for d in dsts] for s in srcs], dtype=np.float64).reshape(
             len(srcs), len(dsts)
         )
-
-    def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
-        t = self.time(src, dst)
-        if src == dst or not math.isfinite(t):
-            return BoxingPlan(src, dst, (), t)
-        _, hops = self._route(src, dst)
-        steps = []
-        for a, b in hops:
-            # hops between canonical states: show them on the real ends
-            step = self.hop(src if a == self._canon(src) else a, dst if b == self._canon(dst) else b)
-            if step is not None and step.collective is not Collective.LOCAL:
-                steps.append(step)
-        return BoxingPlan(src, dst, tuple(steps), t)

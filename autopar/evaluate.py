@@ -201,6 +201,7 @@ def evaluate(
     precision: Precision | None = None,
     check_signatures: bool = True,
     memo: PricingMemo | None = None,
+    group_boxing: bool = False,
 ) -> Evaluation:
     """Recompute validity, step time, communication and memory of ``plan`` on ``graph``.
 
@@ -208,6 +209,15 @@ def evaluate(
     (:func:`autopar.memory.graph_state_bytes`); a :class:`Precision` imposes
     that policy instead.  ``memo`` shares the rules' answers between plans of
     one graph.
+
+    ``group_boxing``: price the boxing of a producer's tensor once per distinct
+    destination N-D SBP, shared by every consumer that takes it in that layout,
+    as OneFlow does (``oneflow/core/job_rewriter/group_boxing_by_dst_parallel.cpp``:
+    one boxing per (tensor, destination placement and N-D SBP); the task graph
+    then reuses it for every consumer).  Off by default: the solver prices
+    every edge separately, and the planner's verification checks the solver's
+    arithmetic with it off; reports of OneFlow plans (``benchmarks/fidelity.py``)
+    turn it on.  Grouping never prices more than per edge.
     """
     rules = rules or default_rules()
     memo = memo or PricingMemo()
@@ -282,6 +292,7 @@ def evaluate(
         for port, sbp in zip(outs, sig.outputs):
             tensor_sbp[op.outputs[port]] = sbp
 
+    boxed: set[tuple[str, NdSbp]] = set()
     for op in graph.ops:
         sig = plan.signatures.get(op.name)
         if sig is None or op.name not in plan.ports:
@@ -306,6 +317,14 @@ def evaluate(
                 )
                 continue
             spec = graph.tensors[tensor]
+            if group_boxing:
+                if (tensor, dst) in boxed:
+                    # the boxed copy is shared with an earlier consumer of the same layout
+                    copies.append(
+                        (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape))
+                    )
+                    continue
+                boxed.add((tensor, dst))
             t_edge, bp = edge_time(spec, src, dst, mesh, kind, runtime)
             if bp is None or not math.isfinite(t_edge):
                 errors.append(

@@ -15,11 +15,15 @@ Normalisations (each keeps the meaning of OneFlow's choice):
   gathered back for the forward pass; autopar models this with the ZeRO stage,
   so the variable's layout in the plan is the layout its forward consumers
   read (the ``System-ZeRO-ParallelCast`` target, or the consumers' common
-  SBP), and its optimizer op reads the parameter in that layout.  OneFlow 0.9
-  shards a gradient over one mesh axis only; autopar's ZeRO shards it over every
-  axis the parameter is replicated on, so the optimizer's gradient layout is
-  taken from the ``adam_update`` rule (listed in
-  ``diagnostics["zero_gradient_layout_normalized"]``).
+  SBP), and its optimizer op reads the parameter in that layout.  The
+  optimizer's gradient layout is OneFlow's own (the ``oneflow-0.9`` runtime's
+  one-axis ZeRO, :func:`autopar.rules.families.optimizer.oneflow_zero_shard`);
+  where the rule does not offer it, it is taken from the ``adam_update`` rule
+  (listed in ``diagnostics["zero_gradient_layout_normalized"]``);
+* a job in which no variable is stored sharded although ZeRO was requested
+  (OneFlow's auto-parallel sets every variable's SBP itself and its updates
+  read ``model`` and ``model_diff`` in that layout) is imported as ZeRO stage 0
+  (``diagnostics["zero_ignored"]``).
 """
 
 from __future__ import annotations
@@ -121,6 +125,19 @@ def import_plan(
     stage = int(graph.meta.get("zero_stage", 0)) if zero_stage is None else zero_stage
     chosen = job_signatures(job, graph, mesh.ndim)
     normalized: list[str] = []
+    zero_ignored = False
+    if stage > 0:
+        layouts = _variable_layouts(graph, chosen, mesh.ndim)
+        stored = {
+            v.op: chosen[v.op][next(iter(graph.op_by_name[v.op].outputs))]
+            for v in graph.variables
+            if v.optimizer is not None and v.op in layouts
+        }
+        if stored and all(stored[name] == layouts[name] for name in stored):
+            # no variable is stored sharded: OneFlow's auto-parallel set every variable's
+            # SBP itself (model and model_diff in the variable's layout), so ZeRO sharded
+            # nothing; the job runs as ZeRO stage 0
+            stage, zero_ignored = 0, True
     if stage > 0:
         rules = default_rules()
         for var, layout in _variable_layouts(graph, chosen, mesh.ndim).items():
@@ -158,4 +175,9 @@ def import_plan(
     plan.diagnostics["oneflow_job"] = job.job_conf.job_name
     if normalized:
         plan.diagnostics["zero_gradient_layout_normalized"] = normalized
+    if zero_ignored:
+        plan.diagnostics["zero_ignored"] = (
+            "no variable of the job is stored sharded (OneFlow's auto-parallel chose every "
+            "variable's SBP): imported as ZeRO stage 0"
+        )
     return plan

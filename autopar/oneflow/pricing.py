@@ -1,0 +1,183 @@
+"""Price an N-D boxing as OneFlow 0.9 runs it: its route through middle nodes, then each hop.
+
+The ``oneflow-0.9`` runtime profile (:class:`autopar.boxing.OneFlowBoxing`)
+prices every boxing here, in two steps -- one registry for both:
+
+1. **Route** (:func:`oneflow_route`): the N-D SBPs OneFlow passes through.
+   OneFlow's ``BoxingWithMiddleNodes`` pass
+   (``oneflow/core/job_rewriter/boxing_with_middle_nodes.cpp``) inserts
+   ``System-Boxing-Middle-Identity`` ops with the middle SBPs its
+   ``BoxingCollector`` (``oneflow/core/auto_parallel/boxing_collector.cpp``)
+   picks.  Where a transition was observed in a compiled job
+   (``autopar/oneflow/boxing_observed.json``, written by
+   ``tests/oneflow/_probe_boxing.py`` on ``[2, 2]`` and ``[4, 2]``), its
+   observed middle SBPs are used; otherwise the route is the one of least
+   OneFlow copy cost (``ComputeCopyCostWithMiddleNodes``,
+   ``oneflow/core/framework/sbp_infer_util.cpp``, ported in
+   :func:`autopar.oneflow_inference.lazy_copy_cost`): the direct hop when
+   OneFlow boxes it directly, else the cheapest route through one middle SBP,
+   else through two.
+2. **Hop** (:func:`hop_steps`): each hop as OneFlow lowers it
+   (:func:`autopar.oneflow.lowering.lower_hop`: hierarchical NCCL collectives
+   where ``InsertNcclLogicalOpPass`` has one, send/recv of the needed slices
+   otherwise), bytes per device per mesh axis; one :class:`~autopar.boxing.BoxingStep`
+   per axis that moves bytes, timed with that axis's alpha-beta fit:
+   ``steps * alpha + bytes / beta`` (ring steps ``n-1``, ``2(n-1)`` for an
+   all-reduce, 1 for send/recv).
+
+Shared code, said plainly: the byte count of one hop is the same function
+(``lower_hop``) that :mod:`autopar.oneflow.traffic` uses to count a compiled
+job.  The comparison of model and count (``benchmarks/fidelity.py``) therefore
+checks *which* edges, SBPs, ZeRO layouts and routes the model predicts, not the
+per-hop byte formula; that formula is checked against OneFlow's source, and the
+routes of the observed table are in-sample (taken from compiled probe jobs).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from autopar.boxing import INF, BoxingPlan, BoxingStep, Collective
+from autopar.cluster import Mesh
+from autopar.oneflow.lowering import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    LOCAL,
+    REDUCE_SCATTER,
+    SEND_RECV,
+    lower_hop,
+)
+from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
+
+__all__ = ["hop_steps", "observed_routes", "oneflow_plan", "oneflow_route"]
+
+OBSERVED = Path(__file__).with_name("boxing_observed.json")
+
+_KIND = {
+    ALL_REDUCE: Collective.ALL_REDUCE,
+    ALL_GATHER: Collective.ALL_GATHER,
+    REDUCE_SCATTER: Collective.REDUCE_SCATTER,
+    ALL_TO_ALL: Collective.ALL_TO_ALL,
+    SEND_RECV: Collective.SEND_RECV,
+    LOCAL: Collective.LOCAL,
+}
+
+
+@functools.lru_cache(maxsize=1)
+def observed_routes() -> dict[tuple[tuple[int, ...], str, str], tuple[str, ...]]:
+    """(hierarchy, src, dst) -> the middle SBPs OneFlow inserted, from ``boxing_observed.json``."""
+    out: dict[tuple[tuple[int, ...], str, str], tuple[str, ...]] = {}
+    data = json.loads(OBSERVED.read_text())
+    for table in data.get("tables", []):
+        hierarchy = tuple(int(h) for h in table["hierarchy"])
+        for t in table["transitions"]:
+            if t.get("compiled", True):
+                out[(hierarchy, t["src"], t["dst"])] = tuple(t["middle"])
+    return out
+
+
+def _ring_steps(kind: Collective, n: int) -> int:
+    if kind is Collective.SEND_RECV:
+        return 1
+    if kind is Collective.LOCAL or n <= 1:
+        return 0
+    return 2 * (n - 1) if kind is Collective.ALL_REDUCE else n - 1
+
+
+def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> list[BoxingStep]:
+    """One hop as OneFlow 0.9 lowers it: one step per mesh axis that moves bytes (see the module doc).
+
+    Seconds per step: ``steps * alpha + bytes / beta`` on that axis, alpha and
+    beta the axis's fit for the collective.  Bytes: per device, averaged over
+    devices (:func:`autopar.oneflow.lowering.lower_hop`).
+    """
+    hop = lower_hop(shape, itemsize, src, dst, mesh.shape)
+    kind = _KIND[hop.kind]
+    # a consumer's P is a local zero-fill: what moves produces the source's value there
+    moved_to = NdSbp(
+        tuple(s if isinstance(d, Partial) and not isinstance(s, Partial) else d for s, d in zip(src, dst))
+    )
+    steps = []
+    for axis, nbytes in sorted(hop.bytes_per_axis.items()):
+        if nbytes <= 0:
+            continue
+        alpha, beta = mesh.axes[axis].alpha_beta(kind.value)
+        seconds = _ring_steps(kind, mesh.shape[axis]) * alpha + nbytes / beta
+        steps.append(BoxingStep(axis, kind, src, moved_to, nbytes, seconds))
+    return steps
+
+
+def _states(shape: Sequence[int], hierarchy: Sequence[int]) -> list[NdSbp]:
+    values: list[SbpValue] = [B, P, *(Split(d) for d in range(len(shape)))]
+    return [
+        NdSbp(combo)
+        for combo in itertools.product(values, repeat=len(hierarchy))
+        if local_shape(shape, NdSbp(combo), hierarchy) is not None
+    ]
+
+
+@functools.lru_cache(maxsize=65536)
+def _emulated_middle(
+    shape: tuple[int, ...], nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]
+) -> tuple[NdSbp, ...] | None:
+    """Middle SBPs of least OneFlow copy cost (None: no route OneFlow supports)."""
+    from autopar.oneflow_inference import VALID_MAX_COPY_COST, lazy_copy_cost
+
+    if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
+        return ()
+    states = _states(shape, hierarchy)
+    first = {m: lazy_copy_cost(nbytes, src, m, hierarchy) for m in states}
+    last = {m: lazy_copy_cost(nbytes, m, dst, hierarchy) for m in states}
+    best, route = math.inf, None
+    for m in states:
+        c = first[m] + last[m]
+        if c < best:
+            best, route = c, (m,)
+    if best <= VALID_MAX_COPY_COST:
+        return route
+    best, route = math.inf, None
+    for m, k in itertools.product(states, repeat=2):
+        if first[m] > VALID_MAX_COPY_COST or last[k] > VALID_MAX_COPY_COST:
+            continue
+        c = first[m] + lazy_copy_cost(nbytes, m, k, hierarchy) + last[k]
+        if c < best:
+            best, route = c, (m, k)
+    return route if best <= VALID_MAX_COPY_COST else None
+
+
+def oneflow_route(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
+) -> list[NdSbp] | None:
+    """``[src, middle..., dst]`` as OneFlow 0.9 routes the boxing (None: OneFlow has no route)."""
+    shape_t = tuple(int(d) for d in shape)
+    hier = tuple(int(h) for h in hierarchy)
+    seen = observed_routes().get((hier, str(src), str(dst)))
+    if seen is not None:
+        middle = [parse_nd_sbp(m) for m in seen]
+        if all(local_shape(shape_t, m, hier) is not None for m in middle):
+            return [src, *middle, dst]
+    found = _emulated_middle(shape_t, float(math.prod(shape_t) * itemsize), src, dst, hier)
+    if found is None:
+        return None
+    return [src, *found, dst]
+
+
+def oneflow_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
+    """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps, their seconds."""
+    if src == dst:
+        return BoxingPlan(src, dst, (), 0.0)
+    if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
+        return BoxingPlan(src, dst, (), INF)
+    chain = oneflow_route(shape, itemsize, src, dst, mesh.shape)
+    if chain is None:
+        return BoxingPlan(src, dst, (), INF)
+    steps = [
+        s for a, b in itertools.pairwise(chain) if a != b for s in hop_steps(shape, itemsize, a, b, mesh)
+    ]
+    return BoxingPlan(src, dst, tuple(steps), sum(s.time_s for s in steps))
