@@ -18,13 +18,17 @@ OneFlow inserted as ``System-NCCL-Logical-*`` (GPU compiles with
 ``nccl_use_compute_stream``) do their own transition: the op's input and
 output SBPs are priced as one hop.
 
-Edges between two placements (a 1-device op feeding the mesh) are not priced
-(OneFlow boxes them across placements); they are counted in
+An op placed on the same devices as a 1-D hierarchy (the ``Sys-Boxing-GroupIdentity``
+ops of ``GroupBoxingByDstParallel`` are) is on the mesh: its 1-D SBP is that
+value on every axis (``InOutParallelDimReduce``).  Edges between two
+placements on different devices (a 1-device op feeding the mesh) are not
+priced (OneFlow boxes them across placements); they are counted in
 ``JobTraffic.cross_placement_edges``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +64,7 @@ class JobTraffic:
     middle_nodes: int
     cross_placement_edges: int
     edges: list[dict[str, Any]] = field(default_factory=list)
-    """the 20 largest hops: producer, consumer, port, src, dst, kind, bytes"""
+    """the largest hops (``keep_edges`` of them): producer, consumer, port, src, dst, kind, bytes"""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,11 +124,12 @@ def edge_category(producer: str, consumer: str, consumer_is_update: bool, droppe
     return "model"
 
 
-def count_job_traffic(job: Any, *, dropped: set[str] | None = None) -> JobTraffic:
+def count_job_traffic(job: Any, *, dropped: set[str] | None = None, keep_edges: int = 20) -> JobTraffic:
     """Bytes per device per mesh axis that ``job`` (message, bytes or ``.pb`` path) moves.
 
     ``dropped``: op names to report under the ``dropped`` category (those
     :func:`autopar.oneflow.import_job` leaves out; computed when omitted).
+    ``keep_edges``: how many of the largest hops to keep in ``JobTraffic.edges``.
     """
     from autopar.oneflow.importer import job_mesh_shape
 
@@ -153,6 +158,13 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None) -> JobTraffi
     edges: list[dict[str, Any]] = []
     main = next((pl for pl in placement.values() if pl[:-1] == tuple(hierarchy)), None)
 
+    def on_main(pl: tuple[int, ...] | None) -> bool:
+        """The main placement, or the same devices as a 1-D hierarchy (OneFlow places the
+        ``Sys-Boxing-GroupIdentity`` of a boxing so): its 1-D SBP is that value on every axis."""
+        if pl is None or main is None:
+            return False
+        return pl == main or (pl[-1] == main[-1] and len(pl) == 2 and pl[0] == math.prod(main[:-1]))
+
     def add(producer: str, consumer: str, port: str, lbn: str, src: NdSbp, dst: NdSbp, update: bool) -> None:
         nonlocal hops
         desc = blob_desc[lbn]
@@ -178,13 +190,14 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None) -> JobTraffi
                 "kind": f"{hop.kind} ({hop.scope})",
                 "category": cat,
                 "bytes": hop.total_bytes,
+                "bytes_per_axis": {str(a): b for a, b in sorted(hop.bytes_per_axis.items())},
             }
         )
 
     for op in job.net.op:
         if op.name.startswith(_MIDDLE_PREFIX):
             middle += 1
-        if main is None or placement.get(op.name) != main or op.name not in conf:
+        if not on_main(placement.get(op.name)) or op.name not in conf:
             continue
         if op.name.startswith(_NCCL_PREFIX):  # the op itself does the transition
             src = sbp_of(op.name, "in_0")
@@ -201,7 +214,7 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None) -> JobTraffi
         )
         for bn, lbn in inputs:
             producer, out_bn = lbn.split("/", 1)
-            if placement.get(producer) != main:
+            if not on_main(placement.get(producer)):
                 cross += placement.get(producer) is not None
                 continue
             src = sbp_of(producer, out_bn)
@@ -220,5 +233,5 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None) -> JobTraffi
         hops,
         middle,
         cross,
-        edges[:20],
+        edges[:keep_edges],
     )
