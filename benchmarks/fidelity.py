@@ -151,6 +151,7 @@ def pin_rank(args: argparse.Namespace) -> None:
                         "pinned_ops": report.pinned_ops,
                         "rejected": report.rejected,
                         "op_share": report.fidelity.op_share if report.fidelity else None,
+                        "mismatched_ops": len(report.fidelity.mismatches) if report.fidelity else None,
                     }
                 )
             )
@@ -200,6 +201,7 @@ def _row(label: str, predicted: dict[str, float], counted: Any, ndim: int) -> di
 def report(args: argparse.Namespace) -> list[dict[str, Any]]:
     from autopar.cluster import Cluster
     from autopar.evaluate import attach_evaluation, evaluate
+    from autopar.graph import Graph
     from autopar.oneflow import import_job, import_plan
     from autopar.oneflow.traffic import count_job_traffic
     from autopar.plan import Plan
@@ -217,17 +219,25 @@ def report(args: argparse.Namespace) -> list[dict[str, Any]]:
             ):
                 graph = import_job(f"{stem}_{variant}_built.pb", zero_stage=2)
                 plan = import_plan(f"{stem}_{variant}_built.pb", graph=graph, cluster=cluster, zero_stage=2)
-                ev = evaluate(graph, plan)
+                ev = evaluate(graph, plan, group_boxing=True)
                 attach_evaluation(plan, ev)
                 compiled = Path(f"{stem}_{variant}_compiled.pb")
                 job = compiled if compiled.exists() else Path(f"{stem}_{variant}_built.pb")
-                entries.append((label, plan, str(job), ev.valid))
+                entries.append((label, plan, str(job), ev.valid, None))
+            # autopar's plan, re-scored now on the graph it was solved for (not the
+            # prediction stored when it was solved)
+            graph = Graph.load(f"{stem}_graph.json")
             plan = Plan.load(f"{stem}_autopar_plan.json")
-            entries.append(("autopar (pinned)", plan, f"{stem}_autopar_compiled.pb", True))
-            for label, plan, job, valid in entries:
+            ev = evaluate(graph, plan, group_boxing=True)
+            attach_evaluation(plan, ev)
+            pin = json.loads(Path(f"{stem}_autopar_compile.json").read_text())
+            entries.append(("autopar (pinned)", plan, f"{stem}_autopar_compiled.pb", ev.valid, pin))
+            for label, plan, job, valid, pin in entries:
                 counted = count_job_traffic(job)
                 row = _row(label, plan.predicted.get("comm_bytes_per_axis", {}), counted, 2)
-                row.update(model=model, mesh=mesh_name, valid=valid)
+                row.update(model=model, mesh=mesh_name, valid=valid, zero_stage=plan.zero_stage)
+                if pin is not None:
+                    row["pinned"] = pin
                 rows.append(row)
     return rows
 

@@ -579,9 +579,70 @@ def pin_plan(
             for port, sbp in zip(ports, sbps):
                 if port in by_port:
                     by_port[port].CopyFrom(_nd_sbp_message(sbp))
+        if op.type == "variable" and sig.outputs:
+            # a variable's conf carries its layout too: keep the two in agreement
+            var_conf = next(o for o in job.net.op if o.name == op.name).variable_conf
+            var_conf.ClearField("nd_sbp")
+            var_conf.nd_sbp.extend(str(x) for x in sig.outputs[0])
         pinned += 1
+    if plan.zero_stage > 0 and job.job_conf.optimizer_placement_optimization_mode == "distributed_split":
+        _pin_zero_layouts(job, imported, plan, plan_by_key, job_keys)
     graph._full_graph_proto = job
     return pinned
+
+
+def _pin_zero_layouts(
+    job: Any, imported: Any, plan: Plan, plan_by_key: dict[str, str], job_keys: dict[str, str]
+) -> None:
+    """Keep OneFlow's ZeRO storage consistent with the plan's layouts.
+
+    The plan gives a variable the layout its forward consumers read (``v``) and
+    its update the gradient layout (``g``, the runtime's ZeRO shard).  In
+    OneFlow's job ZeRO stores the variable as ``g``
+    (``optimizer_placement_optimization_pass.cpp``: ``variable_conf.nd_sbp``),
+    its ``adam_update`` reads ``model`` and ``model_diff`` (and the states) in
+    ``g``, and a ``System-ZeRO-ParallelCast`` (``hierarchical_parallel_cast``,
+    attribute ``nd_sbp``) turns it into ``v`` for the forward.  Pinning ``v``
+    on the variable would store it unsharded and give the update two layouts;
+    this writes ``g`` on the variable, its states and its update's ``model``,
+    and ``v`` on the cast's ports and attribute.
+    """
+    conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+    ops = {op.name: op for op in job.net.op}
+    casts: dict[str, list[Any]] = {}
+    for op in job.net.op:
+        if op.name.startswith("System-ZeRO-ParallelCast-") and op.WhichOneof("op_type") == "user_conf":
+            (lbn,) = op.user_conf.input["in"].s
+            casts.setdefault(lbn.split("/", 1)[0], []).append(op)
+    for v in imported.variables:
+        update_name = plan_by_key.get(job_keys.get(v.optimizer or "", ""))
+        var_name = plan_by_key.get(job_keys.get(v.op, ""))
+        if update_name is None or var_name is None or v.optimizer not in conf or v.op not in conf:
+            continue
+        ins, _ = plan.ports[update_name]
+        sig = plan.signatures[update_name]
+        if "model_0" not in ins or "model_diff_0" not in ins:
+            continue
+        layout = sig.inputs[ins.index("model_0")]
+        stored = sig.inputs[ins.index("model_diff_0")]
+        if layout == stored:
+            continue
+        var_op = ops[v.op]
+        var_op.variable_conf.ClearField("nd_sbp")
+        var_op.variable_conf.nd_sbp.extend(str(x) for x in stored)
+        conf[v.op].bn_in_op2nd_sbp["out"].CopyFrom(_nd_sbp_message(stored))
+        update = conf[v.optimizer].bn_in_op2nd_sbp
+        for port in ("model_0", "model_copy_0"):
+            if port in update:
+                update[port].CopyFrom(_nd_sbp_message(stored))
+        for cast in casts.get(v.op, []):
+            attr = cast.user_conf.attr["nd_sbp"].at_list_string.val
+            del attr[:]
+            attr.extend(str(x) for x in layout)
+            if cast.name in conf:
+                for port in ("in_0", "out_0"):
+                    if port in conf[cast.name].bn_in_op2nd_sbp:
+                        conf[cast.name].bn_in_op2nd_sbp[port].CopyFrom(_nd_sbp_message(layout))
 
 
 def _clear_lazy_grads(graph: Any) -> None:
