@@ -118,3 +118,34 @@ def test_partial_to_split_no_worse_than_all_reduce():
 
 def test_broadcast_or_split_to_partial_is_free_but_partial_from_split_costs_nothing_only_locally():
     assert boxing_time(SHAPE, ITEM, nd(S(0), B), nd(P, B), MESH42) == 0
+
+
+# ------------------------------------------------------------------ OneFlow 0.9 pricing
+
+
+def test_oneflow_pricing_follows_observed_routes_and_lowers_each_hop():
+    """The oneflow-0.9 lowering takes the middle SBPs OneFlow inserted (boxing_observed.json)
+    and prices each hop per mesh axis with the bytes of autopar.oneflow.lowering.lower_hop."""
+    from autopar.cluster import Cluster, Mesh
+    from autopar.oneflow.lowering import lower_chain
+    from autopar.oneflow.pricing import observed_routes, oneflow_plan, oneflow_route
+    from autopar.sbp import parse_nd_sbp
+
+    mesh = Mesh(Cluster.parse("2x2"), (2, 2))
+    shape, itemsize = (8, 16), 4
+    routes = {k: v for k, v in observed_routes().items() if k[0] == (2, 2)}
+    assert routes
+    for (_, src, dst), middle in routes.items():
+        s, d = parse_nd_sbp(src), parse_nd_sbp(dst)
+        chain = oneflow_route(shape, itemsize, s, d, (2, 2))
+        assert chain is not None and [str(x) for x in chain[1:-1]] == list(middle)
+        plan = oneflow_plan(shape, itemsize, s, d, mesh)
+        hops = lower_chain(shape, itemsize, chain, (2, 2))
+        for axis in (0, 1):
+            want = sum(h.bytes_per_axis.get(axis, 0.0) for h in hops)
+            got = sum(st.bytes_per_device for st in plan.steps if st.axis == axis)
+            assert got == pytest.approx(want)
+    # a flat all-gather over [2, 2] counts its hierarchical parts: T/2 on axis 0, T/4 on axis 1
+    t = 8 * 16 * 4
+    plan = oneflow_plan(shape, itemsize, parse_nd_sbp("(S(0), S(0))"), parse_nd_sbp("(B, B)"), mesh)
+    assert {st.axis: st.bytes_per_device for st in plan.steps} == {0: t / 2, 1: t / 4}

@@ -147,3 +147,21 @@ def test_totals_are_the_sums_of_the_records(kind: str, zero: int) -> None:
     assert len(ev.activation_profile) == len(g.ops)
     assert ev.memory.activations == max(ev.activation_profile)
     assert ev.activation_profile[ev.activation_peak_position] == ev.memory.activations
+
+
+def test_grouping_boxing_by_destination_never_prices_more():
+    """OneFlow boxes a tensor once per destination SBP for all its consumers: grouped
+    bytes <= per-edge bytes on every axis, and equal when no two consumers share one."""
+    for kind in ("inferred", "megatron", "data-parallel"):
+        g = build("tiny-gpt")
+        plan = baseline_plan(kind, g, MESH, 2)
+        apart = evaluate(g, plan)
+        grouped = evaluate(g, plan, group_boxing=True)
+        for axis in range(MESH.ndim):
+            assert grouped.comm_bytes_per_axis[axis] <= apart.comm_bytes_per_axis[axis] + 1e-6
+        assert grouped.comm_time_s <= apart.comm_time_s + 1e-12
+        pairs = [(e.tensor, e.dst) for e in apart.edges if not e.zero_gather]
+        if len(pairs) == len(set(pairs)):
+            assert grouped.comm_bytes_per_axis == pytest.approx(apart.comm_bytes_per_axis)
+        else:
+            assert sum(grouped.comm_bytes_per_axis.values()) < sum(apart.comm_bytes_per_axis.values())

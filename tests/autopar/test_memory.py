@@ -97,3 +97,44 @@ def test_variables_are_model_states_not_activations():
     assert activation_intervals(g, working_copy_is_state=True) == {}
     # by default it is an activation (OneFlow keeps each use's cast until backward)
     assert activation_intervals(g) == {"w16": (1, 1)}
+
+
+# ------------------------------------------------------------------ ZeRO sharding per runtime
+
+
+def test_oneflow_zero_shards_one_axis_as_its_pass_does():
+    """OneFlow 0.9's GenerateSplitSignature: all-B -> S(0) on the last axis; else the first B
+    axis next to a split axis takes that split; the ideal runtime shards every B axis."""
+    from autopar.rules.families.optimizer import oneflow_zero_shard, zero_shard
+    from autopar.sbp import parse_nd_sbp
+
+    mesh = (4, 2)
+    shape = (64, 32)
+    cases = {
+        "(B, B)": "(B, S(0))",
+        "(B, S(0))": "(S(0), S(0))",
+        "(B, S(1))": "(S(1), S(1))",
+        "(S(0), B)": "(S(0), S(0))",
+        "(S(0), S(1))": "(S(0), S(1))",
+    }
+    for layout, want in cases.items():
+        v = parse_nd_sbp(layout)
+        assert str(oneflow_zero_shard(shape, v, mesh)) == want
+        assert zero_shard(shape, v, mesh, "one_axis") == oneflow_zero_shard(shape, v, mesh)
+    assert str(zero_shard(shape, parse_nd_sbp("(B, B)"), mesh, "all_axes")) == "(S(0), S(0))"
+    # a split that does not divide keeps the layout (autopar's layouts are even)
+    assert str(oneflow_zero_shard((3, 32), parse_nd_sbp("(B, B)"), mesh)) == "(B, B)"
+
+
+def test_one_axis_zero_keeps_more_state_than_all_axes():
+    from autopar.memory import variable_state_bytes, zero_dp_size
+    from autopar.sbp import parse_nd_sbp
+
+    v = parse_nd_sbp("(B, B)")
+    assert zero_dp_size((64, 32), v, (4, 2), "one_axis") == 2
+    assert zero_dp_size((64, 32), v, (4, 2), "all_axes") == 8
+    one = sum(variable_state_bytes((64, 32), v, (4, 2), 2, FP32_ADAM, "one_axis"))
+    every = sum(variable_state_bytes((64, 32), v, (4, 2), 2, FP32_ADAM, "all_axes"))
+    n = 64 * 32
+    assert one == 4 * n + 12 * n / 2
+    assert every == 4 * n + 12 * n / 8
