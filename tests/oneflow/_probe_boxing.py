@@ -85,6 +85,9 @@ def main() -> None:
         "cpu", ranks=[ranks[i * hierarchy[1] : (i + 1) * hierarchy[1]] for i in range(hierarchy[0])]
     )
     results = []
+    # keep every compiled graph alive until the end: destroying one while the next is built
+    # aborts OneFlow 0.9 ("runtime_context.cpp:27 Check failed: it != counters_.end()")
+    alive = []
     for src, dst in TRANSITIONS:
 
         class Probe(flow.nn.Graph):
@@ -98,6 +101,7 @@ def main() -> None:
 
         x = flow.ones(*shape, placement=placement, sbp=[flow.sbp.broadcast] * 2)
         graph = Probe(parse(src), parse(dst))
+        alive.append(graph)
         graph.build_graph(x)
         built = graph._full_job_proto
         # the identity reading src, and the cast to dst that reads it
