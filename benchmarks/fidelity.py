@@ -140,9 +140,7 @@ def pin_rank(args: argparse.Namespace) -> None:
         from autopar.oneflow.apply import plan_input_sbps, to_flow_sbp
 
         # the inputs as the plan lays them out (the plan's input ops are pinned too)
-        inputs = [
-            x.to_global(x.placement, to_flow_sbp(sbp)) for x, sbp in zip(inputs, plan_input_sbps(plan))
-        ]
+        inputs = [x.to_global(x.placement, to_flow_sbp(sbp)) for x, sbp in zip(inputs, plan_input_sbps(plan))]
         apply_plan(module, plan, inputs[0].placement, copy_values=True)
         optimizer = flow.optim.AdamW(module.parameters(), lr=1e-3)
         graph, report = compile_with_plan(

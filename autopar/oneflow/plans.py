@@ -20,7 +20,7 @@ Normalisations (each keeps the meaning of OneFlow's choice):
   one-axis ZeRO, :func:`autopar.rules.families.optimizer.oneflow_zero_shard`);
   where the rule does not offer it, it is taken from the ``adam_update`` rule
   (listed in ``diagnostics["zero_gradient_layout_normalized"]``);
-* an auto-parallel job is imported as ZeRO stage 0 (``diagnostics["zero_ignored"]``):
+* an auto-parallel job is imported as ZeRO stage 0 (the plan's ``zero_stage``):
   OneFlow's auto-parallel sets every variable's SBP itself after the ZeRO pass,
   and in its compiled jobs every update reads ``model`` and ``model_diff`` in
   the variable's stored layout, no gradient sharded (observed on the tiny
@@ -126,13 +126,12 @@ def import_plan(
     stage = int(graph.meta.get("zero_stage", 0)) if zero_stage is None else zero_stage
     chosen = job_signatures(job, graph, mesh.ndim)
     normalized: list[str] = []
-    zero_ignored = False
     if stage > 0 and job.job_conf.enable_auto_parallel:
         # OneFlow's auto-parallel sets every variable's SBP itself after the ZeRO pass
         # (compiled jobs: variables stored in the layout their update reads, model and
         # model_diff alike, no gradient sharded): the job runs as ZeRO stage 0, each
         # variable boxed from its stored layout to its consumers
-        stage, zero_ignored = 0, True
+        stage = 0
     if stage > 0:
         rules = default_rules()
         for var, layout in _variable_layouts(graph, chosen, mesh.ndim).items():
@@ -170,9 +169,4 @@ def import_plan(
     plan.diagnostics["oneflow_job"] = job.job_conf.job_name
     if normalized:
         plan.diagnostics["zero_gradient_layout_normalized"] = normalized
-    if zero_ignored:
-        plan.diagnostics["zero_ignored"] = (
-            "OneFlow's auto-parallel chose every variable's SBP (the ZeRO pass's shards are "
-            "overridden): imported as ZeRO stage 0"
-        )
     return plan

@@ -134,7 +134,8 @@ def _emulated_middle(
     states = _states(shape, hierarchy)
     first = {m: lazy_copy_cost(nbytes, src, m, hierarchy) for m in states}
     last = {m: lazy_copy_cost(nbytes, m, dst, hierarchy) for m in states}
-    best, route = math.inf, None
+    best = math.inf
+    route: tuple[NdSbp, ...] | None = None
     for m in states:
         c = first[m] + last[m]
         if c < best:

@@ -9,10 +9,10 @@ ZeRO (``ctx.zero_stage >= 1``; Rajbhandari et al. 2020, OneFlow's
 ``optimizer_placement_optimization_mode="distributed_split"``): on every mesh
 axis where ``v`` is ``B`` the parameter is replicated, so the gradient and the
 optimizer states are sharded there instead (``ctx.zero_sharding="one_axis"``,
-the ``oneflow-0.9`` runtime: on one such axis only, :func:`oneflow_zero_shard`) -- ``B`` becomes ``S(d)`` for the
-first dim ``d`` that still divides evenly (it stays ``B`` when none does, and on
-axes of size 1).  The gradient producer's ``P`` then reaches the update through
-a reduce-scatter rather than an all-reduce.  With ``model`` ``B`` and
+the ``oneflow-0.9`` runtime: on one such axis only, :func:`oneflow_zero_shard`)
+-- ``B`` becomes ``S(d)`` for the first dim ``d`` that still divides evenly (it
+stays ``B`` when none does, and on axes of size 1).  The gradient producer's
+``P`` then reaches the update through a reduce-scatter rather than an all-reduce.  With ``model`` ``B`` and
 ``model_diff`` ``S`` on an axis, the update computes one shard of the new
 parameter and all-gathers it back into the replicated variable over that axis;
 the cost model charges that all-gather (the second half of ZeRO's traffic).
