@@ -180,11 +180,13 @@ def clear_process_caches() -> None:
     """Forget this process's memos (parsed signatures, signature lists, boxing searches),
     e.g. to time a cold build; the store is not touched."""
     from autopar import boxing, costs
+    from autopar.oneflow import pricing
 
     _parsed.clear()
     costs._signature_memo.clear()
     boxing._searches.clear()
     boxing.send_recv_bytes.cache_clear()
+    pricing.clear_caches()
 
 
 def _parse_signature(text: str, ndim: int) -> Signature:

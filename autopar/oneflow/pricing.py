@@ -51,11 +51,12 @@ from autopar.oneflow.lowering import (
     LOCAL,
     REDUCE_SCATTER,
     SEND_RECV,
+    Hop,
     lower_hop,
 )
 from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
 
-__all__ = ["hop_steps", "observed_routes", "oneflow_plan", "oneflow_route"]
+__all__ = ["clear_caches", "hop_steps", "observed_routes", "oneflow_plan", "oneflow_route"]
 
 OBSERVED = Path(__file__).with_name("boxing_observed.json")
 
@@ -97,7 +98,7 @@ def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh:
     beta the axis's fit for the collective.  Bytes: per device, averaged over
     devices (:func:`autopar.oneflow.lowering.lower_hop`).
     """
-    hop = lower_hop(shape, itemsize, src, dst, mesh.shape)
+    hop = _lower(tuple(int(d) for d in shape), itemsize, src, dst, tuple(mesh.shape))
     kind = _KIND[hop.kind]
     # a consumer's P is a local zero-fill: what moves produces the source's value there
     moved_to = NdSbp(
@@ -113,7 +114,28 @@ def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh:
     return steps
 
 
-def _states(shape: Sequence[int], hierarchy: Sequence[int]) -> list[NdSbp]:
+@functools.lru_cache(maxsize=262144)
+def _lower(shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]) -> Hop:
+    return lower_hop(shape, itemsize, src, dst, hierarchy)
+
+
+@functools.lru_cache(maxsize=4096)
+def _costs_from(
+    shape: tuple[int, ...], nbytes: float, sbp: NdSbp, hierarchy: tuple[int, ...], outgoing: bool
+) -> dict[NdSbp, float]:
+    """OneFlow's copy cost from ``sbp`` to every state (``outgoing``), or from every state to it."""
+    from autopar.oneflow_inference import lazy_copy_cost
+
+    return {
+        m: lazy_copy_cost(nbytes, sbp, m, hierarchy)
+        if outgoing
+        else lazy_copy_cost(nbytes, m, sbp, hierarchy)
+        for m in _states(shape, hierarchy)
+    }
+
+
+@functools.lru_cache(maxsize=1024)
+def _states(shape: tuple[int, ...], hierarchy: tuple[int, ...]) -> list[NdSbp]:
     values: list[SbpValue] = [B, P, *(Split(d) for d in range(len(shape)))]
     return [
         NdSbp(combo)
@@ -132,8 +154,8 @@ def _emulated_middle(
     if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
         return ()
     states = _states(shape, hierarchy)
-    first = {m: lazy_copy_cost(nbytes, src, m, hierarchy) for m in states}
-    last = {m: lazy_copy_cost(nbytes, m, dst, hierarchy) for m in states}
+    first = _costs_from(shape, nbytes, src, hierarchy, True)
+    last = _costs_from(shape, nbytes, dst, hierarchy, False)
     best = math.inf
     route: tuple[NdSbp, ...] | None = None
     for m in states:
@@ -182,3 +204,9 @@ def oneflow_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, me
         s for a, b in itertools.pairwise(chain) if a != b for s in hop_steps(shape, itemsize, a, b, mesh)
     ]
     return BoxingPlan(src, dst, tuple(steps), sum(s.time_s for s in steps))
+
+
+def clear_caches() -> None:
+    """Forget this module's memos (hops, copy costs, routes), e.g. to time a cold build."""
+    for fn in (_lower, _costs_from, _states, _emulated_middle):
+        fn.cache_clear()

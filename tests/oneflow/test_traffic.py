@@ -44,3 +44,28 @@ def test_a_job_whose_every_port_is_broadcast_moves_nothing(mesh_jobs: tuple[Path
             for v in nd.sbp_parallel:
                 v.broadcast_parallel.SetInParent()
     assert sum(count_job_traffic(job).bytes_per_axis.values()) == 0
+
+
+def test_oneflow_zero_stores_each_variable_as_the_one_axis_rule_says(
+    mesh_jobs: tuple[Path, dict[str, Any]],
+) -> None:
+    """OneFlow's ZeRO pass (run at build) stores every variable one axis more split than
+    its forward layout: the `oneflow-0.9` runtime's rule (oneflow_zero_shard) predicts it."""
+    from autopar.oneflow import import_job
+    from autopar.oneflow.convert import nd_sbp_from_proto
+    from autopar.rules.families.optimizer import oneflow_zero_shard
+    from autopar.sbp import parse_nd_sbp
+
+    out, _ = mesh_jobs
+    checked = 0
+    for model in ("mt5-tiny", "gpt-tiny", "bert-tiny"):
+        job = _job(out / f"{model}_zero2.pb")
+        graph = import_job(job)
+        conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+        mesh = tuple(graph.meta["mesh_shape"])
+        for var, layout in graph.meta["oneflow"]["zero_layouts"].items():
+            shape = graph.tensors[graph.variable_by_op[var].tensor].shape
+            stored = nd_sbp_from_proto(conf[var].bn_in_op2nd_sbp["out"], len(mesh))
+            assert stored == oneflow_zero_shard(shape, parse_nd_sbp(layout), mesh), var
+            checked += 1
+    assert checked > 0
