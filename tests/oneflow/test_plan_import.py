@@ -54,15 +54,19 @@ def test_zero_plan_uses_the_layout_the_forward_reads(mesh_jobs):
         if v.op in pinned:
             assert str(layout) == pinned[v.op]
         # OneFlow stores the variable split for ZeRO; the plan keeps the compute layout,
-        # and its optimizer reads parameter and gradient as autopar's ZeRO rule offers
+        # and its optimizer reads parameter and gradient as the oneflow-0.9 runtime's
+        # ZeRO rule (one axis) offers
         update = graph.op_by_name[v.optimizer]
         assert plan.input_sbp(v.optimizer, "model_0") == layout
-        offered = op_signatures(rules, rule_context(graph, update, plan.mesh.shape, 2))[0]
+        ctx = rule_context(graph, update, plan.mesh.shape, 2, "one_axis")
+        offered = op_signatures(rules, ctx)[0]
         ports = list(update.inputs)
         choice = plan.signatures[v.optimizer]
         assert any(s == choice for s in offered) or not any(
             s.inputs[ports.index("model_0")] == layout for s in offered
         ), v.op
+    # OneFlow's own gradient layout is the one the rule offers: nothing was normalised
+    assert not plan.diagnostics.get("zero_gradient_layout_normalized")
 
 
 def test_evaluator_scores_oneflow_plans(mesh_jobs):
