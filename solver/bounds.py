@@ -92,6 +92,8 @@ class DiffusionBound:
         """Best bound so far (any prices), seconds."""
         self.sweeps = 0
         self.converged = not math.isfinite(self.value)
+        self._fresh = True
+        """True until a whole sweep has run since the last change of the edge costs."""
 
     # -------------------------------------------------------------- layout
     def _layout(self) -> None:
@@ -125,88 +127,117 @@ class DiffusionBound:
         weight = 1.0 / np.maximum(np.maximum(n_later, n_earlier), 1)
         linked = (n_later + n_earlier) > 0
         order = [int(i) for i in np.argsort(level, kind="stable") if linked[i]]
-        # segment ids: first node's rows, then second node's columns, in node order
+        # the order of the (node, edge) ends: first every end of an edge toward an earlier
+        # node, by level and node, then every end toward a later node, the same way (so
+        # each level's two parts are contiguous, and every edge has exactly one end in
+        # the second region: the bound reads that region only)
+        behind: list[tuple[int, int]] = []
+        ahead: list[tuple[int, int]] = []
+        parts: list[tuple[np.ndarray, int, int, int, int]] = []  # nodes, slot ranges behind/ahead
+        for start, end in _runs(level[order]):
+            nodes = order[start:end]
+            b0, a0 = len(behind), len(ahead)
+            for i in nodes:
+                for k in incident[i]:
+                    (ahead if int(ends[k].sum()) - i > i else behind).append((i, k))
+            parts.append((np.array(nodes, dtype=np.int64), b0, len(behind), a0, len(ahead)))
+        slots = behind + ahead
+        self._ahead_slot = len(behind)
         seg_first = np.zeros(m, dtype=np.int64)
         seg_second = np.zeros(m, dtype=np.int64)
+        slot_segment = np.zeros(len(slots) + 1, dtype=np.int64)
         count = 0
-        node_segments = np.zeros(n + 1, dtype=np.int64)
-        for i in order:
-            for k in incident[i]:
-                if ends[k, 0] == i:
-                    seg_first[k] = count
-                    count += int(shapes[k, 0])
-                else:
-                    seg_second[k] = count
-                    count += int(shapes[k, 1])
-            node_segments[i] = count  # end of node i's segments
+        for n_slot, (i, k) in enumerate(slots):
+            slot_segment[n_slot] = count
+            if ends[k, 0] == i:
+                seg_first[k] = count
+                count += int(shapes[k, 0])
+            else:
+                seg_second[k] = count
+                count += int(shapes[k, 1])
+        slot_segment[len(slots)] = count
         self.alpha = np.zeros(count)
         seg_node_choice = np.zeros(count, dtype=np.int64)
         seg_len = np.zeros(count, dtype=np.int64)
-        seg_later = np.zeros(count, dtype=bool)
         values: list[np.ndarray] = []
         others: list[np.ndarray] = []
         self._first_entries = np.zeros(m, dtype=np.int64)
         self._second_entries = np.zeros(m, dtype=np.int64)
+        slot_entry = np.zeros(len(slots) + 1, dtype=np.int64)
         position = 0
-        for i in order:
-            for k in incident[i]:
-                rows, cols = int(shapes[k, 0]), int(shapes[k, 1])
-                matrix = problem.edges[self.edge_ids[k]][2]
-                if ends[k, 0] == i:
-                    s0, size, other0 = int(seg_first[k]), rows, int(seg_second[k])
-                    values.append(matrix.ravel())
-                    others.append(np.tile(np.arange(other0, other0 + cols), rows))
-                    self._first_entries[k] = position
-                    is_later = ends[k, 1] > i
-                else:
-                    s0, size, other0 = int(seg_second[k]), cols, int(seg_first[k])
-                    values.append(matrix.T.ravel())
-                    others.append(np.tile(np.arange(other0, other0 + rows), cols))
-                    self._second_entries[k] = position
-                    is_later = ends[k, 0] > i
-                position += rows * cols
-                seg_node_choice[s0 : s0 + size] = off[i] + np.arange(size)
-                seg_len[s0 : s0 + size] = cols if ends[k, 0] == i else rows
-                seg_later[s0 : s0 + size] = is_later
+        for n_slot, (i, k) in enumerate(slots):
+            slot_entry[n_slot] = position
+            rows, cols = int(shapes[k, 0]), int(shapes[k, 1])
+            matrix = problem.edges[self.edge_ids[k]][2]
+            if ends[k, 0] == i:
+                s0, size, other0, length = int(seg_first[k]), rows, int(seg_second[k]), cols
+                values.append(matrix.ravel())
+                others.append(np.tile(np.arange(other0, other0 + cols), rows))
+                self._first_entries[k] = position
+            else:
+                s0, size, other0, length = int(seg_second[k]), cols, int(seg_first[k]), rows
+                values.append(matrix.T.ravel())
+                others.append(np.tile(np.arange(other0, other0 + rows), cols))
+                self._second_entries[k] = position
+            position += rows * cols
+            seg_node_choice[s0 : s0 + size] = off[i] + np.arange(size)
+            seg_len[s0 : s0 + size] = length
+        slot_entry[len(slots)] = position
         self._values = np.concatenate(values).astype(np.float64) if values else np.zeros(0)
         index_type = np.int32 if count < 2**31 else np.int64
         self._other = np.concatenate(others).astype(index_type) if others else np.zeros(0, dtype=index_type)
         self._seg_first, self._seg_second, self._shapes = seg_first, seg_second, shapes
-        # segments grouped by edge (each edge's first-node segments), for the edge minima
-        self._by_edge = (
-            np.concatenate([np.arange(seg_first[k], seg_first[k] + shapes[k, 0]) for k in range(m)])
-            if m
-            else np.zeros(0, dtype=np.int64)
-        )
-        self._by_edge_starts = _starts(shapes[:, 0])
-        self._seg_starts = _starts(seg_len)
+        # the bound's region: one end (the lower node's) of every edge, one slot per edge
+        first_ahead = self._ahead_slot
+        self._bound_segments = slice(int(slot_segment[first_ahead]), count)
+        self._bound_entries = slice(int(slot_entry[first_ahead]), position)
+        self._bound_starts = _starts(seg_len[self._bound_segments])
+        self._bound_slots = slot_segment[first_ahead:-1] - slot_segment[first_ahead]
+        self._bound_edges = np.array([k for _, k in ahead], dtype=np.int64)
         self.levels: list[_Level] = []
-        seg_at = 0
-        entry_at = 0
-        for lev in _runs(level[order]):
-            nodes = np.array(order[lev[0] : lev[1]], dtype=np.int64)
+        for nodes, b0, b1, a0, a1 in parts:
             counts = off[nodes + 1] - off[nodes]
             node_choices = np.concatenate([np.arange(off[i], off[i + 1]) for i in nodes.tolist()])
-            seg_end = int(node_segments[nodes[-1]])
-            # nodes of a level are in index order, so their choices are sorted
-            local = np.searchsorted(node_choices, seg_node_choice[seg_at:seg_end])
-            lengths = seg_len[seg_at:seg_end]
-            entry_end = entry_at + int(lengths.sum())
             self.levels.append(
                 _Level(
-                    segments=slice(seg_at, seg_end),
-                    entries=slice(entry_at, entry_end),
-                    starts=_starts(lengths),
+                    earlier=self._part(
+                        b0, b1, slot_segment, slot_entry, seg_len, seg_node_choice, node_choices
+                    ),
+                    later=self._part(
+                        first_ahead + a0,
+                        first_ahead + a1,
+                        slot_segment,
+                        slot_entry,
+                        seg_len,
+                        seg_node_choice,
+                        node_choices,
+                    ),
                     node_choices=node_choices,
-                    choice=local,
-                    lengths=lengths,
-                    later=seg_later[seg_at:seg_end],
                     weight=np.repeat(weight[nodes], counts),
                     kept_forward=np.repeat(1.0 - n_later[nodes] * weight[nodes], counts),
                     kept_backward=np.repeat(1.0 - n_earlier[nodes] * weight[nodes], counts),
                 )
             )
-            seg_at, entry_at = seg_end, entry_end
+
+    @staticmethod
+    def _part(
+        first: int,
+        last: int,
+        slot_segment: np.ndarray,
+        slot_entry: np.ndarray,
+        seg_len: np.ndarray,
+        seg_node_choice: np.ndarray,
+        node_choices: np.ndarray,
+    ) -> _Part:
+        s_lo, s_hi = int(slot_segment[first]), int(slot_segment[last])
+        e_lo, e_hi = int(slot_entry[first]), int(slot_entry[last])
+        return _Part(
+            slice(s_lo, s_hi),
+            slice(e_lo, e_hi),
+            _starts(seg_len[s_lo:s_hi]),
+            # nodes of a level are in index order, so their choices are sorted
+            np.searchsorted(node_choices, seg_node_choice[s_lo:s_hi]),
+        )
 
     # -------------------------------------------------------------- edges now
     def edge_matrix(self, k: int) -> np.ndarray:
@@ -259,6 +290,7 @@ class DiffusionBound:
         if self.problem.budget_bytes is None:
             return
         self._add_price(np.maximum(np.asarray(price, dtype=np.float64), 0.0) - self.price)
+        self._fresh = True
         self.current = self._bound()
         self.value = max(self.value, self.current)
         self.converged = not math.isfinite(self.current)
@@ -273,39 +305,57 @@ class DiffusionBound:
     def edge_minima(self) -> np.ndarray:
         """``min_ab theta_e(a, b)`` of every (non-loop) edge."""
         out = np.full(len(self.edge_ids), math.inf)
-        if len(self.alpha):
-            rows = np.minimum.reduceat(self._values - self.alpha[self._other], self._seg_starts) - self.alpha
-            out = np.minimum.reduceat(rows[self._by_edge], self._by_edge_starts)
+        if len(self._bound_edges):
+            entries, segments = self._bound_entries, self._bound_segments
+            values = self._values[entries] - self.alpha[self._other[entries]]
+            rows = np.minimum.reduceat(values, self._bound_starts) - self.alpha[segments]
+            out[self._bound_edges] = np.minimum.reduceat(rows, self._bound_slots)
         return out
 
     def _bound(self) -> float:
         return math.fsum([self.constant, *self.node_minima().tolist(), *self.edge_minima().tolist()])
 
     # -------------------------------------------------------------- sweeps
-    def _update(self, lev: _Level, forward: bool) -> None:
+    def _pull(self, part: _Part, pulled: np.ndarray, blocked: np.ndarray) -> None:
+        """Min-marginals of one part's segments into ``pulled`` (per node choice; the
+        segments' messages take them); ``blocked`` marks choices with a forbidden row."""
+        if part.segments.start == part.segments.stop:
+            return
+        alpha = self.alpha
+        own = alpha[part.segments]
+        values = self._values[part.entries] - alpha[self._other[part.entries]]
+        marginal = np.minimum.reduceat(values, part.starts) - own
+        finite = np.isfinite(marginal)
+        if not finite.all():
+            blocked |= np.bincount(part.choice, weights=~finite, minlength=len(pulled)) > 0
+            marginal = np.where(finite, marginal, 0.0)
+        pulled += np.bincount(part.choice, weights=marginal, minlength=len(pulled))
+        alpha[part.segments] = own + marginal
+
+    def _update(self, lev: _Level, forward: bool, full: bool) -> None:
         """One level of a pass: every node of the level pulls the min-marginals of its
         edges into its own costs, then pushes ``weight`` of them onto each edge toward
-        the pass's direction (all of them when it has at least as many edges that way)."""
-        theta, alpha = self.flat_theta, self.alpha
-        own = alpha[lev.segments]
-        values = self._values[lev.entries] - alpha[self._other[lev.entries]]
-        marginal = np.minimum.reduceat(values, lev.starts) - own
-        finite = np.isfinite(marginal)
-        pulled = np.where(finite, marginal, 0.0)
+        the pass's direction (all of them when it has at least as many edges that way).
+
+        Unless ``full``, only the edges behind the pass are pulled from: the others were
+        pulled in the previous pass and nothing has touched them since."""
+        theta = self.flat_theta
+        behind, ahead = (lev.earlier, lev.later) if forward else (lev.later, lev.earlier)
         n_choices = len(lev.node_choices)
-        costs = theta[lev.node_choices] + np.bincount(lev.choice, weights=pulled, minlength=n_choices)
-        if not finite.all():
-            costs[np.bincount(lev.choice, weights=~finite, minlength=n_choices) > 0] = math.inf
+        pulled = np.zeros(n_choices)
+        blocked = np.zeros(n_choices, dtype=bool)
+        self._pull(behind, pulled, blocked)
+        if full:
+            self._pull(ahead, pulled, blocked)
+        costs = theta[lev.node_choices] + pulled
+        costs[blocked] = math.inf
         ok = np.isfinite(costs)
         finite_costs = np.where(ok, costs, 0.0)
-        share = finite_costs * lev.weight
         kept = lev.kept_forward if forward else lev.kept_backward
         theta[lev.node_choices] = np.where(ok, finite_costs * kept, math.inf)
-        # pulling m raises the message by m; pushing s lowers it by s
-        toward = lev.later if forward else ~lev.later
-        delta = pulled
-        delta[toward] -= share[lev.choice[toward]]
-        alpha[lev.segments] = own + delta
+        if ahead.segments.start != ahead.segments.stop:
+            # pushing s onto an edge lowers its message by s
+            self.alpha[ahead.segments] -= (finite_costs * lev.weight)[ahead.choice]
 
     def run(self, max_sweeps: int, deadline: float = math.inf) -> float:
         """Up to ``max_sweeps`` more sweeps (a forward and a backward pass each; stop at
@@ -316,13 +366,17 @@ class DiffusionBound:
                 break
             cut = False
             steps = [(lev, True) for lev in self.levels] + [(lev, False) for lev in reversed(self.levels)]
+            # the first forward pass (and the first after new prices or a cut) pulls from
+            # every edge; later passes only from the edges behind them
+            full = self._fresh
             for k, (lev, forward) in enumerate(steps):
                 if k % _CHECK_EVERY == _CHECK_EVERY - 1 and time.perf_counter() > deadline:
                     # each level's update keeps the problem equivalent, so a sweep cut
                     # short still leaves a valid reparametrisation (and bound)
                     cut = True
                     break
-                self._update(lev, forward)
+                self._update(lev, forward, full and forward)
+            self._fresh = cut
             current = self._bound()
             if cut:
                 self.current = max(self.current, current)
@@ -337,19 +391,25 @@ class DiffusionBound:
 
 
 @dataclass
-class _Level:
-    """Where one level's batch lives: its segments (slice of ``alpha``), their entries
-    (slice of the contiguous matrix copies), and per segment the run length, the
-    position of its node choice in ``node_choices`` and whether its edge leads to a
-    node of higher index."""
+class _Part:
+    """Some of a level's segments, contiguous: their slice of ``alpha``, their entries'
+    slice of the matrix copies, where each segment's run starts in it, and the position
+    of each segment's node choice in the level's ``node_choices``."""
 
     segments: slice
     entries: slice
     starts: np.ndarray
-    node_choices: np.ndarray
     choice: np.ndarray
-    lengths: np.ndarray
-    later: np.ndarray
+
+
+@dataclass
+class _Level:
+    """One level's batch: its nodes' choices and the ends of their edges, split into
+    the edges toward earlier nodes and those toward later ones."""
+
+    earlier: _Part
+    later: _Part
+    node_choices: np.ndarray
     weight: np.ndarray
     """Share pushed onto each edge toward the pass: ``1 / max(#later, #earlier)`` per node."""
     kept_forward: np.ndarray
