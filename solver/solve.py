@@ -47,7 +47,7 @@ _FLOAT_RTOL = 1e-9
 _OPTIMAL_RTOL = 1e-7
 """A plan within this (relative) of a proven bound is reported "optimal": float noise
 and the last digits a converging bound never reaches."""
-_SHARES = {"model": (0.05, 0.3), "windows": (0.1, 1.0)}
+_SHARES = {"model": (0.05, 0.3), "windows": (0.05, 1.0)}
 """Share of the time limit for (heuristic, dual phase) per strategy.  The dual phase
 stops early once its bound meets the best plan (within ``relative_gap`` for big
 problems, to optimality for small ones) or when diffusion has converged.  On the
