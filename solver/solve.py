@@ -73,6 +73,8 @@ _MARGIN_S = 0.3
 """Kept free before the deadline for the last sweep, expansion and verification."""
 _DECODE_S = 1.0
 _WINDOW_STALL = 8
+_PRICED_SETUP_FACTOR = 4
+"""The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
 
 _Report = Callable[..., None]
@@ -136,7 +138,7 @@ def solve(
 
     # -- dual: diffusion bound, decoded into plans
     start = time.perf_counter()
-    dual = _Dual(reduced, best, options)
+    dual = _Dual(reduced, best, options, None if options.deterministic else deadline)
     dual.advance(
         min(deadline - _MARGIN_S, start + dual_share * options.time_limit_s),
         options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL,
@@ -262,12 +264,25 @@ class _Dual:
     prices) whose reparametrised problems are decoded into plans: a greedy pass on
     the reparametrised costs, then the heuristic's descent on the true costs."""
 
-    def __init__(self, reduced: Problem, best: HeuristicResult, options: SolverOptions) -> None:
+    def __init__(
+        self,
+        reduced: Problem,
+        best: HeuristicResult,
+        options: SolverOptions,
+        deadline: float | None = None,
+    ) -> None:
         self.reduced = reduced
         self.best = best
         self.options = options
+        began = time.perf_counter()
         self.runs = [DiffusionBound(reduced)]
-        if best.price is not None and math.isfinite(self.runs[0].value):
+        setup = time.perf_counter() - began
+        if (
+            best.price is not None
+            and math.isfinite(self.runs[0].value)
+            and (deadline is None or deadline - time.perf_counter() > _PRICED_SETUP_FACTOR * setup)
+        ):
+            # memory binds: a second run on the priced problem (its bound counts memory)
             self.runs.append(DiffusionBound(reduced, best.price))
         self.chunk = _FIRST_CHUNK
         self.rounds = 0
