@@ -720,7 +720,7 @@ def plan(
             deadline=deadline,
         )
         if squeezed.shape != mesh.shape:
-            result = _unsqueeze(graph, result, mesh)
+            result = _unsqueeze(graph, result, mesh, deadline)
     else:
         result = _mesh_search(request, store=store, progress=progress, hint=hint, deadline=deadline)
     if result.solver is not None:
@@ -735,13 +735,17 @@ def plan(
     return result
 
 
-def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
+def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None = None) -> Plan:
     """``solved`` (planned on ``mesh`` without its size-1 axes) as a plan on ``mesh``, with ``B``
-    on every size-1 axis, re-checked by the evaluator.
+    on every size-1 axis, re-checked by the evaluator on ``mesh`` when that fits in the time
+    left (``deadline``; the re-check runs in a child process that is stopped at the deadline).
 
     A size-1 axis splits nothing and its collectives are free, so every price (compute
     share, boxing, memory) is the same as on the squeezed mesh, while the N-D signature
-    lists (and boxing states) would grow by a factor per size-1 axis for nothing.
+    lists (and boxing states) would grow by a factor per size-1 axis for nothing.  When
+    the re-check does not finish in time, the plan keeps the squeezed mesh's evaluation
+    (already verified against the solver), its per-axis figures moved to the kept axes,
+    and ``diagnostics["recheck"]`` says so.
     """
     kept = [a for a, n in enumerate(mesh.shape) if n > 1]
 
@@ -763,14 +767,78 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
         memory_budget_bytes=solved.memory_budget_bytes,
         runtime=solved.runtime,
     )
-    ev = evaluate(graph, lifted)
     solver = SolverReport(**(solved.solver or {}))
-    if "objective" in solver:
-        _verify(ev, _SolvedObjective(solver["objective"]), solved.memory_budget_bytes)
-    attach_evaluation(lifted, ev)
+    left = math.inf if deadline is None else deadline.left()
+    ev = _evaluate_within(graph, lifted, left)
+    if ev is not None:
+        if "objective" in solver:
+            _verify(ev, _SolvedObjective(solver["objective"]), solved.memory_budget_bytes)
+        attach_evaluation(lifted, ev)
+    else:
+        axis = {str(i): str(a) for i, a in enumerate(kept)}
+
+        def moved(per_axis: Any) -> Any:
+            if not isinstance(per_axis, dict):
+                return per_axis
+            out = {str(a): 0.0 for a in range(mesh.ndim)}
+            out.update({axis.get(str(k), str(k)): v for k, v in per_axis.items()})
+            return out
+
+        lifted.predicted = {
+            k: moved(v) if k.endswith("_per_axis") else v for k, v in (solved.predicted or {}).items()
+        }
+        lifted.memory = dict(solved.memory or {})
+        lifted.diagnostics = {**lifted.diagnostics, **solved.diagnostics}
+        lifted.diagnostics["recheck"] = (
+            f"evaluated on the squeezed mesh {list(solved.mesh.shape)}; the re-check on "
+            f"{list(mesh.shape)} did not finish within the time limit"
+        )
     lifted.solver = solver
     lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
     return lifted
+
+
+RECHECK_MIN_S = 0.5
+"""Fewest seconds worth starting the re-check on the requested mesh with."""
+
+
+def _evaluate_within(graph: Graph, plan_obj: Plan, seconds: float) -> Any:
+    """``evaluate(graph, plan_obj)``, or None when it does not finish within ``seconds``
+    (then it runs in a forked child that is killed at the limit)."""
+    if math.isinf(seconds):
+        return evaluate(graph, plan_obj)
+    if seconds < RECHECK_MIN_S:
+        return None
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_evaluate_child, args=(graph, plan_obj, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(seconds):
+            return None
+        try:
+            ok, value = receive.recv()
+        except EOFError:  # the child was killed (e.g. out of memory): no re-check
+            return None
+        if not ok:
+            raise value
+        return value
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+
+
+def _evaluate_child(graph: Graph, plan_obj: Plan, send: Any) -> None:
+    try:
+        send.send((True, evaluate(graph, plan_obj)))
+    except Exception as exc:  # the parent raises it
+        send.send((False, exc))
+    send.close()
 
 
 @dataclass(frozen=True)
