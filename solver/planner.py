@@ -55,7 +55,7 @@ from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
 from solver.solve import solve
 
-__all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "plan", "solve_on_mesh"]
+__all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
 
 log = logging.getLogger("autopar.planner")
 
@@ -67,11 +67,23 @@ TIE_THRESHOLD_OPS = 8000
 VERIFY_RTOL = 1e-6
 
 
-EVALUATE_RESERVE_S = 0.5
+EVALUATE_RESERVE_S = 1.5
 """Seconds kept free before the deadline, per 10k ops, for the evaluator's re-check of the
-plan (measured on mt5-base, 4.9k ops: ~0.2 s)."""
+plan (measured on mt5-base, 4.2k ops, on a loaded 2-core machine: 0.9 s CPU, 1.4 s wall)."""
 EVALUATE_PER_BUILD = 5.0
 """Evaluator seconds per second of :func:`build_problem` kept free before the deadline."""
+VALIDATE_S_PER_OP = 1e-5
+"""Seconds per op below which checking the graph is not started (measured: 100k ops
+validate in 1.5-3.6 s on the 2-core machine, idle to loaded)."""
+SEED_ROW_FRACTION = 0.8
+"""With a budget, the position of the largest memory floor is constrained from the first
+round when its floor is at least this fraction of the budget (it is usually the peak)."""
+ROUND_SHARE = 0.5
+"""With a budget, each memory round but the last may use this share of the time left (a
+plan that overflows leads to another round, which needs time too)."""
+ROUND_SHARE_FLOOR = 0.5
+"""Rounds share the time only when the largest memory floor is at least this fraction of
+the budget; below it the first round's plan almost always fits and gets all the time."""
 MIN_SOLVE_S = 0.2
 """Fewest seconds a solve is given; with less left the best verified plan so far is returned."""
 
@@ -340,15 +352,18 @@ def solve_on_mesh(
     if tie_layers is None:
         tie_layers = len(graph.ops) > TIE_THRESHOLD_OPS
     positions: list[int] = []
+    memory_binds = False
+    """True when memory floors come near the budget: then rounds share the time."""
     if memory_budget_bytes is not None:
-        # every liveness point holds all model states: if their least sum is over the
-        # budget, nothing fits (proven without a solve)
-        names = [op.name for op in graph.topological_order]
-        floor = sum(
-            float(t.min()) for t in _state_terms(tables, {n: i for i, n in enumerate(names)}).values()
-        )
-        if floor > memory_budget_bytes:
-            _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
+        # every memory row is at least its terms at their smallest: a row whose floor is
+        # over the budget proves that nothing fits, without a solve
+        floors = memory_floors(tables)
+        worst = int(np.argmax(floors)) if len(floors) else 0
+        if len(floors) and floors[worst] > memory_budget_bytes:
+            _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline, floors)
+        if len(floors) and floors[worst] >= SEED_ROW_FRACTION * memory_budget_bytes:
+            positions.append(worst)  # the likely peak: constrained from the first round
+        memory_binds = bool(len(floors)) and floors[worst] >= ROUND_SHARE_FLOOR * memory_budget_bytes
     rounds: list[dict[str, Any]] = []
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
     solution: Solution | None = None
@@ -370,12 +385,15 @@ def solve_on_mesh(
             stopped_by_deadline = True
             break
         relay.report("solve", detail={"memory_round": round_no})
+        if memory_binds and round_no < MAX_MEMORY_ROUNDS - 1:
+            # a round whose plan overflows leads to another round: keep time for it
+            left *= ROUND_SHARE
         # deterministic runs keep their limit (in CP-SAT's deterministic units): the
         # wall clock must not change their answer
         round_options = (
             options
             if options.deterministic
-            else replace(options, time_limit_s=min(options.time_limit_s, left))
+            else replace(options, time_limit_s=min(options.time_limit_s, max(left, MIN_SOLVE_S)))
         )
         solution = _solve_built(built, round_options, relay if progress else None, hint_choices, tie_layers)
         rounds.append({"memory_rows": len(positions), "status": solution.status, "wall_s": solution.wall_s})
@@ -408,7 +426,7 @@ def solve_on_mesh(
         relay.report("memory", detail={"memory_rows": len(positions), "peak_bytes": ev.memory.total})
     if plan_obj is None or solution is None:
         if solution is not None and solution.status == "infeasible" and not stopped_by_deadline:
-            _raise_infeasible(tables, memory_budget_bytes, positions, mesh)
+            _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline)
         raise TimeLimitError(
             "time_limit",
             f"the time limit ({deadline.limit_s:g} s) ran out before a plan on mesh {list(mesh.shape)} "
@@ -592,21 +610,71 @@ def _human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[int], mesh: Mesh) -> None:
+def memory_floors(tables: CostTables) -> np.ndarray:
+    """Bytes per device that every plan needs at each topological position, at least.
+
+    The memory row of position ``p`` (see :func:`build_problem`) is the ZeRO-3 gather
+    buffer, plus every variable's model states, plus each activation live at ``p``, plus
+    the boxed copies its op receives.  Each term is at least its smallest value over the
+    choices (a boxed copy at least 0), so the row is at least the sum of those minima::
+
+        floor[p] = sum_v min_a states_v(a) + sum_(t live at p) min_a bytes_t(a)
+
+    (bytes).  A floor over the budget proves that no plan fits; the largest floor is the
+    least budget worth trying."""
+    graph = tables.graph
+    order = graph.topological_order
+    index = {op.name: i for i, op in enumerate(order)}
+    base = sum(float(t.min()) for t in _state_terms(tables, index).values())
+    if tables.zero_stage >= 3:
+        replicated = NdSbp(tuple(B for _ in tables.mesh.shape))
+        base += zero3_gather_buffer_bytes(
+            graph, {v.op: replicated for v in graph.variables}, tables.mesh.shape
+        )
+    change = np.zeros(len(order) + 1)
+    for tname, (start, end) in activation_intervals(graph).items():
+        pname, out_port = graph.producer[tname]
+        k = list(graph.op_by_name[pname].outputs).index(out_port)
+        spec = graph.tensors[tname]
+        least = float(_output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype]).min())
+        change[start] += least
+        change[end + 1] -= least
+    return base + np.cumsum(change[:-1])
+
+
+def _raise_infeasible(
+    tables: CostTables,
+    budget: int | None,
+    positions: list[int],
+    mesh: Mesh,
+    deadline: Deadline,
+    floors: np.ndarray | None = None,
+) -> None:
+    """Raise :class:`InfeasibleError` with the least memory needed: the largest memory
+    floor when it is over the budget (proven at once), else CP-SAT's least peak over the
+    constrained positions, searched for the time left."""
     from solver.cpsat import min_feasible_memory
 
-    built = build_problem(tables, budget, positions or [0])
-    try:
-        min_bytes, proven = min_feasible_memory(built.problem)
-    except Exception as exc:
-        log.warning("could not compute the smallest feasible memory: %s", exc)
-        min_bytes, proven = float("nan"), False
+    floors = memory_floors(tables) if floors is None else floors
+    floor = float(floors.max()) if len(floors) else 0.0
+    if budget is not None and floor > budget:
+        min_bytes, proven, how = floor, True, "(proven: at least that at one liveness point)"
+    else:
+        left = deadline.left()
+        built = build_problem(tables, budget, positions or [int(np.argmax(floors)) if len(floors) else 0])
+        try:
+            min_bytes, proven = min_feasible_memory(
+                built.problem, SolverOptions(time_limit_s=min(10.0, max(0.2, left)), workers=1)
+            )
+        except Exception as exc:
+            log.warning("could not compute the smallest feasible memory: %s", exc)
+            min_bytes, proven = float("nan"), False
+        how = "(proven)" if proven else "(lower bound at the constrained liveness points)"
     raise InfeasibleError(
         None,
         f"no plan on mesh {list(mesh.shape)} fits {_human_bytes(budget or 0)} per device; "
-        f"the smallest memory found feasible is {_human_bytes(min_bytes)}"
-        + (" (proven)" if proven else " (lower bound at the constrained liveness points)")
-        + ": raise the budget, use a higher ZeRO stage, or add devices",
+        f"the smallest memory found feasible is {_human_bytes(min_bytes)} {how}"
+        ": raise the budget, use a higher ZeRO stage, or add devices",
         min_feasible_bytes=min_bytes,
         proven=proven,
         mesh_shape=list(mesh.shape),
@@ -632,6 +700,14 @@ def plan(
     chosen plan's objective.
     """
     deadline = deadline if deadline is not None else Deadline(_wall_limit(request.options))
+    if deadline.left() < VALIDATE_S_PER_OP * len(request.graph.ops):
+        # not even time to check the graph (the caller spent it loading it)
+        raise TimeLimitError(
+            "time_limit",
+            f"the time limit ({deadline.limit_s:g} s) ran out while loading and checking the graph "
+            f"({len(request.graph.ops)} ops, {deadline.elapsed():.1f} s); raise the time limit",
+            phase="load",
+        )
     graph = request.graph.validate()
     if deadline.expired():
         raise TimeLimitError(
@@ -656,7 +732,7 @@ def plan(
             deadline=deadline,
         )
         if squeezed.shape != mesh.shape:
-            result = _unsqueeze(graph, result, mesh)
+            result = _unsqueeze(graph, result, mesh, deadline)
     else:
         result = _mesh_search(request, store=store, progress=progress, hint=hint, deadline=deadline)
     if result.solver is not None:
@@ -671,13 +747,17 @@ def plan(
     return result
 
 
-def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
+def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None = None) -> Plan:
     """``solved`` (planned on ``mesh`` without its size-1 axes) as a plan on ``mesh``, with ``B``
-    on every size-1 axis, re-checked by the evaluator.
+    on every size-1 axis, re-checked by the evaluator on ``mesh`` when that fits in the time
+    left (``deadline``; the re-check runs in a child process that is stopped at the deadline).
 
     A size-1 axis splits nothing and its collectives are free, so every price (compute
     share, boxing, memory) is the same as on the squeezed mesh, while the N-D signature
-    lists (and boxing states) would grow by a factor per size-1 axis for nothing.
+    lists (and boxing states) would grow by a factor per size-1 axis for nothing.  When
+    the re-check does not finish in time, the plan keeps the squeezed mesh's evaluation
+    (already verified against the solver), its per-axis figures moved to the kept axes,
+    and ``diagnostics["recheck"]`` says so.
     """
     kept = [a for a, n in enumerate(mesh.shape) if n > 1]
 
@@ -699,14 +779,78 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh) -> Plan:
         memory_budget_bytes=solved.memory_budget_bytes,
         runtime=solved.runtime,
     )
-    ev = evaluate(graph, lifted)
     solver = SolverReport(**(solved.solver or {}))
-    if "objective" in solver:
-        _verify(ev, _SolvedObjective(solver["objective"]), solved.memory_budget_bytes)
-    attach_evaluation(lifted, ev)
+    left = math.inf if deadline is None else deadline.left()
+    ev = _evaluate_within(graph, lifted, left)
+    if ev is not None:
+        if "objective" in solver:
+            _verify(ev, _SolvedObjective(solver["objective"]), solved.memory_budget_bytes)
+        attach_evaluation(lifted, ev)
+    else:
+        axis = {str(i): str(a) for i, a in enumerate(kept)}
+
+        def moved(per_axis: Any) -> Any:
+            if not isinstance(per_axis, dict):
+                return per_axis
+            out = {str(a): 0.0 for a in range(mesh.ndim)}
+            out.update({axis.get(str(k), str(k)): v for k, v in per_axis.items()})
+            return out
+
+        lifted.predicted = {
+            k: moved(v) if k.endswith("_per_axis") else v for k, v in (solved.predicted or {}).items()
+        }
+        lifted.memory = dict(solved.memory or {})
+        lifted.diagnostics = {**lifted.diagnostics, **solved.diagnostics}
+        lifted.diagnostics["recheck"] = (
+            f"evaluated on the squeezed mesh {list(solved.mesh.shape)}; the re-check on "
+            f"{list(mesh.shape)} did not finish within the time limit"
+        )
     lifted.solver = solver
     lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
     return lifted
+
+
+RECHECK_MIN_S = 0.5
+"""Fewest seconds worth starting the re-check on the requested mesh with."""
+
+
+def _evaluate_within(graph: Graph, plan_obj: Plan, seconds: float) -> Any:
+    """``evaluate(graph, plan_obj)``, or None when it does not finish within ``seconds``
+    (then it runs in a forked child that is killed at the limit)."""
+    if math.isinf(seconds):
+        return evaluate(graph, plan_obj)
+    if seconds < RECHECK_MIN_S:
+        return None
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_evaluate_child, args=(graph, plan_obj, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(seconds):
+            return None
+        try:
+            ok, value = receive.recv()
+        except EOFError:  # the child was killed (e.g. out of memory): no re-check
+            return None
+        if not ok:
+            raise value
+        return value
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+
+
+def _evaluate_child(graph: Graph, plan_obj: Plan, send: Any) -> None:
+    try:
+        send.send((True, evaluate(graph, plan_obj)))
+    except Exception as exc:  # the parent raises it
+        send.send((False, exc))
+    send.close()
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,10 @@ ALL_REDUCTIONS = frozenset(
 """Names accepted by ``reduce_problem(enabled=...)``.  Parallel edges are always merged."""
 
 _EPS = float(np.finfo(np.float64).eps)
+_DOMINANCE_HEAD = 8
+"""Features compared for every pair of choices before the rest (for the pairs left)."""
+_DOMINANCE_BLOCK = 4_000_000
+"""Entries compared at once in the dominance test (bounds its memory)."""
 _MAX_CHAIN_ENTRIES = 4_000_000
 """Skip a chain fold whose (choices u) x (choices v) x (choices w) tensor is larger."""
 
@@ -403,20 +407,31 @@ class _Work:
 
     def _drop_dominated(self, x: int) -> None:
         feats = self._features(x)
-        k = feats.shape[0]
-        # le[b, a]: choice b is no worse than a everywhere; eq[b, a]: identical.
-        le = np.ones((k, k), dtype=bool)
-        eq = np.ones((k, k), dtype=bool)
-        for start in range(0, feats.shape[1], 256):
-            block = feats[:, start : start + 256]
-            le &= (block[:, None, :] <= block[None, :, :]).all(axis=2)
-            eq &= (block[:, None, :] == block[None, :, :]).all(axis=2)
-        index = np.arange(k)
+        k, width = feats.shape
         # b dominates a: b <= a everywhere and (strictly better somewhere, or an
         # identical twin with a lower index, so one of each twin group survives).
-        dominates = le & (~eq | (index[:, None] < index[None, :]))
-        np.fill_diagonal(dominates, False)
-        dominated: np.ndarray = np.asarray(dominates.any(axis=0))
+        # Most pairs already fail on the first few features: test those for every
+        # pair, the rest only for the pairs still standing.
+        head = min(width, _DOMINANCE_HEAD)
+        le = (feats[:, None, :head] <= feats[None, :, :head]).all(axis=2)
+        np.fill_diagonal(le, False)
+        better, worse = np.nonzero(le)
+        if not len(better):
+            return
+        if width > head:
+            step = max(1, _DOMINANCE_BLOCK // width)
+            keep = np.concatenate(
+                [
+                    (feats[better[i : i + step], head:] <= feats[worse[i : i + step], head:]).all(axis=1)
+                    for i in range(0, len(better), step)
+                ]
+            )
+            better, worse = better[keep], worse[keep]
+            if not len(better):
+                return
+        twin = (feats[better] == feats[worse]).all(axis=1)
+        dominated = np.zeros(k, dtype=bool)
+        dominated[worse[~twin | (better < worse)]] = True
         if dominated.any():
             self.counts["choices_dominated"] += int(dominated.sum())
             self._restrict(x, ~dominated)

@@ -75,3 +75,36 @@ def test_repriced_runs_stay_valid_and_resume(problem, prices):
     if math.isfinite(best):
         assert run.value <= best + 1e-9
         assert run.current <= best + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bound_is_tight_on_a_tree(seed):
+    # the local-polytope LP is exact on a tree, and TRW-S reaches it
+    rng = np.random.default_rng(seed)
+    n = 9
+    parents = [int(rng.integers(0, i)) for i in range(1, n)]
+    problem = Problem(
+        [f"op{i}" for i in range(n)],
+        [rng.uniform(0, 1, 3) for _ in range(n)],
+        [(p, i + 1, rng.uniform(0, 1, (3, 3))) for i, p in enumerate(parents)],
+        [],
+        None,
+    )
+    best, _ = brute_force(problem)
+    assert diffusion_bound(problem, max_sweeps=200) == pytest.approx(best, rel=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(memory=False), st.integers(0, 30))
+def test_a_sweep_cut_anywhere_leaves_a_valid_bound(problem, steps):
+    # a sweep stopped at the deadline after any level is still a reparametrisation
+    from solver.bounds import DiffusionBound
+
+    best, _ = brute_force(problem)
+    run = DiffusionBound(problem)
+    run.run(1)
+    order = [(lev, True) for lev in run.levels] + [(lev, False) for lev in reversed(run.levels)]
+    for lev, forward in (order * 3)[:steps]:
+        run._update(lev, forward, False)
+    if math.isfinite(best):
+        assert run._bound() <= best + 1e-9

@@ -102,3 +102,38 @@ def test_size_1_axes_are_solved_away_and_the_plan_verified_on_the_requested_mesh
     assert p.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-6)
     # the size-1 axis holds B everywhere
     assert all(str(s[1]) == "B" for sig in p.signatures.values() for s in (*sig.inputs, *sig.outputs))
+
+
+def test_memory_floors_are_below_every_plan_and_prove_a_budget_under_them(graph, unconstrained):
+    from autopar.cost_tables import build_cost_tables
+    from solver.planner import memory_floors
+
+    tables = build_cost_tables(graph, Mesh(CLUSTER, (2, 2)), 2, workers=1)
+    floors = memory_floors(tables)
+    assert len(floors) == len(graph.ops)
+    peak = float(floors.max())
+    assert 0 < peak <= unconstrained.memory_per_device_bytes
+    # the evaluator's memory at every position is at least its floor
+    ev = evaluate(graph, unconstrained)
+    assert ev.memory.total >= peak
+    with pytest.raises(InfeasibleError) as e:
+        plan(PlanRequest(graph, CLUSTER, (2, 2), int(peak) - 1, 2, OPTIONS))
+    assert e.value.details["proven"] is True
+    assert e.value.details["min_feasible_bytes"] == pytest.approx(peak)
+
+
+def test_a_lifted_plan_without_time_for_its_recheck_keeps_the_squeezed_evaluation(graph, unconstrained):
+    from autopar.progress import Deadline
+    from solver.planner import _unsqueeze
+
+    lifted = _unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(1e-9))
+    assert lifted.mesh.shape == (2, 1, 2)
+    assert "did not finish" in lifted.diagnostics["recheck"]
+    assert lifted.step_time_s == unconstrained.step_time_s
+    per_axis = lifted.predicted["comm_time_s_per_axis"]
+    assert set(per_axis) == {"0", "1", "2"} and per_axis["1"] == 0.0
+    # with time, the re-check runs (in a child process) and agrees
+    checked = _unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(600))
+    assert "recheck" not in checked.diagnostics
+    assert checked.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-6)
+    assert evaluate(graph, checked).valid
