@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from solver.problem import MemoryRow, Problem
+from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = ["DiffusionBound", "diffusion_bound", "reparametrized"]
 

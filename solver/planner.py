@@ -51,9 +51,9 @@ from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
 from autopar.wire import SolverReport
-from solver.options import SolverOptions
-from solver.problem import MemoryRow, Problem, Solution
-from solver.solve import solve
+from autopar_solver.options import SolverOptions
+from autopar_solver.problem import MemoryRow, Problem, Solution
+from autopar_solver.solve import solve
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "plan", "solve_on_mesh"]
 
@@ -63,7 +63,7 @@ MAX_MEMORY_ROUNDS = 6
 TIE_ROUNDS = 1
 """Weisfeiler-Lehman refinements for layer tying (more rounds split layers near the ends apart)."""
 TIE_THRESHOLD_OPS = 8000
-"""Graphs with more ops are solved with identical layers tied (see :mod:`solver.tying`)."""
+"""Graphs with more ops are solved with identical layers tied (see :mod:`autopar_solver.tying`)."""
 VERIFY_RTOL = 1e-6
 
 
@@ -460,9 +460,9 @@ def _solve_built(
 ) -> Solution:
     """Solve the problem; with ``tie_layers``, first with identical layers tied (fast, small)
     and then untied from that plan, so the reported bound and gap are the real problem's."""
-    from solver.heuristic import improve
-    from solver.problem import evaluate as evaluate_problem
-    from solver.tying import structural_classes, tie, untie
+    from autopar_solver.heuristic import improve
+    from autopar_solver.problem import evaluate as evaluate_problem
+    from autopar_solver.tying import structural_classes, tie, untie
 
     if not tie_layers:
         return solve(built.problem, options, progress=progress, hint=hint)
@@ -592,7 +592,7 @@ def _human_bytes(n: float) -> str:
 
 
 def _raise_infeasible(tables: CostTables, budget: int | None, positions: list[int], mesh: Mesh) -> None:
-    from solver.cpsat import min_feasible_memory
+    from autopar_solver.cpsat import min_feasible_memory
 
     built = build_problem(tables, budget, positions or [0])
     try:

@@ -8,8 +8,8 @@ from autopar.errors import ConfigError, InfeasibleError
 from autopar.evaluate import evaluate
 from autopar.models import build
 from autopar.store import MemoryStore
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan
 
 CLUSTER = Cluster.parse("1x4", "a100-40g")
 OPTIONS = SolverOptions(time_limit_s=20, deterministic=True, workers=2)
