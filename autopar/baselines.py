@@ -8,8 +8,10 @@
   tensor-parallel matmul or flow towards a weight gradient, so partial sums are
   all-reduced as soon as they are used, as in Megatron.
 * ``inferred``: OneFlow's SBP inference as LiBai uses it: the same parameter
-  layout, and every other op greedily picks, in topological order, the
-  signature with the least boxing of its inputs (first one on ties), nothing else.
+  layout, and every other op picks, in topological order, what OneFlow 0.9's
+  greedy inference picks (:mod:`autopar.oneflow_inference`: its candidate
+  order, its copy cost and tie-breaks; 99 % of op signatures as OneFlow's own
+  on the jobs of ``benchmarks/fidelity.py``).
 * ``data-parallel``: parameters ``B``, data ``S(0)`` on every axis, greedy as
   ``megatron``.
 * ``single-device``: every op replicated (all ``B``): each device does the work of one.
@@ -30,6 +32,7 @@ from autopar.cluster import Mesh
 from autopar.costs import op_compute_time, op_signatures, rule_context
 from autopar.errors import ConfigError
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role
+from autopar.oneflow_inference import SOURCE_TYPES, infer_like_oneflow
 from autopar.optimizer import model_port_index, parameter_sources, weight_gradient_path
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
@@ -343,6 +346,9 @@ def baseline_plan(
                 return False
         return True
 
+    if kind is BaselineKind.INFERRED:
+        return _inferred_plan(graph, mesh, zero_stage, var_layout, data, batch, rules, runtime)
+
     chosen: dict[str, Signature] = {}
     tensor_sbp: dict[str, NdSbp] = {}
     for op in graph.topological_order:
@@ -406,5 +412,47 @@ def baseline_plan(
         zero_stage,
         chosen,
         source=f"baseline:{kind.value}",
+        runtime=runtime_profile(runtime).name,
+    )
+
+
+def _inferred_plan(
+    graph: Graph,
+    mesh: Mesh,
+    zero_stage: int,
+    var_layout: dict[str, NdSbp],
+    data: NdSbp,
+    batch: int | None,
+    rules: RuleSet,
+    runtime: str,
+) -> Plan:
+    """OneFlow's SBP inference from LiBai's layout: the sources laid out as LiBai does
+    (parameters by :func:`megatron_parameter_layout`, batch inputs ``data``, the rest
+    ``B``), every other op as OneFlow 0.9's greedy inference picks
+    (:func:`autopar.oneflow_inference.infer_like_oneflow`, its own copy cost, not the runtime's)."""
+    replicated = NdSbp(tuple(B for _ in range(mesh.ndim)))
+    sharding = runtime_profile(runtime).zero_sharding.value
+    sources: dict[str, Signature] = {}
+    for op in graph.ops:
+        if op.type not in SOURCE_TYPES:
+            continue
+        sigs, _ = op_signatures(rules, rule_context(graph, op, mesh.shape, zero_stage, sharding))
+        if op.type == "variable":
+            target = var_layout.get(op.name, replicated)
+        elif op.type == "input":
+            spec = graph.tensors[next(iter(op.outputs.values()))]
+            target = data if spec.shape[:1] == (batch,) else replicated
+        else:
+            target = replicated
+        sources[op.name] = _closest(sigs, target)
+    chosen = infer_like_oneflow(
+        graph, tuple(mesh.shape), sources, zero_stage=zero_stage, rules=rules, zero_sharding=sharding
+    )
+    return Plan.from_assignment(
+        graph,
+        mesh,
+        zero_stage,
+        chosen,
+        source=f"baseline:{BaselineKind.INFERRED.value}",
         runtime=runtime_profile(runtime).name,
     )

@@ -14,7 +14,7 @@
 (``model`` ... ``oneflow``) are defined here and need only the core's
 dependencies; the other packages contribute theirs through the
 ``autopar.commands`` entry-point group in ``pyproject.toml`` (``plan`` from
-``solver.cli``, ``serve``/``worker``/``submit`` from ``service.cli``), as Flask
+``autopar_solver.cli``, ``serve``/``worker``/``submit`` from ``autopar_service.cli``), as Flask
 and pytest plugins do, so the core never imports them.  A command whose extra is
 not installed stays listed and answers ``[missing_extra] ... pip install
 'autopar[extra]'``.  Every user error is one ``autopar: error: [code] ...`` line

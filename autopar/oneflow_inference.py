@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -50,9 +50,11 @@ from autopar.graph import DTYPE_BYTES, Graph
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
 from autopar.runtime import runtime_profile
-from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Signature, Split
+from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Signature, Split
 
 __all__ = [
+    "ONEFLOW_OFFERS",
+    "ONEFLOW_PARTIAL_ORDER",
     "SOURCE_TYPES",
     "Agreement",
     "agreement",
@@ -214,23 +216,63 @@ def _value_rank(v: SbpValue) -> tuple[int, int]:
     return (1, 0) if isinstance(v, Partial) else (2, 0)
 
 
-def oneflow_candidate_order(candidates: Sequence[Signature], ndim: int) -> list[Signature]:
+OneD = tuple[tuple[SbpValue, ...], tuple[SbpValue, ...]]
+"""A 1-D signature: the inputs' and the outputs' SBP on one mesh axis."""
+
+
+def _no_partial_input(single: OneD) -> bool:
+    return not any(isinstance(v, Partial) for v in single[0])
+
+
+ONEFLOW_OFFERS: dict[str, Callable[[OneD], bool]] = {
+    # BroadcastMatmulGradBOp::GetSbp (oneflow/user/ops/matmul_op.cpp): S(i) x S(i) -> P over
+    # every dim but the last, S(last) x B -> S(0), B x S(last) -> S(1); no partial input,
+    # although (B, P) -> P would be valid arithmetic (autopar's matmul rule offers it).
+    "broadcast_matmul_grad_b": _no_partial_input,
+    # SoftmaxGradOp::GetSbp (oneflow/user/ops/softmax_op.cpp): y, dy, dx split alike on
+    # every dim but the last; no partial dy.
+    "softmax_grad": _no_partial_input,
+}
+"""Op types whose 1-D signatures in OneFlow 0.9 are fewer than autopar's rules offer: a
+predicate keeps OneFlow's (the all-``B`` signature always stays)."""
+
+ONEFLOW_PARTIAL_ORDER: dict[str, tuple[tuple[SbpValue, ...], ...]] = {
+    # GenPartialSbpSign<BinaryFuncMul> (oneflow/user/ops/math_binary_broadcast_ops.cpp):
+    # B x P -> P is built before P x B -> P
+    "broadcast_mul": ((B, P), (P, B)),
+}
+"""Op types whose partial-sum 1-D signatures OneFlow lists in an order of its own (inputs)."""
+
+
+def oneflow_candidate_order(
+    candidates: Sequence[Signature], ndim: int, op_type: str | None = None
+) -> list[Signature]:
     """``candidates`` in the order OneFlow 0.9 would list them (item 1 of the module doc).
 
     The product of the 1-D signatures (ordered splits < ``P`` < ``B``, outputs
-    first, then inputs; axis 0 outermost), then ``FilterNdSbpSignatureListByLogicalShape``'s
-    removal from the tail of every product entry autopar's rules do not offer,
-    each replaced by the last entry.
+    first, then inputs; axis 0 outermost; for ``op_type`` in
+    :data:`ONEFLOW_PARTIAL_ORDER` its partial-sum signatures in OneFlow's order,
+    for ``op_type`` in :data:`ONEFLOW_OFFERS` only the 1-D signatures OneFlow
+    offers), then ``FilterNdSbpSignatureListByLogicalShape``'s removal from the
+    tail of every product entry autopar's rules do not offer, each replaced by
+    the last entry.
     """
 
-    def one_d(sig: Signature, axis: int) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...]]:
+    def one_d(sig: Signature, axis: int) -> OneD:
         return tuple(i[axis] for i in sig.inputs), tuple(o[axis] for o in sig.outputs)
 
+    partial_order = ONEFLOW_PARTIAL_ORDER.get(op_type or "", ())
+
+    def key(s: OneD) -> tuple[tuple[tuple[int, int], ...], int, tuple[tuple[int, int], ...]]:
+        position = partial_order.index(s[0]) if s[0] in partial_order else 0
+        return tuple(map(_value_rank, s[1])), position, tuple(map(_value_rank, s[0]))
+
+    offers = ONEFLOW_OFFERS.get(op_type or "")
     by_key = {tuple(one_d(c, a) for a in range(ndim)): c for c in candidates}
-    singles = sorted(
-        {one_d(c, a) for c in candidates for a in range(ndim)},
-        key=lambda s: (tuple(map(_value_rank, s[1])), tuple(map(_value_rank, s[0]))),
-    )
+    found = {one_d(c, a) for c in candidates for a in range(ndim)}
+    if offers is not None:
+        found = {s for s in found if offers(s) or all(isinstance(v, Broadcast) for v in (*s[0], *s[1]))}
+    singles = sorted(found, key=key)
     if len(singles) ** ndim > 50_000:
         return list(candidates)
     order = list(itertools.product(singles, repeat=ndim))
@@ -268,7 +310,7 @@ def infer_like_oneflow(
         else:
             ctx = rule_context(graph, op, mesh_shape, zero_stage, zero_sharding)
             offered, _ = op_signatures(rules, ctx)
-            candidates = oneflow_candidate_order(offered, len(hierarchy)) or list(offered)
+            candidates = oneflow_candidate_order(offered, len(hierarchy), op.type) or list(offered)
             sig = candidates[0]
             if len(candidates) > 1:
                 sig = (

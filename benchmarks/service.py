@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from autopar.client import PlanClient, ServiceError  # noqa: E402
 from autopar.models import build  # noqa: E402
-from cache.redis_server import RedisServer, free_port  # noqa: E402
+from autopar_cache.redis_server import RedisServer, free_port  # noqa: E402
 
 CLUSTER, MESH, BUDGET, ZERO = "2x4", [4, 2], 30 * 2**30, 2
 
@@ -57,8 +57,8 @@ LOCAL_PLAN = """
 import json, sys, time
 from autopar.cluster import Cluster
 from autopar.models import build
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan
 graph = build("mt5-base")
 request = PlanRequest(graph, Cluster.parse("{cluster}"), tuple({mesh}), {budget}, {zero},
                       SolverOptions(time_limit_s={limit}))

@@ -6,7 +6,7 @@
 Each case runs in its own process (so its peak RSS is its own): the model graph is
 built and written to a JSON file first, then the clock starts, and the graph is
 loaded, the cost tables built from an empty memo, solved and verified by
-:func:`solver.planner.plan` under the time limit, which bounds all of it.
+:func:`autopar_solver.planner.plan` under the time limit, which bounds all of it.
 ``wall`` is that clock when the plan (or the error) came back; ``tables`` and
 ``solve`` are the planner's own phase times; ``gap`` is the proven relative gap.
 The memory-bound cases first plan without a budget, then with 60 % (90 %) of that
@@ -73,8 +73,8 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
     from autopar.graph import Graph
     from autopar.models import build
     from autopar.progress import Deadline
-    from solver.options import SolverOptions
-    from solver.planner import PlanRequest, plan
+    from autopar_solver.options import SolverOptions
+    from autopar_solver.planner import PlanRequest, plan
 
     t_build = time.perf_counter()
     graph = build(case.model, **case.overrides)

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.solver_synthetic [--sizes 1000,5000] [--choices 30]
         [--time-limit 30] [--workers 2] [--skip-solve]
 
-Problems come from :func:`solver.synthetic.synthetic_problem`: ``chain`` (a
+Problems come from :func:`autopar_solver.synthetic.synthetic_problem`: ``chain`` (a
 forward chain with skip edges) and ``ladder`` (forward chain, mirrored backward
 chain, an edge from each forward op to its backward op), without memory rows
 and with one peak row whose budget sits halfway between the least and the most
@@ -12,7 +12,7 @@ memory any plan could use.
 Part 1 prints, per problem, nodes / choices / edges before and after the
 reductions and the share of nodes each node reduction removed (leaf, chain,
 singleton, isolated) and of choices each choice reduction removed.
-Part 2 solves each problem with :func:`solver.solve.solve` and prints the
+Part 2 solves each problem with :func:`autopar_solver.solve.solve` and prints the
 strategy (one CP-SAT model or windows), the heuristic's cost, the final
 objective, bound and gap, and seconds per phase.
 """
@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from solver.options import SolverOptions
-from solver.reductions import reduce_problem
-from solver.solve import solve
-from solver.synthetic import synthetic_problem
+from autopar_solver.options import SolverOptions
+from autopar_solver.reductions import reduce_problem
+from autopar_solver.solve import solve
+from autopar_solver.synthetic import synthetic_problem
 
 CASES = (("chain", None), ("chain", 0.5), ("ladder", None), ("ladder", 0.5))
 

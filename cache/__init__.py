@@ -1,12 +1,12 @@
-"""Plan and cost-table cache: one interface (:class:`cache.base.Store`), two backends.
+"""Plan and cost-table cache: one interface (:class:`autopar_cache.base.Store`), two backends.
 
-* :class:`cache.embedded.EmbeddedStore` -- diskcache under the user's cache
+* :class:`autopar_cache.embedded.EmbeddedStore` -- diskcache under the user's cache
   directory; the default when no Redis URL is set.
-* :class:`cache.redis_store.RedisStore` -- Redis (redis-py), shared by every
+* :class:`autopar_cache.redis_store.RedisStore` -- Redis (redis-py), shared by every
   API process and worker.
 
-Values are compressed JSON (:mod:`cache.codec`), never pickle.  Plan records
-and keys: :mod:`cache.plans`.
+Values are compressed JSON (:mod:`autopar_cache.codec`), never pickle.  Plan records
+and keys: :mod:`autopar_cache.plans`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cache.base import PrefixedStore, Store
-from cache.errors import CacheUnavailable
+from autopar_cache.base import PrefixedStore, Store
+from autopar_cache.errors import CacheUnavailable
 
 __all__ = ["CacheUnavailable", "PrefixedStore", "Store", "open_store"]
 
@@ -29,12 +29,12 @@ def open_store(
 ) -> Store:
     """Redis when ``redis_url`` is set, else the embedded store in ``cache_dir``.
 
-    ``cache_dir`` defaults to :func:`cache.embedded.default_cache_dir`.
+    ``cache_dir`` defaults to :func:`autopar_cache.embedded.default_cache_dir`.
     """
     if redis_url:
-        from cache.redis_store import RedisStore
+        from autopar_cache.redis_store import RedisStore
 
         return RedisStore(redis_url, prefix=prefix)
-    from cache.embedded import EmbeddedStore, default_cache_dir
+    from autopar_cache.embedded import EmbeddedStore, default_cache_dir
 
     return EmbeddedStore(Path(cache_dir) if cache_dir else default_cache_dir(), size_limit_bytes)

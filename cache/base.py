@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from autopar.store import KeyValueStore
-from cache.errors import CacheUnavailable
+from autopar_cache.errors import CacheUnavailable
 
 __all__ = ["PrefixedStore", "Store", "score_text"]
 
@@ -74,7 +74,7 @@ class Store(KeyValueStore, Protocol):
         ...
 
     def ping(self) -> None:
-        """Raise :class:`cache.errors.CacheUnavailable` when the backend cannot serve."""
+        """Raise :class:`autopar_cache.errors.CacheUnavailable` when the backend cannot serve."""
         ...
 
     def close(self) -> None:

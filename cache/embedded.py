@@ -16,8 +16,8 @@ from pathlib import Path
 
 import diskcache
 
-from cache.base import score_text
-from cache.errors import CacheUnavailable
+from autopar_cache.base import score_text
+from autopar_cache.errors import CacheUnavailable
 
 __all__ = ["EmbeddedStore", "default_cache_dir"]
 
@@ -31,7 +31,7 @@ def default_cache_dir() -> Path:
 
 
 class EmbeddedStore:
-    """A :class:`cache.base.Store` in a local directory."""
+    """A :class:`autopar_cache.base.Store` in a local directory."""
 
     backend = "embedded"
 

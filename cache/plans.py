@@ -16,6 +16,7 @@ plan by a strictly cheaper one.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from autopar.content_key import content_key, python_sources, source_digest
-from cache import codec
-from cache.base import Store
+from autopar_cache import codec
+from autopar_cache.base import Store
 
 __all__ = [
     "KEY_SCHEMA",
@@ -38,7 +39,16 @@ __all__ = [
 KEY_SCHEMA = 1
 """Bump when the meaning of a key's inputs changes."""
 
-_SOURCE_PACKAGES = ("autopar", "solver")
+_SOURCE_PACKAGES = ("autopar", "autopar_solver")
+"""The packages whose sources change a plan (by import name: their folders are found where
+they import from, a source checkout's ``solver/`` or an installed ``autopar_solver/``)."""
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"package {name!r} is not importable")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def _package_version(name: str) -> str:
@@ -53,12 +63,13 @@ def code_versions() -> dict[str, str]:
 
     Compute once per process (it reads the package sources, ~ms) and pass it on.
     """
-    import autopar
-
-    root = Path(autopar.__file__).resolve().parent.parent
+    digests = []
+    for name in _SOURCE_PACKAGES:
+        folder = _package_dir(name)
+        digests.append(f"{name}:{source_digest(folder, python_sources(folder, ['.']))}")
     return {
         "autopar": _package_version("autopar"),
-        "source": source_digest(root, python_sources(root, _SOURCE_PACKAGES)),
+        "source": hashlib.sha256(" ".join(digests).encode()).hexdigest()[:16],
         "ortools": _package_version("ortools"),
     }
 
@@ -82,7 +93,7 @@ class PlanRecord:
 
 
 class PlanCache:
-    """Plan records in a :class:`cache.base.Store` under ``plan:``."""
+    """Plan records in a :class:`autopar_cache.base.Store` under ``plan:``."""
 
     def __init__(self, store: Store, ttl_s: float | None = None) -> None:
         self.store = store

@@ -3,7 +3,7 @@
 Keys live under ``prefix`` (default ``autopar:``).  Reads of many keys use
 ``MGET`` in chunks; writes use one pipeline; ``put_if_lower`` is a Lua script
 so two workers finishing the same plan cannot overwrite a cheaper one.
-Connection and command failures surface as :class:`cache.errors.CacheUnavailable`
+Connection and command failures surface as :class:`autopar_cache.errors.CacheUnavailable`
 (short socket timeouts: the API must answer, not hang, when Redis is down).
 """
 
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.exceptions import RedisError
 
-from cache.base import score_text
-from cache.errors import CacheUnavailable
+from autopar_cache.base import score_text
+from autopar_cache.errors import CacheUnavailable
 
 __all__ = ["RedisStore", "connect", "redact_url"]
 
@@ -69,7 +69,7 @@ def connect(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
 
 
 class RedisStore:
-    """A :class:`cache.base.Store` on a Redis server."""
+    """A :class:`autopar_cache.base.Store` on a Redis server."""
 
     backend = "redis"
 

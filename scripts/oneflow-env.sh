@@ -76,9 +76,10 @@ if ! "$VENV/bin/python" -c 'import pydantic; assert int(pydantic.VERSION.split("
 fi
 
 # Check from / so that the checkout on sys.path (python -c adds the cwd) cannot pass for an install;
-# reinstall when the installed metadata lacks the `autopar` subcommands' entry points.
+# reinstall when the installed metadata lacks the `autopar` subcommands' entry points (or names
+# them by the import names used before the outer packages became autopar_solver/...).
 REPO="$(pwd)"
-if ! (cd / && AUTOPAR_REPO="$REPO" "$VENV/bin/python" -c 'import autopar, os, pathlib, sys; from importlib.metadata import entry_points; sys.exit(0 if pathlib.Path(autopar.__file__).resolve().is_relative_to(pathlib.Path(os.environ["AUTOPAR_REPO"]).resolve()) and entry_points(group="autopar.commands", name="submit") else 1)') >/dev/null 2>&1; then
+if ! (cd / && AUTOPAR_REPO="$REPO" "$VENV/bin/python" -c 'import autopar, os, pathlib, sys; from importlib.metadata import entry_points; sys.exit(0 if pathlib.Path(autopar.__file__).resolve().is_relative_to(pathlib.Path(os.environ["AUTOPAR_REPO"]).resolve()) and any(ep.value.startswith("autopar_service.") for ep in entry_points(group="autopar.commands", name="submit")) else 1)') >/dev/null 2>&1; then
   log "installing autopar (editable, --no-deps)"
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
 fi

@@ -13,4 +13,4 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v -E "^(WARNING: Location|  )" || true
-.venv/bin/python -c 'import autopar, solver.planner, service' >/dev/null
+.venv/bin/python -c 'import autopar, autopar_solver.planner, autopar_cache, autopar_service' >/dev/null

@@ -22,11 +22,11 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from service.problems import ApiError
-from service.settings import Settings
+from autopar_service.problems import ApiError
+from autopar_service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.jobs import JobManager
+    from autopar_service.jobs import JobManager
 
 __all__ = ["Admission", "client_id"]
 

@@ -12,9 +12,9 @@
     GET    /v1/sweeps/{id}         the table as it fills in
     GET    /livez  /readyz  /metrics  /docs
 
-Routes live in :mod:`service.routers` (one module per resource), shared
-dependencies in :mod:`service.deps`, body decoding in :mod:`service.body`,
-error handlers in :mod:`service.handlers`.  Solves run in the job manager:
+Routes live in :mod:`autopar_service.routers` (one module per resource), shared
+dependencies in :mod:`autopar_service.deps`, body decoding in :mod:`autopar_service.body`,
+error handlers in :mod:`autopar_service.handlers`.  Solves run in the job manager:
 local processes without Redis, RQ workers with it.
 """
 
@@ -28,17 +28,17 @@ from starlette.concurrency import run_in_threadpool
 
 from autopar import __version__
 from autopar.errors import ConfigError
-from cache import open_store
-from cache.base import Store
-from cache.plans import code_versions
-from service.handlers import install_handlers
-from service.jobs import JobManager
-from service.metrics import Metrics
-from service.middleware import TimingMiddleware
-from service.openapi import install_docs, install_openapi
-from service.routers import ROUTERS
-from service.settings import Settings, load_settings
-from service.state import Service
+from autopar_cache import open_store
+from autopar_cache.base import Store
+from autopar_cache.plans import code_versions
+from autopar_service.handlers import install_handlers
+from autopar_service.jobs import JobManager
+from autopar_service.metrics import Metrics
+from autopar_service.middleware import TimingMiddleware
+from autopar_service.openapi import install_docs, install_openapi
+from autopar_service.routers import ROUTERS
+from autopar_service.settings import Settings, load_settings
+from autopar_service.state import Service
 
 __all__ = ["create_app", "start_service"]
 
@@ -51,13 +51,13 @@ DESCRIPTION = (
 
 def _job_manager(settings: Settings, store: Store, versions: dict[str, str]) -> JobManager:
     if settings.uses_redis:
-        from cache.redis_store import RedisStore
-        from service.rq_jobs import RQJobManager
+        from autopar_cache.redis_store import RedisStore
+        from autopar_service.rq_jobs import RQJobManager
 
         if not isinstance(store, RedisStore):
             raise ConfigError("bad_settings", "AUTOPAR_REDIS_URL is set but the store is not Redis")
         return RQJobManager(settings, store)
-    from service.local_jobs import LocalJobManager
+    from autopar_service.local_jobs import LocalJobManager
 
     return LocalJobManager(settings, store, versions)
 

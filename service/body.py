@@ -26,9 +26,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from cache import codec
-from service.problems import ApiError
-from service.settings import Settings
+from autopar_cache import codec
+from autopar_service.problems import ApiError
+from autopar_service.settings import Settings
 
 __all__ = ["BodyRoute", "DecodedRequest", "json_depth", "parse_json_model"]
 

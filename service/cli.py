@@ -61,7 +61,7 @@ __all__ = [
 
 def _settings(args: argparse.Namespace) -> Any:
     require_extra(f"{args.command} --serve" if args.command == "submit" else args.command, "service")
-    from service.settings import load_settings
+    from autopar_service.settings import load_settings
 
     overrides: dict[str, Any] = {}
     for name in ("redis_url", "cache_dir", "local_workers"):
@@ -76,8 +76,8 @@ def serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     import uvicorn
 
-    from service.app import create_app
-    from service.settings import check_exposure
+    from autopar_service.app import create_app
+    from autopar_service.settings import check_exposure
 
     check_exposure(settings, args.host)
 
@@ -102,7 +102,7 @@ def worker(args: argparse.Namespace) -> int:
             "autopar worker needs Redis: pass --redis-url or set AUTOPAR_REDIS_URL "
             "(without Redis, `autopar serve` solves in local processes)",
         )
-    from service.worker import run_worker
+    from autopar_service.worker import run_worker
 
     # each job runs in a forked work horse that reads its settings from the environment
     os.environ["AUTOPAR_REDIS_URL"] = str(settings.redis_url)
@@ -152,7 +152,7 @@ def _embedded_server(args: argparse.Namespace) -> Iterator[str]:
 
     import uvicorn
 
-    from service.app import create_app
+    from autopar_service.app import create_app
 
     settings = _settings(args)
     with socket.socket() as sock:
@@ -351,7 +351,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from service.report import cmd_report
+    from autopar_service.report import cmd_report
 
     return cmd_report(args)
 

@@ -3,7 +3,7 @@
 With ``api_keys`` configured every ``/v1`` route and ``/metrics`` needs a valid
 ``X-API-Key`` (reads too: a plan tells what was planned); ``public_plan_reads``
 opens ``GET /v1/plans/{key}`` alone.  Without keys the server is open, which
-``autopar serve`` allows on loopback only (:func:`service.settings.check_exposure`).
+``autopar serve`` allows on loopback only (:func:`autopar_service.settings.check_exposure`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import APIKeyHeader
 
-from service.admission import client_id
-from service.problems import ApiError
-from service.state import Service
+from autopar_service.admission import client_id
+from autopar_service.problems import ApiError
+from autopar_service.state import Service
 
 __all__ = ["Auth", "Client", "Key", "PlanReadAuth", "ServiceDep", "get_service"]
 

@@ -6,7 +6,7 @@
     GET /ui/{file}                     its script and style, and plotly.js (served from the Python package)
     GET /v1/explorer/options           bundled models, device presets, ZeRO stages (for the page's form)
     GET /v1/models/{name}/graph        a bundled model's training-step graph (autopar.graph/v1 JSON)
-    GET /v1/plans/{key}/report         the HTML report of a cached plan (:mod:`service.report`)
+    GET /v1/plans/{key}/report         the HTML report of a cached plan (:mod:`autopar_service.report`)
 
 The page is plain HTML and JavaScript (no build step).  It talks to the same
 API as any client: ``POST /v1/plans``, the job's server-sent events read with
@@ -31,10 +31,10 @@ from autopar.baselines import BASELINES, baseline_plan
 from autopar.cluster import PRESETS
 from autopar.graph import Graph
 from autopar.plan import Plan
-from cache import codec
-from service.problems import PROBLEM_JSON, ApiError
-from service.report import build_report, plotly_js
-from service.tasks import graph_key
+from autopar_cache import codec
+from autopar_service.problems import PROBLEM_JSON, ApiError
+from autopar_service.report import build_report, plotly_js
+from autopar_service.tasks import graph_key
 
 __all__ = ["router"]
 

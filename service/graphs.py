@@ -19,9 +19,9 @@ from pydantic import ValidationError
 from autopar.errors import AutoparError, GraphError
 from autopar.graph import Graph, Op
 from autopar.rules.registry import RuleContext, default_rules, nd_signatures
-from service.problems import ApiError
-from service.schemas import GraphDoc
-from service.settings import Settings
+from autopar_service.problems import ApiError
+from autopar_service.schemas import GraphDoc
+from autopar_service.settings import Settings
 
 __all__ = ["MAX_TENSOR_BYTES", "check_rules", "parse_graph", "shared_graph_data"]
 

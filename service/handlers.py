@@ -1,6 +1,6 @@
 """Exception handlers: every error becomes problem+json with a stable code.
 
-Library errors map through :func:`service.problems.from_autopar`; Redis
+Library errors map through :func:`autopar_service.problems.from_autopar`; Redis
 failures become 503 with ``Retry-After`` and no infrastructure address (the
 server log has it); a 405 lists in ``Allow`` the methods of *every* route on
 that path; anything unexpected is a logged 500 (a bug to fix: bad input must
@@ -21,8 +21,8 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
 from autopar.errors import AutoparError
-from cache.errors import CacheUnavailable
-from service.problems import ApiError, from_autopar, problem
+from autopar_cache.errors import CacheUnavailable
+from autopar_service.problems import ApiError, from_autopar, problem
 
 __all__ = ["install_handlers"]
 

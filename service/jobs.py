@@ -11,8 +11,8 @@ job's plan is ``GET /v1/plans/{id}``.
        │          └──────> queued            (worker lost, retries left)
        └─────────────────> canceled          (DELETE /v1/jobs/{id})
 
-Two managers implement :class:`JobManager`: :class:`service.local_jobs.LocalJobManager`
-(solver processes beside the API, no Redis) and :class:`service.rq_jobs.RQJobManager`
+Two managers implement :class:`JobManager`: :class:`autopar_service.local_jobs.LocalJobManager`
+(solver processes beside the API, no Redis) and :class:`autopar_service.rq_jobs.RQJobManager`
 (RQ queue, ``autopar worker`` processes anywhere).
 """
 
@@ -125,8 +125,12 @@ class JobInfo:
         """The API representation (strict JSON, with links)."""
         now = time.time()
         elapsed = self.elapsed_s
-        if self.status is JobStatus.RUNNING and self.started_at is not None:
-            elapsed = max(elapsed or 0.0, now - self.started_at)
+        if self.started_at is not None:
+            # the wall clock since the attempt started, never less than a progress report
+            # said (a report's clock starts later, inside the worker): it never goes backwards
+            end = now if self.status is JobStatus.RUNNING else self.finished_at
+            if end is not None:
+                elapsed = max(elapsed or 0.0, end - self.started_at)
         links = {"self": f"/v1/jobs/{self.id}", "events": f"/v1/jobs/{self.id}/events"}
         if self.status is JobStatus.SUCCEEDED:
             links["plan"] = f"/v1/plans/{self.id}"

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from cache import codec
-from cache.base import Store
-from cache.errors import CacheUnavailable
-from service.jobs import JobInfo, JobStatus
-from service.settings import Settings
+from autopar_cache import codec
+from autopar_cache.base import Store
+from autopar_cache.errors import CacheUnavailable
+from autopar_service.jobs import JobInfo, JobStatus
+from autopar_service.settings import Settings
 
 __all__ = ["LocalJobManager", "child_main"]
 
@@ -57,8 +57,8 @@ def child_main(
 ) -> None:
     """Entry point of a solver process: run the job, send JSON messages to the parent."""
     os.setpgrp()  # own process group: cancelling kills the solver's helpers too
-    from cache.embedded import EmbeddedStore
-    from service.tasks import error_of, run_job
+    from autopar_cache.embedded import EmbeddedStore
+    from autopar_service.tasks import error_of, run_job
 
     settings = Settings(**settings_data)
     store = EmbeddedStore(settings.cache_dir, settings.cache_size_limit_bytes)
@@ -87,7 +87,7 @@ class _Entry:
 
 
 class LocalJobManager:
-    """:class:`service.jobs.JobManager` running solves in local processes."""
+    """:class:`autopar_service.jobs.JobManager` running solves in local processes."""
 
     kind = "local"
 
@@ -119,7 +119,9 @@ class LocalJobManager:
         self._pumps = ThreadPoolExecutor(
             max_workers=self.settings.local_workers, thread_name_prefix="autopar-pump"
         )
-        self._ctx.set_forkserver_preload(["service.tasks", "solver.planner", "cache.embedded"])
+        self._ctx.set_forkserver_preload(
+            ["autopar_service.tasks", "autopar_solver.planner", "autopar_cache.embedded"]
+        )
 
     async def close(self) -> None:
         self._closed = True

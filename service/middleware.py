@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.metrics import Metrics
-from service.problems import PROBLEM_JSON
+from autopar_service.metrics import Metrics
+from autopar_service.problems import PROBLEM_JSON
 
 __all__ = ["TimingMiddleware"]
 

@@ -1,6 +1,6 @@
 """The OpenAPI document and the offline Swagger UI.
 
-Routes read their bodies themselves (:mod:`service.body`), so the request and
+Routes read their bodies themselves (:mod:`autopar_service.body`), so the request and
 response schemas are attached here: :func:`json_body` and
 :func:`problem_responses` for each route, and :func:`install_openapi` adds the
 models' schemas (the graph field by field) to ``components``.  ``/docs`` is
@@ -19,9 +19,9 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from service import schemas
-from service.problems import PROBLEM_JSON
-from service.requests import EvaluateBody, PlanBody, SweepBody
+from autopar_service import schemas
+from autopar_service.problems import PROBLEM_JSON
+from autopar_service.requests import EvaluateBody, PlanBody, SweepBody
 
 __all__ = [
     "JOB_LINKS",

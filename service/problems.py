@@ -34,9 +34,9 @@ from autopar.errors import (
     PlanError,
     VerificationError,
 )
-from cache.codec import DecodeError
-from cache.errors import CacheUnavailable
-from service.jobs import finite
+from autopar_cache.codec import DecodeError
+from autopar_cache.errors import CacheUnavailable
+from autopar_service.jobs import finite
 
 __all__ = ["PROBLEM_JSON", "ApiError", "from_autopar", "from_job_error", "problem"]
 

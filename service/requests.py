@@ -1,4 +1,4 @@
-"""Request bodies of the API and their translation to :class:`solver.planner.PlanRequest`.
+"""Request bodies of the API and their translation to :class:`autopar_solver.planner.PlanRequest`.
 
 The API parses a body into :class:`PlanBody` (the graph stays a plain dict),
 then :func:`build_request` resolves defaults (memory budget = the device's
@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from autopar.cluster import PRESETS, Cluster, DeviceSpec, Mesh
 from autopar.errors import ConfigError
 from autopar.graph import Graph
-from service.schemas import GraphField
-from service.settings import Settings
-from solver.options import SolverOptions
-from solver.planner import PlanRequest
+from autopar_service.schemas import GraphField
+from autopar_service.settings import Settings
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest
 
 __all__ = [
     "EvaluateBody",

@@ -47,16 +47,16 @@ from rq.timeouts import JobTimeoutException
 from rq.worker_registration import get_keys
 
 from autopar.errors import ConfigError
-from cache.errors import CacheUnavailable
-from cache.redis_store import RedisStore, connect, redact_url
-from service.jobs import JobInfo, JobStatus
-from service.settings import Settings
+from autopar_cache.errors import CacheUnavailable
+from autopar_cache.redis_store import RedisStore, connect, redact_url
+from autopar_service.jobs import JobInfo, JobStatus
+from autopar_service.settings import Settings
 
 __all__ = ["JobRecords", "RQJobManager", "solve_job"]
 
 log = logging.getLogger("autopar.service.rq")
 
-SOLVE_FUNC = "service.rq_jobs.solve_job"
+SOLVE_FUNC = "autopar_service.rq_jobs.solve_job"
 _SEEN_LIMIT = 10_000
 _PREFIX = "autopar:"
 
@@ -183,9 +183,9 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     Outcomes are written to the job record and the function returns normally,
     so RQ retries only what killed the horse.
     """
-    from cache.plans import code_versions
-    from service.settings import load_settings
-    from service.tasks import error_of, run_job
+    from autopar_cache.plans import code_versions
+    from autopar_service.settings import load_settings
+    from autopar_service.tasks import error_of, run_job
 
     settings = load_settings()
     rq_job = get_current_job()
@@ -252,7 +252,7 @@ def _record_outcome(
     records: JobRecords, job_id: str, settings: Settings, status: JobStatus, **changes: Any
 ) -> None:
     """Write the job's end, retrying through a Redis outage; recreate the record if Redis lost it."""
-    from service.tasks import with_retries
+    from autopar_service.tasks import with_retries
 
     def write() -> None:
         try:
@@ -269,7 +269,7 @@ def _record_outcome(
 
 
 class RQJobManager:
-    """:class:`service.jobs.JobManager` on an RQ queue."""
+    """:class:`autopar_service.jobs.JobManager` on an RQ queue."""
 
     kind = "rq"
 

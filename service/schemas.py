@@ -71,7 +71,7 @@ GRAPH_SCHEMA, GRAPH_DEFS = _graph_schema()
 """The graph's JSON Schema (inline) and the schemas it refers to (``components/schemas``)."""
 
 GraphField = Annotated[dict[str, Any], WithJsonSchema(GRAPH_SCHEMA)]
-"""The type of a request's ``graph``: parsed by :func:`service.graphs.parse_graph`, documented as
+"""The type of a request's ``graph``: parsed by :func:`autopar_service.graphs.parse_graph`, documented as
 :class:`GraphDoc`.  The one place to point at shared wire models when they exist."""
 
 

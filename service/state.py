@@ -1,7 +1,7 @@
 """What every route shares: settings, store, plan cache, jobs, metrics, admission.
 
 The :class:`Service` is built in the app's lifespan and reached through the
-``get_service`` dependency (:mod:`service.deps`).
+``get_service`` dependency (:mod:`autopar_service.deps`).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from cache import codec
-from cache.base import Store
-from cache.plans import PlanCache, PlanRecord
-from service.admission import Admission
-from service.jobs import JobInfo, JobManager
-from service.metrics import Metrics
-from service.settings import Settings
-from service.tasks import graph_key
+from autopar_cache import codec
+from autopar_cache.base import Store
+from autopar_cache.plans import PlanCache, PlanRecord
+from autopar_service.admission import Admission
+from autopar_service.jobs import JobInfo, JobManager
+from autopar_service.metrics import Metrics
+from autopar_service.settings import Settings
+from autopar_service.tasks import graph_key
 
 __all__ = ["BodyIndex", "Service"]
 

@@ -3,7 +3,7 @@
 :func:`run_job` loads the graph the API stored under ``graph:{hash}``, rebuilds
 the request from the job payload, checks that its plan key equals the job id
 (same request, same code versions on API and worker), runs
-:func:`solver.planner.plan` with the cost-table memo in the shared store, and
+:func:`autopar_solver.planner.plan` with the cost-table memo in the shared store, and
 stores the plan record under ``plan:{id}`` (only if cheaper than a stored one).
 
 :func:`error_of` turns any exception into the job's ``error`` dict.
@@ -27,14 +27,14 @@ from autopar.errors import (
 )
 from autopar.graph import Graph
 from autopar.plan import Plan
-from cache import codec
-from cache.base import PrefixedStore, Store
-from cache.errors import CacheUnavailable
-from cache.plans import PlanCache, plan_key
-from service.jobs import finite
-from service.requests import key_dict_of, request_from_payload
-from service.settings import Settings
-from solver.planner import PlanRequest, Progress, plan
+from autopar_cache import codec
+from autopar_cache.base import PrefixedStore, Store
+from autopar_cache.errors import CacheUnavailable
+from autopar_cache.plans import PlanCache, plan_key
+from autopar_service.jobs import finite
+from autopar_service.requests import key_dict_of, request_from_payload
+from autopar_service.settings import Settings
+from autopar_solver.planner import PlanRequest, Progress, plan
 
 __all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job", "with_retries"]
 

@@ -28,8 +28,8 @@ from redis.exceptions import RedisError
 from rq import Queue, Worker, worker_registration
 from rq.serializers import JSONSerializer
 
-from cache.redis_store import connect
-from service.settings import Settings
+from autopar_cache.redis_store import connect
+from autopar_service.settings import Settings
 
 __all__ = ["IDLE_HEARTBEAT_S", "MAX_BACKOFF_S", "ResilientWorker", "make_worker", "run_worker"]
 
@@ -68,7 +68,7 @@ class ResilientWorker(Worker):
 
 def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
     """A worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
-    import solver.planner  # noqa: F401  - import once in the parent so each horse forks warm
+    import autopar_solver.planner  # noqa: F401  - import once in the parent so each horse forks warm
 
     client = connect(str(settings.redis_url))
     queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)

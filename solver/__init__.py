@@ -15,6 +15,6 @@ hard per-device memory rows.
                 CP-SAT (one model or windows) -> expand -> verify       OR-Tools
     planner     graph + cost tables -> Problem -> verified Plan (lead)
 
-Nothing is imported here, so ``solver.problem`` and the numpy-only modules load
+Nothing is imported here, so ``autopar_solver.problem`` and the numpy-only modules load
 beside OneFlow 0.9 (numpy 1.x, no OR-Tools).
 """

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.problem import MemoryRow, Problem
+from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = ["DiffusionBound", "diffusion_bound", "reparametrized"]
 

@@ -158,8 +158,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.cli_args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
     from autopar.cluster import Mesh
     from autopar.progress import Deadline
-    from solver.options import SolverOptions
-    from solver.planner import PlanRequest, plan
+    from autopar_solver.options import SolverOptions
+    from autopar_solver.planner import PlanRequest, plan
 
     options = SolverOptions(
         time_limit_s=args.time_limit,

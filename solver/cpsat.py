@@ -1,4 +1,4 @@
-"""CP-SAT model of a :class:`~solver.problem.Problem` (OR-Tools >= 9.15, snake_case API).
+"""CP-SAT model of a :class:`~autopar_solver.problem.Problem` (OR-Tools >= 9.15, snake_case API).
 
 ::
 
@@ -43,8 +43,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autopar.errors import AutoparError
-from solver.options import Progress, ProgressFn, SolverOptions
-from solver.problem import Problem, evaluate
+from autopar_solver.options import Progress, ProgressFn, SolverOptions
+from autopar_solver.problem import Problem, evaluate
 
 __all__ = [
     "CpSatResult",
@@ -55,7 +55,7 @@ __all__ = [
     "solve_cpsat",
 ]
 
-logger = logging.getLogger("solver.cpsat")
+logger = logging.getLogger("autopar_solver.cpsat")
 
 COEF_MAX = 1e9
 """Largest objective coefficient after scaling."""
@@ -169,7 +169,7 @@ class _Builder:
             if u == v:
                 raise AutoparError(
                     "self_loop",
-                    f"edge {e} joins node {u} to itself; run solver.reductions first "
+                    f"edge {e} joins node {u} to itself; run autopar_solver.reductions first "
                     "(it folds self-loops into node costs)",
                 )
             self.plans.append(self._plan(u, v, matrix, mems))
@@ -483,7 +483,7 @@ def solve_cpsat(
     by the caller and by building the model counts; in deterministic mode the
     whole limit goes to CP-SAT in its deterministic units.  ``encoding`` forces
     the edge encoding ("full", "sparse") for experiments.  ``lower_bound_s`` (a
-    proven bound on ``problem``, e.g. from :mod:`solver.bounds`) becomes a floor
+    proven bound on ``problem``, e.g. from :mod:`autopar_solver.bounds`) becomes a floor
     on the objective's domain (minus the rounding slack), so CP-SAT's gap test
     and bound start from it.
     """

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.problem import Problem, evaluate, memory_fits
+from autopar_solver.problem import Problem, evaluate, memory_fits
 
 __all__ = ["HeuristicResult", "greedy_assignment", "improve", "refine", "solve_heuristic"]
 

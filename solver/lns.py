@@ -12,7 +12,7 @@
                           ──> repeat until the time limit
 
 Each window is solved exactly (or to its own time limit), so the plan improves
-monotonically; no global bound comes out of it (see :mod:`solver.bounds`).
+monotonically; no global bound comes out of it (see :mod:`autopar_solver.bounds`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from solver.cpsat import solve_cpsat
-from solver.heuristic import _Index
-from solver.options import Progress, ProgressFn, SolverOptions
-from solver.problem import MemoryRow, Problem, evaluate, memory_fits
+from autopar_solver.cpsat import solve_cpsat
+from autopar_solver.heuristic import _Index
+from autopar_solver.options import Progress, ProgressFn, SolverOptions
+from autopar_solver.problem import MemoryRow, Problem, evaluate, memory_fits
 
 __all__ = ["LnsResult", "window_search"]
 

@@ -14,7 +14,7 @@ from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 __all__ = ["PHASES", "Progress", "ProgressFn", "SolverOptions"]
 
 PHASES = ("reduce", "heuristic", "build", "solve", "expand", "done")
-"""Values of :attr:`Progress.phase` from :func:`solver.solve.solve`, in order."""
+"""Values of :attr:`Progress.phase` from :func:`autopar_solver.solve.solve`, in order."""
 
 
 def _default_workers() -> int:
@@ -29,7 +29,7 @@ class SolverOptions:
     """
 
     time_limit_s: float = 30.0
-    """Wall-clock limit, seconds.  For :func:`solver.planner.plan` it bounds the whole
+    """Wall-clock limit, seconds.  For :func:`autopar_solver.planner.plan` it bounds the whole
     command: cost tables, reductions, heuristic, CP-SAT, memory rounds, verification."""
     workers: int = field(default_factory=_default_workers)
     """CP-SAT search workers (threads); default ``min(8, os.cpu_count())``."""
@@ -42,17 +42,17 @@ class SolverOptions:
     (``time_limit_s`` is then measured in CP-SAT's deterministic units, and wall time
     is capped at four times that)."""
     log: bool = False
-    """Send CP-SAT's search log to the ``solver.cpsat`` logger (level INFO)."""
+    """Send CP-SAT's search log to the ``autopar_solver.cpsat`` logger (level INFO)."""
     use_hint: bool = True
     """Give CP-SAT the heuristic (or caller's) assignment as a complete hint."""
     reductions: bool = True
-    """Apply the exact reductions of :mod:`solver.reductions` before CP-SAT."""
+    """Apply the exact reductions of :mod:`autopar_solver.reductions` before CP-SAT."""
     runtime: str = DEFAULT_RUNTIME
     """Runtime profile the plan is priced for (:mod:`autopar.runtime`): ``oneflow-0.9`` or ``ideal``."""
     max_model_vars: int = 100_000
     """Largest reduced problem (Booleans: choices + grouped edge pairs) given to CP-SAT
     as one model; above it CP-SAT improves the heuristic plan window by window
-    (:mod:`solver.lns`) and the bound comes from :mod:`solver.bounds`.  Measured on
+    (:mod:`autopar_solver.lns`) and the bound comes from :mod:`autopar_solver.bounds`.  Measured on
     2 workers: one model wins below ~60k Booleans, windows above ~150k."""
 
     def __post_init__(self) -> None:

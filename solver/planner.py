@@ -51,9 +51,9 @@ from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
 from autopar.wire import SolverReport
-from solver.options import SolverOptions
-from solver.problem import MemoryRow, Problem, Solution
-from solver.solve import solve
+from autopar_solver.options import SolverOptions
+from autopar_solver.problem import MemoryRow, Problem, Solution
+from autopar_solver.solve import solve
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
 
@@ -63,7 +63,7 @@ MAX_MEMORY_ROUNDS = 6
 TIE_ROUNDS = 1
 """Weisfeiler-Lehman refinements for layer tying (more rounds split layers near the ends apart)."""
 TIE_THRESHOLD_OPS = 8000
-"""Graphs with more ops are solved with identical layers tied (see :mod:`solver.tying`)."""
+"""Graphs with more ops are solved with identical layers tied (see :mod:`autopar_solver.tying`)."""
 VERIFY_RTOL = 1e-6
 
 
@@ -479,9 +479,9 @@ def _solve_built(
 ) -> Solution:
     """Solve the problem; with ``tie_layers``, first with identical layers tied (fast, small)
     and then untied from that plan, so the reported bound and gap are the real problem's."""
-    from solver.heuristic import improve
-    from solver.problem import evaluate as evaluate_problem
-    from solver.tying import structural_classes, tie, untie
+    from autopar_solver.heuristic import improve
+    from autopar_solver.problem import evaluate as evaluate_problem
+    from autopar_solver.tying import structural_classes, tie, untie
 
     if not tie_layers:
         return solve(built.problem, options, progress=progress, hint=hint)
@@ -653,7 +653,7 @@ def _raise_infeasible(
     """Raise :class:`InfeasibleError` with the least memory needed: the largest memory
     floor when it is over the budget (proven at once), else CP-SAT's least peak over the
     constrained positions, searched for the time left."""
-    from solver.cpsat import min_feasible_memory
+    from autopar_solver.cpsat import min_feasible_memory
 
     floors = memory_floors(tables) if floors is None else floors
     floor = float(floors.max()) if len(floors) else 0.0

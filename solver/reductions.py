@@ -1,4 +1,4 @@
-"""Exact reductions: shrink a :class:`~solver.problem.Problem` before CP-SAT.
+"""Exact reductions: shrink a :class:`~autopar_solver.problem.Problem` before CP-SAT.
 
 Pipeline (each step keeps the optimum and is undone by :meth:`Reduction.expand`)::
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from solver.problem import MemoryRow, Problem
+from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = ["ALL_REDUCTIONS", "Reduction", "problem_size", "reduce_problem"]
 

@@ -1,4 +1,4 @@
-"""Solve a :class:`~solver.problem.Problem` exactly (within a time limit).
+"""Solve a :class:`~autopar_solver.problem.Problem` exactly (within a time limit).
 
 ::
 
@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import VerificationError
-from solver.bounds import DiffusionBound, reparametrized
-from solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
-from solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
-from solver.lns import WINDOW_TIME_S, window_search
-from solver.options import Progress, ProgressFn, SolverOptions
-from solver.problem import Problem, Solution, evaluate, memory_fits
-from solver.reductions import Reduction, problem_size, reduce_problem
+from autopar_solver.bounds import DiffusionBound, reparametrized
+from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
+from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
+from autopar_solver.lns import WINDOW_TIME_S, window_search
+from autopar_solver.options import Progress, ProgressFn, SolverOptions
+from autopar_solver.problem import Problem, Solution, evaluate, memory_fits
+from autopar_solver.reductions import Reduction, problem_size, reduce_problem
 
 __all__ = ["solve"]
 
@@ -64,7 +64,7 @@ _FIRST_CHUNK = 5
 _MAX_CHUNK = 40
 _MAX_ROUNDS = 24
 """Decode rounds per solve (5 + 5 + 10 + 10 + 20 + 20 + 18 x 40 sweeps at most).  TRW-S
-(:mod:`solver.bounds`) gains most in its first tens of sweeps, and plans decoded from it
+(:mod:`autopar_solver.bounds`) gains most in its first tens of sweeps, and plans decoded from it
 get better as it goes (mt5-base on [4, 2]: 7.8 % above the bound after 10 sweeps,
 0.4 % after 30), so decodes come often early on."""
 _PRICE_UP = 1.5

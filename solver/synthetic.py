@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solver.problem import MemoryRow, Problem
+from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = ["synthetic_problem"]
 

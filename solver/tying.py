@@ -7,7 +7,7 @@ their content keys (op kind, attrs, shapes) over the graph's edges: after
 neighbourhoods look the same, which is the case for the same op in two
 identical layers away from the stack's ends.
 
-:func:`tie` turns a :class:`~solver.problem.Problem` into one node per colour:
+:func:`tie` turns a :class:`~autopar_solver.problem.Problem` into one node per colour:
 
 * node cost = sum of the members' costs (choices are the same signatures);
 * an edge between members of colours ``U != V`` adds its matrix to the
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from solver.problem import MemoryRow, Problem
+from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = ["structural_classes", "tie", "untie"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service import explorer
-from service.routers import evaluate, health, jobs, plans, sweeps
+from autopar_service import explorer
+from autopar_service.routers import evaluate, health, jobs, plans, sweeps
 
 __all__ = ["ROUTERS"]
 

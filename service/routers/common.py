@@ -10,10 +10,10 @@ from typing import TypeVar
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from cache.plans import PlanRecord
-from service.jobs import DETERMINISTIC_ERRORS, JobInfo, JobStatus
-from service.problems import ApiError, from_job_error
-from service.state import Service
+from autopar_cache.plans import PlanRecord
+from autopar_service.jobs import DETERMINISTIC_ERRORS, JobInfo, JobStatus
+from autopar_service.problems import ApiError, from_job_error
+from autopar_service.state import Service
 
 __all__ = [
     "etag_matches",

@@ -10,16 +10,16 @@ from fastapi.responses import JSONResponse
 from autopar.errors import AutoparError, PlanError
 from autopar.graph import Graph
 from autopar.plan import Plan
-from service import schemas
-from service.body import BodyRoute, parse_json_model
-from service.deps import Auth, ServiceDep
-from service.graphs import parse_graph
-from service.jobs import finite
-from service.openapi import WRITE_ERRORS, json_body, problem_responses
-from service.problems import ApiError
-from service.requests import EvaluateBody
-from service.routers.common import in_thread_bounded
-from service.state import Service
+from autopar_service import schemas
+from autopar_service.body import BodyRoute, parse_json_model
+from autopar_service.deps import Auth, ServiceDep
+from autopar_service.graphs import parse_graph
+from autopar_service.jobs import finite
+from autopar_service.openapi import WRITE_ERRORS, json_body, problem_responses
+from autopar_service.problems import ApiError
+from autopar_service.requests import EvaluateBody
+from autopar_service.routers.common import in_thread_bounded
+from autopar_service.state import Service
 
 __all__ = ["check_plan_fits", "router"]
 

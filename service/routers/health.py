@@ -8,13 +8,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from cache.errors import CacheUnavailable
-from service import schemas
-from service.deps import Auth, ServiceDep
-from service.jobs import finite
-from service.metrics import CONTENT_TYPE_LATEST
-from service.openapi import problem_responses, ref
-from service.state import Service
+from autopar_cache.errors import CacheUnavailable
+from autopar_service import schemas
+from autopar_service.deps import Auth, ServiceDep
+from autopar_service.jobs import finite
+from autopar_service.metrics import CONTENT_TYPE_LATEST
+from autopar_service.openapi import problem_responses, ref
+from autopar_service.state import Service
 
 __all__ = ["router"]
 

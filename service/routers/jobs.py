@@ -11,13 +11,13 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from cache.errors import CacheUnavailable
-from service import schemas
-from service.deps import Auth, Client, Key, ServiceDep
-from service.jobs import JobInfo, JobStatus
-from service.openapi import problem_responses
-from service.problems import ApiError
-from service.routers.common import deadline_after, known_job
+from autopar_cache.errors import CacheUnavailable
+from autopar_service import schemas
+from autopar_service.deps import Auth, Client, Key, ServiceDep
+from autopar_service.jobs import JobInfo, JobStatus
+from autopar_service.openapi import problem_responses
+from autopar_service.problems import ApiError
+from autopar_service.routers.common import deadline_after, known_job
 
 __all__ = ["SSE_PERIOD_S", "router"]
 

@@ -10,15 +10,15 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from autopar.graph import Graph
-from cache.plans import PlanRecord, plan_key
-from service.body import BodyRoute, parse_json_model
-from service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
-from service.graphs import check_rules, parse_graph, shared_graph_data
-from service.jobs import JobStatus
-from service.openapi import JOB_LINKS, PLAN_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
-from service.problems import ApiError
-from service.requests import PlanBody, build_request, cluster_of, key_dict_of, payload_of
-from service.routers.common import (
+from autopar_cache.plans import PlanRecord, plan_key
+from autopar_service.body import BodyRoute, parse_json_model
+from autopar_service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
+from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
+from autopar_service.jobs import JobStatus
+from autopar_service.openapi import JOB_LINKS, PLAN_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
+from autopar_service.problems import ApiError
+from autopar_service.requests import PlanBody, build_request, cluster_of, key_dict_of, payload_of
+from autopar_service.routers.common import (
     deadline_after,
     etag_matches,
     in_thread_bounded,
@@ -26,7 +26,7 @@ from service.routers.common import (
     refuse_known_failure,
     settle,
 )
-from service.state import Service
+from autopar_service.state import Service
 
 __all__ = ["Prepared", "prepare", "router"]
 

@@ -11,18 +11,18 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from cache import codec
-from cache.plans import plan_key
-from service import schemas
-from service.body import BodyRoute, parse_json_model
-from service.deps import Auth, Client, Key, ServiceDep
-from service.graphs import check_rules, parse_graph, shared_graph_data
-from service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
-from service.openapi import SWEEP_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
-from service.problems import ApiError
-from service.requests import SweepBody, build_request, cluster_of, key_dict_of, payload_of
-from service.routers.common import deadline_after, in_thread_bounded
-from service.state import Service
+from autopar_cache import codec
+from autopar_cache.plans import plan_key
+from autopar_service import schemas
+from autopar_service.body import BodyRoute, parse_json_model
+from autopar_service.deps import Auth, Client, Key, ServiceDep
+from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
+from autopar_service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
+from autopar_service.openapi import SWEEP_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
+from autopar_service.problems import ApiError
+from autopar_service.requests import SweepBody, build_request, cluster_of, key_dict_of, payload_of
+from autopar_service.routers.common import deadline_after, in_thread_bounded
+from autopar_service.state import Service
 
 __all__ = ["router", "sweep_table"]
 

@@ -306,3 +306,32 @@ def test_oneflow_candidate_order_is_the_product_of_one_d_signatures():
     names = [str(s.outputs[0]) for s in ordered]
     assert names[:5] == ["(S(0), S(0))", "(S(0), S(1))", "(S(0), P)", "(S(0), B)", "(S(1), S(0))"]
     assert names[5] == "(B, B)"  # (S(1), S(1)) removed, the list's last entry moved into its place
+
+
+def test_oneflow_candidates_keep_only_the_signatures_oneflow_offers():
+    """broadcast_matmul_grad_b / softmax_grad: OneFlow 0.9 offers no partial-sum input
+    (matmul_op.cpp, softmax_op.cpp) though the arithmetic would allow (B, P) -> P;
+    broadcast_mul lists B x P -> P before P x B -> P (math_binary_broadcast_ops.cpp)."""
+    from autopar.oneflow_inference import oneflow_candidate_order
+    from autopar.sbp import Signature
+
+    def sig(a: str, b: str, out: str) -> Signature:
+        return Signature((parse_nd_sbp(a), parse_nd_sbp(b)), (parse_nd_sbp(out),))
+
+    grad_b = [
+        sig("(S(0), S(1))", "(S(0), S(1))", "(P, P)"),
+        sig("(S(0), B)", "(S(0), P)", "(P, P)"),
+        sig("(S(0), P)", "(S(0), B)", "(P, P)"),
+        sig("(B, B)", "(B, B)", "(B, B)"),
+    ]
+    for op_type in ("broadcast_matmul_grad_b", "softmax_grad"):
+        kept = oneflow_candidate_order(grad_b, 2, op_type)
+        assert sorted(map(str, kept)) == sorted(map(str, (grad_b[0], grad_b[3]))), op_type
+    # any other op type keeps every offered signature
+    assert set(oneflow_candidate_order(grad_b, 2, "broadcast_matmul")) == set(grad_b)
+
+    mul = [sig("(B,)", "(P,)", "(P,)"), sig("(P,)", "(B,)", "(P,)"), sig("(B,)", "(B,)", "(B,)")]
+    order = oneflow_candidate_order(list(reversed(mul)), 1, "broadcast_mul")
+    assert order == mul
+    # the generic order (outputs, then inputs: S < P < B) puts P x B first
+    assert oneflow_candidate_order(mul, 1, "broadcast_add")[:2] == [mul[1], mul[0]]

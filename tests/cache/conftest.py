@@ -5,10 +5,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from cache.base import Store
-from cache.embedded import EmbeddedStore
-from cache.redis_server import RedisServer, redis_server_binary
-from cache.redis_store import RedisStore
+from autopar_cache.base import Store
+from autopar_cache.embedded import EmbeddedStore
+from autopar_cache.redis_server import RedisServer, redis_server_binary
+from autopar_cache.redis_store import RedisStore
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 import pytest
 import zstandard
 
-from cache import codec
+from autopar_cache import codec
 
 
 def test_encode_decode_roundtrip_and_compresses() -> None:

@@ -10,10 +10,10 @@ import pytest
 from autopar.cluster import Cluster
 from autopar.graph import Graph
 from autopar.models import build
-from cache.base import Store
-from cache.plans import PlanCache, code_versions, plan_key
-from solver.options import SolverOptions
-from solver.planner import PlanRequest
+from autopar_cache.base import Store
+from autopar_cache.plans import PlanCache, code_versions, plan_key
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest
 
 
 @pytest.fixture(scope="module")

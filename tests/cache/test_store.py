@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from autopar.store import KeyValueStore
-from cache.base import PrefixedStore, Store
-from cache.errors import CacheUnavailable
-from cache.redis_server import RedisServer, free_port
-from cache.redis_store import RedisStore, redact_url
+from autopar_cache.base import PrefixedStore, Store
+from autopar_cache.errors import CacheUnavailable
+from autopar_cache.redis_server import RedisServer, free_port
+from autopar_cache.redis_store import RedisStore, redact_url
 
 
 def test_is_a_key_value_store(store: Store) -> None:

@@ -20,7 +20,9 @@ def solver_python() -> str:
         python = autopar_python()
     except Exception as exc:
         pytest.skip(f"no main autopar environment for the solver: {exc}")
-    probe = subprocess.run([python, "-c", "import ortools, solver.planner"], capture_output=True, check=False)
+    probe = subprocess.run(
+        [python, "-c", "import ortools, autopar_solver.planner"], capture_output=True, check=False
+    )
     if probe.returncode != 0:
         pytest.skip("the main environment has no solver (autopar[solver])")
     return python

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from autopar.graph import Graph
-from service.tasks import graph_key
+from autopar_service.tasks import graph_key
 from tests.service.helpers import live_server, make_settings, wait_job
 
 KEY = "k-" + "7" * 20

@@ -11,7 +11,7 @@ import pytest
 
 from autopar.errors import PlanError
 from autopar.evaluate import evaluate
-from service.report import build_report, format_bytes
+from autopar_service.report import build_report, format_bytes
 from tests.report.plans import MESH, baseline, model
 from tests.service.helpers import REPO
 

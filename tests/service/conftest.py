@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from cache.redis_server import RedisServer, redis_server_binary
+from autopar_cache.redis_server import RedisServer, redis_server_binary
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from cache.redis_server import free_port
-from service.app import create_app
-from service.settings import Settings
+from autopar_cache.redis_server import free_port
+from autopar_service.app import create_app
+from autopar_service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 

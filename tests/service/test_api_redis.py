@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from autopar.models import build
-from cache.redis_server import RedisServer
-from service.jobs import JobStatus
-from service.rq_jobs import JobRecords
+from autopar_cache.redis_server import RedisServer
+from autopar_service.jobs import JobStatus
+from autopar_service.rq_jobs import JobRecords
 from tests.service.helpers import (
     LiveServer,
     WorkerProcess,

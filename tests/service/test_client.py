@@ -10,7 +10,7 @@ import pytest
 from autopar.client import PlanClient, ServiceError
 from autopar.graph import Graph
 from autopar.plan import Plan
-from cache.redis_server import RedisServer, free_port
+from autopar_cache.redis_server import RedisServer, free_port
 from tests.service.helpers import live_server, make_settings
 
 REQUEST = {"cluster": "1x2", "mesh_shape": (2,), "options": {"time_limit_s": 5}}

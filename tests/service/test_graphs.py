@@ -6,9 +6,9 @@ import pytest
 
 from autopar.errors import GraphError
 from autopar.models import MODEL_NAMES, build
-from service.body import json_depth
-from service.graphs import check_rules, parse_graph, shared_graph_data
-from service.settings import Settings
+from autopar_service.body import json_depth
+from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
+from autopar_service.settings import Settings
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_NAMES))

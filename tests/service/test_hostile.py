@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.settings import Settings, check_exposure
+from autopar_service.settings import Settings, check_exposure
 from tests.service.helpers import LiveServer, live_server, make_settings, metric, plan_body, wait_status
 
 pytestmark = pytest.mark.timeout(300)
@@ -119,7 +119,7 @@ def test_case2_wrong_types_in_the_graph_are_422(conn: KeepAlive, tiny_graph: dic
 def test_case3_an_unexpected_error_keeps_the_connection(
     server: LiveServer, conn: KeepAlive, tiny_graph: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.routers import plans
+    from autopar_service.routers import plans
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")

@@ -13,18 +13,18 @@ from tests.service.helpers import REPO
 BLOCKER = """
 import importlib.abc, sys
 BLOCKED = {"fastapi", "starlette", "uvicorn", "redis", "rq", "ortools",
-           "pydantic_settings", "diskcache", "zstandard", "httpx", "cache"}
+           "pydantic_settings", "diskcache", "zstandard", "httpx", "autopar_cache"}
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(f"blocked: {name}")
         return None
 sys.meta_path.insert(0, Block())
-import autopar.client, service.cli, solver.cli
+import autopar.client, autopar_service.cli, autopar_solver.cli
 from autopar.cli import build_parser
 parser, handlers = build_parser()
 assert {"serve", "worker", "submit", "plan"} <= set(handlers), handlers
-assert not {"fastapi", "ortools", "rq", "solver.planner", "service.app"} & set(sys.modules)
+assert not {"fastapi", "ortools", "rq", "autopar_solver.planner", "autopar_service.app"} & set(sys.modules)
 print("ok")
 """
 
@@ -45,7 +45,7 @@ def test_client_imports_in_the_oneflow_environment() -> None:
         [
             str(python),
             "-c",
-            "import autopar.client, service.cli, sys; print(sys.version_info[:2])",
+            "import autopar.client, autopar_service.cli, sys; print(sys.version_info[:2])",
         ],
         cwd=Path("/"),
         env={"PYTHONPATH": str(REPO)},

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.redis_server import RedisServer, redis_server_binary
+from autopar_cache.redis_server import RedisServer, redis_server_binary
 from tests.service.helpers import WorkerProcess, live_server, make_settings, plan_body
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(420)]

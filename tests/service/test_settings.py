@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from autopar.errors import ConfigError
-from service.settings import Settings, load_settings
+from autopar_service.settings import Settings, load_settings
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from solver.problem import MEMORY_RTOL, MemoryRow, Problem
+from autopar_solver.problem import MEMORY_RTOL, MemoryRow, Problem
 
 
 def all_assignments(problem: Problem) -> np.ndarray:

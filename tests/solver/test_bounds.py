@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.bounds import diffusion_bound
-from solver.problem import Problem
-from solver.reductions import reduce_problem
-from solver.synthetic import synthetic_problem
+from autopar_solver.bounds import diffusion_bound
+from autopar_solver.problem import Problem
+from autopar_solver.reductions import reduce_problem
+from autopar_solver.synthetic import synthetic_problem
 from tests.solver.helpers import brute_force, problems
 
 
@@ -65,7 +65,7 @@ def test_memory_prices_raise_the_bound_when_memory_binds():
 @settings(max_examples=40, deadline=None)
 @given(problems(), st.lists(st.floats(0, 3), min_size=3, max_size=3))
 def test_repriced_runs_stay_valid_and_resume(problem, prices):
-    from solver.bounds import DiffusionBound
+    from autopar_solver.bounds import DiffusionBound
 
     best, _ = brute_force(problem)
     run = DiffusionBound(problem, np.ones(len(problem.memory_rows)))
@@ -98,7 +98,7 @@ def test_bound_is_tight_on_a_tree(seed):
 @given(problems(memory=False), st.integers(0, 30))
 def test_a_sweep_cut_anywhere_leaves_a_valid_bound(problem, steps):
     # a sweep stopped at the deadline after any level is still a reparametrisation
-    from solver.bounds import DiffusionBound
+    from autopar_solver.bounds import DiffusionBound
 
     best, _ = brute_force(problem)
     run = DiffusionBound(problem)

@@ -9,7 +9,7 @@ import pytest
 import autopar.baselines
 from autopar.cluster import Cluster, Mesh
 from autopar.models import build
-from solver.cli import baseline_evaluated
+from autopar_solver.cli import baseline_evaluated
 
 MESH = Mesh(Cluster.parse("1x4", "a100-40g"), (2, 2))
 

@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autopar.errors import AutoparError
-from solver.cpsat import find_feasible, min_feasible_memory, model_size, solve_cpsat
-from solver.options import SolverOptions
-from solver.problem import MemoryRow, Problem, evaluate, is_feasible
-from solver.reductions import reduce_problem
-from solver.synthetic import synthetic_problem
+from autopar_solver.cpsat import find_feasible, min_feasible_memory, model_size, solve_cpsat
+from autopar_solver.options import SolverOptions
+from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible
+from autopar_solver.reductions import reduce_problem
+from autopar_solver.synthetic import synthetic_problem
 from tests.solver.helpers import brute_force, min_peak, problems
 
 EXACT = SolverOptions(time_limit_s=10, workers=2, deterministic=True, relative_gap=0.0)

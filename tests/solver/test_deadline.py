@@ -15,11 +15,11 @@ from autopar.evaluate import evaluate
 from autopar.models import build
 from autopar.progress import Deadline, Progress
 from autopar.store import MemoryStore
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan, solve_on_mesh
-from solver.problem import evaluate as evaluate_problem
-from solver.problem import is_feasible
-from solver.solve import solve
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan, solve_on_mesh
+from autopar_solver.problem import evaluate as evaluate_problem
+from autopar_solver.problem import is_feasible
+from autopar_solver.solve import solve
 from tests.solver.helpers import brute_force, problems
 
 CLUSTER = Cluster.parse("1x4", "a100-40g")

@@ -6,8 +6,8 @@ from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.models import build
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan
 from tests.graphs import mlp_graph
 
 TP2 = Cluster.parse("1x2", "a100-40g")

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from solver.heuristic import greedy_assignment, improve, solve_heuristic
-from solver.problem import MemoryRow, Problem, evaluate, is_feasible
-from solver.synthetic import synthetic_problem
+from autopar_solver.heuristic import greedy_assignment, improve, solve_heuristic
+from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible
+from autopar_solver.synthetic import synthetic_problem
 from tests.solver.helpers import brute_force, problems
 
 
@@ -89,7 +89,7 @@ def test_fast_on_10k_nodes_with_40_choices():
 
 
 def test_refine_keeps_a_fitting_plan_fitting_and_never_worse():
-    from solver.heuristic import refine
+    from autopar_solver.heuristic import refine
 
     problem = synthetic_problem(120, 8, seed=8, shape="ladder", budget_fraction=0.5)
     start = greedy_assignment(problem)

@@ -4,13 +4,13 @@ import time
 import pytest
 from hypothesis import given, settings
 
-from solver.heuristic import greedy_assignment
-from solver.lns import window_search
-from solver.options import SolverOptions
-from solver.problem import evaluate, is_feasible
-from solver.reductions import reduce_problem
-from solver.solve import solve
-from solver.synthetic import synthetic_problem
+from autopar_solver.heuristic import greedy_assignment
+from autopar_solver.lns import window_search
+from autopar_solver.options import SolverOptions
+from autopar_solver.problem import evaluate, is_feasible
+from autopar_solver.reductions import reduce_problem
+from autopar_solver.solve import solve
+from autopar_solver.synthetic import synthetic_problem
 from tests.solver.helpers import brute_force, problems
 
 OPTIONS = SolverOptions(time_limit_s=10, workers=2, deterministic=True, relative_gap=0.0)

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from autopar.errors import ConfigError
-from solver.options import Progress, SolverOptions
+from autopar_solver.options import Progress, SolverOptions
 
 
 def test_defaults():

@@ -8,8 +8,8 @@ from autopar.errors import ConfigError, InfeasibleError
 from autopar.evaluate import evaluate
 from autopar.models import build
 from autopar.store import MemoryStore
-from solver.options import SolverOptions
-from solver.planner import PlanRequest, plan
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan
 
 CLUSTER = Cluster.parse("1x4", "a100-40g")
 OPTIONS = SolverOptions(time_limit_s=20, deterministic=True, workers=2)
@@ -106,7 +106,7 @@ def test_size_1_axes_are_solved_away_and_the_plan_verified_on_the_requested_mesh
 
 def test_memory_floors_are_below_every_plan_and_prove_a_budget_under_them(graph, unconstrained):
     from autopar.cost_tables import build_cost_tables
-    from solver.planner import memory_floors
+    from autopar_solver.planner import memory_floors
 
     tables = build_cost_tables(graph, Mesh(CLUSTER, (2, 2)), 2, workers=1)
     floors = memory_floors(tables)
@@ -124,7 +124,7 @@ def test_memory_floors_are_below_every_plan_and_prove_a_budget_under_them(graph,
 
 def test_a_lifted_plan_without_time_for_its_recheck_keeps_the_squeezed_evaluation(graph, unconstrained):
     from autopar.progress import Deadline
-    from solver.planner import _unsqueeze
+    from autopar_solver.planner import _unsqueeze
 
     lifted = _unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(1e-9))
     assert lifted.mesh.shape == (2, 1, 2)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 
 from autopar.errors import ConfigError, PlanError
-from solver.problem import MemoryRow, Problem, evaluate, is_feasible, memory_fits
+from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible, memory_fits
 from tests.solver.helpers import problems, table
 
 

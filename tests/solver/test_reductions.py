@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.problem import MEMORY_RTOL, MemoryRow, Problem, evaluate
-from solver.reductions import ALL_REDUCTIONS, reduce_problem
+from autopar_solver.problem import MEMORY_RTOL, MemoryRow, Problem, evaluate
+from autopar_solver.reductions import ALL_REDUCTIONS, reduce_problem
 from tests.solver.helpers import all_assignments, brute_force, problems, table
 
 
@@ -262,7 +262,7 @@ def test_singleton_with_forbidden_choice_is_infeasible():
 
 def test_reductions_stopped_at_a_deadline_keep_the_optimum():
     """Stopped between two reductions, the smaller problem still has the original's optimum."""
-    from solver.synthetic import synthetic_problem
+    from autopar_solver.synthetic import synthetic_problem
 
     problem = synthetic_problem(7, 3, seed=5, shape="ladder", budget_fraction=None)
     stopped = reduce_problem(problem, deadline=0.0)

@@ -5,13 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import solver.solve as solve_module
+import autopar_solver.solve as solve_module
 from autopar.errors import VerificationError
-from solver.options import PHASES, SolverOptions
-from solver.problem import MemoryRow, Problem, evaluate, is_feasible
-from solver.reductions import reduce_problem
-from solver.solve import solve
-from solver.synthetic import synthetic_problem
+from autopar_solver.options import PHASES, SolverOptions
+from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible
+from autopar_solver.reductions import reduce_problem
+from autopar_solver.solve import solve
+from autopar_solver.synthetic import synthetic_problem
 from tests.solver.helpers import brute_force, min_peak, problems
 
 
