@@ -136,12 +136,12 @@ class DiffusionBound:
         ahead: list[tuple[int, int]] = []
         parts: list[tuple[np.ndarray, int, int, int, int]] = []  # nodes, slot ranges behind/ahead
         for start, end in _runs(level[order]):
-            nodes = order[start:end]
+            members = order[start:end]
             b0, a0 = len(behind), len(ahead)
-            for i in nodes:
+            for i in members:
                 for k in incident[i]:
                     (ahead if int(ends[k].sum()) - i > i else behind).append((i, k))
-            parts.append((np.array(nodes, dtype=np.int64), b0, len(behind), a0, len(ahead)))
+            parts.append((np.array(members, dtype=np.int64), b0, len(behind), a0, len(ahead)))
         slots = behind + ahead
         self._ahead_slot = len(behind)
         seg_first = np.zeros(m, dtype=np.int64)

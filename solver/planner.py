@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
-from autopar.wire import SolverReport
+from autopar.wire import MemoryReport, Predicted, SolverReport
 from solver.options import SolverOptions
 from solver.problem import MemoryRow, Problem, Solution
 from solver.solve import solve
@@ -756,7 +756,7 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None
     lists (and boxing states) would grow by a factor per size-1 axis for nothing.  When
     the re-check does not finish in time, the plan keeps the squeezed mesh's evaluation
     (already verified against the solver), its per-axis figures moved to the kept axes,
-    and ``diagnostics["recheck"]`` says so.
+    and ``solver["stats"]["recheck"]`` says so.
     """
     kept = [a for a, n in enumerate(mesh.shape) if n > 1]
 
@@ -795,15 +795,18 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None
             out.update({axis.get(str(k), str(k)): v for k, v in per_axis.items()})
             return out
 
-        lifted.predicted = {
-            k: moved(v) if k.endswith("_per_axis") else v for k, v in (solved.predicted or {}).items()
-        }
-        lifted.memory = dict(solved.memory or {})
+        lifted.predicted = cast(
+            Predicted,
+            {k: moved(v) if k.endswith("_per_axis") else v for k, v in (solved.predicted or {}).items()},
+        )
+        lifted.memory = cast(MemoryReport, dict(solved.memory or {}))
         lifted.diagnostics = {**lifted.diagnostics, **solved.diagnostics}
-        lifted.diagnostics["recheck"] = (
+        stats = dict(solver.get("stats", {}))
+        stats["recheck"] = (
             f"evaluated on the squeezed mesh {list(solved.mesh.shape)}; the re-check on "
             f"{list(mesh.shape)} did not finish within the time limit"
         )
+        solver["stats"] = stats
     lifted.solver = solver
     lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
     return lifted
