@@ -73,6 +73,14 @@ _MARGIN_S = 0.3
 """Kept free before the deadline for the last sweep, expansion and verification."""
 _DECODE_S = 1.0
 _WINDOW_STALL = 8
+_MAX_DUAL_ENTRIES = 40_000_000
+"""Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
+every entry and an index per entry (20 bytes each)."""
+_SETUP_S_PER_ENTRY = 4e-7
+"""TRW-S setup seconds per edge entry (measured on mt5-base, 4M entries: 0.9 s CPU,
+1.3-2.5 s wall on a loaded machine)."""
+_SETUP_SHARE = 0.5
+"""TRW-S is set up only when its estimated setup takes at most this share of the time left."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -274,6 +282,23 @@ class _Dual:
         self.reduced = reduced
         self.best = best
         self.options = options
+        self.trivial = math.fsum(
+            [float(c.min()) for c in reduced.node_costs] + [float(m.min()) for _, _, m in reduced.edges]
+        )
+        """The bound without any sweep: every node and edge at its least, seconds."""
+        self.runs: list[DiffusionBound] = []
+        self.chunk = _FIRST_CHUNK
+        self.reverse_order = list(range(reduced.num_nodes - 1, -1, -1))
+        self.rounds = 0
+        self.decode_s = 0.0
+        """Seconds the last decode took (time kept free for the next one)."""
+        self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": []}
+        entries = sum(m.size for _, _, m in reduced.edges)
+        left = math.inf if deadline is None else deadline - time.perf_counter()
+        if entries > _MAX_DUAL_ENTRIES or entries * _SETUP_S_PER_ENTRY > _SETUP_SHARE * left:
+            # too big to lay out in the time (or memory) there is: the trivial bound only
+            self.stats["skipped"] = f"{entries} edge entries"
+            return
         began = time.perf_counter()
         self.runs = [DiffusionBound(reduced)]
         setup = time.perf_counter() - began
@@ -284,16 +309,11 @@ class _Dual:
         ):
             # memory binds: a second run on the priced problem (its bound counts memory)
             self.runs.append(DiffusionBound(reduced, best.price))
-        self.chunk = _FIRST_CHUNK
-        self.reverse_order = list(range(reduced.num_nodes - 1, -1, -1))
-        self.rounds = 0
-        self.decode_s = 0.0
-        """Seconds the last decode took (time kept free for the next one)."""
-        self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": [0] * len(self.runs)}
+        self.stats["sweeps"] = [0] * len(self.runs)
 
     @property
     def lower(self) -> float:
-        return max(run.value for run in self.runs)
+        return max([self.trivial, *(run.value for run in self.runs)])
 
     def advance(self, deadline: float, target_gap: float) -> None:
         """Sweep and decode until ``deadline`` (deterministic: a fixed sweep count),
