@@ -3,7 +3,7 @@
 ::
 
     Problem ─ reduce ─> reduced Problem ─ heuristic ─> plan that fits (usually)
-                                        ─ diffusion bound (Lagrangian on memory)
+                                        ─ TRW-S bound (Lagrangian on memory), decoded into plans
             ─ model small enough?  yes ─> CP-SAT on the whole reduced problem, hinted
                                    no  ─> CP-SAT on windows (LNS) from the heuristic plan
             ─ expand (undo stack) ─> verify on the ORIGINAL problem ─> Solution
@@ -15,7 +15,7 @@ documented rounding error, and every memory row must fit, or
 :class:`~autopar.errors.VerificationError` is raised.
 
 The bound is the best of CP-SAT's bound (minus its rounding error) and the
-diffusion bound, plus the folded seconds; when it meets the objective the
+TRW-S bound (:mod:`solver.bounds`), plus the folded seconds; when it meets the objective the
 status is "optimal" whichever search found the plan.
 """
 
@@ -50,10 +50,10 @@ and the last digits a converging bound never reaches."""
 _SHARES = {"model": (0.05, 0.3), "windows": (0.05, 1.0)}
 """Share of the time limit for (heuristic, dual phase) per strategy.  The dual phase
 stops early once its bound meets the best plan (within ``relative_gap`` for big
-problems, to optimality for small ones) or when diffusion has converged.  On the
+problems, to optimality for small ones) or when TRW-S has converged.  On the
 planner's problems the local-polytope LP is nearly tight, so plans decoded from the
-diffusion are near-optimal and the dual phase gets the time: for big problems all
-of it, windows only run once diffusion has converged (on MT5-base tables windows
+TRW-S are near-optimal and the dual phase gets the time: for big problems all
+of it, windows only run once TRW-S has converged (on MT5-base tables windows
 never improved a decoded plan; on tiny-gpt the dual phase proves optimality in
 under a second where one CP-SAT model reached a 23 % gap in 50 s)."""
 _REDUCE_SHARE = 0.4
@@ -76,11 +76,11 @@ _WINDOW_STALL = 8
 _MAX_DUAL_ENTRIES = 40_000_000
 """Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
 every entry and an index per entry (20 bytes each)."""
-_SETUP_S_PER_ENTRY = 4e-7
-"""TRW-S setup seconds per edge entry (measured on mt5-base, 4M entries: 0.9 s CPU,
-1.3-2.5 s wall on a loaded machine)."""
-_SETUP_SHARE = 0.5
-"""TRW-S is set up only when its estimated setup takes at most this share of the time left."""
+_SETUP_S_PER_ENTRY = 2e-7
+"""TRW-S setup seconds per edge entry (measured on mt5-base, 4M entries: 0.9 s CPU)."""
+_SETUP_SHARE = 1.0
+"""TRW-S is set up only when its estimated setup fits in this share of the time left (a
+safety net: the planner already skips the untied solve of a tied graph without time)."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -144,7 +144,7 @@ def solve(
         stats["cpsat"] = None
         return _finish(problem, reduction, [], "optimal", None, -math.inf, stats, t0, report)
 
-    # -- dual: diffusion bound, decoded into plans
+    # -- dual: TRW-S bound, decoded into plans
     start = time.perf_counter()
     dual = _Dual(reduced, best, options, None if options.deterministic else deadline)
     dual.advance(
@@ -268,7 +268,7 @@ def _heuristic(
 
 
 class _Dual:
-    """Diffusion runs (without prices and, if memory binds, with the heuristic's
+    """TRW-S runs (without prices and, if memory binds, with the heuristic's
     prices) whose reparametrised problems are decoded into plans: a greedy pass on
     the reparametrised costs, then the heuristic's descent on the true costs."""
 
