@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,12 +136,12 @@ class DiffusionBound:
         ahead: list[tuple[int, int]] = []
         parts: list[tuple[np.ndarray, int, int, int, int]] = []  # nodes, slot ranges behind/ahead
         for start, end in _runs(level[order]):
-            nodes = order[start:end]
+            members = order[start:end]
             b0, a0 = len(behind), len(ahead)
-            for i in nodes:
+            for i in members:
                 for k in incident[i]:
                     (ahead if int(ends[k].sum()) - i > i else behind).append((i, k))
-            parts.append((np.array(nodes, dtype=np.int64), b0, len(behind), a0, len(ahead)))
+            parts.append((np.array(members, dtype=np.int64), b0, len(behind), a0, len(ahead)))
         slots = behind + ahead
         self._ahead_slot = len(behind)
         seg_first = np.zeros(m, dtype=np.int64)
@@ -194,10 +195,23 @@ class DiffusionBound:
         self._bound_starts = _starts(seg_len[self._bound_segments])
         self._bound_slots = slot_segment[first_ahead:-1] - slot_segment[first_ahead]
         self._bound_edges = np.array([k for _, k in ahead], dtype=np.int64)
+        # segments with a finite entry (all of them unless a row or column is all forbidden)
+        seg_finite = (
+            np.isfinite(np.minimum.reduceat(self._values, _starts(seg_len)))
+            if count
+            else np.zeros(0, dtype=bool)
+        )
         self.levels: list[_Level] = []
         for nodes, b0, b1, a0, a1 in parts:
             counts = off[nodes + 1] - off[nodes]
             node_choices = np.concatenate([np.arange(off[i], off[i + 1]) for i in nodes.tolist()])
+            s_lo, s_hi = int(slot_segment[b0]), int(slot_segment[b1])
+            t_lo, t_hi = int(slot_segment[first_ahead + a0]), int(slot_segment[first_ahead + a1])
+            clean = bool(
+                np.isfinite(self.flat_theta[node_choices]).all()
+                and seg_finite[s_lo:s_hi].all()
+                and seg_finite[t_lo:t_hi].all()
+            )
             self.levels.append(
                 _Level(
                     earlier=self._part(
@@ -216,6 +230,7 @@ class DiffusionBound:
                     weight=np.repeat(weight[nodes], counts),
                     kept_forward=np.repeat(1.0 - n_later[nodes] * weight[nodes], counts),
                     kept_backward=np.repeat(1.0 - n_earlier[nodes] * weight[nodes], counts),
+                    clean=clean,
                 )
             )
 
@@ -341,6 +356,23 @@ class DiffusionBound:
         pulled in the previous pass and nothing has touched them since."""
         theta = self.flat_theta
         behind, ahead = (lev.earlier, lev.later) if forward else (lev.later, lev.earlier)
+        kept = lev.kept_forward if forward else lev.kept_backward
+        if lev.clean and not full:
+            # nothing forbidden here: no infinity to guard (the usual case after reductions)
+            alpha = self.alpha
+            costs = theta[lev.node_choices]
+            part = behind
+            if part.segments.start != part.segments.stop:
+                own = alpha[part.segments]
+                rows = np.minimum.reduceat(
+                    self._values[part.entries] - alpha[self._other[part.entries]], part.starts
+                )
+                costs += np.bincount(part.choice, weights=rows - own, minlength=len(costs))
+                alpha[part.segments] = rows
+            theta[lev.node_choices] = costs * kept
+            if ahead.segments.start != ahead.segments.stop:
+                alpha[ahead.segments] -= (costs * lev.weight)[ahead.choice]
+            return
         n_choices = len(lev.node_choices)
         pulled = np.zeros(n_choices)
         blocked = np.zeros(n_choices, dtype=bool)
@@ -351,31 +383,33 @@ class DiffusionBound:
         costs[blocked] = math.inf
         ok = np.isfinite(costs)
         finite_costs = np.where(ok, costs, 0.0)
-        kept = lev.kept_forward if forward else lev.kept_backward
         theta[lev.node_choices] = np.where(ok, finite_costs * kept, math.inf)
         if ahead.segments.start != ahead.segments.stop:
             # pushing s onto an edge lowers its message by s
             self.alpha[ahead.segments] -= (finite_costs * lev.weight)[ahead.choice]
 
-    def run(self, max_sweeps: int, deadline: float = math.inf) -> float:
+    def run(
+        self,
+        max_sweeps: int,
+        deadline: float = math.inf,
+        between: Callable[[], None] | None = None,
+    ) -> float:
         """Up to ``max_sweeps`` more sweeps (a forward and a backward pass each; stop at
         ``deadline`` or when a sweep gains less than :data:`_CONVERGED_RTOL` relative);
-        returns the best bound."""
-        for _ in range(max_sweeps):
+        returns the best bound.  ``between`` is called once, between the forward and
+        the backward pass of the last sweep (e.g. to decode in reverse node order, which
+        the state after a forward pass suits as the state after a sweep suits the
+        forward order)."""
+        for n in range(max_sweeps):
             if self.converged or time.perf_counter() > deadline:
                 break
-            cut = False
-            steps = [(lev, True) for lev in self.levels] + [(lev, False) for lev in reversed(self.levels)]
             # the first forward pass (and the first after new prices or a cut) pulls from
             # every edge; later passes only from the edges behind them
             full = self._fresh
-            for k, (lev, forward) in enumerate(steps):
-                if k % _CHECK_EVERY == _CHECK_EVERY - 1 and time.perf_counter() > deadline:
-                    # each level's update keeps the problem equivalent, so a sweep cut
-                    # short still leaves a valid reparametrisation (and bound)
-                    cut = True
-                    break
-                self._update(lev, forward, full and forward)
+            cut = not self._pass(True, full, deadline)
+            if not cut and between is not None and n == max_sweeps - 1:
+                between()
+            cut = cut or not self._pass(False, False, deadline)
             self._fresh = cut
             current = self._bound()
             if cut:
@@ -388,6 +422,16 @@ class DiffusionBound:
             self.current = max(self.current, current)
             self.value = max(self.value, self.current)
         return self.value
+
+    def _pass(self, forward: bool, full: bool, deadline: float) -> bool:
+        """One pass over the levels; False when the deadline cut it short (each level's
+        update keeps the problem equivalent, so the bound stays valid)."""
+        levels = self.levels if forward else self.levels[::-1]
+        for k, lev in enumerate(levels):
+            if k % _CHECK_EVERY == _CHECK_EVERY - 1 and time.perf_counter() > deadline:
+                return False
+            self._update(lev, forward, full)
+        return True
 
 
 @dataclass
@@ -414,6 +458,9 @@ class _Level:
     """Share pushed onto each edge toward the pass: ``1 / max(#later, #earlier)`` per node."""
     kept_forward: np.ndarray
     kept_backward: np.ndarray
+    clean: bool
+    """No forbidden choice of its nodes and no all-forbidden row or column on its edges
+    (prices add finite amounts, so this stays true)."""
 
 
 def _starts(lengths: np.ndarray) -> np.ndarray:

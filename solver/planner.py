@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
-from autopar.wire import SolverReport
+from autopar.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.problem import MemoryRow, Problem, Solution
 from autopar_solver.solve import solve
@@ -72,6 +72,11 @@ EVALUATE_RESERVE_S = 1.5
 plan (measured on mt5-base, 4.2k ops, on a loaded 2-core machine: 0.9 s CPU, 1.4 s wall)."""
 EVALUATE_PER_BUILD = 5.0
 """Evaluator seconds per second of :func:`build_problem` kept free before the deadline."""
+TIED_SHARE = 0.5
+"""Share of a round's time the tied solve may take (the untied solve gets the rest)."""
+UNTIED_S_PER_NODE = 3e-4
+"""Seconds per node below which the untied solve is not started (its reductions and
+heuristic alone took 11.7 s on 50k nodes on the loaded 2-core machine)."""
 VALIDATE_S_PER_OP = 1e-5
 """Seconds per op below which checking the graph is not started (measured: 100k ops
 validate in 1.5-3.6 s on the 2-core machine, idle to loaded)."""
@@ -507,7 +512,12 @@ def _solve_built(
         if any(h < 0 for h in tied_hint):
             tied_hint = None
     t_tie = time.perf_counter() - t0
-    sol = solve(tied, options, progress=progress, hint=tied_hint)
+    tied_options = (
+        options
+        if options.deterministic
+        else replace(options, time_limit_s=max(MIN_SOLVE_S, TIED_SHARE * options.time_limit_s - t_tie))
+    )
+    sol = solve(tied, tied_options, progress=progress, hint=tied_hint)
     if not sol.ok:
         return Solution(
             untie(classes, sol.choices) if sol.choices else [],
@@ -524,8 +534,30 @@ def _solve_built(
     # problem with it as the hint, for the rest of the time, so the plan can leave
     # the tie where that pays and the bound (and gap) is the untied problem's.
     t1 = time.perf_counter()
-    remaining = max(MIN_SOLVE_S, options.time_limit_s - (t1 - t0))
-    untied = solve(built.problem, replace(options, time_limit_s=remaining), progress=progress, hint=expanded)
+    remaining = options.time_limit_s - (t1 - t0)
+    if not options.deterministic and remaining < UNTIED_S_PER_NODE * built.problem.num_nodes:
+        # no time to solve the untied problem (its reductions and heuristic alone take
+        # longer): the tied plan, with the untied problem's trivial bound (every node and
+        # edge at its least), which is valid where the tied bound is not
+        problem = built.problem
+        trivial = math.fsum(
+            [float(c.min()) for c in problem.node_costs] + [float(m.min()) for _, _, m in problem.edges]
+        )
+        bound = min(trivial, tied_objective)
+        gap = 0.0 if tied_objective <= 0 else max(0.0, (tied_objective - bound) / tied_objective)
+        stats = {
+            **sol.stats,
+            "tying": {
+                "nodes": problem.num_nodes,
+                "classes": tied.num_nodes,
+                "tied_objective": tied_objective,
+                "tied_gap": sol.gap,
+                "untied": "skipped: no time left (trivial bound)",
+            },
+        }
+        return Solution(expanded, tied_objective, bound, gap, "feasible", time.perf_counter() - t0, stats)
+    untied_options = replace(options, time_limit_s=max(MIN_SOLVE_S, remaining))
+    untied = solve(built.problem, untied_options, progress=progress, hint=expanded)
     stats = dict(untied.stats)
     stats["tying"] = {
         "nodes": built.problem.num_nodes,
@@ -757,7 +789,7 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None
     lists (and boxing states) would grow by a factor per size-1 axis for nothing.  When
     the re-check does not finish in time, the plan keeps the squeezed mesh's evaluation
     (already verified against the solver), its per-axis figures moved to the kept axes,
-    and ``diagnostics["recheck"]`` says so.
+    and ``solver["stats"]["recheck"]`` says so.
     """
     kept = [a for a, n in enumerate(mesh.shape) if n > 1]
 
@@ -796,15 +828,18 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None
             out.update({axis.get(str(k), str(k)): v for k, v in per_axis.items()})
             return out
 
-        lifted.predicted = {
-            k: moved(v) if k.endswith("_per_axis") else v for k, v in (solved.predicted or {}).items()
-        }
-        lifted.memory = dict(solved.memory or {})
+        lifted.predicted = cast(
+            Predicted,
+            {k: moved(v) if k.endswith("_per_axis") else v for k, v in (solved.predicted or {}).items()},
+        )
+        lifted.memory = cast(MemoryReport, dict(solved.memory or {}))
         lifted.diagnostics = {**lifted.diagnostics, **solved.diagnostics}
-        lifted.diagnostics["recheck"] = (
+        stats = dict(solver.get("stats", {}))
+        stats["recheck"] = (
             f"evaluated on the squeezed mesh {list(solved.mesh.shape)}; the re-check on "
             f"{list(mesh.shape)} did not finish within the time limit"
         )
+        solver["stats"] = stats
     lifted.solver = solver
     lifted.diagnostics["solved_on_mesh"] = list(solved.mesh.shape)
     return lifted

@@ -413,7 +413,7 @@ class _Work:
         # Most pairs already fail on the first few features: test those for every
         # pair, the rest only for the pairs still standing.
         head = min(width, _DOMINANCE_HEAD)
-        le = (feats[:, None, :head] <= feats[None, :, :head]).all(axis=2)
+        le = np.asarray((feats[:, None, :head] <= feats[None, :, :head]).all(axis=2))
         np.fill_diagonal(le, False)
         better, worse = np.nonzero(le)
         if not len(better):

@@ -3,7 +3,7 @@
 ::
 
     Problem ─ reduce ─> reduced Problem ─ heuristic ─> plan that fits (usually)
-                                        ─ diffusion bound (Lagrangian on memory)
+                                        ─ TRW-S bound (Lagrangian on memory), decoded into plans
             ─ model small enough?  yes ─> CP-SAT on the whole reduced problem, hinted
                                    no  ─> CP-SAT on windows (LNS) from the heuristic plan
             ─ expand (undo stack) ─> verify on the ORIGINAL problem ─> Solution
@@ -15,7 +15,7 @@ documented rounding error, and every memory row must fit, or
 :class:`~autopar.errors.VerificationError` is raised.
 
 The bound is the best of CP-SAT's bound (minus its rounding error) and the
-diffusion bound, plus the folded seconds; when it meets the objective the
+TRW-S bound (:mod:`autopar_solver.bounds`), plus the folded seconds; when it meets the objective the
 status is "optimal" whichever search found the plan.
 """
 
@@ -50,20 +50,20 @@ and the last digits a converging bound never reaches."""
 _SHARES = {"model": (0.05, 0.3), "windows": (0.05, 1.0)}
 """Share of the time limit for (heuristic, dual phase) per strategy.  The dual phase
 stops early once its bound meets the best plan (within ``relative_gap`` for big
-problems, to optimality for small ones) or when diffusion has converged.  On the
+problems, to optimality for small ones) or when TRW-S has converged.  On the
 planner's problems the local-polytope LP is nearly tight, so plans decoded from the
-diffusion are near-optimal and the dual phase gets the time: for big problems all
-of it, windows only run once diffusion has converged (on MT5-base tables windows
+TRW-S are near-optimal and the dual phase gets the time: for big problems all
+of it, windows only run once TRW-S has converged (on MT5-base tables windows
 never improved a decoded plan; on tiny-gpt the dual phase proves optimality in
 under a second where one CP-SAT model reached a 23 % gap in 50 s)."""
 _REDUCE_SHARE = 0.4
 """Share of the time limit the reductions may take before the search starts on what is
 left (they are exact one by one, so stopping early only leaves a larger problem)."""
 _DETERMINISTIC_SWEEPS = 80
-_FIRST_CHUNK = 5
+_FIRST_CHUNK = 10
 _MAX_CHUNK = 40
 _MAX_ROUNDS = 24
-"""Decode rounds per solve (5 + 5 + 10 + 10 + 20 + 20 + 18 x 40 sweeps at most).  TRW-S
+"""Decode rounds per solve (10 + 10 + 20 + 20 + 20 x 40 sweeps at most).  TRW-S
 (:mod:`autopar_solver.bounds`) gains most in its first tens of sweeps, and plans decoded from it
 get better as it goes (mt5-base on [4, 2]: 7.8 % above the bound after 10 sweeps,
 0.4 % after 30), so decodes come often early on."""
@@ -73,6 +73,14 @@ _MARGIN_S = 0.3
 """Kept free before the deadline for the last sweep, expansion and verification."""
 _DECODE_S = 1.0
 _WINDOW_STALL = 8
+_MAX_DUAL_ENTRIES = 40_000_000
+"""Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
+every entry and an index per entry (20 bytes each)."""
+_SETUP_S_PER_ENTRY = 2e-7
+"""TRW-S setup seconds per edge entry (measured on mt5-base, 4M entries: 0.9 s CPU)."""
+_SETUP_SHARE = 1.0
+"""TRW-S is set up only when its estimated setup fits in this share of the time left (a
+safety net: the planner already skips the untied solve of a tied graph without time)."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -136,7 +144,7 @@ def solve(
         stats["cpsat"] = None
         return _finish(problem, reduction, [], "optimal", None, -math.inf, stats, t0, report)
 
-    # -- dual: diffusion bound, decoded into plans
+    # -- dual: TRW-S bound, decoded into plans
     start = time.perf_counter()
     dual = _Dual(reduced, best, options, None if options.deterministic else deadline)
     dual.advance(
@@ -260,7 +268,7 @@ def _heuristic(
 
 
 class _Dual:
-    """Diffusion runs (without prices and, if memory binds, with the heuristic's
+    """TRW-S runs (without prices and, if memory binds, with the heuristic's
     prices) whose reparametrised problems are decoded into plans: a greedy pass on
     the reparametrised costs, then the heuristic's descent on the true costs."""
 
@@ -274,6 +282,23 @@ class _Dual:
         self.reduced = reduced
         self.best = best
         self.options = options
+        self.trivial = math.fsum(
+            [float(c.min()) for c in reduced.node_costs] + [float(m.min()) for _, _, m in reduced.edges]
+        )
+        """The bound without any sweep: every node and edge at its least, seconds."""
+        self.runs: list[DiffusionBound] = []
+        self.chunk = _FIRST_CHUNK
+        self.reverse_order = list(range(reduced.num_nodes - 1, -1, -1))
+        self.rounds = 0
+        self.decode_s = 0.0
+        """Seconds the last decode took (time kept free for the next one)."""
+        self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": []}
+        entries = sum(m.size for _, _, m in reduced.edges)
+        left = math.inf if deadline is None else deadline - time.perf_counter()
+        if entries > _MAX_DUAL_ENTRIES or entries * _SETUP_S_PER_ENTRY > _SETUP_SHARE * left:
+            # too big to lay out in the time (or memory) there is: the trivial bound only
+            self.stats["skipped"] = f"{entries} edge entries"
+            return
         began = time.perf_counter()
         self.runs = [DiffusionBound(reduced)]
         setup = time.perf_counter() - began
@@ -284,21 +309,17 @@ class _Dual:
         ):
             # memory binds: a second run on the priced problem (its bound counts memory)
             self.runs.append(DiffusionBound(reduced, best.price))
-        self.chunk = _FIRST_CHUNK
-        self.rounds = 0
-        self.decode_s = 0.0
-        """Seconds the last decode took (time kept free for the next one)."""
-        self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": [0] * len(self.runs)}
+        self.stats["sweeps"] = [0] * len(self.runs)
 
     @property
     def lower(self) -> float:
-        return max(run.value for run in self.runs)
+        return max([self.trivial, *(run.value for run in self.runs)])
 
     def advance(self, deadline: float, target_gap: float) -> None:
         """Sweep and decode until ``deadline`` (deterministic: a fixed sweep count),
         until every run has converged, or until the gap is at most ``target_gap``.
 
-        Decodes follow every chunk of sweeps (5, 5, 10, 10, 20, 20, then every 40); time for
+        Decodes follow every chunk of sweeps (10, 10, 20, 20, then every 40); time for
         one more decode is kept before the deadline; after two rounds only the
         run with the higher bound goes on."""
         deterministic = self.options.deterministic
@@ -316,8 +337,13 @@ class _Dual:
                 break
             for k, run in enumerate(live):
                 share = stop if deterministic else now + (stop - now) * (k + 1) / len(live)
-                run.run(self.chunk, share)
-                self._decode(run, deadline)
+                reverse: list[list[int]] = []
+
+                def decode_reverse(run: DiffusionBound = run, out: list[list[int]] = reverse) -> None:
+                    out.append(greedy_assignment(reparametrized(run), order=self.reverse_order))
+
+                run.run(self.chunk, share, between=decode_reverse)
+                self._decode(run, deadline, reverse[0] if reverse else None)
             self.rounds += 1
             if self.rounds % 2 == 0:
                 self.chunk = min(2 * self.chunk, _MAX_CHUNK)
@@ -325,15 +351,25 @@ class _Dual:
                 break
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
-    def _decode(self, run: DiffusionBound, deadline: float) -> None:
-        """Greedy on the reparametrised costs, then descent on the true costs; a
-        priced run also moves its prices toward the plan's memory (up where the
-        decoded plan overflows a row, down where it fits)."""
+    def _decode(self, run: DiffusionBound, deadline: float, reverse: list[int] | None = None) -> None:
+        """Greedy on the reparametrised costs (in node order after a sweep; ``reverse``:
+        in reverse order, taken between the last sweep's passes), the better of the two
+        then descent on the true costs; a priced run also moves its prices toward the
+        plan's memory (up where the decoded plan overflows a row, down where it fits).
+
+        The two orders find different plans where the LP is not tight (mt5-base on
+        [2, 4] after 40 sweeps: 0.0505 s in node order, 0.0422 s in reverse, bound
+        0.0420 s; t5-base the other way round), so both are tried."""
         if not math.isfinite(run.current):
             return
         began = time.perf_counter()
-        raw = greedy_assignment(reparametrized(run))
-        _, memory = evaluate(self.reduced, raw)
+        raws = [greedy_assignment(reparametrized(run))] + ([reverse] if reverse is not None else [])
+        scored = []
+        for raw in raws:
+            cost, memory = evaluate(self.reduced, raw)
+            fits = math.isfinite(cost) and memory_fits(self.reduced.budget_bytes, memory)
+            scored.append((not fits, cost, raw, memory))
+        _, _, raw, memory = min(scored, key=lambda t: (t[0], t[1]))
         if run.price.any() and self.reduced.budget_bytes is not None:
             over = np.array(memory) > self.reduced.budget_bytes
             floor = float(run.price.max())
