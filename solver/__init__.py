@@ -7,7 +7,7 @@ hard per-device memory rows.
     options     SolverOptions, Progress                          no numpy
     reductions  exact reductions with an undo stack              numpy only
     heuristic   greedy, Lagrangian memory pricing, tree-block descent   numpy only
-    bounds      min-sum diffusion lower bound (resumable, priced)       numpy only
+    bounds      TRW-S lower bound (resumable, priced)                   numpy only
     synthetic   training-step-shaped random problems             numpy only
     cpsat       CP-SAT model, min_feasible_memory, find_feasible        OR-Tools
     lns         CP-SAT on windows of problems too big for one model     OR-Tools
