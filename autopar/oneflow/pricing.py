@@ -41,9 +41,8 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autopar.boxing import INF, BoxingPlan, BoxingStep, Collective
-from autopar.cluster import Mesh
 from autopar.oneflow.lowering import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -56,17 +55,25 @@ from autopar.oneflow.lowering import (
 )
 from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
 
-__all__ = ["clear_caches", "hop_steps", "observed_routes", "oneflow_plan", "oneflow_route"]
+if TYPE_CHECKING:
+    from autopar.cluster import Mesh
+
+Step = tuple[int, str, NdSbp, NdSbp, float, float]
+"""One step of a boxing: (mesh axis, collective name as :class:`autopar.boxing.Collective`
+values, source SBP, SBP it produces, bytes per device, seconds); :class:`autopar.boxing.OneFlowBoxing`
+turns it into a ``BoxingStep`` (this module imports nothing of :mod:`autopar.boxing`)."""
+
+__all__ = ["Step", "clear_caches", "hop_steps", "observed_routes", "oneflow_route", "oneflow_steps"]
 
 OBSERVED = Path(__file__).with_name("boxing_observed.json")
 
 _KIND = {
-    ALL_REDUCE: Collective.ALL_REDUCE,
-    ALL_GATHER: Collective.ALL_GATHER,
-    REDUCE_SCATTER: Collective.REDUCE_SCATTER,
-    ALL_TO_ALL: Collective.ALL_TO_ALL,
-    SEND_RECV: Collective.SEND_RECV,
-    LOCAL: Collective.LOCAL,
+    ALL_REDUCE: "all-reduce",
+    ALL_GATHER: "all-gather",
+    REDUCE_SCATTER: "reduce-scatter",
+    ALL_TO_ALL: "all-to-all",
+    SEND_RECV: "send-recv",
+    LOCAL: "local",
 }
 
 
@@ -83,15 +90,15 @@ def observed_routes() -> dict[tuple[tuple[int, ...], str, str], tuple[str, ...]]
     return out
 
 
-def _ring_steps(kind: Collective, n: int) -> int:
-    if kind is Collective.SEND_RECV:
+def _ring_steps(kind: str, n: int) -> int:
+    if kind == "send-recv":
         return 1
-    if kind is Collective.LOCAL or n <= 1:
+    if kind == "local" or n <= 1:
         return 0
-    return 2 * (n - 1) if kind is Collective.ALL_REDUCE else n - 1
+    return 2 * (n - 1) if kind == "all-reduce" else n - 1
 
 
-def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> list[BoxingStep]:
+def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> list[Step]:
     """One hop as OneFlow 0.9 lowers it: one step per mesh axis that moves bytes (see the module doc).
 
     Seconds per step: ``steps * alpha + bytes / beta`` on that axis, alpha and
@@ -104,13 +111,13 @@ def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh:
     moved_to = NdSbp(
         tuple(s if isinstance(d, Partial) and not isinstance(s, Partial) else d for s, d in zip(src, dst))
     )
-    steps = []
+    steps: list[Step] = []
     for axis, nbytes in sorted(hop.bytes_per_axis.items()):
         if nbytes <= 0:
             continue
-        alpha, beta = mesh.axes[axis].alpha_beta(kind.value)
+        alpha, beta = mesh.axes[axis].alpha_beta(kind)
         seconds = _ring_steps(kind, mesh.shape[axis]) * alpha + nbytes / beta
-        steps.append(BoxingStep(axis, kind, src, moved_to, nbytes, seconds))
+        steps.append((axis, kind, src, moved_to, nbytes, seconds))
     return steps
 
 
@@ -124,7 +131,7 @@ def _costs_from(
     shape: tuple[int, ...], nbytes: float, sbp: NdSbp, hierarchy: tuple[int, ...], outgoing: bool
 ) -> dict[NdSbp, float]:
     """OneFlow's copy cost from ``sbp`` to every state (``outgoing``), or from every state to it."""
-    from autopar.oneflow_inference import lazy_copy_cost
+    from autopar.oneflow.copy_cost import lazy_copy_cost
 
     return {
         m: lazy_copy_cost(nbytes, sbp, m, hierarchy)
@@ -149,7 +156,7 @@ def _emulated_middle(
     shape: tuple[int, ...], nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]
 ) -> tuple[NdSbp, ...] | None:
     """Middle SBPs of least OneFlow copy cost (None: no route OneFlow supports)."""
-    from autopar.oneflow_inference import VALID_MAX_COPY_COST, lazy_copy_cost
+    from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, lazy_copy_cost
 
     if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
         return ()
@@ -191,19 +198,19 @@ def oneflow_route(
     return [src, *found, dst]
 
 
-def oneflow_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
-    """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps, their seconds."""
+def oneflow_steps(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
+) -> list[Step] | None:
+    """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps (None:
+    impossible -- an end that does not divide, or no route OneFlow supports)."""
     if src == dst:
-        return BoxingPlan(src, dst, (), 0.0)
+        return []
     if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
-        return BoxingPlan(src, dst, (), INF)
+        return None
     chain = oneflow_route(shape, itemsize, src, dst, mesh.shape)
     if chain is None:
-        return BoxingPlan(src, dst, (), INF)
-    steps = [
-        s for a, b in itertools.pairwise(chain) if a != b for s in hop_steps(shape, itemsize, a, b, mesh)
-    ]
-    return BoxingPlan(src, dst, tuple(steps), sum(s.time_s for s in steps))
+        return None
+    return [s for a, b in itertools.pairwise(chain) if a != b for s in hop_steps(shape, itemsize, a, b, mesh)]
 
 
 def clear_caches() -> None:
