@@ -98,23 +98,35 @@ def _ring_steps(kind: str, n: int) -> int:
     return 2 * (n - 1) if kind == "all-reduce" else n - 1
 
 
-def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> list[Step]:
+def hop_steps(
+    shape: Sequence[int],
+    itemsize: int,
+    src: NdSbp,
+    dst: NdSbp,
+    mesh: Mesh,
+    axes: Sequence[int] | None = None,
+) -> list[Step]:
     """One hop as OneFlow 0.9 lowers it: one step per mesh axis that moves bytes (see the module doc).
 
     Seconds per step: ``steps * alpha + bytes / beta`` on that axis, alpha and
     beta the axis's fit for the collective.  Bytes: per device, averaged over
-    devices (:func:`autopar.oneflow.lowering.lower_hop`).
+    devices (:func:`autopar.oneflow.lowering.lower_hop`).  ``axes``: the mesh
+    axes ``src`` and ``dst`` are written on (default all; :func:`oneflow_steps`
+    passes the axes of size > 1); steps name the mesh's own axis indices.
     """
-    hop = _lower(tuple(int(d) for d in shape), itemsize, src, dst, tuple(mesh.shape))
+    axes = list(range(len(mesh.shape))) if axes is None else list(axes)
+    hierarchy = tuple(mesh.shape[a] for a in axes)
+    hop = _lower(tuple(int(d) for d in shape), itemsize, src, dst, hierarchy)
     kind = _KIND[hop.kind]
     # a consumer's P is a local zero-fill: what moves produces the source's value there
     moved_to = NdSbp(
         tuple(s if isinstance(d, Partial) and not isinstance(s, Partial) else d for s, d in zip(src, dst))
     )
     steps: list[Step] = []
-    for axis, nbytes in sorted(hop.bytes_per_axis.items()):
+    for index, nbytes in sorted(hop.bytes_per_axis.items()):
         if nbytes <= 0:
             continue
+        axis = axes[index]
         alpha, beta = mesh.axes[axis].alpha_beta(kind)
         seconds = _ring_steps(kind, mesh.shape[axis]) * alpha + nbytes / beta
         steps.append((axis, kind, src, moved_to, nbytes, seconds))
@@ -207,10 +219,34 @@ def oneflow_steps(
         return []
     if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
         return None
-    chain = oneflow_route(shape, itemsize, src, dst, mesh.shape)
+    # size-1 axes hold nothing (OneFlow's InOutParallelDimReduce drops them): route and lower
+    # on the other axes, so a mesh with size-1 axes prices as its squeezed mesh
+    live = [a for a, n in enumerate(mesh.shape) if n > 1]
+    if not live:
+        return []
+    a_src = NdSbp(tuple(src[a] for a in live))
+    a_dst = NdSbp(tuple(dst[a] for a in live))
+    if a_src == a_dst:
+        return []
+    chain = oneflow_route(shape, itemsize, a_src, a_dst, tuple(mesh.shape[a] for a in live))
     if chain is None:
         return None
-    return [s for a, b in itertools.pairwise(chain) if a != b for s in hop_steps(shape, itemsize, a, b, mesh)]
+    out: list[Step] = []
+    for a, b in itertools.pairwise(chain):
+        if a != b:
+            for axis, kind, _, moved, nbytes, seconds in hop_steps(shape, itemsize, a, b, mesh, live):
+                # steps on the full mesh: B on the size-1 axes
+                full_src = _expand(a, live, len(mesh.shape))
+                full_dst = _expand(moved, live, len(mesh.shape))
+                out.append((axis, kind, full_src, full_dst, nbytes, seconds))
+    return out
+
+
+def _expand(sbp: NdSbp, live: Sequence[int], ndim: int) -> NdSbp:
+    values: list[SbpValue] = [B] * ndim
+    for v, a in zip(sbp, live):
+        values[a] = v
+    return NdSbp(tuple(values))
 
 
 def clear_caches() -> None:
