@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
+from autopar.oneflow.pricing import oneflow_steps
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
 
 __all__ = [
@@ -612,9 +613,13 @@ class OneFlowBoxing:
         key = (src, dst)
         found = self._plans.get(key)
         if found is None:
-            from autopar.oneflow.pricing import oneflow_plan
-
-            found = self._plans[key] = oneflow_plan(self.shape, self.itemsize, src, dst, self.mesh)
+            steps = oneflow_steps(self.shape, self.itemsize, src, dst, self.mesh)
+            if steps is None:
+                found = BoxingPlan(src, dst, (), INF)
+            else:
+                boxed = tuple(BoxingStep(a, Collective(k), s, d, b, t) for a, k, s, d, b, t in steps)
+                found = BoxingPlan(src, dst, boxed, sum(st.time_s for st in boxed))
+            self._plans[key] = found
         return found
 
     def time(self, src: NdSbp, dst: NdSbp) -> float:

@@ -47,6 +47,15 @@ from functools import lru_cache
 
 from autopar.costs import EdgeKind, edge_kind, op_signatures, rule_context
 from autopar.graph import DTYPE_BYTES, Graph
+from autopar.oneflow.copy_cost import (
+    PARTIAL_IN_CONSUMER_PENALTY,
+    TRANSFER_COST,
+    UNSUPPORTED_BOXING,
+    VALID_MAX_COPY_COST,
+    lazy_copy_cost,
+)
+from autopar.oneflow.copy_cost import reduce_nd_sbp_dims as _reduce_one
+from autopar.oneflow.copy_cost import reduce_pair as _reduce_pair
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
 from autopar.runtime import runtime_profile
@@ -55,7 +64,11 @@ from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Signature, Sp
 __all__ = [
     "ONEFLOW_OFFERS",
     "ONEFLOW_PARTIAL_ORDER",
+    "PARTIAL_IN_CONSUMER_PENALTY",
     "SOURCE_TYPES",
+    "TRANSFER_COST",
+    "UNSUPPORTED_BOXING",
+    "VALID_MAX_COPY_COST",
     "Agreement",
     "agreement",
     "copy_cost_with_middle_nodes",
@@ -66,114 +79,6 @@ __all__ = [
 
 SOURCE_TYPES = frozenset({"variable", "input", "constant"})
 """Op types whose layout is given (parameters, data, folded constants), not inferred."""
-
-UNSUPPORTED_BOXING = 3.4028234663852886e38
-"""``kUnsupportedBoxing``: ``GetMaxVal<float>()``, the cost of a boxing OneFlow cannot do."""
-VALID_MAX_COPY_COST = 0.8 * UNSUPPORTED_BOXING
-"""``GetValidMaxCopyCost()``: costs above this are unsupported."""
-TRANSFER_COST = 1.65e8
-"""``GetTransferCost()``: ``AUTO_PARALLEL_TRANSFER_COST`` default, added to every hop."""
-PARTIAL_IN_CONSUMER_PENALTY = 4
-"""``Penalty4PartialInConsumer`` under ``kMiddle`` (default policy 2): ``4 * bytes * (n_in + n_out)``."""
-
-
-def _reduce_one(
-    sbp: Sequence[SbpValue], hierarchy: Sequence[int]
-) -> tuple[tuple[SbpValue, ...], tuple[int, ...]]:
-    """``NdSbpDimReduce``: drop size-1 axes, merge neighbouring axes with the same value."""
-    values: list[SbpValue] = []
-    sizes: list[int] = []
-    for v, n in zip(sbp, hierarchy):
-        if n == 1:
-            continue
-        if values and values[-1] == v:
-            sizes[-1] *= n
-        else:
-            values.append(v)
-            sizes.append(n)
-    if not values:
-        return (B,), (int(hierarchy[0]) if hierarchy else 1,)
-    return tuple(values), tuple(sizes)
-
-
-def _reduce_pair(
-    src: Sequence[SbpValue], dst: Sequence[SbpValue], hierarchy: Sequence[int]
-) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...], tuple[int, ...]]:
-    """``CollaborativeParallelDimReduce`` (same placement): an axis merges into the previous
-    one only when both ends repeat their previous value."""
-    rs: list[SbpValue] = []
-    rd: list[SbpValue] = []
-    sizes: list[int] = []
-    for a, b, n in zip(src, dst, hierarchy):
-        if n == 1:
-            continue
-        if rs and rs[-1] == a and rd[-1] == b:
-            sizes[-1] *= n
-        else:
-            rs.append(a)
-            rd.append(b)
-            sizes.append(n)
-    if not rs:
-        return (src[0],), (dst[0],), (int(hierarchy[0]),)
-    if len(hierarchy) == 1:
-        return tuple(src), tuple(dst), tuple(int(h) for h in hierarchy)
-    return tuple(rs), tuple(rd), tuple(sizes)
-
-
-def _one_axis_cost(a: SbpValue, b: SbpValue, size: float, n: int) -> float:
-    """``ComputCopyCostBetweenTwoDiffSbpParallel`` on the same devices (lazy mode)."""
-    if isinstance(b, Partial) and isinstance(a, Split):
-        return UNSUPPORTED_BOXING  # S -> P is not supported in lazy boxing
-    if a == b:
-        return 0.0
-    if isinstance(b, Partial):
-        return PARTIAL_IN_CONSUMER_PENALTY * size * (n + n)
-    if isinstance(a, Broadcast):
-        return 1.0  # B -> S: a local slice
-    if isinstance(a, Split) and isinstance(b, Split):
-        return size * (n - 1) / n
-    if isinstance(a, Split) or isinstance(b, Split):
-        return size * (n - 1)  # P -> S, S -> B
-    return 2 * size * (n - 1)  # P -> B
-
-
-def _two_axes_cost(
-    src: Sequence[SbpValue], dst: Sequence[SbpValue], size: float, hierarchy: Sequence[int]
-) -> float:
-    """``ComputCopyCostBetweenTwoNdSbp``: supported only when one axis keeps its value."""
-    for same in (0, 1):
-        if src[same] != dst[same]:
-            continue
-        if not isinstance(src[same], Split):
-            size *= hierarchy[same]
-        diff = 1 - same
-        all_same_split = any(len(set(x)) == 1 and isinstance(x[0], Split) for x in (src, dst))
-        if diff == 0 and src[0] != dst[0] and all_same_split:
-            return UNSUPPORTED_BOXING
-        return _one_axis_cost(src[diff], dst[diff], size, hierarchy[diff])
-    return UNSUPPORTED_BOXING
-
-
-def lazy_copy_cost(nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]) -> float:
-    """OneFlow 0.9's cost of one boxing hop on one placement (``ComputeLazyCopyCostBetweenNdSbp``).
-
-    ``nbytes``: the logical tensor's bytes.  Unitless (bytes plus
-    :data:`TRANSFER_COST` per hop); :data:`UNSUPPORTED_BOXING` when OneFlow
-    cannot box it directly.
-    """
-    rs, rd, sizes = _reduce_pair(src.values, dst.values, hierarchy)
-    if len(sizes) >= 3:
-        return UNSUPPORTED_BOXING
-    if rs == rd:
-        return 0.0
-    if len(sizes) == 1:
-        n = sizes[0]
-        if isinstance(rd[0], Partial) and isinstance(rs[0], Split):
-            return UNSUPPORTED_BOXING
-        if isinstance(rd[0], Partial):
-            return TRANSFER_COST + PARTIAL_IN_CONSUMER_PENALTY * nbytes * (n + n)
-        return TRANSFER_COST + _one_axis_cost(rs[0], rd[0], nbytes, n)
-    return TRANSFER_COST + _two_axes_cost(rs, rd, nbytes, sizes)
 
 
 @lru_cache(maxsize=65536)

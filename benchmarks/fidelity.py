@@ -4,7 +4,7 @@ Run in the OneFlow venv (``source .venv-oneflow/activate-oneflow``; autopar's
 solver runs in the main venv through ``$AUTOPAR_PYTHON``)::
 
     python benchmarks/fidelity.py --out /tmp/autopar-fidelity [--models mt5-tiny,gpt-tiny,bert-tiny]
-        [--meshes 4x2,2x2] [--layers N]
+        [--meshes 4x2,2x2] [--layers N] [--compile-auto-parallel]
 
 For every model and mesh (``4x2`` = 8 CPU ranks as ``[4, 2]``, ``2x2`` = 4 ranks),
 ZeRO-2, LiBai's parameter layout (column-parallel weights ``(B, S(0))``,
@@ -18,8 +18,10 @@ row-parallel ``o`` / ``wo`` / ``dense`` ``(B, S(1))``, the rest ``B``; data ``(S
 3. ``pin`` (one launch per mesh): ``compile_with_plan`` pins autopar's plan into a
    fresh build and compiles it; writes the compiled job.
 4. ``report``: for each of the three plans, *predicted* = autopar's evaluation of
-   the plan (``predicted.comm_bytes_per_axis``; OneFlow's plans read back with
-   ``import_plan``), *counted* = :func:`autopar.oneflow.traffic.count_job_traffic`
+   the plan now, with OneFlow's grouping of boxings by destination
+   (``evaluate(..., group_boxing=True)``; OneFlow's plans read back with
+   ``import_plan``, autopar's re-scored on the graph it was solved for, not the
+   prediction stored when it was solved), *counted* = :func:`autopar.oneflow.traffic.count_job_traffic`
    on the compiled job (every edge's own N-D SBP, priced as OneFlow 0.9 lowers
    it, ZeRO casts, optimizer inputs and dropped ops included).  Prints one table
    and writes ``fidelity.json`` / ``fidelity.md`` in ``--out``.
@@ -137,10 +139,10 @@ def pin_rank(args: argparse.Namespace) -> None:
         plan = Plan.load(f"{stem}_autopar_plan.json")
         flow, module, inputs, _ = _setup(args, model, mesh)
         from autopar.oneflow import apply_plan
-        from autopar.oneflow.apply import plan_input_sbps, to_flow_sbp
 
-        # the inputs as the plan lays them out (the plan's input ops are pinned too)
-        inputs = [x.to_global(x.placement, to_flow_sbp(sbp)) for x, sbp in zip(inputs, plan_input_sbps(plan))]
+        # the inputs keep the layout the plan's graph was built with ((S(0), B)): laying them
+        # out as the plan's input ops say changes what OneFlow builds (a replicated label
+        # turns sparse_softmax_cross_entropy_ms into sparse_softmax_cross_entropy)
         apply_plan(module, plan, inputs[0].placement, copy_values=True)
         optimizer = flow.optim.AdamW(module.parameters(), lr=1e-3)
         graph, report = compile_with_plan(
@@ -248,19 +250,24 @@ def report(args: argparse.Namespace) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     mib = 2**20
     lines = [
-        "| model | mesh | plan | valid | job | axis 0 predicted / counted (MiB) | error | "
-        "axis 1 predicted / counted (MiB) | error |",
-        "|---|---|---|---|---|---:|---:|---:|---:|",
+        "| model | mesh | plan | valid | ZeRO | job | axis 0 predicted / counted (MiB) | error | "
+        "axis 1 predicted / counted (MiB) | error | plan ops compiled as planned |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         cells = []
         for a in (0, 1):
             cells.append(f"{r[f'predicted_{a}'] / mib:.3f} / {r[f'counted_{a}'] / mib:.3f}")
             cells.append(f"{100 * r[f'error_{a}']:+.1f} %")
+        pin = r.get("pinned")
+        kept = (
+            f"{100 * pin['op_share']:.1f} % ({pin['mismatched_ops']} ports differ)"
+            if pin and pin.get("op_share") is not None
+            else "-"
+        )
         lines.append(
-            f"| {r['model']} | {r['mesh']} | {r['plan']} | {r['valid']} | {r['counted_from']} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {r['model']} | {r['mesh']} | {r['plan']} | {r['valid']} | {r.get('zero_stage', '-')} | "
+            f"{r['counted_from']} | " + " | ".join(cells) + f" | {kept} |"
         )
     return "\n".join(lines)
 
@@ -305,7 +312,9 @@ def main() -> None:
         help="also compile OneFlow's auto-parallel jobs (else counted from the built job: no middle nodes)",
     )
     parser.add_argument("--preset", default="a100-40g")
-    parser.add_argument("--time-limit", type=float, default=30.0, help="solver time limit, s")
+    parser.add_argument(
+        "--time-limit", type=float, default=150.0, help="solver time limit, s (cost tables included)"
+    )
     args = parser.parse_args()
     args.cluster = {"4x2": "2x4", "2x2": "2x2"}
     Path(args.out).mkdir(parents=True, exist_ok=True)

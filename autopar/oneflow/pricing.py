@@ -41,9 +41,8 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autopar.boxing import INF, BoxingPlan, BoxingStep, Collective
-from autopar.cluster import Mesh
 from autopar.oneflow.lowering import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -56,17 +55,25 @@ from autopar.oneflow.lowering import (
 )
 from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
 
-__all__ = ["clear_caches", "hop_steps", "observed_routes", "oneflow_plan", "oneflow_route"]
+if TYPE_CHECKING:
+    from autopar.cluster import Mesh
+
+Step = tuple[int, str, NdSbp, NdSbp, float, float]
+"""One step of a boxing: (mesh axis, collective name as :class:`autopar.boxing.Collective`
+values, source SBP, SBP it produces, bytes per device, seconds); :class:`autopar.boxing.OneFlowBoxing`
+turns it into a ``BoxingStep`` (this module imports nothing of :mod:`autopar.boxing`)."""
+
+__all__ = ["Step", "clear_caches", "hop_steps", "observed_routes", "oneflow_route", "oneflow_steps"]
 
 OBSERVED = Path(__file__).with_name("boxing_observed.json")
 
 _KIND = {
-    ALL_REDUCE: Collective.ALL_REDUCE,
-    ALL_GATHER: Collective.ALL_GATHER,
-    REDUCE_SCATTER: Collective.REDUCE_SCATTER,
-    ALL_TO_ALL: Collective.ALL_TO_ALL,
-    SEND_RECV: Collective.SEND_RECV,
-    LOCAL: Collective.LOCAL,
+    ALL_REDUCE: "all-reduce",
+    ALL_GATHER: "all-gather",
+    REDUCE_SCATTER: "reduce-scatter",
+    ALL_TO_ALL: "all-to-all",
+    SEND_RECV: "send-recv",
+    LOCAL: "local",
 }
 
 
@@ -83,34 +90,46 @@ def observed_routes() -> dict[tuple[tuple[int, ...], str, str], tuple[str, ...]]
     return out
 
 
-def _ring_steps(kind: Collective, n: int) -> int:
-    if kind is Collective.SEND_RECV:
+def _ring_steps(kind: str, n: int) -> int:
+    if kind == "send-recv":
         return 1
-    if kind is Collective.LOCAL or n <= 1:
+    if kind == "local" or n <= 1:
         return 0
-    return 2 * (n - 1) if kind is Collective.ALL_REDUCE else n - 1
+    return 2 * (n - 1) if kind == "all-reduce" else n - 1
 
 
-def hop_steps(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> list[BoxingStep]:
+def hop_steps(
+    shape: Sequence[int],
+    itemsize: int,
+    src: NdSbp,
+    dst: NdSbp,
+    mesh: Mesh,
+    axes: Sequence[int] | None = None,
+) -> list[Step]:
     """One hop as OneFlow 0.9 lowers it: one step per mesh axis that moves bytes (see the module doc).
 
     Seconds per step: ``steps * alpha + bytes / beta`` on that axis, alpha and
     beta the axis's fit for the collective.  Bytes: per device, averaged over
-    devices (:func:`autopar.oneflow.lowering.lower_hop`).
+    devices (:func:`autopar.oneflow.lowering.lower_hop`).  ``axes``: the mesh
+    axes ``src`` and ``dst`` are written on (default all; :func:`oneflow_steps`
+    passes the axes of size > 1); steps name the mesh's own axis indices.
     """
-    hop = _lower(tuple(int(d) for d in shape), itemsize, src, dst, tuple(mesh.shape))
+    axes = list(range(len(mesh.shape))) if axes is None else list(axes)
+    hierarchy = tuple(mesh.shape[a] for a in axes)
+    hop = _lower(tuple(int(d) for d in shape), itemsize, src, dst, hierarchy)
     kind = _KIND[hop.kind]
     # a consumer's P is a local zero-fill: what moves produces the source's value there
     moved_to = NdSbp(
         tuple(s if isinstance(d, Partial) and not isinstance(s, Partial) else d for s, d in zip(src, dst))
     )
-    steps = []
-    for axis, nbytes in sorted(hop.bytes_per_axis.items()):
+    steps: list[Step] = []
+    for index, nbytes in sorted(hop.bytes_per_axis.items()):
         if nbytes <= 0:
             continue
-        alpha, beta = mesh.axes[axis].alpha_beta(kind.value)
+        axis = axes[index]
+        alpha, beta = mesh.axes[axis].alpha_beta(kind)
         seconds = _ring_steps(kind, mesh.shape[axis]) * alpha + nbytes / beta
-        steps.append(BoxingStep(axis, kind, src, moved_to, nbytes, seconds))
+        steps.append((axis, kind, src, moved_to, nbytes, seconds))
     return steps
 
 
@@ -124,7 +143,7 @@ def _costs_from(
     shape: tuple[int, ...], nbytes: float, sbp: NdSbp, hierarchy: tuple[int, ...], outgoing: bool
 ) -> dict[NdSbp, float]:
     """OneFlow's copy cost from ``sbp`` to every state (``outgoing``), or from every state to it."""
-    from autopar.oneflow_inference import lazy_copy_cost
+    from autopar.oneflow.copy_cost import lazy_copy_cost
 
     return {
         m: lazy_copy_cost(nbytes, sbp, m, hierarchy)
@@ -149,7 +168,7 @@ def _emulated_middle(
     shape: tuple[int, ...], nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]
 ) -> tuple[NdSbp, ...] | None:
     """Middle SBPs of least OneFlow copy cost (None: no route OneFlow supports)."""
-    from autopar.oneflow_inference import VALID_MAX_COPY_COST, lazy_copy_cost
+    from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, lazy_copy_cost
 
     if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
         return ()
@@ -191,19 +210,43 @@ def oneflow_route(
     return [src, *found, dst]
 
 
-def oneflow_plan(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh) -> BoxingPlan:
-    """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps, their seconds."""
+def oneflow_steps(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
+) -> list[Step] | None:
+    """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps (None:
+    impossible -- an end that does not divide, or no route OneFlow supports)."""
     if src == dst:
-        return BoxingPlan(src, dst, (), 0.0)
+        return []
     if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
-        return BoxingPlan(src, dst, (), INF)
-    chain = oneflow_route(shape, itemsize, src, dst, mesh.shape)
+        return None
+    # size-1 axes hold nothing (OneFlow's InOutParallelDimReduce drops them): route and lower
+    # on the other axes, so a mesh with size-1 axes prices as its squeezed mesh
+    live = [a for a, n in enumerate(mesh.shape) if n > 1]
+    if not live:
+        return []
+    a_src = NdSbp(tuple(src[a] for a in live))
+    a_dst = NdSbp(tuple(dst[a] for a in live))
+    if a_src == a_dst:
+        return []
+    chain = oneflow_route(shape, itemsize, a_src, a_dst, tuple(mesh.shape[a] for a in live))
     if chain is None:
-        return BoxingPlan(src, dst, (), INF)
-    steps = [
-        s for a, b in itertools.pairwise(chain) if a != b for s in hop_steps(shape, itemsize, a, b, mesh)
-    ]
-    return BoxingPlan(src, dst, tuple(steps), sum(s.time_s for s in steps))
+        return None
+    out: list[Step] = []
+    for a, b in itertools.pairwise(chain):
+        if a != b:
+            for axis, kind, _, moved, nbytes, seconds in hop_steps(shape, itemsize, a, b, mesh, live):
+                # steps on the full mesh: B on the size-1 axes
+                full_src = _expand(a, live, len(mesh.shape))
+                full_dst = _expand(moved, live, len(mesh.shape))
+                out.append((axis, kind, full_src, full_dst, nbytes, seconds))
+    return out
+
+
+def _expand(sbp: NdSbp, live: Sequence[int], ndim: int) -> NdSbp:
+    values: list[SbpValue] = [B] * ndim
+    for v, a in zip(sbp, live):
+        values[a] = v
+    return NdSbp(tuple(values))
 
 
 def clear_caches() -> None:

@@ -126,9 +126,10 @@ def test_broadcast_or_split_to_partial_is_free_but_partial_from_split_costs_noth
 def test_oneflow_pricing_follows_observed_routes_and_lowers_each_hop():
     """The oneflow-0.9 lowering takes the middle SBPs OneFlow inserted (boxing_observed.json)
     and prices each hop per mesh axis with the bytes of autopar.oneflow.lowering.lower_hop."""
+    from autopar.boxing import OneFlowBoxing
     from autopar.cluster import Cluster, Mesh
     from autopar.oneflow.lowering import lower_chain
-    from autopar.oneflow.pricing import observed_routes, oneflow_plan, oneflow_route
+    from autopar.oneflow.pricing import observed_routes, oneflow_route
     from autopar.sbp import parse_nd_sbp
 
     mesh = Mesh(Cluster.parse("2x2"), (2, 2))
@@ -139,7 +140,7 @@ def test_oneflow_pricing_follows_observed_routes_and_lowers_each_hop():
         s, d = parse_nd_sbp(src), parse_nd_sbp(dst)
         chain = oneflow_route(shape, itemsize, s, d, (2, 2))
         assert chain is not None and [str(x) for x in chain[1:-1]] == list(middle)
-        plan = oneflow_plan(shape, itemsize, s, d, mesh)
+        plan = OneFlowBoxing(shape, itemsize, mesh).plan(s, d)
         hops = lower_chain(shape, itemsize, chain, (2, 2))
         for axis in (0, 1):
             want = sum(h.bytes_per_axis.get(axis, 0.0) for h in hops)
@@ -147,5 +148,5 @@ def test_oneflow_pricing_follows_observed_routes_and_lowers_each_hop():
             assert got == pytest.approx(want)
     # a flat all-gather over [2, 2] counts its hierarchical parts: T/2 on axis 0, T/4 on axis 1
     t = 8 * 16 * 4
-    plan = oneflow_plan(shape, itemsize, parse_nd_sbp("(S(0), S(0))"), parse_nd_sbp("(B, B)"), mesh)
+    plan = OneFlowBoxing(shape, itemsize, mesh).plan(parse_nd_sbp("(S(0), S(0))"), parse_nd_sbp("(B, B)"))
     assert {st.axis: st.bytes_per_device for st in plan.steps} == {0: t / 2, 1: t / 4}

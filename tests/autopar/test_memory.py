@@ -138,3 +138,20 @@ def test_one_axis_zero_keeps_more_state_than_all_axes():
     n = 64 * 32
     assert one == 4 * n + 12 * n / 2
     assert every == 4 * n + 12 * n / 8
+
+
+def test_oneflow_zero_shard_ignores_size_1_axes():
+    """The planner solves size-1 axes away: the one-axis rule on (2, 1, 2) is the (2, 2) rule
+    with B on the size-1 axis, so solver and verification agree."""
+    from autopar.rules.families.optimizer import oneflow_zero_shard
+    from autopar.sbp import parse_nd_sbp
+
+    for flat, want in {
+        "(B, B)": "(B, S(0))",
+        "(B, S(0))": "(S(0), S(0))",
+        "(S(1), B)": "(S(1), S(1))",
+    }.items():
+        a, b = parse_nd_sbp(flat).values
+        expanded = parse_nd_sbp(f"({a}, B, {b})")
+        w0, w1 = parse_nd_sbp(want).values
+        assert str(oneflow_zero_shard((64, 32), expanded, (2, 1, 2))) == f"({w0}, B, {w1})"

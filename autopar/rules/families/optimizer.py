@@ -91,28 +91,32 @@ def oneflow_zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]
     (``GenerateSplitSignature``, ``IsSplitValid``): an all-``B`` variable gets
     ``S(0)`` on the last mesh axis; otherwise the first ``B`` axis ``j`` whose
     neighbour ``j-1`` (else ``j+1``) is ``S(d)`` becomes ``S(d)``; nothing else
-    changes ("Only split one more dim").  OneFlow accepts uneven splits
+    changes ("Only split one more dim").  Axes of size 1 are skipped (autopar
+    solves them away; OneFlow would split such an axis, sharding nothing).
+    OneFlow accepts uneven splits
     (``BalancedSplitter``) as long as the shard keeps ``threshold`` elements;
     autopar keeps the layout when the split does not divide evenly (its layouts
     are even) -- a deviation only for odd sizes.
     """
     values = list(v.values)
-    n = len(values)
-    if all(x == B for x in values):
-        target: int | None = n - 1
-        split: SbpValue = Split(0)
+    # size-1 mesh axes hold nothing (the planner solves them away): neighbours and the
+    # last axis are taken among the axes of size > 1, so the rule does not depend on them
+    live = [a for a, size in enumerate(mesh_shape) if size > 1]
+    target: int | None = None
+    split: SbpValue = B
+    if live and all(values[a] == B for a in live):
+        target, split = live[-1], Split(0)
     else:
-        target, split = None, B
-        for j, x in enumerate(values):
-            if x != B:
+        for idx, j in enumerate(live):
+            if values[j] != B:
                 continue
-            for k in (j - 1, j + 1):
-                if 0 <= k < n and isinstance(values[k], Split):
-                    target, split = j, values[k]
+            for k in (idx - 1, idx + 1):
+                if 0 <= k < len(live) and isinstance(values[live[k]], Split):
+                    target, split = j, values[live[k]]
                     break
             if target is not None:
                 break
-    if target is None or mesh_shape[target] == 1:
+    if target is None:
         return v
     values[target] = split
     out = NdSbp(tuple(values))
