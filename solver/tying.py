@@ -98,15 +98,27 @@ def tie(problem: Problem, classes: Sequence[int]) -> Problem:
             continue
         key = (cu, cv)
         edge_sum[key] = edge_sum[key] + m if key in edge_sum else m.copy()
+    edge_index = {key: j for j, key in enumerate(edge_sum)}
     rows = []
     for row in problem.memory_rows:
-        if row.edge_terms:
-            raise ValueError("tying does not support edge memory terms")
         acc: dict[int, np.ndarray] = {}
         for i, t in row.terms.items():
             c = classes[i]
             acc[c] = acc[c] + t if c in acc else t.copy()
-        rows.append(MemoryRow(row.name, row.constant, dict(acc)))
+        # an edge term (bytes per pair of choices, e.g. a boxed copy at the consumer) goes
+        # with its edge: onto the tied edge, or onto the class's diagonal when both ends
+        # fall in one class (they take the same choice)
+        edge_acc: dict[int, np.ndarray] = {}
+        for e, t in row.edge_terms.items():
+            u, v, _ = problem.edges[e]
+            cu, cv = classes[u], classes[v]
+            if cu == cv:
+                diag = np.diag(t).copy()
+                acc[cu] = acc[cu] + diag if cu in acc else diag
+            else:
+                j = edge_index[(cu, cv)]
+                edge_acc[j] = edge_acc[j] + t if j in edge_acc else t.copy()
+        rows.append(MemoryRow(row.name, row.constant, dict(acc), edge_acc))
     return Problem(
         node_names=names,
         node_costs=[c for c in node_costs if c is not None],
