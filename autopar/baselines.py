@@ -355,14 +355,8 @@ def baseline_plan(
         ctx = rule_context(graph, op, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value)
         sigs, _ = op_signatures(rules, ctx)
         sig: Signature | None = None
-        if op.name in var_layout or op.type == "variable":
-            target = var_layout.get(op.name, replicated)
-            sig = _closest(sigs, target)
-        elif op.type == "input":
-            # batch inputs are split over data parallelism; others (T5's position
-            # buckets) are the same on every rank
-            spec = graph.tensors[next(iter(op.outputs.values()))]
-            sig = _closest(sigs, data if spec.shape[:1] == (batch,) else replicated)
+        if op.name in var_layout or op.type in ("variable", "input"):
+            sig = _closest(sigs, _source_layout(graph, op, var_layout, data, batch, replicated))
         elif kind is BaselineKind.SINGLE_DEVICE:
             sig = min(sigs, key=lambda s: sum(v != B for p in (*s.inputs, *s.outputs) for v in p))
         else:
@@ -416,6 +410,20 @@ def baseline_plan(
     )
 
 
+def _source_layout(
+    graph: Graph, op: Op, var_layout: dict[str, NdSbp], data: NdSbp, batch: int | None, replicated: NdSbp
+) -> NdSbp:
+    """The layout a baseline gives a source op: a parameter its ``var_layout`` entry
+    (else replicated); a batch input ``data``; any other input or constant replicated
+    (T5's position buckets are the same on every rank)."""
+    if op.name in var_layout or op.type == "variable":
+        return var_layout.get(op.name, replicated)
+    if op.type == "input":
+        spec = graph.tensors[next(iter(op.outputs.values()))]
+        return data if spec.shape[:1] == (batch,) else replicated
+    return replicated
+
+
 def _inferred_plan(
     graph: Graph,
     mesh: Mesh,
@@ -437,14 +445,7 @@ def _inferred_plan(
         if op.type not in SOURCE_TYPES:
             continue
         sigs, _ = op_signatures(rules, rule_context(graph, op, mesh.shape, zero_stage, sharding))
-        if op.type == "variable":
-            target = var_layout.get(op.name, replicated)
-        elif op.type == "input":
-            spec = graph.tensors[next(iter(op.outputs.values()))]
-            target = data if spec.shape[:1] == (batch,) else replicated
-        else:
-            target = replicated
-        sources[op.name] = _closest(sigs, target)
+        sources[op.name] = _closest(sigs, _source_layout(graph, op, var_layout, data, batch, replicated))
     chosen = infer_like_oneflow(
         graph, tuple(mesh.shape), sources, zero_stage=zero_stage, rules=rules, zero_sharding=sharding
     )
