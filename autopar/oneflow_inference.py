@@ -52,6 +52,7 @@ from autopar.oneflow.copy_cost import (
     TRANSFER_COST,
     UNSUPPORTED_BOXING,
     VALID_MAX_COPY_COST,
+    cheapest_middle_route,
     lazy_copy_cost,
 )
 from autopar.oneflow.copy_cost import reduce_nd_sbp_dims as _reduce_one
@@ -103,16 +104,11 @@ def copy_cost_with_middle_nodes(
         for combo in itertools.product(values, repeat=2)
         if all(not isinstance(v, Split) or shape[v.dim] % n == 0 for v, n in zip(combo, hierarchy))
     ]
+    if not states:
+        return UNSUPPORTED_BOXING
     first = {m: lazy_copy_cost(nbytes, src, m, hierarchy) for m in states}
     last = {m: lazy_copy_cost(nbytes, m, dst, hierarchy) for m in states}
-    best = min((first[m] + last[m] for m in states), default=UNSUPPORTED_BOXING)
-    if best <= VALID_MAX_COPY_COST:
-        return best
-    for m, k in itertools.product(states, repeat=2):
-        if first[m] > VALID_MAX_COPY_COST or last[k] > VALID_MAX_COPY_COST:
-            continue
-        best = min(best, first[m] + lazy_copy_cost(nbytes, m, k, hierarchy) + last[k])
-    return best
+    return cheapest_middle_route(nbytes, hierarchy, states, first, last)[0]
 
 
 def _value_rank(v: SbpValue) -> tuple[int, int]:

@@ -9,7 +9,9 @@ nothing of autopar but :mod:`autopar.sbp`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import math
+from collections.abc import Mapping, Sequence
 
 from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Split
 
@@ -18,6 +20,7 @@ __all__ = [
     "TRANSFER_COST",
     "UNSUPPORTED_BOXING",
     "VALID_MAX_COPY_COST",
+    "cheapest_middle_route",
     "lazy_copy_cost",
     "reduce_nd_sbp_dims",
     "reduce_pair",
@@ -130,6 +133,37 @@ def lazy_copy_cost(nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: Sequence[in
             return TRANSFER_COST + PARTIAL_IN_CONSUMER_PENALTY * nbytes * (n + n)
         return TRANSFER_COST + _one_axis_cost(rs[0], rd[0], nbytes, n)
     return TRANSFER_COST + _two_axes_cost(rs, rd, nbytes, sizes)
+
+
+def cheapest_middle_route(
+    nbytes: float,
+    hierarchy: Sequence[int],
+    states: Sequence[NdSbp],
+    first: Mapping[NdSbp, float],
+    last: Mapping[NdSbp, float],
+) -> tuple[float, tuple[NdSbp, ...] | None]:
+    """The cheapest route through one middle N-D SBP of ``states``, else through two
+    (``BoxingCollector`` via ``ComputeCopyCostWithMiddleNodes``), and its copy cost.
+
+    ``first[m]`` / ``last[m]``: :func:`lazy_copy_cost` from the source to ``m`` / from
+    ``m`` to the destination, for every ``m`` of ``states``.  The cost is ``inf`` when
+    ``states`` is empty; above :data:`VALID_MAX_COPY_COST` when OneFlow has no route.
+    """
+    best: float = math.inf
+    route: tuple[NdSbp, ...] | None = None
+    for m in states:
+        c = first[m] + last[m]
+        if c < best:
+            best, route = c, (m,)
+    if best <= VALID_MAX_COPY_COST:
+        return best, route
+    for m, k in itertools.product(states, repeat=2):
+        if first[m] > VALID_MAX_COPY_COST or last[k] > VALID_MAX_COPY_COST:
+            continue
+        c = first[m] + lazy_copy_cost(nbytes, m, k, hierarchy) + last[k]
+        if c < best:
+            best, route = c, (m, k)
+    return best, route
 
 
 reduce_nd_sbp_dims = _reduce_one

@@ -14,7 +14,7 @@ prices every boxing here, in two steps -- one registry for both:
    observed middle SBPs are used; otherwise the route is the one of least
    OneFlow copy cost (``ComputeCopyCostWithMiddleNodes``,
    ``oneflow/core/framework/sbp_infer_util.cpp``, ported in
-   :func:`autopar.oneflow_inference.lazy_copy_cost`): the direct hop when
+   :func:`autopar.oneflow.copy_cost.lazy_copy_cost`): the direct hop when
    OneFlow boxes it directly, else the cheapest route through one middle SBP,
    else through two.
 2. **Hop** (:func:`hop_steps`): each hop as OneFlow lowers it
@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, cheapest_middle_route, lazy_copy_cost
 from autopar.oneflow.lowering import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -143,8 +144,6 @@ def _costs_from(
     shape: tuple[int, ...], nbytes: float, sbp: NdSbp, hierarchy: tuple[int, ...], outgoing: bool
 ) -> dict[NdSbp, float]:
     """OneFlow's copy cost from ``sbp`` to every state (``outgoing``), or from every state to it."""
-    from autopar.oneflow.copy_cost import lazy_copy_cost
-
     return {
         m: lazy_copy_cost(nbytes, sbp, m, hierarchy)
         if outgoing
@@ -168,28 +167,11 @@ def _emulated_middle(
     shape: tuple[int, ...], nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]
 ) -> tuple[NdSbp, ...] | None:
     """Middle SBPs of least OneFlow copy cost (None: no route OneFlow supports)."""
-    from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, lazy_copy_cost
-
     if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
         return ()
-    states = _states(shape, hierarchy)
     first = _costs_from(shape, nbytes, src, hierarchy, True)
     last = _costs_from(shape, nbytes, dst, hierarchy, False)
-    best = math.inf
-    route: tuple[NdSbp, ...] | None = None
-    for m in states:
-        c = first[m] + last[m]
-        if c < best:
-            best, route = c, (m,)
-    if best <= VALID_MAX_COPY_COST:
-        return route
-    best, route = math.inf, None
-    for m, k in itertools.product(states, repeat=2):
-        if first[m] > VALID_MAX_COPY_COST or last[k] > VALID_MAX_COPY_COST:
-            continue
-        c = first[m] + lazy_copy_cost(nbytes, m, k, hierarchy) + last[k]
-        if c < best:
-            best, route = c, (m, k)
+    best, route = cheapest_middle_route(nbytes, hierarchy, _states(shape, hierarchy), first, last)
     return route if best <= VALID_MAX_COPY_COST else None
 
 
