@@ -52,7 +52,7 @@ from autopar.sbp import B, NdSbp, SbpValue, Signature
 from autopar.store import KeyValueStore
 from autopar.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.options import SolverOptions
-from autopar_solver.problem import MemoryRow, Problem, Solution
+from autopar_solver.problem import MemoryRow, Problem, Solution, trivial_bound
 from autopar_solver.solve import solve
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
@@ -540,10 +540,7 @@ def _solve_built(
         # longer): the tied plan, with the untied problem's trivial bound (every node and
         # edge at its least), which is valid where the tied bound is not
         problem = built.problem
-        trivial = math.fsum(
-            [float(c.min()) for c in problem.node_costs] + [float(m.min()) for _, _, m in problem.edges]
-        )
-        bound = min(trivial, tied_objective)
+        bound = min(trivial_bound(problem), tied_objective)
         gap = 0.0 if tied_objective <= 0 else max(0.0, (tied_objective - bound) / tied_objective)
         stats = {
             **sol.stats,

@@ -217,6 +217,14 @@ def evaluate(problem: Problem, choices: Sequence[int]) -> tuple[float, list[floa
     return cost, memory
 
 
+def trivial_bound(problem: Problem) -> float:
+    """A lower bound on the cost with no search: every node and every edge at its least
+    (seconds); valid for any assignment, memory rows aside."""
+    return math.fsum(
+        [float(c.min()) for c in problem.node_costs] + [float(m.min()) for _, _, m in problem.edges]
+    )
+
+
 def is_feasible(problem: Problem, choices: Sequence[int]) -> bool:
     """True when the cost is finite and every memory row fits the budget."""
     cost, memory = evaluate(problem, choices)

@@ -35,7 +35,7 @@ from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_c
 from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
 from autopar_solver.lns import WINDOW_TIME_S, window_search
 from autopar_solver.options import Progress, ProgressFn, SolverOptions
-from autopar_solver.problem import Problem, Solution, evaluate, memory_fits
+from autopar_solver.problem import Problem, Solution, evaluate, memory_fits, trivial_bound
 from autopar_solver.reductions import Reduction, problem_size, reduce_problem
 
 __all__ = ["solve"]
@@ -282,9 +282,7 @@ class _Dual:
         self.reduced = reduced
         self.best = best
         self.options = options
-        self.trivial = math.fsum(
-            [float(c.min()) for c in reduced.node_costs] + [float(m.min()) for _, _, m in reduced.edges]
-        )
+        self.trivial = trivial_bound(reduced)
         """The bound without any sweep: every node and edge at its least, seconds."""
         self.runs: list[DiffusionBound] = []
         self.chunk = _FIRST_CHUNK
