@@ -9,6 +9,10 @@ those records for a report, so the parts are the evaluator's own:
 * sum of edge and gather step times = ``Evaluation.comm_time_s``;
 * model states + max of the activation timeline = ``Evaluation.memory.total``.
 
+One micro-batch (:func:`micro_batch_time`) is the part of a step that runs once
+per micro-batch under gradient accumulation: what a profiler's per-iteration
+trace shows.
+
 Layers are module scopes read from op names (``encoder.layers.3.mlp.wi_0.matmul``
 belongs to ``encoder.layers.3``): see :func:`layer_of`.
 """
@@ -19,20 +23,24 @@ import math
 from dataclasses import dataclass, field
 
 from autopar.evaluate import EdgeCost, Evaluation, OpCost, PricingMemo, evaluate
-from autopar.graph import Graph
+from autopar.graph import Graph, Role
+from autopar.optimizer import weight_gradient_path
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet
 
 __all__ = [
     "EdgeCost",
     "MemoryTimeline",
+    "MicroBatchTime",
     "OpCost",
     "PlanBreakdown",
     "PricingMemo",
     "breakdown",
     "layer_of",
     "memory_timeline",
+    "micro_batch_time",
     "module_of",
+    "once_per_step_ops",
 ]
 
 TOP_LEVEL = "(top level)"
@@ -178,3 +186,74 @@ def memory_timeline(graph: Graph, plan: Plan, *, evaluation: Evaluation | None =
     """
     ev = evaluation or evaluate(graph, plan, check_signatures=False)
     return MemoryTimeline(ev.memory.params, ev.memory.grads, ev.memory.optimizer, list(ev.activation_profile))
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    """Seconds of one micro-batch's forward and backward (see :func:`micro_batch_time`)."""
+
+    compute_s: float
+    comm_s: dict[tuple[str, int], float]
+    """(collective, mesh axis) -> seconds."""
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + sum(self.comm_s.values())
+
+    def share(self, *collectives: str) -> float:
+        """Fraction of :attr:`total_s` spent in ``collectives`` (names as ``Collective`` values)."""
+        part = sum(t for (c, _), t in self.comm_s.items() if c in collectives)
+        return part / self.total_s if self.total_s > 0 else 0.0
+
+
+def once_per_step_ops(graph: Graph) -> frozenset[str]:
+    """Ops that run once per optimizer step under gradient accumulation, on the accumulated
+    gradients: the optimizer ops, and every backward op whose inputs are all weight
+    gradients (:func:`autopar.optimizer.weight_gradient_path`), outputs of such ops, or
+    constants (ops without inputs) -- gradient clipping's norms and scaling, the casts and
+    sums of a parameter's gradients.  The weight-gradient matmul reads activations: it runs
+    once per micro-batch."""
+    gradients = weight_gradient_path(graph)
+    producer = graph.producer
+    once: set[str] = set()
+    per_step: set[str] = set()
+    for op in graph.topological_order:
+        inputs = list(op.inputs.values())
+        if op.role is not Role.OPTIMIZER:
+            if op.role is not Role.BACKWARD:
+                continue
+            derived = [t for t in inputs if t in gradients or t in per_step]
+            constant = [t for t in inputs if t in producer and not graph.op_by_name[producer[t][0]].inputs]
+            if not derived or len(derived) + len(constant) != len(inputs):
+                continue
+        once.add(op.name)
+        per_step.update(op.outputs.values())
+    return frozenset(once)
+
+
+def micro_batch_time(graph: Graph, evaluation: Evaluation) -> MicroBatchTime:
+    """The part of a modelled step that runs once per micro-batch under gradient accumulation.
+
+    Formula (seconds): ``sum(OpCost.compute_s)`` over ops not in
+    :func:`once_per_step_ops` (the update and gradient clipping run once per
+    optimizer step, on the accumulated gradients) plus the step times of every
+    boxing edge into such an op that is neither a data-parallel gradient
+    reduction (``EdgeCost.gradient``: reduced once, after the gradients of all
+    micro-batches are accumulated) nor a ZeRO parameter gather
+    (``EdgeCost.zero_gather``: once per optimizer step under ZeRO-1/2).  What
+    is left is the forward and backward of one micro-batch, the span a
+    profiler's per-iteration trace shows (the LiBai MT5 report's 357 ms and
+    1000 ms are such spans: 8 micro-batches per 512-sample step,
+    ``../shared/seed/mt5-throughput-issue.txt``).  The evaluation's
+    ``step_time_s`` is one micro-batch per step (no accumulation).
+    """
+    once = once_per_step_ops(graph)
+    compute = sum(o.compute_s for o in evaluation.ops if o.name not in once)
+    comm: dict[tuple[str, int], float] = {}
+    for e in evaluation.edges:
+        if e.gradient or e.zero_gather or e.consumer in once:
+            continue
+        for s in e.steps:
+            key = (s.collective.value, s.axis)
+            comm[key] = comm.get(key, 0.0) + s.time_s
+    return MicroBatchTime(compute, comm)

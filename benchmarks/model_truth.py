@@ -26,7 +26,12 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    Megatron-LM issues one all-reduce per decoder layer instead;
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
-3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory.
+3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory;
+
+and, once, the LiBai MT5 report replayed (:mod:`benchmarks.seed_replay`): the
+report's cluster fitted on Megatron's and one GPU's figures, then the
+micro-batch time of ``megatron`` and ``inferred`` predicted on it against the
+measured 357 ms and 1000 ms.
 
 With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
 signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
@@ -49,6 +54,7 @@ from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.models import build
+from benchmarks.seed_replay import print_replay, replay
 
 GIB = 1024**3
 
@@ -186,9 +192,11 @@ def main() -> None:
             f"  data-parallel ZeRO-2 {z['zero2_ms']:.2f} ms {z['zero2_gib']:.2f} GiB; "
             f"ZeRO-3 {z['zero3_ms']:.2f} ms {z['zero3_gib']:.2f} GiB"
         )
+    seed = replay()
+    print_replay(seed)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+            json.dump({"models": results, "seed_replay": seed}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -335,3 +335,55 @@ def test_oneflow_candidates_keep_only_the_signatures_oneflow_offers():
     assert order == mul
     # the generic order (outputs, then inputs: S < P < B) puts P x B first
     assert oneflow_candidate_order(mul, 1, "broadcast_add")[:2] == [mul[1], mul[0]]
+
+
+# ------------------------------------------------------------------ one micro-batch, the LiBai report
+
+
+def test_micro_batch_time_is_the_step_less_what_runs_once_per_optimizer_step():
+    from autopar.breakdown import micro_batch_time, once_per_step_ops
+
+    g = build("tiny-gpt")
+    ev = evaluate(g, baseline_plan("data-parallel", g, MESH, 2))
+    micro = micro_batch_time(g, ev)
+    per_step = once_per_step_ops(g)
+    roles = {g.op_by_name[name].role for name in per_step}
+    assert roles == {Role.OPTIMIZER, Role.BACKWARD}  # the updates, and clipping of the gradients
+    assert all(op.name in per_step for op in g.ops if op.name.startswith("clip_grad."))
+    assert not any(g.op_by_name[name].role is Role.FORWARD for name in per_step)
+    once = sum(o.compute_s for o in ev.ops if o.name in per_step)
+    once += sum(e.time_s for e in ev.edges if e.gradient or e.zero_gather or e.consumer in per_step)
+    assert once > 0
+    assert micro.total_s == pytest.approx(ev.step_time_s - once)
+    # data parallelism moves nothing inside a micro-batch: gradients and gathers are per step
+    assert sum(micro.comm_s.values()) == pytest.approx(0.0, abs=1e-9)
+    meg = micro_batch_time(g, evaluate(g, baseline_plan("megatron", g, MESH, 2)))
+    assert meg.share("all-reduce") > 0 and meg.share("no-such-collective") == 0
+
+
+def test_the_seed_fit_reproduces_the_figures_it_was_fitted_on():
+    from benchmarks.seed_replay import SEED, _micro_batch, fit_device
+
+    device = fit_device("tiny-mt5")
+    single = build("tiny-mt5", batch=SEED.single_device_samples)
+    one = Mesh(Cluster(1, 1, device), (1,))
+    assert _micro_batch(single, "single-device", one, 0, "oneflow-0.9").compute_s == pytest.approx(
+        SEED.single_device_s
+    )
+    g = build("tiny-mt5", batch=SEED.samples_per_rank * SEED.mesh[0])
+    mesh = Mesh(Cluster(SEED.nodes, SEED.devices_per_node, device), SEED.mesh)
+    meg = _micro_batch(g, "megatron", mesh, SEED.zero_stage, "oneflow-0.9")
+    assert meg.comm_s[("all-reduce", 1)] == pytest.approx(SEED.megatron_all_reduce_share * SEED.megatron_s)
+
+
+def test_the_seed_replay_ranks_oneflow_inference_as_the_report_measured():
+    """Fitted on Megatron's and one GPU's figures only, the model predicts LiBai's plan (never
+    fitted) at least 2x slower than Megatron's per micro-batch (measured 2.8x), each plan's
+    time within 25 % of the measured 357 ms and 1000 ms."""
+    from benchmarks.seed_replay import SEED, replay
+
+    r = replay()
+    for runtime, row in r["runtimes"].items():
+        assert row["ratio"] >= 2.0, runtime
+        assert row["megatron_ms"] == pytest.approx(SEED.megatron_s * 1e3, rel=0.25), runtime
+        assert row["inferred_ms"] == pytest.approx(SEED.libai_s * 1e3, rel=0.25), runtime
