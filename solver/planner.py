@@ -373,8 +373,14 @@ def solve_on_mesh(
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
     solution: Solution | None = None
     plan_obj: Plan | None = None
+    plan_ev: Any = None
+    plan_solution: Solution | None = None
     ev: Any = None
     stopped_by_deadline = False
+    best_bound = -math.inf
+    """Greatest lower bound of any round: each round only adds memory rows to the one
+    before, so an earlier round's problem is a relaxation and its bound holds for later ones."""
+    polishing = False
     for round_no in range(MAX_MEMORY_ROUNDS):
         left = deadline.left() - reserve
         if left < MIN_SOLVE_S:
@@ -389,8 +395,8 @@ def solve_on_mesh(
         if left < MIN_SOLVE_S:
             stopped_by_deadline = True
             break
-        relay.report("solve", detail={"memory_round": round_no})
-        if memory_binds and round_no < MAX_MEMORY_ROUNDS - 1:
+        relay.report("solve", detail={"memory_round": round_no, "polish": polishing})
+        if memory_binds and not polishing and round_no < MAX_MEMORY_ROUNDS - 1:
             # a round whose plan overflows leads to another round: keep time for it
             left *= ROUND_SHARE
         # deterministic runs keep their limit (in CP-SAT's deterministic units): the
@@ -401,12 +407,26 @@ def solve_on_mesh(
             else replace(options, time_limit_s=min(options.time_limit_s, max(left, MIN_SOLVE_S)))
         )
         solution = _solve_built(built, round_options, relay if progress else None, hint_choices, tie_layers)
-        rounds.append({"memory_rows": len(positions), "status": solution.status, "wall_s": solution.wall_s})
+        rounds.append(
+            {
+                "memory_rows": len(positions),
+                "status": solution.status,
+                "wall_s": solution.wall_s,
+                "polish": polishing,
+            }
+        )
+        if polishing:
+            # the verified plan of the round before stays unless this one is better
+            if solution.ok:
+                best_bound = max(best_bound, solution.bound)
+            if not solution.ok or plan_solution is None or solution.objective >= plan_solution.objective:
+                break
         if solution.status == "infeasible":
             break
         if not solution.ok:
             stopped_by_deadline = True
             break
+        best_bound = max(best_bound, solution.bound)
         candidate = Plan.from_assignment(
             graph,
             mesh,
@@ -418,8 +438,21 @@ def solve_on_mesh(
         relay.report("evaluate", objective=solution.objective, bound=solution.bound)
         ev = evaluate(graph, candidate)
         if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
-            plan_obj = candidate
-            break
+            plan_obj, plan_ev, plan_solution = candidate, ev, solution
+            cut = memory_binds and round_no < MAX_MEMORY_ROUNDS - 1
+            if (
+                not cut
+                or polishing
+                or not _worth_polishing(solution, best_bound, options, deadline, reserve, built)
+            ):
+                break
+            # the round's time was cut for rounds that did not come: spend what is left on
+            # the same rows, from this plan
+            polishing = True
+            hint_choices = solution.choices
+            continue
+        if polishing:
+            break  # over the budget elsewhere: keep the verified plan of the round before
         peak = ev.activation_peak_position
         if peak in positions:
             raise VerificationError(
@@ -429,7 +462,7 @@ def solve_on_mesh(
         positions.append(peak)
         hint_choices = solution.choices
         relay.report("memory", detail={"memory_rows": len(positions), "peak_bytes": ev.memory.total})
-    if plan_obj is None or solution is None:
+    if plan_obj is None or plan_solution is None:
         if solution is not None and solution.status == "infeasible" and not stopped_by_deadline:
             _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline)
         raise TimeLimitError(
@@ -442,6 +475,11 @@ def solve_on_mesh(
             memory_rounds=len(rounds),
             time_cost_tables_s=t_tables,
         )
+    ev, solution = plan_ev, plan_solution
+    if best_bound > solution.bound:
+        bound = min(best_bound, solution.objective)
+        gap = 0.0 if solution.objective <= 0 else max(0.0, (solution.objective - bound) / solution.objective)
+        solution = replace(solution, bound=bound, gap=gap, stats={**solution.stats, "bound": "earlier round"})
     _verify(ev, solution, memory_budget_bytes)
     attach_evaluation(plan_obj, ev)
     stats = dict(solution.stats)
@@ -460,6 +498,26 @@ def solve_on_mesh(
     }
     relay.report("verified", objective=solution.objective, bound=solution.bound)
     return plan_obj
+
+
+def _worth_polishing(
+    solution: Solution,
+    best_bound: float,
+    options: SolverOptions,
+    deadline: Deadline,
+    reserve: float,
+    built: BuiltProblem,
+) -> bool:
+    """Solve a fitting round again, from its plan, with the time left?  Only when its gap
+    (against the best bound of any round) misses the target and the time left covers an
+    untied solve of this size (:data:`UNTIED_S_PER_NODE`)."""
+    if options.deterministic or solution.objective <= 0:
+        return False
+    gap = (solution.objective - max(best_bound, solution.bound)) / solution.objective
+    left = deadline.left() - reserve
+    return gap > options.relative_gap and left >= max(
+        MIN_SOLVE_S, 2 * UNTIED_S_PER_NODE * built.problem.num_nodes
+    )
 
 
 DETERMINISTIC_WALL_FACTOR = 4

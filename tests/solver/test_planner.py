@@ -46,6 +46,11 @@ def test_tight_budget_is_respected_and_costs_no_less(graph, unconstrained):
     assert ev.memory.total <= budget
     assert p.step_time_s >= unconstrained.step_time_s - 1e-12
     assert p.solver["memory_rows"] >= 1
+    # a budget only adds constraints: the unconstrained problem's bound holds for it, and the
+    # planner carries the greatest bound of its rounds (a round adds rows to the one before)
+    s, free_bound = p.solver, unconstrained.solver["bound"]
+    assert free_bound - 1e-12 <= s["bound"] <= s["objective"] + 1e-12
+    assert s["gap"] == pytest.approx((s["objective"] - s["bound"]) / s["objective"], abs=1e-12)
 
 
 def test_impossible_budget_says_how_much_is_needed(graph):
