@@ -209,6 +209,9 @@ class _Work:
         self.queue: deque[int] = deque()
         self.queued: set[int] = set()
         self.stopped = False
+        self.not_sums: dict[int, np.ndarray] = {}
+        """Edge -> the matrix found not to be a sum ``row[a] + col[b]`` (kept alive, compared
+        by identity: a matrix that did not change is not tested again)."""
         self._load(problem)
 
     # ------------------------------------------------------------------ loading
@@ -588,8 +591,11 @@ class _Work:
 
     def _decompose(self, e: int) -> None:
         u, v, matrix = self.edges[e]
+        if self.not_sums.get(e) is matrix:
+            return
         parts = self._split_sum(matrix)
         if parts is None:
+            self.not_sums[e] = matrix
             return
         mem_parts = {}
         for r in self.edge_rows[e]:
