@@ -381,7 +381,13 @@ def solve_on_mesh(
     """Greatest lower bound of any round: each round only adds memory rows to the one
     before, so an earlier round's problem is a relaxation and its bound holds for later ones."""
     polishing = False
-    for round_no in range(MAX_MEMORY_ROUNDS):
+    tied_first = False
+    """With tied layers, once a plan has overflowed the budget, rounds solve the tied problem
+    only (seconds) until its plan fits; only then is the untied problem solved, from that
+    plan, as a polish: an untied solve of a plan that overflows is time spent on a plan the
+    next round discards.  The first round solves both (its untied bound holds for every
+    later round)."""
+    for round_no in range(MAX_MEMORY_ROUNDS + 1):
         left = deadline.left() - reserve
         if left < MIN_SOLVE_S:
             stopped_by_deadline = True
@@ -406,13 +412,21 @@ def solve_on_mesh(
             if options.deterministic
             else replace(options, time_limit_s=min(options.time_limit_s, max(left, MIN_SOLVE_S)))
         )
-        solution = _solve_built(built, round_options, relay if progress else None, hint_choices, tie_layers)
+        solution = _solve_built(
+            built,
+            round_options,
+            relay if progress else None,
+            hint_choices,
+            tie_layers and not polishing,
+            untie_after=not tied_first,
+        )
         rounds.append(
             {
                 "memory_rows": len(positions),
                 "status": solution.status,
                 "wall_s": solution.wall_s,
                 "polish": polishing,
+                "tied": bool(tie_layers) and not polishing,
             }
         )
         if polishing:
@@ -439,6 +453,13 @@ def solve_on_mesh(
         ev = evaluate(graph, candidate)
         if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
             plan_obj, plan_ev, plan_solution = candidate, ev, solution
+            if tied_first:
+                # the tied plan fits: now the untied problem, from it, with the same rows and
+                # the time left (kept only if it fits and is better, as a polish)
+                tied_first = False
+                polishing = True
+                hint_choices = solution.choices
+                continue
             cut = memory_binds and round_no < MAX_MEMORY_ROUNDS - 1
             if (
                 not cut
@@ -451,8 +472,9 @@ def solve_on_mesh(
             polishing = True
             hint_choices = solution.choices
             continue
-        if polishing:
+        if polishing or round_no >= MAX_MEMORY_ROUNDS - 1:
             break  # over the budget elsewhere: keep the verified plan of the round before
+        tied_first = bool(tie_layers)
         peak = ev.activation_peak_position
         if peak in positions:
             raise VerificationError(
@@ -493,7 +515,7 @@ def solve_on_mesh(
         "status": solution.status,
         "wall_s": time.perf_counter() - t0,
         "memory_rows": len(positions),
-        "tied_layers": "tying" in stats,
+        "tied_layers": any(r["tied"] for r in rounds),
         "stats": _jsonable(stats),
     }
     relay.report("verified", objective=solution.objective, bound=solution.bound)
@@ -539,9 +561,12 @@ def _solve_built(
     progress: ProgressFn | None,
     hint: list[int] | None,
     tie_layers: bool,
+    untie_after: bool = True,
 ) -> Solution:
     """Solve the problem; with ``tie_layers``, first with identical layers tied (fast, small)
-    and then untied from that plan, so the reported bound and gap are the real problem's."""
+    and then untied from that plan, so the reported bound and gap are the real problem's.
+    ``untie_after`` False stops after the tied solve (the tied plan, with the untied
+    problem's trivial bound), e.g. to see first whether the tied plan fits the budget."""
     from autopar_solver.heuristic import improve
     from autopar_solver.problem import evaluate as evaluate_problem
     from autopar_solver.tying import structural_classes, tie, untie
@@ -593,7 +618,9 @@ def _solve_built(
     # the tie where that pays and the bound (and gap) is the untied problem's.
     t1 = time.perf_counter()
     remaining = options.time_limit_s - (t1 - t0)
-    if not options.deterministic and remaining < UNTIED_S_PER_NODE * built.problem.num_nodes:
+    if not untie_after or (
+        not options.deterministic and remaining < UNTIED_S_PER_NODE * built.problem.num_nodes
+    ):
         # no time to solve the untied problem (its reductions and heuristic alone take
         # longer): the tied plan, with the untied problem's trivial bound (every node and
         # edge at its least), which is valid where the tied bound is not
@@ -607,7 +634,9 @@ def _solve_built(
                 "classes": tied.num_nodes,
                 "tied_objective": tied_objective,
                 "tied_gap": sol.gap,
-                "untied": "skipped: no time left (trivial bound)",
+                "untied": "skipped: "
+                + ("no time left" if untie_after else "the tied plan's memory is checked first")
+                + " (trivial bound)",
             },
         }
         return Solution(expanded, tied_objective, bound, gap, "feasible", time.perf_counter() - t0, stats)

@@ -142,3 +142,26 @@ def test_a_lifted_plan_without_time_for_its_recheck_keeps_the_squeezed_evaluatio
     assert "recheck" not in checked.solver["stats"]
     assert checked.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-6)
     assert evaluate(graph, checked).valid
+
+
+def test_tied_layers_under_a_budget_give_a_verified_plan_whose_bound_holds(graph, unconstrained):
+    """With layers tied and a budget that binds, later rounds solve the tied problem until
+    its plan fits and then polish it untied; whatever round the plan comes from, it fits,
+    it is verified, and its bound is no more than the untied unconstrained optimum's proven
+    bound allows (a budget only adds constraints)."""
+    from autopar_solver.planner import solve_on_mesh
+
+    mesh = Mesh(CLUSTER, (2, 2))
+    budget = int(unconstrained.memory_per_device_bytes * 0.9)
+    options = SolverOptions(time_limit_s=20, workers=2)
+    p = solve_on_mesh(graph, mesh, budget, 2, options, tie_layers=True)
+    ev = evaluate(graph, p)
+    assert ev.valid and ev.memory.total <= budget
+    s = p.solver
+    assert s["objective"] == pytest.approx(ev.step_time_s, rel=1e-6)
+    assert s["bound"] <= s["objective"] + 1e-12
+    # the unconstrained optimum is at most the unconstrained plan's cost and at least its
+    # bound; the constrained optimum is at least that bound: the reported bound may not
+    # exceed the constrained plan's cost, and the plan costs no less than the free optimum
+    assert p.step_time_s >= unconstrained.solver["bound"] - 1e-12
+    assert s["tied_layers"] is True
