@@ -68,7 +68,9 @@ def build_rank(args: argparse.Namespace) -> None:
     out = Path(args.out)
     placement = flow.placement("cpu", ranks=np.arange(8).reshape(4, 2).tolist())
     sbp = {"B": flow.sbp.broadcast, "S(0)": flow.sbp.split(0), "S(1)": flow.sbp.split(1)}
-    module, arrays = zoo.build("mt5-base", seed=None, batch=args.batch, layers=args.layers, fused=True)
+    module, arrays = zoo.build(
+        "mt5-base", seed=None, batch=args.batch, layers=args.layers, fused=True, vocab=args.vocab
+    )
     for name, param in list(module.named_parameters()):
         layout = (
             ("B", "B") if args.ap_ignore_user_sbp and args.variant == "auto_parallel" else libai_layout(name)
@@ -154,11 +156,11 @@ def table(rows: list[dict[str, Any]], timings: dict[str, Any]) -> str:
             f"| {r['memory_gib']:.2f} | {plan_s} |"
         )
     lines.append("")
-    inf, auto = timings["inference"], timings["auto_parallel"]
+    names = {"inference": "SBP inference", "auto_parallel": "auto-parallel"}
     lines.append(
-        f"OneFlow `build_graph` on 8 CPU ranks sharing 2 cores (wall / CPU of rank 0): SBP inference "
-        f"{inf['wall_s']:.1f} s / {inf['cpu_s']:.1f} s, "
-        f"auto-parallel {auto['wall_s']:.1f} s / {auto['cpu_s']:.1f} s."
+        "OneFlow `build_graph` on 8 CPU ranks sharing 2 cores (wall / CPU of rank 0): "
+        + ", ".join(f"{names[v]} {t['wall_s']:.1f} s / {t['cpu_s']:.1f} s" for v, t in timings.items())
+        + "."
     )
     return "\n".join(lines)
 
@@ -170,13 +172,15 @@ def plan_and_evaluate(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     cluster = Cluster.parse(args.cluster, args.preset)
-    timings = {v: json.loads((out / f"build_{v}.json").read_text()) for v in ("inference", "auto_parallel")}
+    timings = {v: json.loads((out / f"build_{v}.json").read_text()) for v in args.variants}
     rows = []
     graphs = {}
     for variant, label in (
         ("inference", "(a) OneFlow SBP inference, LiBai layout"),
         ("auto_parallel", "(b) OneFlow auto-parallel"),
     ):
+        if variant not in args.variants:
+            continue
         graph = import_job(out / f"job_{variant}.pb", zero_stage=2)
         graphs[variant] = graph
         if variant == "inference":
@@ -202,6 +206,7 @@ def plan_and_evaluate(args: argparse.Namespace) -> None:
     result = {
         "model": "mt5-base",
         "layers": args.layers,
+        "vocab": args.vocab,
         "batch": args.batch,
         "sequence": [512, 128],
         "mesh": [4, 2],
@@ -231,16 +236,25 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/autopar-oneflow-mt5")
     parser.add_argument("--layers", type=int, default=12, help="encoder and decoder layers (12 = mt5-base)")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary (default mt5-base's 250112)")
+    parser.add_argument(
+        "--variants",
+        default="inference,auto_parallel",
+        type=lambda text: tuple(v for v in text.split(",") if v),
+        help="OneFlow jobs to build (auto_parallel's cost tables take OneFlow minutes on 8 CPU ranks)",
+    )
     parser.add_argument("--cluster", default="2x4")
     parser.add_argument("--preset", default="a100-40g")
     parser.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")
     args = parser.parse_args()
+    if "inference" not in args.variants or set(args.variants) - {"inference", "auto_parallel"}:
+        parser.error(f"--variants: 'inference', optionally 'auto_parallel'; got {','.join(args.variants)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.phase == "build":
         build_rank(args)
         return
     if args.phase == "all":
-        for variant in ("inference", "auto_parallel"):
+        for variant in args.variants:
             command = [
                 sys.executable,
                 "-m",
@@ -258,6 +272,8 @@ def main() -> None:
                 "--batch",
                 str(args.batch),
             ]
+            if args.vocab is not None:
+                command += ["--vocab", str(args.vocab)]
             if args.ap_ignore_user_sbp:
                 command.append("--ap-ignore-user-sbp")
             subprocess.run(command, check=True, env=dict(os.environ))

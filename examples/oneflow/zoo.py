@@ -30,13 +30,14 @@ def build(
     layers: int | None = None,
     fused: bool = False,
     identity_reads: bool = False,
+    vocab: int | None = None,
 ) -> tuple[Any, list[np.ndarray]]:
     """Module and example inputs of model ``name`` (``seed=None``: parameters left uninitialised).
 
     ``identity_reads`` reads parameters through ``identity`` ops (needed to run
     multi-rank jobs on CPU, see ``oflayers``).
     """
-    module, arrays = _build(name, seed, batch, seq, decoder_seq, layers, fused)
+    module, arrays = _build(name, seed, batch, seq, decoder_seq, layers, fused, vocab)
     return set_identity_reads(module, identity_reads), arrays
 
 
@@ -48,9 +49,14 @@ def _build(
     decoder_seq: int | None,
     layers: int | None,
     fused: bool,
+    vocab: int | None = None,
 ) -> tuple[Any, list[np.ndarray]]:
+    if vocab is not None and name not in ("mt5-tiny", "mt5-base"):
+        raise ValueError(f"vocab is an MT5 option; {name!r} has its own")
     if name in ("mt5-tiny", "mt5-base"):
         overrides: dict[str, Any] = {"fused_rms_norm": fused}
+        if vocab is not None:
+            overrides.update(vocab_size=vocab)
         if layers is not None:
             overrides.update(num_layers=layers, num_decoder_layers=layers)
         config = mt5.MT5Config.tiny(**overrides) if name == "mt5-tiny" else mt5.MT5Config.base(**overrides)
