@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12, help="encoder and decoder layers (12 = mt5-base)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary (default mt5-base's 250112)")
+    parser.add_argument("--master-port", type=int, default=29500, help="port of rank 0 for the 8-rank launch")
     parser.add_argument(
         "--variants",
         default="inference,auto_parallel",
@@ -261,6 +262,8 @@ def main() -> None:
                 "oneflow.distributed.launch",
                 "--nproc_per_node",
                 "8",
+                "--master_port",
+                str(args.master_port),
                 str(Path(__file__).resolve()),
                 "build",
                 "--variant",
