@@ -37,7 +37,7 @@ from autopar.optimizer import model_port_index, parameter_sources, weight_gradie
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet, default_rules
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
-from autopar.sbp import B, NdSbp, Partial, S, Signature
+from autopar.sbp import B, NdSbp, Partial, S, Signature, Split
 
 __all__ = ["BASELINES", "BaselineKind", "baseline_plan", "megatron_parameter_layout"]
 
@@ -59,8 +59,13 @@ LOSS_OPS = frozenset(
         "sparse_cross_entropy",
         "sparse_cross_entropy_ms",
         "softmax_cross_entropy",
+        # OneFlow's SplitSparseSoftmaxCrossEntropyOpPass (job_rewriter) rewrites a
+        # model-split sparse_softmax_cross_entropy_ms into split-softmax stages + nll
+        "nll",
     }
 )
+VOCAB_PARALLEL_LOSS_OPS = frozenset({"reduce_sum", "nll"})
+"""Loss reductions over the vocabulary that Megatron leaves as partial sums on the tensor-parallel axis."""
 MATMUL_OPS = frozenset({"matmul", "broadcast_matmul", "fused_matmul_bias", "batch_matmul"})
 EMBEDDING_OPS = frozenset({"gather", "embedding"})
 SUM_OPS = frozenset({"add_n", "add", "broadcast_add"})
@@ -320,6 +325,16 @@ def baseline_plan(
                 if axis == tp_axis and (
                     (op.type in MATMUL_OPS or op.type in EMBEDDING_OPS) and _weight_input(op, st) is not None
                 ):
+                    continue
+                if (
+                    axis == tp_axis
+                    and op.role is Role.FORWARD
+                    and op.type in VOCAB_PARALLEL_LOSS_OPS
+                    and any(isinstance(tensor_sbp[i][axis], Split) for i in op.inputs.values())
+                ):
+                    # vocab-parallel cross-entropy: each rank reduces its slice of the
+                    # vocabulary, the partial sums are all-reduced (Megatron's
+                    # _VocabParallelCrossEntropy: all-reduce of the [b, s] sums and targets)
                     continue
                 if (
                     axis == tp_axis
