@@ -16,7 +16,8 @@ row-parallel ``o`` / ``wo`` / ``dense`` ``(B, S(1))``, the rest ``B``; data ``(S
 2. ``plan``: import the inference job, ask autopar's solver for a plan
    (``autopar plan`` in the main venv).
 3. ``pin`` (one launch per mesh): ``compile_with_plan`` pins autopar's plan into a
-   fresh build and compiles it; writes the compiled job.
+   fresh build (parameters and inputs laid out as the plan says) and compiles it;
+   writes the compiled job.
 4. ``report``: for each of the three plans, *predicted* = autopar's evaluation of
    the plan now, with OneFlow's grouping of boxings by destination
    (``evaluate(..., group_boxing=True)``; OneFlow's plans read back with
@@ -130,6 +131,7 @@ def build_rank(args: argparse.Namespace) -> None:
 def pin_rank(args: argparse.Namespace) -> None:
     """One rank of the launch that pins autopar's plan into each model and compiles it."""
     from autopar.oneflow import compile_with_plan, make_train_graph
+    from autopar.oneflow.apply import plan_input_sbps, to_flow_sbp
     from autopar.plan import Plan
 
     out = Path(args.out)
@@ -140,10 +142,14 @@ def pin_rank(args: argparse.Namespace) -> None:
         flow, module, inputs, _ = _setup(args, model, mesh)
         from autopar.oneflow import apply_plan
 
-        # the inputs keep the layout the plan's graph was built with ((S(0), B)): laying them
-        # out as the plan's input ops say changes what OneFlow builds (a replicated label
-        # turns sparse_softmax_cross_entropy_ms into sparse_softmax_cross_entropy)
+        # the inputs are laid out as the plan's input ops say (the data loader's layout is free);
+        # that may change what OneFlow builds (a replicated label or replicated logits turn
+        # sparse_softmax_cross_entropy_ms into sparse_softmax_cross_entropy), which the pin
+        # maps back to the plan's ops (autopar.oneflow.apply.match_plan_ops)
         apply_plan(module, plan, inputs[0].placement, copy_values=True)
+        planned = plan_input_sbps(plan)
+        if len(planned) == len(inputs):
+            inputs = [t.to_global(t.placement, to_flow_sbp(sbp)) for t, sbp in zip(inputs, planned)]
         optimizer = flow.optim.AdamW(module.parameters(), lr=1e-3)
         graph, report = compile_with_plan(
             lambda m=module, o=optimizer: make_train_graph(m, o, zero_stage=2, zero_min_size=1), plan, *inputs

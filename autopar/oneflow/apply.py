@@ -46,7 +46,7 @@ from typing import Any
 from autopar.boxing import boxing_plan
 from autopar.errors import PlanError
 from autopar.graph import DTYPE_BYTES
-from autopar.oneflow.convert import op_keys, parse_nd_sbp_text
+from autopar.oneflow.convert import op_key_parts, op_keys, parse_nd_sbp_text
 from autopar.oneflow.jobs import _require_oneflow, load_job
 from autopar.oneflow.traffic import JobTraffic, count_job_traffic
 from autopar.plan import Plan
@@ -60,6 +60,7 @@ __all__ = [
     "check_fidelity",
     "compile_with_plan",
     "from_flow_sbp",
+    "match_plan_ops",
     "pin_plan",
     "plan_input_sbps",
     "remove_hints",
@@ -514,6 +515,82 @@ def apply_plan(
     return report
 
 
+# ------------------------------------------------------------------ matching plan ops to job ops
+
+
+_VARIANT_TYPES: dict[str, tuple[str, ...]] = {
+    # flow._C.sparse_softmax_cross_entropy builds the model-split variant (``_ms``) when the
+    # logits are split over the classes as the job is built, else the plain op: a plan solved
+    # on one job names the gradient op of the other type when the pinned build chose differently
+    # (the plan's parameter or input layouts change the logits' layout at build time)
+    "sparse_softmax_cross_entropy_grad": ("sparse_softmax_cross_entropy_ms_grad",),
+    "sparse_softmax_cross_entropy_ms_grad": ("sparse_softmax_cross_entropy_grad",),
+}
+"""op type in the job -> the types OneFlow builds in its place from the same call (same ports)"""
+
+
+def match_plan_ops(job_op_names: Sequence[str], plan: Plan) -> dict[str, str]:
+    """Job op name -> plan op name, for the job ops (in job order) that have a plan op.
+
+    By op key (:func:`autopar.oneflow.convert.op_keys`), else, for an op whose
+    type OneFlow chooses as the job is built (:data:`_VARIANT_TYPES`), by the
+    key the same op has under the other type, when no job op has that key.
+    """
+    job_keys = op_keys(job_op_names)
+    plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
+    out: dict[str, str] = {}
+    claimed: set[str] = set()
+    pending: list[str] = []
+    for name in job_op_names:
+        plan_op = plan_by_key.get(job_keys[name])
+        if plan_op is None:
+            pending.append(name)
+            continue
+        out[name] = plan_op
+        claimed.add(plan_op)
+    for name in pending:
+        parts = op_key_parts(name)
+        if parts is None or parts[1] not in _VARIANT_TYPES:
+            continue
+        scope, kind = parts
+        index = job_keys[name].rsplit("#", 1)[1]
+        for other in _VARIANT_TYPES[kind]:
+            plan_op = plan_by_key.get(f"{scope}-{other}#{index}")
+            if plan_op is not None and plan_op not in claimed:
+                out[name] = plan_op
+                claimed.add(plan_op)
+                break
+    return out
+
+
+def _plain_cross_entropy_layouts(imported: Any, plan: Plan, matched: dict[str, str]) -> dict[str, NdSbp]:
+    """Layouts for the plain ``sparse_softmax_cross_entropy`` ops of a job whose plan has the ``_ms`` variant.
+
+    OneFlow splits the ``_ms`` op into a softmax of ten ops
+    (``SplitSparseSoftmaxCrossEntropyOpPass``), which the plain op replaces
+    as a whole; what the plan fixes for it is the layout its gradient reads
+    ``prob`` in.  The plain op splits the batch or replicates on each mesh
+    axis, all ports alike, so every port gets that layout (when it has no split
+    over the classes).  Returns job op name -> layout.
+    """
+    grads = {
+        op.inputs.get("prob_0"): name
+        for op in imported.ops
+        if op.type == "sparse_softmax_cross_entropy_grad" and (name := matched.get(op.name)) is not None
+    }
+    out: dict[str, NdSbp] = {}
+    for op in imported.ops:
+        if op.type != "sparse_softmax_cross_entropy" or op.name in matched:
+            continue
+        grad = grads.get(op.outputs.get("prob_0"))
+        if grad is None or "prob_0" not in plan.ports[grad][0]:
+            continue
+        layout = plan.input_sbp(grad, "prob_0")
+        if all(isinstance(v, Broadcast) or v == Split(0) for v in layout):
+            out[op.name] = layout
+    return out
+
+
 # ------------------------------------------------------------------ pinning
 
 
@@ -544,7 +621,10 @@ def pin_plan(
     OneFlow compiles the job with the signatures it records
     (``job_parallel_view_conf``) and inserts the boxing between producers and
     consumers that disagree, so a pinned job follows the plan op by op, not only
-    at module boundaries.  Ops are matched by op key; ports the plan does not
+    at module boundaries.  Ops are matched by op key, or as the op OneFlow
+    built in the plan op's place (:func:`match_plan_ops`; a plain
+    ``sparse_softmax_cross_entropy`` where the plan has the ``_ms`` variant's
+    softmax gets the layout the plan's gradient reads ``prob`` in); ports the plan does not
     have (an optimizer's learning rate ...) and ops of ``skip_types`` (folded
     constants, whose inputs the plan does not see), and ops of
     ``skip_partial_types`` whose planned signature has a ``P``, keep OneFlow's
@@ -562,10 +642,16 @@ def pin_plan(
     imported = import_job(job, zero_stage=plan.zero_stage)
     job_keys = op_keys(op.name for op in imported.ops)
     plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
+    matched = match_plan_ops([op.name for op in imported.ops], plan)
     conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
     pinned = 0
+    for op_name, layout in _plain_cross_entropy_layouts(imported, plan, matched).items():
+        if op_name in conf and "sparse_softmax_cross_entropy" not in skip_types:
+            for port in conf[op_name].bn_in_op2nd_sbp:
+                conf[op_name].bn_in_op2nd_sbp[port].CopyFrom(_nd_sbp_message(layout))
+            pinned += 1
     for op in imported.ops:
-        name = plan_by_key.get(job_keys[op.name])
+        name = matched.get(op.name)
         if name is None or op.type in skip_types or op.name not in conf:
             continue
         sig = plan.signatures[name]
@@ -699,8 +785,7 @@ def compile_with_plan(
         graph.build_graph(*inputs)
         imported = import_job(graph._full_job_proto, zero_stage=plan.zero_stage)
         types_by_op = {op.name: op.type for op in imported.ops}
-        plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
-        job_keys = op_keys(op.name for op in imported.ops)
+        matched = match_plan_ops([op.name for op in imported.ops], plan)
         pinned = pin_plan(graph, plan, skip_types=("constant", *whole), skip_partial_types=partial)
         try:
             graph.finish_complie_and_init_runtime()
@@ -712,7 +797,7 @@ def compile_with_plan(
             op_type = types_by_op.get(refused)
             if op_type is None or op_type in whole:
                 raise
-            planned = plan.signatures.get(plan_by_key.get(job_keys.get(refused, ""), ""))
+            planned = plan.signatures.get(matched.get(refused, ""))
             with_p = planned is not None and any(s.has_partial for s in (*planned.inputs, *planned.outputs))
             if with_p and op_type not in partial:
                 partial.append(op_type)
@@ -771,16 +856,14 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
             f"but the plan is for {list(plan.mesh.shape)}",
         )
     compiled = import_plan(job, graph=compiled_graph, cluster=plan.mesh.cluster, zero_stage=plan.zero_stage)
-    plan_key = op_keys(plan.signatures)
-    job_key = op_keys(op.name for op in compiled_graph.ops)
-    job_by_key = {k: n for n, k in job_key.items()}
-    plan_by_key = {k: n for n, k in plan_key.items()}
+    plan_of = match_plan_ops([op.name for op in compiled_graph.ops], plan)
+    job_of = {p: j for j, p in plan_of.items()}
 
     mismatches: list[dict[str, str]] = []
     missing: list[str] = []
     matched = 0
     for name, sig in plan.signatures.items():
-        other = job_by_key.get(plan_key[name])
+        other = job_of.get(name)
         if other is None:
             missing.append(name)
             continue
@@ -805,20 +888,17 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
     matched_bytes = 0.0
     producer = compiled_graph.producer
     for op in compiled_graph.ops:
-        consumer_plan = plan_by_key.get(job_key[op.name])
+        consumer_plan = plan_of.get(op.name)
         if consumer_plan is None:
             continue
         for port, tensor in op.inputs.items():
             if port not in plan.ports[consumer_plan][0]:
                 continue
             src_op, src_port = producer[tensor]
-            while (
-                plan_by_key.get(job_key[src_op]) is None
-                and len(compiled_graph.op_by_name[src_op].inputs) == 1
-            ):
+            while plan_of.get(src_op) is None and len(compiled_graph.op_by_name[src_op].inputs) == 1:
                 (upstream,) = compiled_graph.op_by_name[src_op].inputs.values()
                 src_op, src_port = producer[upstream]
-            producer_plan = plan_by_key.get(job_key[src_op])
+            producer_plan = plan_of.get(src_op)
             if producer_plan is None or src_port not in plan.ports[producer_plan][1]:
                 continue
             src = plan.output_sbp(producer_plan, src_port)
