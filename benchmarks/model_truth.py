@@ -33,6 +33,14 @@ report's cluster fitted on Megatron's and one GPU's figures, then the
 micro-batch time of ``megatron`` and ``inferred`` predicted on it against the
 measured 357 ms and 1000 ms.
 
+With ``--imported DIR`` (the output folder of ``benchmarks/oneflow_mt5.py``: a
+real OneFlow MT5 job built on 8 CPU ranks and imported, fp32) it also prints the
+``megatron`` baseline's tensor-parallel bytes on that imported job against the
+same hand counts.  Bytes are counted as OneFlow boxes them, once per tensor and
+destination layout (``evaluate(..., group_boxing=True)``; an imported job reads
+one tensor from several consumers, e.g. ``rms_norm_grad`` and
+``rms_norm_param_grad``, where the built-in graphs have one).
+
 With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
 signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
 did in the jobs ``DIR/{model}_2x2_inference_built.pb`` (the LiBai-layout
@@ -94,7 +102,7 @@ def measure(model: str) -> dict[str, Any]:
     hand_graph = hand_count_tp_bytes(graph, mesh, summed_cross_attention=True)
     rows = {}
     for runtime in ("oneflow-0.9", "ideal"):
-        meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime))
+        meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True)
         meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime))
         inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime))
         rows[runtime] = {
@@ -121,6 +129,37 @@ def measure(model: str) -> dict[str, Any]:
     return out
 
 
+def measure_imported(folder: Path) -> dict[str, Any]:
+    """``megatron`` tensor-parallel bytes on the imported OneFlow MT5 job of ``folder``."""
+    result = json.loads((folder / "result.json").read_text())
+    graph = Graph.load(str(folder / "graph.json"))
+    mesh = Mesh(Cluster.parse(result["cluster"]), tuple(result["mesh"]))
+    enc, dec = result["sequence"]
+    config = {
+        "batch": result["batch"],
+        "hidden": 768,  # benchmarks/oneflow_mt5.py builds mt5-base
+        "encoder_seq": enc,
+        "decoder_seq": dec,
+        "encoder_layers": result["layers"],
+        "decoder_layers": result["layers"],
+        "dtype": "float32",  # CPU jobs are fp32 (AMP is a no-op on CPU)
+    }
+    shaped = Graph(graph.name, [], [], meta={"family": "t5", "config": config})
+    out: dict[str, Any] = {
+        "ops": len(graph.ops),
+        "layers": result["layers"],
+        "vocab": result.get("vocab"),
+        "hand_tp_bytes": hand_count_tp_bytes(shaped, mesh),
+        "hand_tp_bytes_graph": hand_count_tp_bytes(shaped, mesh, summed_cross_attention=True),
+        "runtimes": {},
+    }
+    for runtime in ("oneflow-0.9", "ideal"):
+        plan = baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
+        ev = evaluate(graph, plan, group_boxing=True)
+        out["runtimes"][runtime] = ev.comm_bytes_per_axis[len(mesh.shape) - 1]
+    return out
+
+
 INFERENCE_MODELS = ("mt5-tiny", "gpt-tiny", "bert-tiny")
 
 
@@ -144,6 +183,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2-medium,mt5-base")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument(
+        "--imported", type=Path, help="also the megatron bytes on this oneflow_mt5.py output folder"
+    )
     ap.add_argument(
         "--inference-jobs", type=Path, help="measure the inference emulation on these OneFlow jobs"
     )
@@ -192,11 +234,25 @@ def main() -> None:
             f"  data-parallel ZeRO-2 {z['zero2_ms']:.2f} ms {z['zero2_gib']:.2f} GiB; "
             f"ZeRO-3 {z['zero3_ms']:.2f} ms {z['zero3_gib']:.2f} GiB"
         )
+    imported = None
+    if args.imported is not None:
+        imported = measure_imported(args.imported)
+        print(
+            f"\nimported OneFlow MT5 job ({args.imported}: {imported['ops']} ops, "
+            f"{imported['layers']}+{imported['layers']} layers, vocab {imported['vocab']}, fp32), mesh [4, 2]"
+        )
+        print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
+        hand, hand_graph = imported["hand_tp_bytes"], imported["hand_tp_bytes_graph"]
+        for runtime, got in imported["runtimes"].items():
+            print(
+                f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {hand / 1e6:9.1f} MB  ratio {got / hand:.3f}  "
+                f"hand (graph) {hand_graph / 1e6:.1f} MB  ratio {got / hand_graph:.3f}"
+            )
     seed = replay()
     print_replay(seed)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"models": results, "seed_replay": seed}, fh, indent=1)
+            json.dump({"models": results, "imported": imported, "seed_replay": seed}, fh, indent=1)
 
 
 if __name__ == "__main__":
