@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.solver [--cases mt5-base-4x2,...] [--time-limit 30]
     .venv/bin/python -m benchmarks.solver --promise [--time-limit 5]
+    .venv/bin/python -m benchmarks.solver --imported /tmp/of-mt5 [--cases oneflow-mt5-imported]
 
 Each case runs in its own process (so its peak RSS is its own): the model graph is
 built and written to a JSON file first, then the clock starts, and the graph is
@@ -15,6 +16,10 @@ plan's peak as the budget, and report the second run.
 ``--promise`` runs the time-limit cases instead (a 100k-op graph, a 64x64
 cluster, a ``[1,1,1,8]`` mesh, mt5-base on ``4,2,1`` and ``2,2,2``): the wall
 must stay within the limit + 2 s, with a verified plan or a ``time_limit`` error.
+
+``--imported DIR`` adds the case ``oneflow-mt5-imported``: the graph of a real
+OneFlow MT5 job, built and imported by ``benchmarks/oneflow_mt5.py --out DIR``
+(``DIR/graph.json``), planned on mesh ``[4, 2]`` of 2x4.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
@@ -43,6 +49,8 @@ class Case:
     """Budget as this fraction of the unconstrained plan's peak (None: ``budget_gib``)."""
     budget_gib: float | None = 40.0
     """Per-device budget (the preset's 40 GiB); None: no budget."""
+    graph_file: str | None = None
+    """A graph JSON to load instead of building ``model`` (an imported OneFlow job)."""
 
 
 CASES: dict[str, Case] = {
@@ -58,6 +66,8 @@ CASES: dict[str, Case] = {
     "mt5-base-mem60": Case("mt5-base", "2x4", (4, 2), memory_fraction=0.6),
     "mt5-base-mem95": Case("mt5-base", "2x4", (4, 2), memory_fraction=0.95),
 }
+IMPORTED = "oneflow-mt5-imported"
+"""Case name of ``--imported``: the job of ``benchmarks/oneflow_mt5.py``, mesh [4, 2] on 2x4."""
 PROMISE: dict[str, Case] = {
     "gpt-100k-ops": Case("gpt2-medium", "2x4", (4, 2), {"layers": 580}),
     "mt5-base-64x64": Case("mt5-base", "64x64", (64, 64)),
@@ -77,7 +87,7 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
     from autopar_solver.planner import PlanRequest, plan
 
     t_build = time.perf_counter()
-    graph = build(case.model, **case.overrides)
+    graph = Graph.load(case.graph_file) if case.graph_file else build(case.model, **case.overrides)
     build_s = time.perf_counter() - t_build
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.json")
@@ -128,12 +138,20 @@ def main() -> None:
     ap.add_argument("--promise", action="store_true", help="the time-limit cases")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds (default 30; 5 with --promise)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--imported",
+        type=Path,
+        default=None,
+        help="also plan the imported OneFlow MT5 job in this benchmarks/oneflow_mt5.py output folder",
+    )
     ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    table = PROMISE if args.promise else CASES
+    table = dict(PROMISE if args.promise else CASES)
+    if args.imported is not None:
+        table[IMPORTED] = Case("(imported)", "2x4", (4, 2), graph_file=str(args.imported / "graph.json"))
     limit = args.time_limit or (5.0 if args.promise else 30.0)
     if args.run_case:
-        print(json.dumps(run_case({**CASES, **PROMISE}[args.run_case], limit, args.workers)))
+        print(json.dumps(run_case({**CASES, **PROMISE, **table}[args.run_case], limit, args.workers)))
         return
     names = args.cases.split(",") if args.cases else list(table)
     print(f"time limit {limit:g} s, {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
@@ -143,9 +161,11 @@ def main() -> None:
         f"{'gap':>8}{'step ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
     )
     for name in names:
-        case = {**CASES, **PROMISE}[name]
+        case = {**CASES, **PROMISE, **table}[name]
         cmd = [sys.executable, "-m", "benchmarks.solver", "--run-case", name]
         cmd += ["--time-limit", str(limit), "--workers", str(args.workers)]
+        if args.imported is not None:
+            cmd += ["--imported", str(args.imported)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         try:
             row = json.loads(out.stdout.strip().splitlines()[-1])
