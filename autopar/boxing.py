@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
-from autopar.oneflow.pricing import oneflow_steps
+from autopar.oneflow.pricing import Step, chain_steps, oneflow_chains, oneflow_steps
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
 
 __all__ = [
@@ -600,7 +600,9 @@ class OneFlowBoxing:
     has one, send/recv of the needed slices otherwise), one step per mesh axis
     that moves bytes: :mod:`autopar.oneflow.pricing` (the one registry of
     routes and lowerings; source references there and in
-    :mod:`autopar.oneflow.lowering`).  Memoised per (source, destination).
+    :mod:`autopar.oneflow.lowering`).  Memoised per (source, destination), each
+    hop's steps per hop; a boxing's seconds (:meth:`time`, :meth:`matrix`) are
+    summed from its steps without building the plan.
     """
 
     def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
@@ -608,12 +610,14 @@ class OneFlowBoxing:
         self.itemsize = itemsize
         self.mesh = mesh
         self._plans: dict[tuple[NdSbp, NdSbp], BoxingPlan] = {}
+        self._times: dict[tuple[NdSbp, NdSbp], float] = {}
+        self._hops: dict[tuple[NdSbp, NdSbp], list[Step]] = {}
 
     def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
         key = (src, dst)
         found = self._plans.get(key)
         if found is None:
-            steps = oneflow_steps(self.shape, self.itemsize, src, dst, self.mesh)
+            steps = oneflow_steps(self.shape, self.itemsize, src, dst, self.mesh, self._hops)
             if steps is None:
                 found = BoxingPlan(src, dst, (), INF)
             else:
@@ -623,10 +627,34 @@ class OneFlowBoxing:
         return found
 
     def time(self, src: NdSbp, dst: NdSbp) -> float:
-        return 0.0 if src == dst else self.plan(src, dst).time_s
+        """Seconds of :meth:`plan` (the same steps' seconds summed in the same order)."""
+        if src == dst:
+            return 0.0
+        found = self._times.get((src, dst))
+        if found is None:
+            self._price([(src, dst)])
+            found = self._times[(src, dst)]
+        return found
+
+    def _price(self, pairs: list[tuple[NdSbp, NdSbp]]) -> None:
+        """Fill :meth:`time`'s memo for ``pairs`` (distinct, not yet priced), routed together."""
+        for pair, route in zip(pairs, oneflow_chains(self.shape, self.itemsize, pairs, self.mesh)):
+            if route is None:
+                self._times[pair] = INF
+                continue
+            total = 0.0
+            for step in chain_steps(self.shape, self.itemsize, *route, self.mesh, self._hops):
+                total += step[5]
+            self._times[pair] = total
 
     def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
-        """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns)."""
-        return np.array([[self.time(s, d) for d in dsts] for s in srcs], dtype=np.float64).reshape(
-            len(srcs), len(dsts)
-        )
+        """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns), equal to
+        :meth:`time` entry by entry; the pairs not priced yet are routed together."""
+        times = self._times
+        rows, cols = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
+        todo = [(s, d) for s in rows for d in cols if s != d and (s, d) not in times]
+        if todo:
+            self._price(todo)
+        return np.array(
+            [[0.0 if s == d else times[(s, d)] for d in dsts] for s in srcs], dtype=np.float64
+        ).reshape(len(srcs), len(dsts))
