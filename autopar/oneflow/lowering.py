@@ -216,9 +216,14 @@ def _send_recv(
         hi = np.minimum(s_hi.reshape(s_hi.shape + (1,) * len(d_axes)), d_hi)
         variables = [("s", a) for a in s_axes] + [("d", a) for a in d_axes]
         factors.append((np.maximum(hi - lo, 0), variables))
-    totals = [_contract(factors, sizes, frozenset(forced | set(range(a)))) * constant for a in range(k + 1)]
     n_devices = math.prod(sizes)
-    return {a: float((totals[a] - totals[a + 1]) * itemsize) / n_devices for a in range(k)}
+    # F(a) for each distinct tie set (a forced axis ties nothing new: F(a) == F(a + 1))
+    totals: dict[frozenset[int], int] = {}
+    ties = [frozenset(forced | set(range(a))) for a in range(k + 1)]
+    for tied in ties:
+        if tied not in totals:
+            totals[tied] = _contract(factors, sizes, tied) * constant
+    return {a: float((totals[ties[a]] - totals[ties[a + 1]]) * itemsize) / n_devices for a in range(k)}
 
 
 def _split_bounds(

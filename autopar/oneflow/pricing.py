@@ -372,10 +372,11 @@ def chain_steps(
         steps = None if hops is None else hops.get((a, b))
         if steps is None:
             steps = []
+            squeezed = len(live) != len(mesh.shape)
             for axis, kind, _, moved, nbytes, seconds in hop_steps(shape, itemsize, a, b, mesh, live):
                 # steps on the full mesh: B on the size-1 axes
-                full_src = _expand(a, live, len(mesh.shape))
-                full_dst = _expand(moved, live, len(mesh.shape))
+                full_src = _expand(a, live, len(mesh.shape)) if squeezed else a
+                full_dst = _expand(moved, live, len(mesh.shape)) if squeezed else moved
                 steps.append((axis, kind, full_src, full_dst, nbytes, seconds))
             if hops is not None:
                 hops[(a, b)] = steps
