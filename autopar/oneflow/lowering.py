@@ -189,14 +189,43 @@ def _send_recv(
     differ; bytes = elements * ``itemsize``, averaged over the devices.
 
     How: the intersection's volume is a product over tensor dims of 1-D overlaps,
-    each a function of the coordinates on the mesh axes that split that dim.
+    each a function of the coordinates on the mesh axes that split that dim (when
+    every split divides evenly, the count for the least such shape, scaled).
     ``F(a)`` = the volume summed over all (receiver, sender) pairs that also agree
     on the axes before ``a`` is one tensor contraction (``numpy.einsum`` over
     integers: exact); the pairs that first differ on axis ``a`` sum to
     ``F(a) - F(a + 1)`` (``F(k)``, all axes equal, is each device reading itself).
     """
-    k = len(hierarchy)
     sizes = tuple(int(h) for h in hierarchy)
+    dims = tuple(int(d) for d in shape)
+    # splits that divide evenly (every state autopar prices): the count scales with each split
+    # dim's size over the least size both ends cut evenly, so one count per SBP pair serves
+    # every shape (exact integers either way)
+    unit = tuple(math.lcm(_parts(src, dim, sizes), _parts(dst, dim, sizes)) for dim in range(len(dims)))
+    if all(size % u == 0 for size, u in zip(dims, unit)):
+        moved = _unit_moved(src, dst, sizes, unit)
+        scale = math.prod(size // u for size, u in zip(dims, unit))
+    else:
+        moved, scale = _moved(dims, src, dst, sizes), 1
+    n_devices = math.prod(sizes)
+    return {a: float(moved[a] * scale * itemsize) / n_devices for a in range(len(sizes))}
+
+
+def _parts(sbp: NdSbp, dim: int, hierarchy: Sequence[int]) -> int:
+    """Pieces ``sbp`` cuts tensor dim ``dim`` into."""
+    return math.prod(int(n) for v, n in zip(sbp, hierarchy) if isinstance(v, Split) and v.dim == dim)
+
+
+@functools.lru_cache(maxsize=65536)
+def _unit_moved(src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`_moved` for the tensor of shape ``unit`` (memoised: shared by every shape that
+    is a multiple of it)."""
+    return _moved(unit, src, dst, hierarchy)
+
+
+def _moved(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]) -> tuple[int, ...]:
+    """Elements received over each mesh axis, summed over the devices (see :func:`_send_recv`)."""
+    k = len(hierarchy)
     forced = {
         a
         for a, v in enumerate(src)
@@ -206,9 +235,9 @@ def _send_recv(
     # every receiver's, one array axis per (side, mesh axis) variable
     factors: list[tuple[np.ndarray, list[tuple[str, int]]]] = []
     constant = 1
-    for dim, size in enumerate(int(d) for d in shape):
-        s_axes, s_lo, s_hi = _split_bounds(size, src, dim, sizes)
-        d_axes, d_lo, d_hi = _split_bounds(size, dst, dim, sizes)
+    for dim, size in enumerate(shape):
+        s_axes, s_lo, s_hi = _split_bounds(size, src, dim, hierarchy)
+        d_axes, d_lo, d_hi = _split_bounds(size, dst, dim, hierarchy)
         if not s_axes and not d_axes:
             constant *= size
             continue
@@ -216,14 +245,13 @@ def _send_recv(
         hi = np.minimum(s_hi.reshape(s_hi.shape + (1,) * len(d_axes)), d_hi)
         variables = [("s", a) for a in s_axes] + [("d", a) for a in d_axes]
         factors.append((np.maximum(hi - lo, 0), variables))
-    n_devices = math.prod(sizes)
     # F(a) for each distinct tie set (a forced axis ties nothing new: F(a) == F(a + 1))
     totals: dict[frozenset[int], int] = {}
     ties = [frozenset(forced | set(range(a))) for a in range(k + 1)]
     for tied in ties:
         if tied not in totals:
-            totals[tied] = _contract(factors, sizes, tied) * constant
-    return {a: float((totals[ties[a]] - totals[ties[a + 1]]) * itemsize) / n_devices for a in range(k)}
+            totals[tied] = _contract(factors, hierarchy, tied) * constant
+    return tuple(totals[ties[a]] - totals[ties[a + 1]] for a in range(k))
 
 
 def _split_bounds(

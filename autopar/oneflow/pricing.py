@@ -79,7 +79,6 @@ __all__ = [
     "hop_steps",
     "observed_routes",
     "oneflow_chain",
-    "oneflow_chains",
     "oneflow_route",
     "oneflow_routes",
     "oneflow_steps",
@@ -295,64 +294,30 @@ def oneflow_chain(
     """The mesh axes of size > 1 and the route ``[src, middle..., dst]`` on them
     (:func:`oneflow_route`); an empty route when nothing moves; None when impossible
     (an end that does not divide, or no route OneFlow supports)."""
-    return oneflow_chains(shape, itemsize, [(src, dst)], mesh)[0]
-
-
-def oneflow_chains(
-    shape: Sequence[int], itemsize: int, pairs: Sequence[tuple[NdSbp, NdSbp]], mesh: Mesh
-) -> list[tuple[tuple[int, ...], list[NdSbp]] | None]:
-    """:func:`oneflow_chain` of each ``(src, dst)`` of ``pairs``, routed together
-    (:func:`oneflow_routes`)."""
     live = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
-    squeeze = len(live) != len(mesh.shape)
-    fits: dict[NdSbp, bool] = {}
-
-    def fit(sbp: NdSbp) -> bool:
-        ok = fits.get(sbp)
-        if ok is None:
-            ok = fits[sbp] = local_shape(shape, sbp, mesh.shape) is not None
-        return ok
-
-    out: list[tuple[tuple[int, ...], list[NdSbp]] | None] = [None] * len(pairs)
-    todo: list[tuple[int, NdSbp, NdSbp]] = []
-    for n, (src, dst) in enumerate(pairs):
-        if src == dst:
-            out[n] = (live, [])
-            continue
-        if not fit(src) or not fit(dst):
-            continue
-        # size-1 axes hold nothing (OneFlow's InOutParallelDimReduce drops them): route and
-        # lower on the other axes, so a mesh with size-1 axes prices as its squeezed mesh
-        if not live:
-            out[n] = (live, [])
-            continue
-        a_src = NdSbp(tuple(src[a] for a in live)) if squeeze else src
-        a_dst = NdSbp(tuple(dst[a] for a in live)) if squeeze else dst
-        if a_src == a_dst:
-            out[n] = (live, [])
-            continue
-        todo.append((n, a_src, a_dst))
-    routes = oneflow_routes(shape, itemsize, [(s, d) for _, s, d in todo], tuple(mesh.shape[a] for a in live))
-    for (n, _, _), chain in zip(todo, routes):
-        out[n] = None if chain is None else (live, chain)
-    return out
+    if src == dst:
+        return live, []
+    if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
+        return None
+    # size-1 axes hold nothing (OneFlow's InOutParallelDimReduce drops them): route and lower
+    # on the other axes, so a mesh with size-1 axes prices as its squeezed mesh
+    if not live:
+        return live, []
+    a_src = NdSbp(tuple(src[a] for a in live))
+    a_dst = NdSbp(tuple(dst[a] for a in live))
+    if a_src == a_dst:
+        return live, []
+    chain = oneflow_route(shape, itemsize, a_src, a_dst, tuple(mesh.shape[a] for a in live))
+    return None if chain is None else (live, chain)
 
 
 def oneflow_steps(
-    shape: Sequence[int],
-    itemsize: int,
-    src: NdSbp,
-    dst: NdSbp,
-    mesh: Mesh,
-    hops: dict[tuple[NdSbp, NdSbp], list[Step]] | None = None,
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
 ) -> list[Step] | None:
     """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps (None:
-    impossible -- an end that does not divide, or no route OneFlow supports).
-
-    ``hops``: a memo of :func:`hop_steps` per hop for this tensor on this mesh (the
-    caller's; filled here)."""
+    impossible -- an end that does not divide, or no route OneFlow supports)."""
     found = oneflow_chain(shape, itemsize, src, dst, mesh)
-    return None if found is None else chain_steps(shape, itemsize, *found, mesh, hops)
+    return None if found is None else chain_steps(shape, itemsize, *found, mesh)
 
 
 def chain_steps(

@@ -22,7 +22,7 @@ from autopar.boxing import OneFlowBoxing
 from autopar.cluster import Cluster, Mesh
 from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, cheapest_middle_route, lazy_copy_cost
 from autopar.oneflow.lowering import _send_recv, device_slices
-from autopar.oneflow.pricing import _states, observed_routes, oneflow_routes
+from autopar.oneflow.pricing import _states, observed_routes, oneflow_routes, oneflow_steps
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
 
 
@@ -102,17 +102,21 @@ def test_batched_routes_are_the_pairwise_cheapest_routes(
 
 
 @pytest.mark.parametrize(("cluster", "mesh_shape"), [("2x4", (4, 2)), ("2x4", (2, 2, 2)), ("2x4", (4, 2, 1))])
-def test_matrix_and_time_are_the_plans_seconds(cluster: str, mesh_shape: tuple[int, ...]) -> None:
+def test_matrix_time_and_plan_are_oneflow_steps(cluster: str, mesh_shape: tuple[int, ...]) -> None:
     mesh = Mesh(Cluster.parse(cluster), mesh_shape)
     shape = (8, 12, 16)
-    values: list[SbpValue] = [B, P, Split(0), Split(2)]
+    values: list[SbpValue] = [B, P, Split(0), Split(2), Split(3)]  # S(3): not a layout
     sbps = [NdSbp(v) for v in itertools.product(values, repeat=len(mesh_shape))]
     priced = OneFlowBoxing(shape, 2, mesh).matrix(sbps, sbps)
-    planned = OneFlowBoxing(shape, 2, mesh)
-    for i, src in enumerate(sbps):
-        for j, dst in enumerate(sbps):
-            want = 0.0 if src == dst else planned.plan(src, dst).time_s
-            assert priced[i, j] == want, (src, dst)
-    alone = OneFlowBoxing(shape, 2, mesh)  # one pair at a time
-    for src, dst in itertools.islice(itertools.product(sbps, sbps), 0, None, 7):
-        assert alone.time(src, dst) == (0.0 if src == dst else planned.plan(src, dst).time_s)
+    alone, planned = OneFlowBoxing(shape, 2, mesh), OneFlowBoxing(shape, 2, mesh)
+    for n, (src, dst) in enumerate(itertools.product(sbps, sbps)):
+        steps = oneflow_steps(shape, 2, src, dst, mesh)
+        want = math.inf if steps is None else sum(step[5] for step in steps)
+        assert priced[n // len(sbps), n % len(sbps)] == want, (src, dst)
+        if n % 7 == 0:  # one pair at a time
+            assert alone.time(src, dst) == want
+            plan = planned.plan(src, dst)
+            assert plan.time_s == want
+            assert [
+                (s.axis, s.collective.value, s.src, s.dst, s.bytes_per_device, s.time_s) for s in plan.steps
+            ] == [(a, k, s, d, b, t) for a, k, s, d, b, t in steps or []]
