@@ -201,7 +201,14 @@ def _send_recv(
     # splits that divide evenly (every state autopar prices): the count scales with each split
     # dim's size over the least size both ends cut evenly, so one count per SBP pair serves
     # every shape (exact integers either way)
-    unit = tuple(math.lcm(_parts(src, dim, sizes), _parts(dst, dim, sizes)) for dim in range(len(dims)))
+    parts_src, parts_dst = [1] * len(dims), [1] * len(dims)
+    for parts, sbp in ((parts_src, src), (parts_dst, dst)):
+        for v, n in zip(sbp, sizes):
+            if isinstance(v, Split):
+                if v.dim >= len(dims):
+                    raise IndexError(f"{sbp} splits dim {v.dim} of a {len(dims)}-D tensor")
+                parts[v.dim] *= n
+    unit = tuple(math.lcm(a, b) for a, b in zip(parts_src, parts_dst))
     if all(size % u == 0 for size, u in zip(dims, unit)):
         moved = _unit_moved(src, dst, sizes, unit)
         scale = math.prod(size // u for size, u in zip(dims, unit))
@@ -209,11 +216,6 @@ def _send_recv(
         moved, scale = _moved(dims, src, dst, sizes), 1
     n_devices = math.prod(sizes)
     return {a: float(moved[a] * scale * itemsize) / n_devices for a in range(len(sizes))}
-
-
-def _parts(sbp: NdSbp, dim: int, hierarchy: Sequence[int]) -> int:
-    """Pieces ``sbp`` cuts tensor dim ``dim`` into."""
-    return math.prod(int(n) for v, n in zip(sbp, hierarchy) if isinstance(v, Split) and v.dim == dim)
 
 
 @functools.lru_cache(maxsize=65536)
