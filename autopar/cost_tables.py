@@ -291,6 +291,12 @@ def _compute_op_entry(
     return raw
 
 
+def _read_op_table(raw: bytes, ndim: int) -> OpTable:
+    """The op table stored as ``raw``: the one computed in this process when there is one."""
+    fresh: OpTable | None = _fresh.pop(raw, None)
+    return fresh if fresh is not None else OpTable.from_bytes(raw, ndim)
+
+
 def _compute_op_batch(
     batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int, str, str]],
 ) -> list[bytes]:
@@ -403,9 +409,7 @@ def build_cost_tables(
         _compute_op_batch, missing, jobs, workers, parallel_threshold, progress, "ops", store, deadline
     )
     raw_by_key = {**found, **new_entries}
-    decoded = {
-        k: _fresh.pop(raw_by_key[k], None) or OpTable.from_bytes(raw_by_key[k], ndim) for k in unique_op_keys
-    }
+    decoded = {k: _read_op_table(raw_by_key[k], ndim) for k in unique_op_keys}
     tables = {op.name: decoded[keys[op.name]] for op in graph.ops}
     t_ops = time.perf_counter() - t0
 
