@@ -1,13 +1,14 @@
 """Dump or compare every op and edge cost array of a few cold cost-table builds.
 
-    python scripts/cost_tables_identity.py dump OUT.npz     # with the code to check
+    python scripts/cost_tables_identity.py dump OUT.npz [--more]   # with the code to check
     python scripts/cost_tables_identity.py compare A.npz B.npz
 
 Run ``dump`` once with the old code on ``PYTHONPATH`` and once with the new, then
 ``compare``: a change that only makes the tables faster to compute must leave
 every array identical (exactly; the largest relative difference is printed).
 Cases: mt5-base on [4, 2] and [2, 4] (cluster 2x4), tiny-gpt on [2, 2] (1x4) and
-[2, 2, 2] (2x4), ZeRO-2, the default runtime profile.
+[2, 2, 2] (2x4), ZeRO-2, the default runtime profile; ``--more`` takes meshes with
+size-1 axes instead (mt5-base on [4, 2, 1] and [1, 1, 1, 8]), slow with the old code.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ CASES = [
     ("tiny-gpt", "2x4", (2, 2, 2)),
     ("mt5-base", "2x4", (2, 4)),
 ]
+MORE = [
+    ("mt5-base", "2x4", (4, 2, 1)),
+    ("mt5-base", "1x8", (1, 1, 1, 8)),
+]
 
 
-def dump(path: str) -> None:
+def dump(path: str, cases: list[tuple[str, str, tuple[int, ...]]]) -> None:
     import autopar
     from autopar.cluster import Cluster, Mesh
     from autopar.cost_tables import build_cost_tables, clear_process_caches
@@ -34,7 +39,7 @@ def dump(path: str) -> None:
 
     print("autopar from", autopar.__file__)
     arrays: dict[str, np.ndarray] = {}
-    for model, cluster, shape in CASES:
+    for model, cluster, shape in cases:
         graph = build(model)
         mesh = Mesh(Cluster.parse(cluster), shape)
         clear_process_caches()
@@ -84,6 +89,6 @@ def compare(a_path: str, b_path: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "dump":
-        dump(sys.argv[2])
+        dump(sys.argv[2], MORE if "--more" in sys.argv[3:] else CASES)
     else:
         sys.exit(compare(sys.argv[2], sys.argv[3]))

@@ -1,4 +1,4 @@
-"""OneFlow 0.9's copy cost of one boxing hop (``ComputeLazyCopyCostBetweenNdSbp``), pure Python.
+"""OneFlow 0.9's copy cost of one boxing hop (``ComputeLazyCopyCostBetweenNdSbp``), Python and numpy.
 
 Ported from ``oneflow/core/framework/sbp_infer_util.cpp`` (OneFlow v0.9.0, defaults
 ``SBP_INFER_RULE_TAG=1``, ``ONEFLOW_PENALTY_FOR_PARTIAL_IN_CONSUMER_POLICY=2``); used by

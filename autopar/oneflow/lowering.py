@@ -57,7 +57,7 @@ Bytes per device (the unit of :mod:`autopar.evaluate`'s ``comm_bytes_per_axis``)
   devices.
 
 Slices follow OneFlow's ``BalancedSplitter`` (the first ``dim % n`` parts get
-one more row).  Pure Python; no OneFlow needed.
+one more row).  Python and numpy; no OneFlow needed.
 """
 
 from __future__ import annotations
