@@ -1,6 +1,6 @@
 """Dump or compare every op and edge cost array of a few cold cost-table builds.
 
-    python scripts/cost_tables_identity.py dump OUT.npz [--more]   # with the code to check
+    python scripts/cost_tables_identity.py dump OUT.npz [--more] [--only=mt5-base@4,2,1]
     python scripts/cost_tables_identity.py compare A.npz B.npz
 
 Run ``dump`` once with the old code on ``PYTHONPATH`` and once with the new, then
@@ -89,6 +89,8 @@ def compare(a_path: str, b_path: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "dump":
-        dump(sys.argv[2], MORE if "--more" in sys.argv[3:] else CASES)
+        picked = MORE if "--more" in sys.argv[3:] else CASES
+        only = [a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--only=")]
+        dump(sys.argv[2], [c for c in picked if not only or f"{c[0]}@{','.join(map(str, c[2]))}" in only])
     else:
         sys.exit(compare(sys.argv[2], sys.argv[3]))
