@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
-from autopar.oneflow.pricing import oneflow_steps
+from autopar.oneflow.pricing import Step, chain_steps, oneflow_routes
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
 
 __all__ = [
@@ -600,33 +600,123 @@ class OneFlowBoxing:
     has one, send/recv of the needed slices otherwise), one step per mesh axis
     that moves bytes: :mod:`autopar.oneflow.pricing` (the one registry of
     routes and lowerings; source references there and in
-    :mod:`autopar.oneflow.lowering`).  Memoised per (source, destination).
+    :mod:`autopar.oneflow.lowering`).  Plans are memoised per (source,
+    destination), each hop's steps per hop.  A boxing's seconds (:meth:`time`,
+    :meth:`matrix`) are summed from its steps without building the plan, memoised
+    per pair of SBPs on the mesh axes of size > 1 (on which OneFlow routes and
+    lowers: every SBP that differs only on size-1 axes shares them).
     """
 
     def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
         self.shape = tuple(shape)
         self.itemsize = itemsize
         self.mesh = mesh
+        self._live = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
         self._plans: dict[tuple[NdSbp, NdSbp], BoxingPlan] = {}
+        self._hops: dict[tuple[NdSbp, NdSbp], list[Step]] = {}
+        self._squeezed: dict[NdSbp, NdSbp | None] = {}
+        self._times: dict[tuple[NdSbp, NdSbp], float] = {}
+        self._pair_steps: dict[tuple[NdSbp, NdSbp], tuple[BoxingStep, ...] | None] = {}
 
     def plan(self, src: NdSbp, dst: NdSbp) -> BoxingPlan:
+        """The steps and seconds of ``src -> dst``
+        (:func:`autopar.oneflow.pricing.oneflow_steps`; ``inf`` seconds when impossible)."""
         key = (src, dst)
         found = self._plans.get(key)
         if found is None:
-            steps = oneflow_steps(self.shape, self.itemsize, src, dst, self.mesh)
-            if steps is None:
+            boxed = self._steps(src, dst)
+            if boxed is None:
                 found = BoxingPlan(src, dst, (), INF)
             else:
-                boxed = tuple(BoxingStep(a, Collective(k), s, d, b, t) for a, k, s, d, b, t in steps)
                 found = BoxingPlan(src, dst, boxed, sum(st.time_s for st in boxed))
             self._plans[key] = found
         return found
 
+    def _steps(self, src: NdSbp, dst: NdSbp) -> tuple[BoxingStep, ...] | None:
+        """:func:`autopar.oneflow.pricing.oneflow_steps` as :class:`BoxingStep` values, memoised
+        per squeezed pair (the steps name B on the size-1 axes, whatever the ends hold there)."""
+        if src == dst:
+            return ()
+        a, b = self._squeeze(src), self._squeeze(dst)
+        if a is None or b is None:
+            return None
+        if not self._live or a == b:
+            return ()
+        if (a, b) in self._pair_steps:
+            return self._pair_steps[(a, b)]
+        hierarchy = tuple(self.mesh.shape[x] for x in self._live)
+        chain = oneflow_routes(self.shape, self.itemsize, [(a, b)], hierarchy)[0]
+        found = None
+        if chain is not None:
+            steps = chain_steps(self.shape, self.itemsize, self._live, chain, self.mesh, self._hops)
+            found = tuple(BoxingStep(x, Collective(k), s, d, n, t) for x, k, s, d, n, t in steps)
+        self._pair_steps[(a, b)] = found
+        return found
+
+    def _squeeze(self, sbp: NdSbp) -> NdSbp | None:
+        """``sbp`` on the mesh axes of size > 1 (itself when there are none); None when it
+        is not a layout of the tensor (a split that does not divide)."""
+        if sbp in self._squeezed:
+            return self._squeezed[sbp]
+        out: NdSbp | None = None
+        if local_shape(self.shape, sbp, self.mesh.shape) is not None:
+            squeeze = self._live and len(self._live) != len(sbp)
+            out = NdSbp(tuple(sbp[a] for a in self._live)) if squeeze else sbp
+        self._squeezed[sbp] = out
+        return out
+
     def time(self, src: NdSbp, dst: NdSbp) -> float:
-        return 0.0 if src == dst else self.plan(src, dst).time_s
+        """Seconds of :meth:`plan` (the same steps' seconds summed in the same order)."""
+        if src == dst:
+            return 0.0
+        a, b = self._squeeze(src), self._squeeze(dst)
+        if a is None or b is None:
+            return INF
+        if not self._live or a == b:
+            return 0.0
+        found = self._times.get((a, b))
+        if found is None:
+            self._price([(a, b)])
+            found = self._times[(a, b)]
+        return found
+
+    def _price(self, pairs: list[tuple[NdSbp, NdSbp]]) -> None:
+        """Fill the memo for ``pairs`` (distinct squeezed SBPs, not yet priced), routed together."""
+        hierarchy = tuple(self.mesh.shape[a] for a in self._live)
+        for pair, chain in zip(pairs, oneflow_routes(self.shape, self.itemsize, pairs, hierarchy)):
+            if chain is None:
+                self._times[pair] = INF
+                continue
+            total = 0.0
+            for step in chain_steps(self.shape, self.itemsize, self._live, chain, self.mesh, self._hops):
+                total += step[5]
+            self._times[pair] = total
 
     def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
-        """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns)."""
-        return np.array([[self.time(s, d) for d in dsts] for s in srcs], dtype=np.float64).reshape(
-            len(srcs), len(dsts)
-        )
+        """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns), equal to
+        :meth:`time` entry by entry: each distinct squeezed pair priced once, the pairs
+        not priced yet routed together."""
+        ids: dict[NdSbp, int] = {}
+        src_ids = np.fromiter((ids.setdefault(s, len(ids)) for s in srcs), dtype=np.int64, count=len(srcs))
+        dst_ids = np.fromiter((ids.setdefault(d, len(ids)) for d in dsts), dtype=np.int64, count=len(dsts))
+        squeezed = [self._squeeze(s) for s in ids]
+        rows = list(dict.fromkeys(squeezed[i] for i in src_ids.tolist() if squeezed[i] is not None))
+        cols = list(dict.fromkeys(squeezed[i] for i in dst_ids.tolist() if squeezed[i] is not None))
+        small = np.zeros((len(rows) + 1, len(cols) + 1), dtype=np.float64)
+        small[-1, :] = INF  # the last row and column: not a layout of the tensor
+        small[:, -1] = INF
+        if self._live:
+            times = self._times
+            todo = [(a, b) for a in rows for b in cols if a != b and (a, b) not in times]
+            if todo:
+                self._price(todo)
+            small[: len(rows), : len(cols)] = np.array(
+                [[0.0 if a == b else times[(a, b)] for b in cols] for a in rows], dtype=np.float64
+            ).reshape(len(rows), len(cols))
+        row_at = {sbp: i for i, sbp in enumerate(rows)}
+        col_at = {sbp: j for j, sbp in enumerate(cols)}
+        r = np.array([len(rows) if q is None else row_at.get(q, len(rows)) for q in squeezed], dtype=np.int64)
+        c = np.array([len(cols) if q is None else col_at.get(q, len(cols)) for q in squeezed], dtype=np.int64)
+        out = small[np.ix_(r[src_ids], c[dst_ids])]
+        out[src_ids[:, None] == dst_ids[None, :]] = 0.0  # no change: free, even for a non-layout
+        return out

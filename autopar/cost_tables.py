@@ -174,6 +174,9 @@ class _PortSbps:
 
 
 _parsed: dict[tuple[str, int], Signature] = {}
+_fresh: dict[bytes, OpTable] = {}
+"""Op tables computed in this process, by their stored bytes: read back without parsing
+(what :meth:`OpTable.from_bytes` would rebuild); taken out when read."""
 
 
 def clear_process_caches() -> None:
@@ -183,6 +186,7 @@ def clear_process_caches() -> None:
     from autopar.oneflow import pricing
 
     _parsed.clear()
+    _fresh.clear()
     costs._signature_memo.clear()
     boxing._searches.clear()
     boxing.send_recv_bytes.cache_clear()
@@ -279,7 +283,18 @@ def _compute_op_entry(
     sigs, fallback = op_signatures(rules, ctx)
     rule = rules.get(op.type)
     times = np.array([op_compute_time(rule, ctx, s, mesh, lowering) for s in sigs], dtype=np.float64)
-    return OpTable(sigs, times, fallback).to_bytes()
+    table = OpTable(sigs, times, fallback)
+    raw = table.to_bytes()
+    if len(_fresh) >= 4096:
+        _fresh.clear()
+    _fresh[raw] = table
+    return raw
+
+
+def _read_op_table(raw: bytes, ndim: int) -> OpTable:
+    """The op table stored as ``raw``: the one computed in this process when there is one."""
+    fresh: OpTable | None = _fresh.pop(raw, None)
+    return fresh if fresh is not None else OpTable.from_bytes(raw, ndim)
 
 
 def _compute_op_batch(
@@ -394,7 +409,7 @@ def build_cost_tables(
         _compute_op_batch, missing, jobs, workers, parallel_threshold, progress, "ops", store, deadline
     )
     raw_by_key = {**found, **new_entries}
-    decoded = {k: OpTable.from_bytes(raw_by_key[k], ndim) for k in unique_op_keys}
+    decoded = {k: _read_op_table(raw_by_key[k], ndim) for k in unique_op_keys}
     tables = {op.name: decoded[keys[op.name]] for op in graph.ops}
     t_ops = time.perf_counter() - t0
 

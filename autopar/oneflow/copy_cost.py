@@ -1,4 +1,4 @@
-"""OneFlow 0.9's copy cost of one boxing hop (``ComputeLazyCopyCostBetweenNdSbp``), pure Python.
+"""OneFlow 0.9's copy cost of one boxing hop (``ComputeLazyCopyCostBetweenNdSbp``), Python and numpy.
 
 Ported from ``oneflow/core/framework/sbp_infer_util.cpp`` (OneFlow v0.9.0, defaults
 ``SBP_INFER_RULE_TAG=1``, ``ONEFLOW_PENALTY_FOR_PARTIAL_IN_CONSUMER_POLICY=2``); used by
@@ -13,6 +13,8 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from autopar.sbp import B, Broadcast, NdSbp, Partial, SbpValue, Split
 
 __all__ = [
@@ -21,6 +23,8 @@ __all__ = [
     "UNSUPPORTED_BOXING",
     "VALID_MAX_COPY_COST",
     "cheapest_middle_route",
+    "cheapest_middle_route_in",
+    "copy_cost_matrix",
     "lazy_copy_cost",
     "reduce_nd_sbp_dims",
     "reduce_pair",
@@ -163,6 +167,47 @@ def cheapest_middle_route(
         c = first[m] + lazy_copy_cost(nbytes, m, k, hierarchy) + last[k]
         if c < best:
             best, route = c, (m, k)
+    return best, route
+
+
+def copy_cost_matrix(nbytes: float, states: Sequence[NdSbp], hierarchy: Sequence[int]) -> np.ndarray:
+    """:func:`lazy_copy_cost` from each of ``states`` (rows) to each (columns), float64.
+
+    Same units as :func:`lazy_copy_cost` (bytes plus :data:`TRANSFER_COST` per hop,
+    :data:`UNSUPPORTED_BOXING` where OneFlow cannot box directly); each entry is that
+    function's value, so routes priced from the matrix tie and compare exactly as
+    :func:`cheapest_middle_route` does.
+    """
+    n = len(states)
+    return np.array(
+        [lazy_copy_cost(nbytes, a, b, hierarchy) for a in states for b in states], dtype=np.float64
+    ).reshape(n, n)
+
+
+def cheapest_middle_route_in(costs: np.ndarray, src: int, dst: int) -> tuple[float, tuple[int, ...] | None]:
+    """:func:`cheapest_middle_route` on a :func:`copy_cost_matrix`: ``src`` and ``dst`` are
+    indices of its states, the route's middle states come back as indices.
+
+    The same sums in the same order (``first + middle + last``, float64 as Python
+    floats) and the same ties (the first least in state order, ``(m, k)`` in
+    row-major order), so the same route and cost, all pairs of middles at once.
+    """
+    n = costs.shape[0]
+    if n == 0:
+        return math.inf, None
+    first, last = costs[src], costs[:, dst]
+    one = first + last
+    m = int(np.argmin(one))
+    best = float(one[m])
+    route: tuple[int, ...] = (m,)
+    if best <= VALID_MAX_COPY_COST:
+        return best, route
+    two = (first[:, None] + costs) + last[None, :]
+    two[(first > VALID_MAX_COPY_COST)[:, None] | (last > VALID_MAX_COPY_COST)[None, :]] = math.inf
+    flat = int(np.argmin(two))
+    if float(two.flat[flat]) < best:
+        mid, k = divmod(flat, n)
+        best, route = float(two.flat[flat]), (mid, k)
     return best, route
 
 

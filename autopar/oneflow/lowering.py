@@ -57,16 +57,19 @@ Bytes per device (the unit of :mod:`autopar.evaluate`'s ``comm_bytes_per_axis``)
   devices.
 
 Slices follow OneFlow's ``BalancedSplitter`` (the first ``dim % n`` parts get
-one more row).  Pure Python; no OneFlow needed.
+one more row).  Python and numpy; no OneFlow needed.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from autopar.sbp import Broadcast, NdSbp, Partial, SbpValue, Split
 
@@ -177,29 +180,133 @@ def _flat_per_axis(kind: str, total: float, hierarchy: Sequence[int]) -> dict[in
 def _send_recv(
     shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
 ) -> dict[int, float]:
-    coords = list(itertools.product(*(range(int(h)) for h in hierarchy)))
-    per_axis = {a: 0.0 for a in range(len(hierarchy))}
-    for d in coords:
-        want = device_slices(shape, dst, hierarchy, d)
-        if _volume(want) == 0:
+    """Send/recv bytes per device per mesh axis (see the module doc), without visiting device pairs.
+
+    What is counted: receiver ``d`` gets ``|slice_src(s) & slice_dst(d)|`` elements
+    from each sender ``s != d`` it reads (every coordinate on the axes where
+    ``src`` is ``S`` or a ``P`` the consumer sums; ``d``'s own on ``B`` axes and on
+    axes where both ends are ``P``), on the first mesh axis where ``s`` and ``d``
+    differ; bytes = elements * ``itemsize``, averaged over the devices.
+
+    How: the intersection's volume is a product over tensor dims of 1-D overlaps,
+    each a function of the coordinates on the mesh axes that split that dim (when
+    every split divides evenly, the count for the least such shape, scaled).
+    ``F(a)`` = the volume summed over all (receiver, sender) pairs that also agree
+    on the axes before ``a`` is one tensor contraction (``numpy.einsum`` over
+    integers: exact); the pairs that first differ on axis ``a`` sum to
+    ``F(a) - F(a + 1)`` (``F(k)``, all axes equal, is each device reading itself).
+    """
+    sizes = tuple(int(h) for h in hierarchy)
+    dims = tuple(int(d) for d in shape)
+    # splits that divide evenly (every state autopar prices): the count scales with each split
+    # dim's size over the least size both ends cut evenly, so one count per SBP pair serves
+    # every shape (exact integers either way)
+    parts_src, parts_dst = [1] * len(dims), [1] * len(dims)
+    for parts, sbp in ((parts_src, src), (parts_dst, dst)):
+        for v, n in zip(sbp, sizes):
+            if isinstance(v, Split):
+                if v.dim >= len(dims):
+                    raise IndexError(f"{sbp} splits dim {v.dim} of a {len(dims)}-D tensor")
+                parts[v.dim] *= n
+    unit = tuple(math.lcm(a, b) for a, b in zip(parts_src, parts_dst))
+    if all(size % u == 0 for size, u in zip(dims, unit)):
+        moved = _unit_moved(src, dst, sizes, unit)
+        scale = math.prod(size // u for size, u in zip(dims, unit))
+    else:
+        moved, scale = _moved(dims, src, dst, sizes), 1
+    n_devices = math.prod(sizes)
+    return {a: float(moved[a] * scale * itemsize) / n_devices for a in range(len(sizes))}
+
+
+@functools.lru_cache(maxsize=65536)
+def _unit_moved(src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`_moved` for the tensor of shape ``unit`` (memoised: shared by every shape that
+    is a multiple of it)."""
+    return _moved(unit, src, dst, hierarchy)
+
+
+def _moved(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]) -> tuple[int, ...]:
+    """Elements received over each mesh axis, summed over the devices (see :func:`_send_recv`)."""
+    k = len(hierarchy)
+    forced = {
+        a
+        for a, v in enumerate(src)
+        if isinstance(v, Broadcast) or (isinstance(v, Partial) and isinstance(dst[a], Partial))
+    }
+    # per tensor dim split on either side: the 1-D overlap of every sender's slice with
+    # every receiver's, one array axis per (side, mesh axis) variable
+    factors: list[tuple[np.ndarray, list[tuple[str, int]]]] = []
+    constant = 1
+    for dim, size in enumerate(shape):
+        s_axes, s_lo, s_hi = _split_bounds(size, src, dim, hierarchy)
+        d_axes, d_lo, d_hi = _split_bounds(size, dst, dim, hierarchy)
+        if not s_axes and not d_axes:
+            constant *= size
             continue
-        # sources: every coordinate on S and P axes; the receiver's own on B axes and on
-        # axes where both ends are P (each addend stays with its own group)
-        choices = [
-            [d[a]]
-            if isinstance(v, Broadcast) or (isinstance(v, Partial) and isinstance(dst[a], Partial))
-            else list(range(int(hierarchy[a])))
-            for a, v in enumerate(src)
+        lo = np.maximum(s_lo.reshape(s_lo.shape + (1,) * len(d_axes)), d_lo)
+        hi = np.minimum(s_hi.reshape(s_hi.shape + (1,) * len(d_axes)), d_hi)
+        variables = [("s", a) for a in s_axes] + [("d", a) for a in d_axes]
+        factors.append((np.maximum(hi - lo, 0), variables))
+    # F(a) for each distinct tie set (a forced axis ties nothing new: F(a) == F(a + 1))
+    totals: dict[frozenset[int], int] = {}
+    ties = [frozenset(forced | set(range(a))) for a in range(k + 1)]
+    for tied in ties:
+        if tied not in totals:
+            totals[tied] = _contract(factors, hierarchy, tied) * constant
+    return tuple(totals[ties[a]] - totals[ties[a + 1]] for a in range(k))
+
+
+def _split_bounds(
+    size: int, sbp: NdSbp, dim: int, hierarchy: Sequence[int]
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The mesh axes splitting tensor dim ``dim`` under ``sbp`` (mesh order) and each device's
+    ``[lo, hi)`` on that dim, indexed by its coordinates on those axes (nested ``BalancedSplitter``,
+    as :func:`device_slices`)."""
+    axes = [a for a, v in enumerate(sbp) if isinstance(v, Split) and v.dim == dim]
+    lo, hi = _nested_bounds(size, tuple(int(hierarchy[a]) for a in axes))
+    return axes, lo, hi
+
+
+@functools.lru_cache(maxsize=4096)
+def _nested_bounds(size: int, parts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``[lo, hi)`` of each piece when ``size`` is cut into ``parts[0]`` balanced pieces, each of
+    those into ``parts[1]``, ...: arrays of shape ``parts`` (read-only; memoised)."""
+    lo = np.zeros((), dtype=np.int64)
+    hi = np.full((), size, dtype=np.int64)
+    for n in parts:
+        base, extra = np.divmod(hi - lo, n)
+        index = np.arange(n, dtype=np.int64)
+        start = lo[..., None] + index * base[..., None] + np.minimum(index, extra[..., None])
+        hi = start + base[..., None] + (index < extra[..., None])
+        lo = start
+    lo.setflags(write=False)
+    hi.setflags(write=False)
+    return lo, hi
+
+
+def _contract(
+    factors: list[tuple[np.ndarray, list[tuple[str, int]]]], hierarchy: tuple[int, ...], tied: frozenset[int]
+) -> int:
+    """Sum over senders and receivers of the product of ``factors`` (the slices' overlap, in
+    elements, without the unsplit dims), sender and receiver on the same coordinate on the
+    ``tied`` axes and on any coordinates elsewhere."""
+    letters: dict[tuple[str, int], int] = {}
+    operands: list[Any] = []
+    for values, variables in factors:
+        subscripts = [
+            letters.setdefault(("c", a) if a in tied else (side, a), len(letters)) for side, a in variables
         ]
-        for s in itertools.product(*choices):
-            if tuple(s) == tuple(d):
-                continue
-            part = _volume(_intersect(device_slices(shape, src, hierarchy, s), want))
-            if part == 0:
-                continue
-            crossed = [a for a in range(len(hierarchy)) if s[a] != d[a]]
-            per_axis[crossed[0]] += part * itemsize
-    return {a: b / len(coords) for a, b in per_axis.items()}
+        operands += [values, subscripts]
+    # variables no slice depends on: each of their values counts once
+    constant = 1
+    for axis, n in enumerate(hierarchy):
+        for side in ("c",) if axis in tied else ("s", "d"):
+            if (side, axis) not in letters:
+                constant *= n
+    if not operands:
+        return constant
+    work = math.prod(hierarchy[a] for _, a in letters)
+    return int(np.einsum(*operands, [], optimize="greedy" if work > 4096 else False)) * constant
 
 
 def _divides(shape: Sequence[int], dim: int, n: int) -> bool:

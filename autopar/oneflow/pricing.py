@@ -43,7 +43,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, cheapest_middle_route, lazy_copy_cost
+import numpy as np
+
+from autopar.oneflow.copy_cost import (
+    VALID_MAX_COPY_COST,
+    cheapest_middle_route,
+    cheapest_middle_route_in,
+    copy_cost_matrix,
+    lazy_copy_cost,
+)
 from autopar.oneflow.lowering import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -64,7 +72,17 @@ Step = tuple[int, str, NdSbp, NdSbp, float, float]
 values, source SBP, SBP it produces, bytes per device, seconds); :class:`autopar.boxing.OneFlowBoxing`
 turns it into a ``BoxingStep`` (this module imports nothing of :mod:`autopar.boxing`)."""
 
-__all__ = ["Step", "clear_caches", "hop_steps", "observed_routes", "oneflow_route", "oneflow_steps"]
+__all__ = [
+    "Step",
+    "chain_steps",
+    "clear_caches",
+    "hop_steps",
+    "observed_routes",
+    "oneflow_chain",
+    "oneflow_route",
+    "oneflow_routes",
+    "oneflow_steps",
+]
 
 OBSERVED = Path(__file__).with_name("boxing_observed.json")
 
@@ -88,6 +106,21 @@ def observed_routes() -> dict[tuple[tuple[int, ...], str, str], tuple[str, ...]]
         for t in table["transitions"]:
             if t.get("compiled", True):
                 out[(hierarchy, t["src"], t["dst"])] = tuple(t["middle"])
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _observed_sbps() -> dict[tuple[tuple[int, ...], NdSbp, NdSbp], tuple[NdSbp, ...]]:
+    """:func:`observed_routes` keyed and valued by parsed N-D SBPs (no string per lookup).
+
+    An entry whose text is not how its SBP prints could never match a lookup by
+    ``str`` (an SBP parses back from how it prints), so it is left out here too.
+    """
+    out: dict[tuple[tuple[int, ...], NdSbp, NdSbp], tuple[NdSbp, ...]] = {}
+    for (hierarchy, src, dst), middle in observed_routes().items():
+        a, b = parse_nd_sbp(src), parse_nd_sbp(dst)
+        if str(a) == src and str(b) == dst:
+            out[(hierarchy, a, b)] = tuple(parse_nd_sbp(m) for m in middle)
     return out
 
 
@@ -162,34 +195,120 @@ def _states(shape: tuple[int, ...], hierarchy: tuple[int, ...]) -> list[NdSbp]:
     ]
 
 
+@functools.lru_cache(maxsize=1024)
+def _copy_costs(
+    shape: tuple[int, ...], nbytes: float, hierarchy: tuple[int, ...]
+) -> tuple[list[NdSbp], dict[NdSbp, int], np.ndarray]:
+    """The states of a tensor on ``hierarchy``, each one's index, and OneFlow's copy cost
+    between every two (:func:`autopar.oneflow.copy_cost.copy_cost_matrix`)."""
+    states = _states(shape, hierarchy)
+    return states, {m: i for i, m in enumerate(states)}, copy_cost_matrix(nbytes, states, hierarchy)
+
+
 @functools.lru_cache(maxsize=65536)
 def _emulated_middle(
     shape: tuple[int, ...], nbytes: float, src: NdSbp, dst: NdSbp, hierarchy: tuple[int, ...]
 ) -> tuple[NdSbp, ...] | None:
     """Middle SBPs of least OneFlow copy cost (None: no route OneFlow supports)."""
-    if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST or len(hierarchy) != 2:
+    if len(hierarchy) != 2:
         return ()
-    first = _costs_from(shape, nbytes, src, hierarchy, True)
-    last = _costs_from(shape, nbytes, dst, hierarchy, False)
-    best, route = cheapest_middle_route(nbytes, hierarchy, _states(shape, hierarchy), first, last)
-    return route if best <= VALID_MAX_COPY_COST else None
+    states, index, costs = _copy_costs(shape, nbytes, hierarchy)
+    i, j = index.get(src), index.get(dst)
+    if i is None or j is None:  # an end that is not a state of the tensor: price it pair by pair
+        if lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST:
+            return ()
+        first = _costs_from(shape, nbytes, src, hierarchy, True)
+        last = _costs_from(shape, nbytes, dst, hierarchy, False)
+        best, route = cheapest_middle_route(nbytes, hierarchy, states, first, last)
+        return route if best <= VALID_MAX_COPY_COST else None
+    if costs[i, j] <= VALID_MAX_COPY_COST:
+        return ()
+    best, found = cheapest_middle_route_in(costs, i, j)
+    if found is None or best > VALID_MAX_COPY_COST:
+        return None
+    return tuple(states[m] for m in found)
 
 
 def oneflow_route(
     shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
 ) -> list[NdSbp] | None:
     """``[src, middle..., dst]`` as OneFlow 0.9 routes the boxing (None: OneFlow has no route)."""
+    return oneflow_routes(shape, itemsize, [(src, dst)], hierarchy)[0]
+
+
+def oneflow_routes(
+    shape: Sequence[int], itemsize: int, pairs: Sequence[tuple[NdSbp, NdSbp]], hierarchy: Sequence[int]
+) -> list[list[NdSbp] | None]:
+    """:func:`oneflow_route` of each ``(src, dst)`` of ``pairs``: the observed route where
+    there is one, else the one of least copy cost, the direct and one-middle candidates
+    of all pairs priced at once from the copy-cost matrix (the same sums and ties as
+    :func:`autopar.oneflow.copy_cost.cheapest_middle_route`)."""
     shape_t = tuple(int(d) for d in shape)
     hier = tuple(int(h) for h in hierarchy)
-    seen = observed_routes().get((hier, str(src), str(dst)))
-    if seen is not None:
-        middle = [parse_nd_sbp(m) for m in seen]
-        if all(local_shape(shape_t, m, hier) is not None for m in middle):
-            return [src, *middle, dst]
-    found = _emulated_middle(shape_t, float(math.prod(shape_t) * itemsize), src, dst, hier)
-    if found is None:
+    nbytes = float(math.prod(shape_t) * itemsize)
+    observed = _observed_sbps()
+    out: list[list[NdSbp] | None] = [None] * len(pairs)
+    table = _copy_costs(shape_t, nbytes, hier) if len(hier) == 2 else None
+    rows: list[int] = []
+    cols: list[int] = []
+    where: list[int] = []
+    for n, (src, dst) in enumerate(pairs):
+        middle = observed.get((hier, src, dst))
+        if middle is not None and all(local_shape(shape_t, m, hier) is not None for m in middle):
+            out[n] = [src, *middle, dst]
+            continue
+        i = j = None
+        if table is not None:
+            i, j = table[1].get(src), table[1].get(dst)
+        if i is None or j is None:
+            found = _emulated_middle(shape_t, nbytes, src, dst, hier)
+            out[n] = None if found is None else [src, *found, dst]
+            continue
+        rows.append(i)
+        cols.append(j)
+        where.append(n)
+    if table is None or not rows:
+        return out
+    states, _, costs = table
+    r, c = np.asarray(rows), np.asarray(cols)
+    direct = costs[r, c]
+    one = costs[r, :] + costs[:, c].T  # [pair, middle]: source -> middle -> destination
+    middle_at = np.argmin(one, axis=1)
+    best = one[np.arange(len(r)), middle_at]
+    for t, n in enumerate(where):
+        src, dst = pairs[n]
+        if direct[t] <= VALID_MAX_COPY_COST:
+            out[n] = [src, dst]
+        elif best[t] <= VALID_MAX_COPY_COST:
+            out[n] = [src, states[int(middle_at[t])], dst]
+        else:
+            cost, route = cheapest_middle_route_in(costs, rows[t], cols[t])
+            if route is not None and cost <= VALID_MAX_COPY_COST:
+                out[n] = [src, *(states[m] for m in route), dst]
+    return out
+
+
+def oneflow_chain(
+    shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, mesh: Mesh
+) -> tuple[tuple[int, ...], list[NdSbp]] | None:
+    """The mesh axes of size > 1 and the route ``[src, middle..., dst]`` on them
+    (:func:`oneflow_route`); an empty route when nothing moves; None when impossible
+    (an end that does not divide, or no route OneFlow supports)."""
+    live = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
+    if src == dst:
+        return live, []
+    if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
         return None
-    return [src, *found, dst]
+    # size-1 axes hold nothing (OneFlow's InOutParallelDimReduce drops them): route and lower
+    # on the other axes, so a mesh with size-1 axes prices as its squeezed mesh
+    if not live:
+        return live, []
+    a_src = NdSbp(tuple(src[a] for a in live))
+    a_dst = NdSbp(tuple(dst[a] for a in live))
+    if a_src == a_dst:
+        return live, []
+    chain = oneflow_route(shape, itemsize, a_src, a_dst, tuple(mesh.shape[a] for a in live))
+    return None if chain is None else (live, chain)
 
 
 def oneflow_steps(
@@ -197,30 +316,36 @@ def oneflow_steps(
 ) -> list[Step] | None:
     """The boxing ``src -> dst`` as OneFlow 0.9 runs it: its route, each hop's steps (None:
     impossible -- an end that does not divide, or no route OneFlow supports)."""
-    if src == dst:
-        return []
-    if local_shape(shape, src, mesh.shape) is None or local_shape(shape, dst, mesh.shape) is None:
-        return None
-    # size-1 axes hold nothing (OneFlow's InOutParallelDimReduce drops them): route and lower
-    # on the other axes, so a mesh with size-1 axes prices as its squeezed mesh
-    live = [a for a, n in enumerate(mesh.shape) if n > 1]
-    if not live:
-        return []
-    a_src = NdSbp(tuple(src[a] for a in live))
-    a_dst = NdSbp(tuple(dst[a] for a in live))
-    if a_src == a_dst:
-        return []
-    chain = oneflow_route(shape, itemsize, a_src, a_dst, tuple(mesh.shape[a] for a in live))
-    if chain is None:
-        return None
+    found = oneflow_chain(shape, itemsize, src, dst, mesh)
+    return None if found is None else chain_steps(shape, itemsize, *found, mesh)
+
+
+def chain_steps(
+    shape: Sequence[int],
+    itemsize: int,
+    live: tuple[int, ...],
+    chain: Sequence[NdSbp],
+    mesh: Mesh,
+    hops: dict[tuple[NdSbp, NdSbp], list[Step]] | None = None,
+) -> list[Step]:
+    """The steps of a route ``chain`` on the mesh axes ``live`` (:func:`oneflow_chain`), on
+    the full mesh: each hop's :func:`hop_steps` (from ``hops`` when there), in order."""
     out: list[Step] = []
     for a, b in itertools.pairwise(chain):
-        if a != b:
+        if a == b:
+            continue
+        steps = None if hops is None else hops.get((a, b))
+        if steps is None:
+            steps = []
+            squeezed = len(live) != len(mesh.shape)
             for axis, kind, _, moved, nbytes, seconds in hop_steps(shape, itemsize, a, b, mesh, live):
                 # steps on the full mesh: B on the size-1 axes
-                full_src = _expand(a, live, len(mesh.shape))
-                full_dst = _expand(moved, live, len(mesh.shape))
-                out.append((axis, kind, full_src, full_dst, nbytes, seconds))
+                full_src = _expand(a, live, len(mesh.shape)) if squeezed else a
+                full_dst = _expand(moved, live, len(mesh.shape)) if squeezed else moved
+                steps.append((axis, kind, full_src, full_dst, nbytes, seconds))
+            if hops is not None:
+                hops[(a, b)] = steps
+        out.extend(steps)
     return out
 
 
@@ -233,5 +358,5 @@ def _expand(sbp: NdSbp, live: Sequence[int], ndim: int) -> NdSbp:
 
 def clear_caches() -> None:
     """Forget this module's memos (hops, copy costs, routes), e.g. to time a cold build."""
-    for fn in (_lower, _costs_from, _states, _emulated_middle):
+    for fn in (_lower, _costs_from, _states, _emulated_middle, _copy_costs):
         fn.cache_clear()
