@@ -103,7 +103,26 @@ def _depth(value: Any, limit: int) -> int:
     return 0
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _flat(value: dict[str, JsonValue]) -> bool:
+    """True for an object whose values are scalars or lists of scalars (2 levels deep at most)."""
+    for v in value.values():
+        if isinstance(v, _SCALARS):
+            continue
+        if not isinstance(v, list):
+            return False
+        for x in v:
+            if not isinstance(x, _SCALARS):
+                return False
+    return True
+
+
 def _bounded_depth(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    # nearly every op's attrs are flat: check that first (a 100k-op graph has 80k attrs)
+    if MAX_JSON_DEPTH >= 2 and _flat(value):
+        return value
     if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
     return value
