@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,21 +69,31 @@ GIB = 1024**3
 
 
 def hand_count_tp_bytes(graph: Graph, mesh: Mesh, *, summed_cross_attention: bool = False) -> float:
+    """Megatron-LM's tensor-parallel bytes per device for one step of a built-in model graph
+    (its ``meta``: family and config); see :func:`hand_count`."""
+    meta = graph.meta or {}
+    return hand_count(meta["family"], meta["config"], mesh, summed_cross_attention=summed_cross_attention)
+
+
+def hand_count(
+    family: str, cfg: Mapping[str, Any], mesh: Mesh, *, summed_cross_attention: bool = False
+) -> float:
     """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring).
 
-    Bytes = ``2 (tp-1)/tp`` (ring all-reduce) x the bytes of every all-reduced
-    activation ``b/dp x s x h x itemsize``.  ``summed_cross_attention``: a T5
-    decoder's cross-attention key/value input gradients are summed over the
-    layers before one all-reduce instead of one all-reduce per layer.
+    ``cfg``: ``batch``, ``hidden``, ``dtype`` and, for ``family`` ``"t5"``,
+    ``encoder_seq`` / ``decoder_seq`` / ``encoder_layers`` / ``decoder_layers``,
+    else ``seq`` / ``layers``.  Bytes = ``2 (tp-1)/tp`` (ring all-reduce) x the
+    bytes of every all-reduced activation ``b/dp x s x h x itemsize``.
+    ``summed_cross_attention``: a T5 decoder's cross-attention key/value input
+    gradients are summed over the layers before one all-reduce instead of one
+    all-reduce per layer.
     """
-    meta = graph.meta or {}
-    cfg = meta["config"]
     dp, tp = mesh.shape[0], mesh.shape[-1]
     itemsize = DTYPE_BYTES[cfg.get("dtype", "float16")]
     per_all_reduce = 2 * (tp - 1) / tp
     b = cfg["batch"] // dp
     h = cfg["hidden"]
-    if meta["family"] == "t5":
+    if family == "t5":
         enc = b * cfg["encoder_seq"] * h * itemsize
         dec = b * cfg["decoder_seq"] * h * itemsize
         cross = enc if summed_cross_attention else cfg["decoder_layers"] * enc
@@ -144,13 +155,12 @@ def measure_imported(folder: Path) -> dict[str, Any]:
         "decoder_layers": result["layers"],
         "dtype": "float32",  # CPU jobs are fp32 (AMP is a no-op on CPU)
     }
-    shaped = Graph(graph.name, [], [], meta={"family": "t5", "config": config})
     out: dict[str, Any] = {
         "ops": len(graph.ops),
         "layers": result["layers"],
         "vocab": result.get("vocab"),
-        "hand_tp_bytes": hand_count_tp_bytes(shaped, mesh),
-        "hand_tp_bytes_graph": hand_count_tp_bytes(shaped, mesh, summed_cross_attention=True),
+        "hand_tp_bytes": hand_count("t5", config, mesh),
+        "hand_tp_bytes_graph": hand_count("t5", config, mesh, summed_cross_attention=True),
         "runtimes": {},
     }
     for runtime in ("oneflow-0.9", "ideal"):

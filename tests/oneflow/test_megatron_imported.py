@@ -7,9 +7,8 @@ import pytest
 from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
-from autopar.graph import Graph
 from autopar.oneflow import import_job
-from benchmarks.model_truth import hand_count_tp_bytes
+from benchmarks.model_truth import hand_count
 
 pytestmark = pytest.mark.oneflow
 
@@ -39,6 +38,5 @@ def test_megatron_on_an_imported_mt5_job_moves_megatrons_bytes(mesh_jobs):
     head = next(name for name in layout if name.endswith("lm_head.weight"))
     assert str(layout[head]) == "(B, S(0))"  # [vocab, d_model] split by vocabulary
     ev = evaluate(graph, baseline_plan("megatron", graph, MESH, 0), group_boxing=True)
-    shaped = Graph(graph.name, [], [], meta={"family": "t5", "config": TINY_MT5})
-    hand = hand_count_tp_bytes(shaped, MESH, summed_cross_attention=True)
+    hand = hand_count("t5", TINY_MT5, MESH, summed_cross_attention=True)
     assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05)
