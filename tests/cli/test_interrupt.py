@@ -18,6 +18,9 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path) -> None:
     # machine's speed (opening the pipe's other end shows the command has got there).
     fifo = tmp_path / "graph.json"
     os.mkfifo(fifo)
+    # A child inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt
+    # handler: start it with the default disposition, as a shell starts a command.
+    inherited = signal.getsignal(signal.SIGINT)
     process = subprocess.Popen(
         [sys.executable, "-m", "autopar.cli", "costs", str(fifo), "--workers", "1"],
         cwd=tmp_path,
@@ -25,6 +28,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     writer = None
     try:
@@ -36,11 +40,17 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path) -> None:
                 assert process.poll() is None, process.communicate()
                 time.sleep(0.05)
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=120)
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            message = f"no exit 120 s after SIGINT (the test process's SIGINT: {inherited!r})"
+            raise AssertionError(message) from None
     finally:
         if writer is not None:
             os.close(writer)
-        process.kill()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()  # reap it and close its pipes
     assert process.returncode == 130, err
     assert err.splitlines() == ["autopar: interrupted"]
     assert out == ""
