@@ -20,6 +20,7 @@ belongs to ``encoder.layers.3``): see :func:`layer_of`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from autopar.evaluate import EdgeCost, Evaluation, OpCost, PricingMemo, evaluate
@@ -41,6 +42,7 @@ __all__ = [
     "micro_batch_time",
     "module_of",
     "once_per_step_ops",
+    "per_collective",
 ]
 
 TOP_LEVEL = "(top level)"
@@ -168,11 +170,20 @@ def breakdown(
     for e in result.edges:
         layer = layer_of(e.consumer)
         result.layer_comm_s[layer] = result.layer_comm_s.get(layer, 0.0) + e.time_s
+    result.comm_s = per_collective(result.edges, "time_s")
+    result.comm_bytes = per_collective(result.edges, "bytes_per_device")
+    return result
+
+
+def per_collective(edges: Iterable[EdgeCost], field_name: str) -> dict[tuple[str, int], float]:
+    """(collective, mesh axis) -> the sum of the steps' ``field_name`` (``time_s`` or
+    ``bytes_per_device``) over ``edges``."""
+    out: dict[tuple[str, int], float] = {}
+    for e in edges:
         for s in e.steps:
             key = (s.collective.value, s.axis)
-            result.comm_s[key] = result.comm_s.get(key, 0.0) + s.time_s
-            result.comm_bytes[key] = result.comm_bytes.get(key, 0.0) + s.bytes_per_device
-    return result
+            out[key] = out.get(key, 0.0) + float(getattr(s, field_name))
+    return out
 
 
 def memory_timeline(graph: Graph, plan: Plan, *, evaluation: Evaluation | None = None) -> MemoryTimeline:
@@ -237,9 +248,9 @@ def micro_batch_time(graph: Graph, evaluation: Evaluation) -> MicroBatchTime:
     Formula (seconds): ``sum(OpCost.compute_s)`` over ops not in
     :func:`once_per_step_ops` (the update and gradient clipping run once per
     optimizer step, on the accumulated gradients) plus the step times of every
-    boxing edge into such an op that is neither a data-parallel gradient
-    reduction (``EdgeCost.gradient``: reduced once, after the gradients of all
-    micro-batches are accumulated) nor a ZeRO parameter gather
+    boxing edge that leads into none of those ops and is neither a data-parallel
+    gradient reduction (``EdgeCost.gradient``: reduced once, after the gradients
+    of all micro-batches are accumulated) nor a ZeRO parameter gather
     (``EdgeCost.zero_gather``: once per optimizer step under ZeRO-1/2).  What
     is left is the forward and backward of one micro-batch, the span a
     profiler's per-iteration trace shows (the LiBai MT5 report's 357 ms and
@@ -249,11 +260,5 @@ def micro_batch_time(graph: Graph, evaluation: Evaluation) -> MicroBatchTime:
     """
     once = once_per_step_ops(graph)
     compute = sum(o.compute_s for o in evaluation.ops if o.name not in once)
-    comm: dict[tuple[str, int], float] = {}
-    for e in evaluation.edges:
-        if e.gradient or e.zero_gather or e.consumer in once:
-            continue
-        for s in e.steps:
-            key = (s.collective.value, s.axis)
-            comm[key] = comm.get(key, 0.0) + s.time_s
-    return MicroBatchTime(compute, comm)
+    per_micro_batch = [e for e in evaluation.edges if not (e.gradient or e.zero_gather or e.consumer in once)]
+    return MicroBatchTime(compute, per_collective(per_micro_batch, "time_s"))
