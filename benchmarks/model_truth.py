@@ -189,6 +189,16 @@ def inference_agreement(jobs: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _tp_bytes_line(runtime: str, got: float, counts: dict[str, Any]) -> str:
+    """One runtime's megatron tp bytes against ``counts``' hand count (and the graph's, where
+    it differs)."""
+    hand, hand_graph = counts["hand_tp_bytes"], counts["hand_tp_bytes_graph"]
+    line = f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {hand / 1e6:9.1f} MB  ratio {got / hand:.3f}"
+    if hand_graph != hand:
+        line += f"  hand (graph) {hand_graph / 1e6:.1f} MB  ratio {got / hand_graph:.3f}"
+    return line
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2-medium,mt5-base")
@@ -220,17 +230,7 @@ def main() -> None:
         print(f"\n{model} ({r['ops']} ops), mesh [4, 2] on 2x4 a100-40g")
         print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
         for runtime, row in r["runtimes"].items():
-            got = row["megatron_tp_bytes_zero0"]
-            line = (
-                f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {r['hand_tp_bytes'] / 1e6:9.1f} MB  "
-                f"ratio {got / r['hand_tp_bytes']:.3f}"
-            )
-            if r["hand_tp_bytes_graph"] != r["hand_tp_bytes"]:
-                line += (
-                    f"  hand (graph) {r['hand_tp_bytes_graph'] / 1e6:.1f} MB  "
-                    f"ratio {got / r['hand_tp_bytes_graph']:.3f}"
-                )
-            print(line)
+            print(_tp_bytes_line(runtime, row["megatron_tp_bytes_zero0"], r))
         print("  inferred / megatron modelled step time (ZeRO-2; serial, overlapped in brackets):")
         for runtime, row in r["runtimes"].items():
             print(
@@ -252,12 +252,8 @@ def main() -> None:
             f"{imported['layers']}+{imported['layers']} layers, vocab {imported['vocab']}, fp32), mesh [4, 2]"
         )
         print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
-        hand, hand_graph = imported["hand_tp_bytes"], imported["hand_tp_bytes_graph"]
         for runtime, got in imported["runtimes"].items():
-            print(
-                f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {hand / 1e6:9.1f} MB  ratio {got / hand:.3f}  "
-                f"hand (graph) {hand_graph / 1e6:.1f} MB  ratio {got / hand_graph:.3f}"
-            )
+            print(_tp_bytes_line(runtime, got, imported))
     seed = replay()
     print_replay(seed)
     if args.json:
