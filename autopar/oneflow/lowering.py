@@ -124,14 +124,6 @@ def device_slices(
     return tuple(box)
 
 
-def _volume(box: Sequence[tuple[int, int]]) -> int:
-    return math.prod(max(0, hi - lo) for lo, hi in box)
-
-
-def _intersect(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    return tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
-
-
 def reduce_nd_sbp(
     src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
 ) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...], tuple[int, ...]]:
