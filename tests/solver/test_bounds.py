@@ -103,8 +103,9 @@ def test_a_sweep_cut_anywhere_leaves_a_valid_bound(problem, steps):
     best, _ = brute_force(problem)
     run = DiffusionBound(problem)
     run.run(1)
-    order = [(lev, True) for lev in run.levels] + [(lev, False) for lev in reversed(run.levels)]
-    for lev, forward in (order * 3)[:steps]:
-        run._update(lev, forward, False)
+    levels = list(range(run.num_levels))
+    order = [(k, True) for k in levels] + [(k, False) for k in reversed(levels)]
+    for k, forward in (order * 3)[:steps]:
+        run._step(np.array([k]), forward, False)
     if math.isfinite(best):
         assert run._bound() <= best + 1e-9

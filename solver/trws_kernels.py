@@ -1,0 +1,200 @@
+"""Compiled inner loops of the TRW-S bound (:mod:`autopar_solver.bounds`).
+
+The data layout is :class:`~autopar_solver.bounds.DiffusionBound`'s: a *segment* is one
+(edge, end, choice of that end), ``alpha[s]`` its message, and its entries
+``values[seg_entry[s]:seg_entry[s + 1]]`` the matrix's row (first end) or column
+(second end) of that choice; ``other[j]`` is the segment of the other end that entry
+``j`` meets.  So the reparametrised edge cost of an entry is
+``values[j] - alpha[s] - alpha[other[j]]``.
+
+Each function is compiled once by numba (``cache=True`` keeps the machine code next to
+this file, so only a fresh install pays the compile) and runs the loops the NumPy
+version ran as ``reduceat`` / ``bincount`` over a level at a time.  Within a level no
+edge joins two of its nodes, so visiting its segments one after another computes
+exactly what the level-at-once version did.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["edge_minima", "lay_out_entries", "levels_pass"]
+
+
+@njit(cache=True, nogil=True)
+def levels_pass(
+    theta: np.ndarray,
+    alpha: np.ndarray,
+    values: np.ndarray,
+    other: np.ndarray,
+    seg_entry: np.ndarray,
+    seg_choice: np.ndarray,
+    level_choice_start: np.ndarray,
+    level_choices: np.ndarray,
+    behind_start: np.ndarray,
+    behind_stop: np.ndarray,
+    ahead_start: np.ndarray,
+    ahead_stop: np.ndarray,
+    weight: np.ndarray,
+    kept: np.ndarray,
+    levels: np.ndarray,
+    full: bool,
+    work: np.ndarray,
+    blocked: np.ndarray,
+) -> None:
+    """Update the levels ``levels`` (indices, in the pass's order), each as one TRW-S step.
+
+    For level ``k``: every node choice ``c`` of it pulls the min-marginal of each segment
+    behind the pass, ``[behind_start[k], behind_stop[k])`` (and of those ahead,
+    ``[ahead_start[k], ahead_stop[k])``, when ``full``)::
+
+        m_s = min_j (values[j] - alpha[other[j]]);   theta[c] += m_s - alpha[s];   alpha[s] = m_s
+
+    (a segment with no finite entry blocks ``c``: ``theta[c] = inf``); then keeps
+    ``kept[c]`` of its cost and pushes ``weight[c]`` of it onto each segment ahead
+    (``alpha[s] -= weight[c] * theta_before[c]``).
+    ``work`` and ``blocked`` are scratch arrays, one entry per node choice.  Seconds.
+    """
+    for q in range(levels.shape[0]):
+        k = levels[q]
+        c0 = level_choice_start[k]
+        c1 = level_choice_start[k + 1]
+        for p in range(c0, c1):
+            c = level_choices[p]
+            work[c] = theta[c]
+            blocked[c] = False
+        for region in range(2):
+            if region == 0:
+                s0 = behind_start[k]
+                s1 = behind_stop[k]
+            elif full:
+                s0 = ahead_start[k]
+                s1 = ahead_stop[k]
+            else:
+                break
+            for s in range(s0, s1):
+                m = math.inf
+                for j in range(seg_entry[s], seg_entry[s + 1]):
+                    v = values[j] - alpha[other[j]]
+                    if v < m:
+                        m = v
+                c = seg_choice[s]
+                if math.isfinite(m):
+                    work[c] += m - alpha[s]
+                    alpha[s] = m
+                else:
+                    blocked[c] = True
+        for p in range(c0, c1):
+            c = level_choices[p]
+            cost = work[c]
+            if blocked[c] or not math.isfinite(cost):
+                theta[c] = math.inf
+                work[c] = 0.0
+            else:
+                theta[c] = cost * kept[c]
+        for s in range(ahead_start[k], ahead_stop[k]):
+            c = seg_choice[s]
+            alpha[s] -= work[c] * weight[c]
+
+
+@njit(cache=True, nogil=True)
+def edge_minima(
+    alpha: np.ndarray,
+    values: np.ndarray,
+    other: np.ndarray,
+    seg_entry: np.ndarray,
+    slot_segment: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """``out[t] = min over segments s of slot t, entries j of s of values[j] - alpha[other[j]] - alpha[s]``:
+    the least reparametrised cost of the edge that slot ``t`` (one end of it) stands for.
+    Slot ``t`` covers segments ``[slot_segment[t], slot_segment[t + 1])``.  Seconds."""
+    for t in range(out.shape[0]):
+        best = math.inf
+        for s in range(slot_segment[t], slot_segment[t + 1]):
+            m = math.inf
+            for j in range(seg_entry[s], seg_entry[s + 1]):
+                v = values[j] - alpha[other[j]]
+                if v < m:
+                    m = v
+            m -= alpha[s]
+            if m < best:
+                best = m
+        out[t] = best
+
+
+@njit(cache=True, nogil=True)
+def lay_out_entries(
+    slot_node: np.ndarray,
+    slot_edge: np.ndarray,
+    edge_first_node: np.ndarray,
+    shapes: np.ndarray,
+    node_offset: np.ndarray,
+    edge_base: np.ndarray,
+    seg_first: np.ndarray,
+    seg_second: np.ndarray,
+    flat: np.ndarray,
+    values: np.ndarray,
+    other: np.ndarray,
+    seg_choice: np.ndarray,
+    seg_len: np.ndarray,
+    slot_entry: np.ndarray,
+    first_entries: np.ndarray,
+    second_entries: np.ndarray,
+) -> None:
+    """Copy every edge matrix into the slot order: slot ``t`` is edge ``slot_edge[t]`` seen from
+    node ``slot_node[t]``, its rows when that node is the edge's first end (entries row-major),
+    its columns otherwise (the transpose, row-major).  ``flat[edge_base[k]:edge_base[k + 1]]``
+    is edge ``k``'s matrix, row-major; ``seg_first[k]`` / ``seg_second[k]`` the first segment
+    of each end.  Fills ``values``, ``other`` (per entry), ``seg_choice``, ``seg_len`` (per
+    segment), ``slot_entry`` (first entry of each slot, and the total at the end) and where
+    each edge's two copies start."""
+    position = 0
+    for t in range(slot_node.shape[0]):
+        slot_entry[t] = position
+        k = slot_edge[t]
+        i = slot_node[t]
+        rows = shapes[k, 0]
+        cols = shapes[k, 1]
+        base = edge_base[k]
+        if edge_first_node[k] == i:
+            first_entries[k] = position
+            s0 = seg_first[k]
+            o0 = seg_second[k]
+            for a in range(rows):
+                seg_choice[s0 + a] = node_offset[i] + a
+                seg_len[s0 + a] = cols
+                for b in range(cols):
+                    values[position] = flat[base + a * cols + b]
+                    other[position] = o0 + b
+                    position += 1
+        else:
+            second_entries[k] = position
+            s0 = seg_second[k]
+            o0 = seg_first[k]
+            for b in range(cols):
+                seg_choice[s0 + b] = node_offset[i] + b
+                seg_len[s0 + b] = rows
+                for a in range(rows):
+                    values[position] = flat[base + a * cols + b]
+                    other[position] = o0 + a
+                    position += 1
+    slot_entry[slot_node.shape[0]] = position
+
+
+def compile_all() -> None:
+    """Compile (or load from numba's cache) every kernel for the argument types
+    :class:`~autopar_solver.bounds.DiffusionBound` passes, on a one-edge problem: the
+    container image runs this once at build time so that no plan pays the compile."""
+    from autopar_solver.bounds import DiffusionBound
+    from autopar_solver.problem import Problem
+
+    problem = Problem(["a", "b"], [np.zeros(2), np.zeros(2)], [(0, 1, np.ones((2, 2)))], [], None)
+    DiffusionBound(problem).run(1)
+
+
+if __name__ == "__main__":
+    compile_all()
