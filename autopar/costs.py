@@ -128,7 +128,7 @@ def rule_context(
 
 
 _SIGNATURE_MEMO_SIZE = 8192
-_signature_memo: dict[tuple[Any, ...], tuple[RuleSet, list[Signature], bool]] = {}
+_signature_memo: dict[tuple[Any, ...], tuple[RuleSet, list[Signature], bool, frozenset[Signature]]] = {}
 
 
 def op_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bool]:
@@ -137,6 +137,19 @@ def op_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bo
     Memoised by content (op type, role, attrs, ports, shapes, dtypes, mesh shape, ZeRO
     stage; not the op's name): the same op of identical layers is enumerated once.
     """
+    hit = _memoised_signatures(rules, ctx)
+    return list(hit[1]), hit[2]
+
+
+def op_signature_set(rules: RuleSet, ctx: RuleContext) -> tuple[frozenset[Signature], bool]:
+    """:func:`op_signatures` as a set (for membership tests), built once per distinct op."""
+    hit = _memoised_signatures(rules, ctx)
+    return hit[3], hit[2]
+
+
+def _memoised_signatures(
+    rules: RuleSet, ctx: RuleContext
+) -> tuple[RuleSet, list[Signature], bool, frozenset[Signature]]:
     op = ctx.op
     key = (
         id(rules),
@@ -153,12 +166,12 @@ def op_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bo
     )
     hit = _signature_memo.get(key)
     if hit is not None and hit[0] is rules:
-        return list(hit[1]), hit[2]
+        return hit
     sigs, fallback = _enumerate_signatures(rules, ctx)
     if len(_signature_memo) >= _SIGNATURE_MEMO_SIZE:
         _signature_memo.pop(next(iter(_signature_memo)))
-    _signature_memo[key] = (rules, sigs, fallback)
-    return list(sigs), fallback
+    hit = _signature_memo[key] = (rules, sigs, fallback, frozenset(sigs))
+    return hit
 
 
 def _enumerate_signatures(rules: RuleSet, ctx: RuleContext) -> tuple[list[Signature], bool]:

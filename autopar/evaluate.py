@@ -42,7 +42,7 @@ from autopar.costs import (
     edge_kind,
     edge_time,
     op_compute_time,
-    op_signatures,
+    op_signature_set,
     optimizer_gather_plan,
     rule_context,
     zero_gathers_per_step,
@@ -117,15 +117,19 @@ class PricingMemo:
 
     def __init__(self) -> None:
         self.signatures: dict[tuple[str, str, int, str], tuple[frozenset[Signature], bool]] = {}
+        self._mesh_keys: dict[int, tuple[Mesh, str]] = {}
+        """id of a mesh -> (the mesh, its key): an evaluation asks once per op."""
 
     def valid_signatures(
         self, rules: RuleSet, ctx: RuleContext, mesh: Mesh, zero_stage: int
     ) -> tuple[frozenset[Signature], bool]:
-        key = (mesh.key(), ctx.op.name, zero_stage, ctx.zero_sharding)
+        known = self._mesh_keys.get(id(mesh))
+        if known is None or known[0] is not mesh:
+            known = self._mesh_keys[id(mesh)] = (mesh, mesh.key())
+        key = (known[1], ctx.op.name, zero_stage, ctx.zero_sharding)
         found = self.signatures.get(key)
         if found is None:
-            sigs, fallback = op_signatures(rules, ctx)
-            found = self.signatures[key] = (frozenset(sigs), fallback)
+            found = self.signatures[key] = op_signature_set(rules, ctx)
         return found
 
 

@@ -44,14 +44,25 @@ from collections.abc import Callable
 import numpy as np
 
 from autopar_solver.problem import MemoryRow, Problem
-from autopar_solver.trws_kernels import edge_minima, lay_out_entries, levels_pass
+from autopar_solver.trws_kernels import (
+    decode_greedy,
+    descend_icm,
+    edge_minima,
+    lay_out_entries,
+    levels_pass,
+)
 
 __all__ = ["DiffusionBound", "diffusion_bound", "reparametrized"]
 
 _CONVERGED_RTOL = 1e-9
-"""A sweep that raises the bound by less than this (relative) ends the run."""
-_CHECK_EVERY = 64
-"""Levels between two deadline checks."""
+"""Sweeps that raise the bound by less than this (relative) between two evaluations of it
+end the run."""
+_BOUND_EVERY = 5
+"""Sweeps between two evaluations of the bound (and convergence tests) within a run; the
+last sweep of a run always evaluates it.  On mt5-base the bound costs a third of a sweep."""
+_CHECK_ENTRIES = 4_000_000
+"""Edge entries a pass reads between two deadline checks (one compiled call: about 10 ms;
+between calls another Python thread may take the interpreter)."""
 
 
 class DiffusionBound:
@@ -84,6 +95,8 @@ class DiffusionBound:
             self.position[e] = len(self.edge_ids)
             self.edge_ids.append(e)
         self._layout()
+        self._true_costs = self.flat_theta.copy()
+        """Node costs of the problem itself (self-loops folded in), for descents on true costs."""
         self.price = np.zeros(len(problem.memory_rows))
         """Seconds per byte of each memory row currently folded into the costs."""
         if price is not None and problem.budget_bytes is not None:
@@ -168,9 +181,8 @@ class DiffusionBound:
             if m
             else np.zeros(0)
         )
-        index_type = np.int32 if count < 2**31 else np.int64
         self._values = np.empty(2 * len(flat))
-        self._other = np.empty(2 * len(flat), dtype=index_type)
+        self._seg_other = np.empty(count, dtype=np.int64)
         seg_node_choice = np.empty(count, dtype=np.int64)
         seg_len = np.empty(count, dtype=np.int64)
         slot_entry = np.empty(len(slots) + 1, dtype=np.int64)
@@ -187,7 +199,7 @@ class DiffusionBound:
             seg_second,
             flat,
             self._values,
-            self._other,
+            self._seg_other,
             seg_node_choice,
             seg_len,
             slot_entry,
@@ -217,12 +229,43 @@ class DiffusionBound:
             self._earlier[:, k] = slot_segment[b0], slot_segment[b1]
             self._later[:, k] = slot_segment[first_ahead + a0], slot_segment[first_ahead + a1]
         self._level_choices = np.concatenate(level_choices) if level_choices else np.zeros(0, dtype=np.int64)
+        # the levels of a pass in chunks of about _CHECK_ENTRIES entries (one compiled call each)
+        level_entries = np.array(
+            [
+                slot_entry[b1] - slot_entry[b0] + slot_entry[first_ahead + a1] - slot_entry[first_ahead + a0]
+                for _, b0, b1, a0, a1 in parts
+            ],
+            dtype=np.int64,
+        )
+        cuts = np.searchsorted(
+            np.cumsum(level_entries),
+            np.arange(_CHECK_ENTRIES, max(1, int(level_entries.sum())), _CHECK_ENTRIES),
+        )
+        bounds = np.unique(np.concatenate([[0], cuts + 1, [n_levels]])).clip(0, n_levels)
+        levels = np.arange(n_levels, dtype=np.int64)
+        self._chunks_forward = [levels[a:b] for a, b in itertools.pairwise(bounds.tolist()) if b > a]
+        self._chunks_backward = [c[::-1].copy() for c in reversed(self._chunks_forward)]
         counts = off[1:] - off[:-1]
         self._weight = np.repeat(weight, counts)
         """Share of its cost a choice pushes onto each edge toward the pass:
         ``1 / max(#later, #earlier)`` of its node."""
         self._kept_forward = np.repeat(1.0 - n_later * weight, counts)
         self._kept_backward = np.repeat(1.0 - n_earlier * weight, counts)
+        # per node, its edge ends (slots): own first segment, the neighbour, its first segment
+        by_node = np.argsort(slot_node, kind="stable")
+        self._node_slot_start = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(
+            np.bincount(slot_node, minlength=n) if len(slots) else np.zeros(n, np.int64),
+            out=self._node_slot_start[1:],
+        )
+        own_first = ends[slot_edge, 0] == slot_node
+        own = np.where(own_first, seg_first[slot_edge], seg_second[slot_edge])
+        far = np.where(own_first, seg_second[slot_edge], seg_first[slot_edge])
+        self._slot_own = own[by_node]
+        self._slot_other_seg = far[by_node]
+        self._slot_other_node = (ends[slot_edge].sum(axis=1) - slot_node)[by_node]
+        self.decode_order = np.argsort(level, kind="stable").astype(np.int64)
+        """Every node (isolated ones too) by level: the order of a forward pass."""
         self._work = np.zeros(len(self.flat_theta))
         self._blocked = np.zeros(len(self.flat_theta), dtype=np.bool_)
 
@@ -246,6 +289,55 @@ class DiffusionBound:
         first, second = int(self._first_entries[k]), int(self._second_entries[k])
         self._values[first : first + rows * cols] += delta.ravel()
         self._values[second : second + rows * cols] += delta.T.ravel()
+
+    # -------------------------------------------------------------- decoding
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the node costs and messages now: what :meth:`decode` needs to decode
+        this state while sweeps go on (in another thread)."""
+        return self.flat_theta.copy(), self.alpha.copy()
+
+    def decode(self, reverse: bool = False, state: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
+        """Greedy plan on the reparametrised costs now (or in ``state``, a :meth:`snapshot`),
+        nodes in the forward pass's order (``reverse``: the backward pass's), each given the
+        neighbours assigned before it; memory rows are not looked at
+        (:func:`autopar_solver.trws_kernels.decode_greedy`)."""
+        theta, alpha = state if state is not None else (self.flat_theta, self.alpha)
+        order = self.decode_order[::-1].copy() if reverse else self.decode_order
+        choices = np.full(self.problem.num_nodes, -1, dtype=np.int64)
+        decode_greedy(
+            order,
+            theta,
+            alpha,
+            self._values,
+            self._seg_entry,
+            self.node_offset,
+            self._node_slot_start,
+            self._slot_own,
+            self._slot_other_node,
+            self._slot_other_seg,
+            choices,
+        )
+        return [int(c) for c in choices]
+
+    def descend(self, choices: list[int], max_sweeps: int = 50) -> list[int]:
+        """Iterated conditional modes from ``choices`` on the problem's true costs (memory rows
+        not looked at; a run without prices, whose matrices are the problem's):
+        :func:`autopar_solver.trws_kernels.descend_icm`."""
+        out = np.array(choices, dtype=np.int64)
+        descend_icm(
+            self.decode_order,
+            self._true_costs,
+            self._values,
+            self._seg_entry,
+            self.node_offset,
+            self._node_slot_start,
+            self._slot_own,
+            self._slot_other_node,
+            self._slot_other_seg,
+            out,
+            max_sweeps,
+        )
+        return [int(c) for c in out]
 
     # -------------------------------------------------------------- prices
     def _add_price(self, delta: np.ndarray) -> None:
@@ -295,7 +387,12 @@ class DiffusionBound:
         if len(self._bound_edges):
             slot_minima = np.empty(len(self._bound_edges))
             edge_minima(
-                self.alpha, self._values, self._other, self._seg_entry, self._bound_slot_segment, slot_minima
+                self.alpha,
+                self._values,
+                self._seg_entry,
+                self._seg_other,
+                self._bound_slot_segment,
+                slot_minima,
             )
             out[self._bound_edges] = slot_minima
         return out
@@ -327,12 +424,15 @@ class DiffusionBound:
                 between()
             cut = cut or not self._pass(False, False, deadline)
             self._fresh = cut
+            if not cut:
+                self.sweeps += 1
+            if not (cut or n == max_sweeps - 1 or self.sweeps % _BOUND_EVERY == 0):
+                continue
             current = self._bound()
             if cut:
                 self.current = max(self.current, current)
                 self.value = max(self.value, self.current)
                 break
-            self.sweeps += 1
             if current - self.current <= _CONVERGED_RTOL * abs(self.current) + 1e-300:
                 self.converged = True
             self.current = max(self.current, current)
@@ -348,13 +448,10 @@ class DiffusionBound:
         and nothing has touched them since) into their own costs, then push ``weight``
         of them onto each edge ahead (all of them when a node has at least as many edges
         that way): :func:`autopar_solver.trws_kernels.levels_pass`."""
-        order = np.arange(self.num_levels, dtype=np.int64)
-        if not forward:
-            order = order[::-1].copy()
-        for k in range(0, self.num_levels, _CHECK_EVERY):
+        for k, chunk in enumerate(self._chunks_forward if forward else self._chunks_backward):
             if k and time.perf_counter() > deadline:
                 return False
-            self._step(order[k : k + _CHECK_EVERY], forward, full)
+            self._step(chunk, forward, full)
         return True
 
     def _step(self, levels: np.ndarray, forward: bool, full: bool) -> None:
@@ -365,8 +462,8 @@ class DiffusionBound:
             self.flat_theta,
             self.alpha,
             self._values,
-            self._other,
             self._seg_entry,
+            self._seg_other,
             self._seg_choice,
             self._level_choice_start,
             self._level_choices,

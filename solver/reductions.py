@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from autopar_solver.dominance import dominated_choices
 from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = ["ALL_REDUCTIONS", "Reduction", "problem_size", "reduce_problem"]
@@ -64,10 +65,6 @@ ALL_REDUCTIONS = frozenset(
 """Names accepted by ``reduce_problem(enabled=...)``.  Parallel edges are always merged."""
 
 _EPS = float(np.finfo(np.float64).eps)
-_DOMINANCE_HEAD = 8
-"""Features compared for every pair of choices before the rest (for the pairs left)."""
-_DOMINANCE_BLOCK = 4_000_000
-"""Entries compared at once in the dominance test (bounds its memory)."""
 _MAX_CHAIN_ENTRIES = 4_000_000
 """Skip a chain fold whose (choices u) x (choices v) x (choices w) tensor is larger."""
 
@@ -209,6 +206,8 @@ class _Work:
         self.queue: deque[int] = deque()
         self.queued: set[int] = set()
         self.stopped = False
+        self.blocked: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        """(edge, node) -> (the edge matrix, the node's choices whose row of it is all forbidden)."""
         self.not_sums: dict[int, np.ndarray] = {}
         """Edge -> the matrix found not to be a sum ``row[a] + col[b]`` (kept alive, compared
         by identity: a matrix that did not change is not tested again)."""
@@ -380,7 +379,7 @@ class _Work:
     def _drop_infeasible(self, x: int) -> bool:
         bad = ~np.isfinite(self.cost[x])
         for e in self.adj[x].values():
-            bad |= ~np.isfinite(self._oriented(e, x)).any(axis=1)
+            bad |= self._blocked_rows(e, x)
         if bad.all():
             self.infeasible = True
             self.counts["infeasible_node"] += 1
@@ -389,6 +388,18 @@ class _Work:
             self.counts["choices_infeasible"] += int(bad.sum())
             self._restrict(x, ~bad)
         return True
+
+    def _blocked_rows(self, e: int, x: int) -> np.ndarray:
+        """Choices of ``x`` whose row of edge ``e`` is all forbidden (kept per edge matrix,
+        which is replaced, never changed in place: an unchanged matrix is not scanned again)."""
+        matrix = self.edges[e][2]
+        key = (e, x)
+        seen = self.blocked.get(key)
+        if seen is not None and seen[0] is matrix:
+            return seen[1]
+        rows = ~np.isfinite(self._oriented(e, x)).any(axis=1)
+        self.blocked[key] = (matrix, rows)
+        return rows
 
     def _fold_constant_memory(self, x: int) -> None:
         for r in sorted(self.node_rows[x]):
@@ -409,32 +420,7 @@ class _Work:
         return np.concatenate(cols, axis=1)
 
     def _drop_dominated(self, x: int) -> None:
-        feats = self._features(x)
-        k, width = feats.shape
-        # b dominates a: b <= a everywhere and (strictly better somewhere, or an
-        # identical twin with a lower index, so one of each twin group survives).
-        # Most pairs already fail on the first few features: test those for every
-        # pair, the rest only for the pairs still standing.
-        head = min(width, _DOMINANCE_HEAD)
-        le = np.asarray((feats[:, None, :head] <= feats[None, :, :head]).all(axis=2))
-        np.fill_diagonal(le, False)
-        better, worse = np.nonzero(le)
-        if not len(better):
-            return
-        if width > head:
-            step = max(1, _DOMINANCE_BLOCK // width)
-            keep = np.concatenate(
-                [
-                    (feats[better[i : i + step], head:] <= feats[worse[i : i + step], head:]).all(axis=1)
-                    for i in range(0, len(better), step)
-                ]
-            )
-            better, worse = better[keep], worse[keep]
-            if not len(better):
-                return
-        twin = (feats[better] == feats[worse]).all(axis=1)
-        dominated = np.zeros(k, dtype=bool)
-        dominated[worse[~twin | (better < worse)]] = True
+        dominated = dominated_choices(np.ascontiguousarray(self._features(x), dtype=np.float64))
         if dominated.any():
             self.counts["choices_dominated"] += int(dominated.sum())
             self._restrict(x, ~dominated)

@@ -3,9 +3,9 @@
 The data layout is :class:`~autopar_solver.bounds.DiffusionBound`'s: a *segment* is one
 (edge, end, choice of that end), ``alpha[s]`` its message, and its entries
 ``values[seg_entry[s]:seg_entry[s + 1]]`` the matrix's row (first end) or column
-(second end) of that choice; ``other[j]`` is the segment of the other end that entry
-``j`` meets.  So the reparametrised edge cost of an entry is
-``values[j] - alpha[s] - alpha[other[j]]``.
+(second end) of that choice; its ``b``-th entry meets the other end's choice ``b``,
+whose segment is ``seg_other[s] + b``.  So the reparametrised edge cost of that entry
+is ``values[seg_entry[s] + b] - alpha[s] - alpha[seg_other[s] + b]``.
 
 Each function is compiled once by numba (``cache=True`` keeps the machine code next to
 this file, so only a fresh install pays the compile) and runs the loops the NumPy
@@ -21,7 +21,18 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["edge_minima", "lay_out_entries", "levels_pass"]
+__all__ = ["decode_greedy", "descend_icm", "edge_minima", "lay_out_entries", "levels_pass"]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _segment_min(alpha: np.ndarray, values: np.ndarray, start: int, stop: int, other: int) -> float:
+    """``min_b values[start + b] - alpha[other + b]`` over the segment's entries."""
+    m = math.inf
+    for b in range(stop - start):
+        v = values[start + b] - alpha[other + b]
+        if v < m:
+            m = v
+    return m
 
 
 @njit(cache=True, nogil=True)
@@ -29,8 +40,8 @@ def levels_pass(
     theta: np.ndarray,
     alpha: np.ndarray,
     values: np.ndarray,
-    other: np.ndarray,
     seg_entry: np.ndarray,
+    seg_other: np.ndarray,
     seg_choice: np.ndarray,
     level_choice_start: np.ndarray,
     level_choices: np.ndarray,
@@ -51,7 +62,8 @@ def levels_pass(
     behind the pass, ``[behind_start[k], behind_stop[k])`` (and of those ahead,
     ``[ahead_start[k], ahead_stop[k])``, when ``full``)::
 
-        m_s = min_j (values[j] - alpha[other[j]]);   theta[c] += m_s - alpha[s];   alpha[s] = m_s
+        m_s = min_b (values[seg_entry[s] + b] - alpha[seg_other[s] + b])
+        theta[c] += m_s - alpha[s];   alpha[s] = m_s
 
     (a segment with no finite entry blocks ``c``: ``theta[c] = inf``); then keeps
     ``kept[c]`` of its cost and pushes ``weight[c]`` of it onto each segment ahead
@@ -76,11 +88,7 @@ def levels_pass(
             else:
                 break
             for s in range(s0, s1):
-                m = math.inf
-                for j in range(seg_entry[s], seg_entry[s + 1]):
-                    v = values[j] - alpha[other[j]]
-                    if v < m:
-                        m = v
+                m = _segment_min(alpha, values, seg_entry[s], seg_entry[s + 1], seg_other[s])
                 c = seg_choice[s]
                 if math.isfinite(m):
                     work[c] += m - alpha[s]
@@ -104,23 +112,19 @@ def levels_pass(
 def edge_minima(
     alpha: np.ndarray,
     values: np.ndarray,
-    other: np.ndarray,
     seg_entry: np.ndarray,
+    seg_other: np.ndarray,
     slot_segment: np.ndarray,
     out: np.ndarray,
 ) -> None:
-    """``out[t] = min over segments s of slot t, entries j of s of values[j] - alpha[other[j]] - alpha[s]``:
+    """``out[t] = min over segments s of slot t, entries b of s of theta_e``, the entry's
+    reparametrised cost (module doc):
     the least reparametrised cost of the edge that slot ``t`` (one end of it) stands for.
     Slot ``t`` covers segments ``[slot_segment[t], slot_segment[t + 1])``.  Seconds."""
     for t in range(out.shape[0]):
         best = math.inf
         for s in range(slot_segment[t], slot_segment[t + 1]):
-            m = math.inf
-            for j in range(seg_entry[s], seg_entry[s + 1]):
-                v = values[j] - alpha[other[j]]
-                if v < m:
-                    m = v
-            m -= alpha[s]
+            m = _segment_min(alpha, values, seg_entry[s], seg_entry[s + 1], seg_other[s]) - alpha[s]
             if m < best:
                 best = m
         out[t] = best
@@ -138,7 +142,7 @@ def lay_out_entries(
     seg_second: np.ndarray,
     flat: np.ndarray,
     values: np.ndarray,
-    other: np.ndarray,
+    seg_other: np.ndarray,
     seg_choice: np.ndarray,
     seg_len: np.ndarray,
     slot_entry: np.ndarray,
@@ -149,7 +153,7 @@ def lay_out_entries(
     node ``slot_node[t]``, its rows when that node is the edge's first end (entries row-major),
     its columns otherwise (the transpose, row-major).  ``flat[edge_base[k]:edge_base[k + 1]]``
     is edge ``k``'s matrix, row-major; ``seg_first[k]`` / ``seg_second[k]`` the first segment
-    of each end.  Fills ``values``, ``other`` (per entry), ``seg_choice``, ``seg_len`` (per
+    of each end.  Fills ``values`` (per entry), ``seg_other``, ``seg_choice``, ``seg_len`` (per
     segment), ``slot_entry`` (first entry of each slot, and the total at the end) and where
     each edge's two copies start."""
     position = 0
@@ -167,9 +171,9 @@ def lay_out_entries(
             for a in range(rows):
                 seg_choice[s0 + a] = node_offset[i] + a
                 seg_len[s0 + a] = cols
+                seg_other[s0 + a] = o0
                 for b in range(cols):
                     values[position] = flat[base + a * cols + b]
-                    other[position] = o0 + b
                     position += 1
         else:
             second_entries[k] = position
@@ -178,9 +182,9 @@ def lay_out_entries(
             for b in range(cols):
                 seg_choice[s0 + b] = node_offset[i] + b
                 seg_len[s0 + b] = rows
+                seg_other[s0 + b] = o0
                 for a in range(rows):
                     values[position] = flat[base + a * cols + b]
-                    other[position] = o0 + a
                     position += 1
     slot_entry[slot_node.shape[0]] = position
 
@@ -198,3 +202,147 @@ def compile_all() -> None:
 
 if __name__ == "__main__":
     compile_all()
+
+
+@njit(cache=True, nogil=True)
+def _local_cost(
+    i: int,
+    a: int,
+    base: float,
+    alpha: np.ndarray,
+    values: np.ndarray,
+    seg_entry: np.ndarray,
+    node_slot_start: np.ndarray,
+    slot_own: np.ndarray,
+    slot_other_node: np.ndarray,
+    slot_other_seg: np.ndarray,
+    choices: np.ndarray,
+    with_messages: bool,
+) -> float:
+    """``base`` plus the cost of choice ``a`` of node ``i`` on each edge to an assigned
+    neighbour (``choices[j] >= 0``): the matrix entry, less both messages when
+    ``with_messages`` (the reparametrised cost), as is otherwise (the true cost)."""
+    cost = base
+    for t in range(node_slot_start[i], node_slot_start[i + 1]):
+        b = choices[slot_other_node[t]]
+        if b >= 0:
+            s = slot_own[t] + a
+            cost += values[seg_entry[s] + b]
+            if with_messages:
+                cost -= alpha[s] + alpha[slot_other_seg[t] + b]
+    return cost
+
+
+@njit(cache=True, nogil=True)
+def decode_greedy(
+    order: np.ndarray,
+    theta: np.ndarray,
+    alpha: np.ndarray,
+    values: np.ndarray,
+    seg_entry: np.ndarray,
+    node_offset: np.ndarray,
+    node_slot_start: np.ndarray,
+    slot_own: np.ndarray,
+    slot_other_node: np.ndarray,
+    slot_other_seg: np.ndarray,
+    choices: np.ndarray,
+) -> None:
+    """Greedy decoding of the reparametrised problem: nodes in ``order`` each take the
+    choice of least ``theta_i(a) + sum over assigned neighbours j of theta_ij(a, x_j)``
+    (:func:`autopar_solver.heuristic.greedy_assignment` on :func:`~autopar_solver.bounds.reparametrized`,
+    without memory rows).  Slots ``[node_slot_start[i], node_slot_start[i + 1])`` are node
+    ``i``'s edge ends: its first segment ``slot_own``, the neighbour ``slot_other_node`` and
+    the neighbour's first segment ``slot_other_seg``.  ``choices`` (out, -1 = unassigned
+    on entry) gets one choice per node."""
+    for q in range(order.shape[0]):
+        i = order[q]
+        best = math.inf
+        pick = 0
+        for a in range(node_offset[i + 1] - node_offset[i]):
+            cost = _local_cost(
+                i,
+                a,
+                theta[node_offset[i] + a],
+                alpha,
+                values,
+                seg_entry,
+                node_slot_start,
+                slot_own,
+                slot_other_node,
+                slot_other_seg,
+                choices,
+                True,
+            )
+            if cost < best:
+                best = cost
+                pick = a
+        choices[i] = pick
+
+
+@njit(cache=True, nogil=True)
+def descend_icm(
+    order: np.ndarray,
+    node_cost: np.ndarray,
+    values: np.ndarray,
+    seg_entry: np.ndarray,
+    node_offset: np.ndarray,
+    node_slot_start: np.ndarray,
+    slot_own: np.ndarray,
+    slot_other_node: np.ndarray,
+    slot_other_seg: np.ndarray,
+    choices: np.ndarray,
+    max_sweeps: int,
+) -> int:
+    """Iterated conditional modes on the true costs (``node_cost``, the matrices in
+    ``values``), in place: each node in ``order`` moves to its best choice given its
+    neighbours, until a sweep moves none or after ``max_sweeps``; returns the sweeps
+    run.  Without memory rows (a move never breaks a budget)."""
+    no_messages = np.zeros(0)
+    for sweep in range(max_sweeps):
+        moved = False
+        for q in range(order.shape[0]):
+            i = order[q]
+            current = choices[i]
+            now = _local_cost(
+                i,
+                current,
+                node_cost[node_offset[i] + current],
+                no_messages,
+                values,
+                seg_entry,
+                node_slot_start,
+                slot_own,
+                slot_other_node,
+                slot_other_seg,
+                choices,
+                False,
+            )
+            # a move must gain more than float noise; any finite choice beats a forbidden one
+            best = now - 1e-12 * max(1.0, abs(now)) if math.isfinite(now) else math.inf
+            pick = current
+            for a in range(node_offset[i + 1] - node_offset[i]):
+                if a == current:
+                    continue
+                cost = _local_cost(
+                    i,
+                    a,
+                    node_cost[node_offset[i] + a],
+                    no_messages,
+                    values,
+                    seg_entry,
+                    node_slot_start,
+                    slot_own,
+                    slot_other_node,
+                    slot_other_seg,
+                    choices,
+                    False,
+                )
+                if cost < best:
+                    best = cost
+                    pick = a
+            if pick != current:
+                choices[i] = pick
+                moved = True
+        if not moved:
+            return sweep + 1
+    return max_sweeps
