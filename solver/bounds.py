@@ -95,8 +95,9 @@ class DiffusionBound:
             self.position[e] = len(self.edge_ids)
             self.edge_ids.append(e)
         self._layout()
-        self._true_costs = self.flat_theta.copy()
-        """Node costs of the problem itself (self-loops folded in), for descents on true costs."""
+        self._costs = self.flat_theta.copy()
+        """Node costs of the (priced) problem itself, not reparametrised (self-loops folded
+        in): what :meth:`descend` descends on, with the edge matrices in ``_values``."""
         self.price = np.zeros(len(problem.memory_rows))
         """Seconds per byte of each memory row currently folded into the costs."""
         if price is not None and problem.budget_bytes is not None:
@@ -320,13 +321,13 @@ class DiffusionBound:
         return [int(c) for c in choices]
 
     def descend(self, choices: list[int], max_sweeps: int = 50) -> list[int]:
-        """Iterated conditional modes from ``choices`` on the problem's true costs (memory rows
-        not looked at; a run without prices, whose matrices are the problem's):
-        :func:`autopar_solver.trws_kernels.descend_icm`."""
+        """Iterated conditional modes from ``choices`` on the problem's own costs, not
+        reparametrised (with a run's prices: seconds plus priced bytes, the Lagrangian; no
+        budget is checked): :func:`autopar_solver.trws_kernels.descend_icm`."""
         out = np.array(choices, dtype=np.int64)
         descend_icm(
             self.decode_order,
-            self._true_costs,
+            self._costs,
             self._values,
             self._seg_entry,
             self.node_offset,
@@ -356,12 +357,14 @@ class DiffusionBound:
             self.constant += d * (row.constant - problem.budget_bytes)
             for i, t in row.terms.items():
                 self.theta[i] += d * t
+                self._costs[self.node_offset[i] : self.node_offset[i + 1]] += d * t
             for e, t in row.edge_terms.items():
                 if e in self.position:
                     self._add_to_edge(self.position[e], d * t)
                 else:
                     u = problem.edges[e][0]
                     self.theta[u] += d * np.diag(t)
+                    self._costs[self.node_offset[u] : self.node_offset[u + 1]] += d * np.diag(t)
         self.price = self.price + delta
 
     def reprice(self, price: np.ndarray) -> None:

@@ -62,22 +62,16 @@ _REDUCE_SHARE = 0.4
 """Share of the time limit the reductions may take before the search starts on what is
 left (they are exact one by one, so stopping early only leaves a larger problem)."""
 _DETERMINISTIC_SWEEPS = 80
-_FIRST_CHUNK = 10
-_MAX_CHUNK = 40
-_MAX_ROUNDS = 24
-"""Decode rounds per solve (10 + 10 + 20 + 20 + 20 x 40 sweeps at most).  TRW-S
-(:mod:`autopar_solver.bounds`) gains most in its first tens of sweeps, and plans decoded from it
-get better as it goes (mt5-base on [4, 2]: 7.8 % above the bound after 10 sweeps,
-0.4 % after 30), so decodes come often early on."""
-_FAST_CHUNK = 10
-_FAST_MAX_ROUNDS = 120
-"""Without memory rows a decode is compiled (greedy on the reparametrised costs, then
-ICM on the true ones: about 0.1 s on mt5-base, as much as 4 sweeps), so decodes
-follow every 10 sweeps, up to 1200 sweeps (mt5-base on [4, 2]: decoded plans stay
-about 4 % above the bound up to 90 sweeps, then 0.35 % from 95 on)."""
-_FAST_DESCENT_EVERY = 4
-"""Without memory rows, every 4th decode round also runs the heuristic's tree-block
-descent (seconds, in Python) on the round's best decoded plan."""
+_CHUNK = 10
+_MAX_ROUNDS = 120
+"""Decodes follow every 10 sweeps, up to 1200 sweeps per solve.  A decode is compiled
+(greedy on the reparametrised costs, then ICM on the run's own: about 0.1 s on mt5-base,
+as long as 4 sweeps).  Decoded plans improve in jumps (mt5-base on [4, 2]: about 4 %
+above the bound up to 90 sweeps, then 0.35 % from 95 on), so decodes come often."""
+_DESCENT_EVERY = 4
+"""Every 4th decode round also runs the heuristic's descent (tree-block moves, memory
+repair; Python, up to :data:`_DECODE_S`) on the round's best decoded plan, as does any
+round whose decoded plans all overflow the budget."""
 _PRICE_UP = 1.5
 _PRICE_DOWN = 1.25
 _MARGIN_S = 0.3
@@ -86,7 +80,7 @@ _DECODE_S = 1.0
 _WINDOW_STALL = 8
 _MAX_DUAL_ENTRIES = 40_000_000
 """Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
-every entry and an index per entry (20 bytes each)."""
+every entry (16 bytes each)."""
 _SETUP_S_PER_ENTRY = 2e-7
 """TRW-S setup seconds per edge entry (measured on mt5-base, 4M entries: 0.9 s CPU)."""
 _SETUP_SHARE = 1.0
@@ -142,10 +136,23 @@ def solve(
     stats["model_size"] = size
     heuristic_share, dual_share = _SHARES[strategy]
 
+    # -- dual (TRW-S bound, decoded into plans), set up first: off the deterministic path
+    #    its sweeps go on in a thread while the heuristic runs
+    start = time.perf_counter()
+    dual_deadline = min(deadline - _MARGIN_S, start + dual_share * options.time_limit_s)
+    dual = _Dual(reduced, options, None if options.deterministic else deadline)
+    if reduced.num_nodes and not options.deterministic:
+        dual.start_sweeping(dual_deadline)
+    bound_s = time.perf_counter() - start
+
     # -- heuristic
     report("heuristic")
     start = time.perf_counter()
-    best = _heuristic(problem, reduction, hint, options, stats, heuristic_share)
+    try:
+        best = _heuristic(problem, reduction, hint, options, stats, heuristic_share)
+    except BaseException:
+        dual.stop_sweeping()
+        raise
     phases["heuristic"] = time.perf_counter() - start
     stats["heuristic"].update(cost=best.cost + offset, feasible=best.feasible)
     report("heuristic", best.cost + offset if best.feasible else None)
@@ -155,15 +162,11 @@ def solve(
         stats["cpsat"] = None
         return _finish(problem, reduction, [], "optimal", None, -math.inf, stats, t0, report)
 
-    # -- dual: TRW-S bound, decoded into plans
     start = time.perf_counter()
-    dual = _Dual(reduced, best, options, None if options.deterministic else deadline)
-    dual.advance(
-        min(deadline - _MARGIN_S, start + dual_share * options.time_limit_s),
-        options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL,
-    )
+    dual.use_heuristic(best, None if options.deterministic else deadline)
+    dual.advance(dual_deadline, options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL)
     best = dual.best
-    phases["bound"] = time.perf_counter() - start
+    phases["bound"] = bound_s + time.perf_counter() - start
     stats["dual"] = dual.stats
     report("heuristic", best.cost + offset if best.feasible else None, dual.lower + offset)
     enough = options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL
@@ -286,24 +289,26 @@ class _Dual:
     def __init__(
         self,
         reduced: Problem,
-        best: HeuristicResult,
         options: SolverOptions,
         deadline: float | None = None,
     ) -> None:
         self.reduced = reduced
-        self.best = best
+        self.best = HeuristicResult([], math.inf, [], False)
+        """Best plan so far (:meth:`use_heuristic` sets the heuristic's)."""
         self.options = options
+        self.sweeper: _Sweeper | None = None
         self.trivial = trivial_bound(reduced)
         """The bound without any sweep: every node and edge at its least, seconds."""
         self.runs: list[DiffusionBound] = []
-        self.chunk = _FIRST_CHUNK
-        self.reverse_order = list(range(reduced.num_nodes - 1, -1, -1))
+        self.setup_s = 0.0
         self.rounds = 0
-        self.fast = not (reduced.memory_rows and reduced.budget_bytes is not None)
-        """No memory row in play: decodes run compiled (:meth:`DiffusionBound.decode`)."""
+        self.memory = bool(reduced.memory_rows) and reduced.budget_bytes is not None
+        """Memory rows are in play (a decoded plan may not fit)."""
         self.decode_s = 0.0
         """Seconds the last decode took (time kept free for the next one)."""
         self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": []}
+        if not reduced.num_nodes:
+            return  # the reductions solved it
         entries = sum(m.size for _, _, m in reduced.edges)
         left = math.inf if deadline is None else deadline - time.perf_counter()
         if entries > _MAX_DUAL_ENTRIES or entries * _SETUP_S_PER_ENTRY > _SETUP_SHARE * left:
@@ -312,15 +317,23 @@ class _Dual:
             return
         began = time.perf_counter()
         self.runs = [DiffusionBound(reduced)]
-        setup = time.perf_counter() - began
+        self.setup_s = time.perf_counter() - began
+        self.stats["sweeps"] = [0]
+
+    def use_heuristic(self, best: HeuristicResult, deadline: float | None = None) -> None:
+        """Start from the heuristic's plan; when memory binds (the plan has prices) add a
+        second run on the priced problem, whose bound counts memory (then the sweeps of
+        the first run, if they went on in a thread, stop: decodes reprice that run)."""
+        self.best = best
         if (
-            best.price is not None
+            self.runs
+            and best.price is not None
             and math.isfinite(self.runs[0].value)
-            and (deadline is None or deadline - time.perf_counter() > _PRICED_SETUP_FACTOR * setup)
+            and (deadline is None or deadline - time.perf_counter() > _PRICED_SETUP_FACTOR * self.setup_s)
         ):
-            # memory binds: a second run on the priced problem (its bound counts memory)
-            self.runs.append(DiffusionBound(reduced, best.price))
-        self.stats["sweeps"] = [0] * len(self.runs)
+            self.stop_sweeping()
+            self.runs.append(DiffusionBound(self.reduced, best.price))
+        self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
     @property
     def lower(self) -> float:
@@ -330,18 +343,22 @@ class _Dual:
         """Sweep and decode until ``deadline`` (deterministic: a fixed sweep count),
         until every run has converged, or until the gap is at most ``target_gap``.
 
-        Decodes follow every chunk of sweeps (10, 10, 20, 20, then every 40); time for
-        one more decode is kept before the deadline; after two rounds only the
-        run with the higher bound goes on."""
+        Decodes follow every :data:`_CHUNK` sweeps; time for one more decode is kept
+        before the deadline; after two rounds only the run with the higher bound goes
+        on.  One run without prices, off the deterministic path, sweeps in a thread of
+        its own (:meth:`_advance_in_parallel`)."""
         deterministic = self.options.deterministic
-        if self.fast and not deterministic and len(self.runs) == 1:
+        if not deterministic:
+            # one run without prices (no decode reprices it) sweeps in a thread
+            self.start_sweeping(deadline)
+        if self.sweeper is not None:
             self._advance_in_parallel(deadline, target_gap)
             return
         while True:
             live = [r for r in self.runs if not r.converged]
             if deterministic:
                 live = [r for r in live if r.sweeps < _DETERMINISTIC_SWEEPS]
-            if self.rounds >= (_FAST_MAX_ROUNDS if self.fast else _MAX_ROUNDS):
+            if self.rounds >= _MAX_ROUNDS:
                 break
             if self.rounds >= 2 and len(live) > 1:
                 live = [max(live, key=lambda r: r.value)]
@@ -354,73 +371,49 @@ class _Dual:
                 reverse: list[list[int]] = []
 
                 def decode_reverse(run: DiffusionBound = run, out: list[list[int]] = reverse) -> None:
-                    if self.fast:
-                        out.append(run.descend(run.decode(reverse=True)))
-                    else:
-                        out.append(greedy_assignment(reparametrized(run), order=self.reverse_order))
+                    out.append(run.descend(run.decode(reverse=True)))
 
-                run.run(self.chunk, share, between=decode_reverse)
+                run.run(_CHUNK, share, between=decode_reverse)
                 self._decode(run, deadline, reverse[0] if reverse else None)
             self.rounds += 1
-            if self.rounds % 2 == 0 and not self.fast:
-                self.chunk = min(2 * self.chunk, _MAX_CHUNK)
             if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
                 break
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
+    def start_sweeping(self, deadline: float) -> None:
+        """Sweep the one run without prices in a thread of its own until ``deadline``
+        (e.g. while the heuristic runs); :meth:`advance` then decodes what it reaches."""
+        if self.sweeper is None and len(self.runs) == 1 and not self.runs[0].price.any():
+            self.sweeper = _Sweeper(self.runs[0], deadline)
+
     def _advance_in_parallel(self, deadline: float, target_gap: float) -> None:
-        """:meth:`advance` without memory rows (one run): the sweeps go on in a second
-        thread (compiled, without the interpreter lock) while this one decodes the latest
-        state every :data:`_FAST_CHUNK` sweeps and runs the heuristic's descent, so both
-        cores of a small machine work.  A state is the node costs and messages after a
-        sweep, with those between the last sweep's passes (for the reverse order)."""
-        run = self.runs[0]
-        lock = threading.Lock()
-        fresh = threading.Event()
-        finished = threading.Event()
-        stop = threading.Event()
-        latest: list[tuple[int, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray] | None]] = []
-        failure: list[BaseException] = []
-
-        def sweep() -> None:
-            try:
-                while not stop.is_set() and not run.converged and time.perf_counter() < deadline:
-                    between: list[tuple[np.ndarray, np.ndarray]] = []
-                    run.run(_FAST_CHUNK, deadline, between=partial(_take_snapshot, run, between))
-                    state = (run.sweeps, run.snapshot(), between[0] if between else None)
-                    with lock:
-                        latest[:] = [state]
-                    fresh.set()
-            except BaseException as exc:  # re-raised in the solving thread
-                failure.append(exc)
-            finally:
-                finished.set()
-                fresh.set()
-
-        thread = threading.Thread(target=sweep, name="trws-sweeps", daemon=True)
-        thread.start()
+        """:meth:`advance` while the run sweeps in its own thread (compiled, without the
+        interpreter lock): this one decodes the latest state every :data:`_CHUNK` sweeps
+        and runs the heuristic's descent, so both cores of a small machine work."""
+        sweeper = self.sweeper
+        assert sweeper is not None
         decoded = -1
         try:
             while True:
-                fresh.wait(timeout=max(0.0, deadline - time.perf_counter()))
-                fresh.clear()
-                with lock:
-                    state = latest[0] if latest else None
-                done = finished.is_set()
+                state, done = sweeper.wait(deadline)
                 if state is not None and state[0] != decoded and time.perf_counter() < deadline:
                     decoded = state[0]
-                    self._decode(run, deadline, None, state=state[1], reverse_state=state[2])
+                    self._decode(sweeper.run, deadline, None, state=state[1], reverse_state=state[2])
                     self.rounds += 1
                     if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
                         break
                 if done or time.perf_counter() >= deadline:
                     break
         finally:
-            stop.set()
-            thread.join()
-        if failure:
-            raise failure[0]
-        self.stats["sweeps"] = [run.sweeps]
+            self.stop_sweeping()
+        self.stats["sweeps"] = [r.sweeps for r in self.runs]
+
+    def stop_sweeping(self) -> None:
+        """Stop the sweeping thread, if any, after its current pass (its run keeps every
+        sweep it made); re-raise what stopped it."""
+        if self.sweeper is not None:
+            sweeper, self.sweeper = self.sweeper, None
+            sweeper.stop()
 
     def _decode(
         self,
@@ -431,10 +424,16 @@ class _Dual:
         state: tuple[np.ndarray, np.ndarray] | None = None,
         reverse_state: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
-        """Greedy on the reparametrised costs (in node order after a sweep; ``reverse``:
-        in reverse order, taken between the last sweep's passes), the better of the two
-        then descent on the true costs; a priced run also moves its prices toward the
-        plan's memory (up where the decoded plan overflows a row, down where it fits).
+        """Greedy on the reparametrised costs in the forward pass's order, and in the
+        backward pass's (``reverse``: that plan, decoded between the last sweep's passes;
+        ``reverse_state``: the state to decode it from), each then descended by ICM on
+        the run's own costs (:meth:`DiffusionBound.decode`, :meth:`DiffusionBound.descend`,
+        compiled; ``state``: a snapshot to decode instead of the run now).  When memory
+        binds and no such plan fits, the heuristic's greedy pass, which keeps rows within
+        the budget, is tried too.  The best plan then goes through the heuristic's descent
+        (tree-block moves, memory repair) when it does not fit, and every
+        :data:`_DESCENT_EVERY` rounds; a priced run also moves its prices toward the
+        plan's memory (up where it overflows a row, down where it fits).
 
         The two orders find different plans where the LP is not tight (mt5-base on
         [2, 4] after 40 sweeps: 0.0505 s in node order, 0.0422 s in reverse, bound
@@ -442,21 +441,14 @@ class _Dual:
         if not math.isfinite(run.current):
             return
         began = time.perf_counter()
-        if self.fast:
-            # compiled: greedy in the pass's order, then ICM on the true costs (``state``: a
-            # snapshot of the run instead of its state now)
-            raws = [run.descend(run.decode(state=state))]
-            if reverse_state is not None:
-                raws.append(run.descend(run.decode(reverse=True, state=reverse_state)))
-            elif reverse is not None:
-                raws.append(reverse)
-        else:
-            raws = [greedy_assignment(reparametrized(run))] + ([reverse] if reverse is not None else [])
-        scored = []
-        for raw in raws:
-            cost, memory = evaluate(self.reduced, raw)
-            fits = math.isfinite(cost) and memory_fits(self.reduced.budget_bytes, memory)
-            scored.append((not fits, cost, raw, memory))
+        raws = [run.descend(run.decode(state=state))]
+        if reverse_state is not None:
+            raws.append(run.descend(run.decode(reverse=True, state=reverse_state)))
+        elif reverse is not None:
+            raws.append(reverse)
+        scored = [self._score(raw) for raw in raws]
+        if self.memory and all(blocked for blocked, *_ in scored) and state is None:
+            scored.append(self._score(greedy_assignment(reparametrized(run))))
         blocked, cost, raw, memory = min(scored, key=lambda t: (t[0], t[1]))
         if run.price.any() and self.reduced.budget_bytes is not None:
             over = np.array(memory) > self.reduced.budget_bytes
@@ -464,11 +456,10 @@ class _Dual:
             run.reprice(
                 np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
             )
-        if self.fast:
-            # the compiled part: what the deadline keeps free for the next decode
-            self.decode_s = time.perf_counter() - began
-        if self.fast and self.rounds % _FAST_DESCENT_EVERY != _FAST_DESCENT_EVERY - 1:
-            candidate = HeuristicResult(raw, cost, memory, not blocked)
+        # the compiled part: what the deadline keeps free for the next decode
+        self.decode_s = time.perf_counter() - began
+        if not blocked and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:
+            candidate = HeuristicResult(raw, cost, memory, True)
         else:
             if self.options.deterministic:
                 budget = math.inf
@@ -476,13 +467,70 @@ class _Dual:
                 budget = max(0.05, min(_DECODE_S, 0.5 * (deadline - time.perf_counter())))
             candidate = solve_heuristic(self.reduced, start=raw, time_budget_s=budget, seed=self.options.seed)
         self.stats["decodes"] += 1
-        if not self.fast:
-            self.decode_s = time.perf_counter() - began
         if _better(candidate, self.best):
             if candidate.price is None:
                 candidate.price = self.best.price
             self.best = candidate
             self.stats["improved"] += 1
+
+    def _score(self, choices: list[int]) -> tuple[bool, float, list[int], list[float]]:
+        """(does not fit, seconds, choices, bytes per memory row) on the reduced problem."""
+        cost, memory = evaluate(self.reduced, choices)
+        fits = math.isfinite(cost) and memory_fits(self.reduced.budget_bytes, memory)
+        return not fits, cost, choices, memory
+
+
+_State = tuple[int, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray] | None]
+"""Sweeps done, the run's :meth:`~DiffusionBound.snapshot` after the last of them, and the
+snapshot between its two passes (the state to decode in the backward pass's order)."""
+
+
+class _Sweeper:
+    """A thread that sweeps ``run`` :data:`_CHUNK` sweeps at a time until ``deadline``,
+    convergence or :meth:`stop`, publishing a :data:`_State` after each chunk.  Only this
+    thread touches the run meanwhile; readers take snapshots."""
+
+    def __init__(self, run: DiffusionBound, deadline: float) -> None:
+        self.run = run
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._fresh = threading.Event()
+        self._finished = threading.Event()
+        self._stop = threading.Event()
+        self._latest: _State | None = None
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._sweep, name="trws-sweeps", daemon=True)
+        self._thread.start()
+
+    def _sweep(self) -> None:
+        run = self.run
+        try:
+            while not self._stop.is_set() and not run.converged and time.perf_counter() < self.deadline:
+                between: list[tuple[np.ndarray, np.ndarray]] = []
+                run.run(_CHUNK, self.deadline, between=partial(_take_snapshot, run, between))
+                state = (run.sweeps, run.snapshot(), between[0] if between else None)
+                with self._lock:
+                    self._latest = state
+                self._fresh.set()
+        except BaseException as exc:  # re-raised in the solving thread by stop()
+            self._failure = exc
+        finally:
+            self._finished.set()
+            self._fresh.set()
+
+    def wait(self, deadline: float) -> tuple[_State | None, bool]:
+        """The latest state once a new one is out (or at ``deadline``), and whether the
+        thread has finished."""
+        self._fresh.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        self._fresh.clear()
+        with self._lock:
+            return self._latest, self._finished.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
 
 
 def _take_snapshot(run: DiffusionBound, out: list[tuple[np.ndarray, np.ndarray]]) -> None:

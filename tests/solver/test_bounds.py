@@ -109,3 +109,66 @@ def test_a_sweep_cut_anywhere_leaves_a_valid_bound(problem, steps):
         run._step(np.array([k]), forward, False)
     if math.isfinite(best):
         assert run._bound() <= best + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(memory=False), st.integers(0, 12))
+def test_compiled_decode_is_the_greedy_pass_on_the_reparametrised_problem(problem, sweeps):
+    # DiffusionBound.decode (compiled) must pick what greedy_assignment picks on
+    # reparametrized(run), in the same order, without memory rows
+    from autopar_solver.bounds import DiffusionBound, reparametrized
+    from autopar_solver.heuristic import greedy_assignment
+
+    run = DiffusionBound(problem)
+    run.run(sweeps)
+    if not all(np.isfinite(run.flat_theta)):
+        return  # ties between infinities break differently; nothing to decode there
+    for reverse in (False, True):
+        order = run.decode_order[::-1] if reverse else run.decode_order
+        expected = greedy_assignment(reparametrized(run), order=[int(i) for i in order])
+        assert run.decode(reverse=reverse) == expected
+    # a snapshot decodes as the state it was taken from, whatever happens to the run after
+    state = run.snapshot()
+    before = run.decode()
+    run.run(3)
+    assert run.decode(state=state) == before
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(memory=False), st.data())
+def test_compiled_descent_never_worsens_and_ends_in_a_local_optimum(problem, data):
+    from autopar_solver.bounds import DiffusionBound
+    from autopar_solver.problem import evaluate
+
+    run = DiffusionBound(problem)
+    start = [data.draw(st.integers(0, len(c) - 1)) for c in problem.node_costs]
+    out = run.descend(start)
+    before, after = evaluate(problem, start)[0], evaluate(problem, out)[0]
+    assert after <= before or (math.isinf(before) and math.isinf(after))
+    if math.isfinite(after):
+        # no single node can move to a strictly better choice
+        for i, costs in enumerate(problem.node_costs):
+            for c in range(len(costs)):
+                moved = list(out)
+                moved[i] = c
+                assert evaluate(problem, moved)[0] >= after - 1e-9 * max(1.0, abs(after))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 7), st.integers(0, 6), st.integers(0, 2**32 - 1))
+def test_compiled_dominance_matches_its_definition(k, width, seed):
+    from autopar_solver.dominance import dominated_choices
+
+    rng = np.random.default_rng(seed)
+    features = rng.integers(0, 3, size=(k, width)).astype(float)
+    features[rng.random((k, width)) < 0.1] = np.inf
+    if k > 1:
+        features[k - 1] = features[0]  # a twin
+    expected = np.zeros(k, dtype=bool)
+    for a in range(k):
+        for b in range(k):
+            if a == b or not (features[b] <= features[a]).all():
+                continue
+            if (features[b] < features[a]).any() or b < a:
+                expected[a] = True
+    assert dominated_choices(features).tolist() == expected.tolist()

@@ -164,3 +164,30 @@ def test_scale_5000_nodes_30_choices_within_time_limit():
     assert is_feasible(problem, solution.choices)
     assert solution.objective <= solution.stats["heuristic"]["cost"] + 1e-12
     assert math.isfinite(solution.bound) and solution.bound <= solution.objective
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems(memory=False))
+def test_sweeps_in_a_second_thread_give_a_true_bound_and_a_verified_plan(problem):
+    # not deterministic and no memory row: the dual sweeps in a thread of its own while
+    # the solving thread decodes (solve._Dual._advance_in_parallel)
+    options = SolverOptions(time_limit_s=2, workers=1, relative_gap=0.0, max_model_vars=0)
+    solution = solve(problem, options)
+    best, _ = brute_force(problem)
+    if math.isinf(best):
+        assert solution.status == "infeasible" or not solution.ok
+        return
+    assert solution.ok and is_feasible(problem, solution.choices)
+    assert solution.objective == evaluate(problem, solution.choices)[0]
+    assert solution.bound <= best + 1e-9 * max(1.0, abs(best))
+    assert solution.objective >= best - 1e-9 * max(1.0, abs(best))
+
+
+def test_the_parallel_dual_sweeps_and_decodes_on_a_big_problem():
+    problem = synthetic_problem(400, 12, seed=3)
+    options = SolverOptions(time_limit_s=4, workers=1, relative_gap=0.0, max_model_vars=0, reductions=False)
+    solution = solve(problem, options)
+    dual = solution.stats["dual"]
+    assert dual["sweeps"][0] > 0 and dual["decodes"] > 0
+    assert solution.bound <= solution.objective
+    assert solution.objective == evaluate(problem, solution.choices)[0]
