@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from autopar_solver.dominance import dominated_choices
 from autopar_solver.problem import MemoryRow, Problem
 from autopar_solver.trws_kernels import (
     decode_greedy,
@@ -52,7 +53,7 @@ from autopar_solver.trws_kernels import (
     levels_pass,
 )
 
-__all__ = ["DiffusionBound", "diffusion_bound", "reparametrized"]
+__all__ = ["DiffusionBound", "compile_all", "diffusion_bound", "reparametrized"]
 
 _CONVERGED_RTOL = 1e-9
 """Sweeps that raise the bound by less than this (relative) between two evaluations of it
@@ -532,3 +533,19 @@ def diffusion_bound(
     node or edge with every entry forbidden).
     """
     return DiffusionBound(problem, price).run(max_sweeps, deadline)
+
+
+def compile_all() -> None:
+    """Compile (or load from numba's cache) every kernel of the solver for the argument
+    types it passes, on a one-edge problem: the container image runs this
+    (``python -m autopar_solver.bounds``) once at build time, so that no plan pays the
+    compile."""
+    problem = Problem(["a", "b"], [np.zeros(2), np.zeros(2)], [(0, 1, np.ones((2, 2)))], [], None)
+    run = DiffusionBound(problem)
+    run.run(1)
+    run.descend(run.decode())
+    dominated_choices(np.zeros((2, 2)))
+
+
+if __name__ == "__main__":
+    compile_all()

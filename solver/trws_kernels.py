@@ -189,25 +189,6 @@ def lay_out_entries(
     slot_entry[slot_node.shape[0]] = position
 
 
-def compile_all() -> None:
-    """Compile (or load from numba's cache) every kernel of the solver for the argument
-    types it passes, on a one-edge problem: the container image runs this once at build
-    time so that no plan pays the compile."""
-    from autopar_solver.bounds import DiffusionBound
-    from autopar_solver.dominance import dominated_choices
-    from autopar_solver.problem import Problem
-
-    problem = Problem(["a", "b"], [np.zeros(2), np.zeros(2)], [(0, 1, np.ones((2, 2)))], [], None)
-    run = DiffusionBound(problem)
-    run.run(1)
-    run.descend(run.decode())
-    dominated_choices(np.zeros((2, 2)))
-
-
-if __name__ == "__main__":
-    compile_all()
-
-
 @njit(cache=True, nogil=True)
 def _local_cost(
     i: int,
