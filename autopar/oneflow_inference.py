@@ -213,7 +213,11 @@ def infer_like_oneflow(
             offered, _ = op_signatures(rules, ctx)
             candidates = oneflow_candidate_order(offered, len(hierarchy), op.type) or list(offered)
             sig = candidates[0]
-            if len(candidates) > 1:
+            if not op.inputs:
+                # nothing to infer from: a global tensor created in the program (arange,
+                # ones, ...) takes the nd_sbp it is created with, broadcast in LiBai
+                sig = next((c for c in candidates if all(v == B for o in c.outputs for v in o)), sig)
+            elif len(candidates) > 1:
                 sig = (
                     _greedily_find_min_copy_cost(graph, op.inputs, candidates, tensor_sbp, hierarchy, op)
                     or sig
@@ -286,7 +290,11 @@ def agreement(
     (measures the per-op decision rule alone; with ``cascade`` one early
     difference propagates, as it would in OneFlow).
     """
-    sources = {op.name: reference.signatures[op.name] for op in graph.ops if op.type in SOURCE_TYPES}
+    # an op without inputs (arange, constant-like ops) takes the N-D SBP the job gives it
+    # (its nd_sbp attribute, set where the program creates the global tensor): not inferred
+    sources = {
+        op.name: reference.signatures[op.name] for op in graph.ops if op.type in SOURCE_TYPES or not op.inputs
+    }
     inferred = infer_like_oneflow(
         graph,
         tuple(reference.mesh.shape),

@@ -14,3 +14,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v -E "^(WARNING: Location|  )" || true
 .venv/bin/python -c 'import autopar, autopar_solver.planner, autopar_cache, autopar_service' >/dev/null
+# compile the solver's numba kernels once (numba's cache, next to the sources), so the
+# first plan does not spend seconds of its time limit compiling them
+.venv/bin/python -m autopar_solver.bounds

@@ -2,11 +2,17 @@
 
 ::
 
-    Problem ─ reduce ─> reduced Problem ─ heuristic ─> plan that fits (usually)
-                                        ─ TRW-S bound (Lagrangian on memory), decoded into plans
+    Problem ─ reduce ─> reduced Problem ─ TRW-S set up; its sweeps start in a thread
+                                        ─ heuristic ─> plan that fits (usually)
+                                        ─ TRW-S bound (Lagrangian on memory), decoded into
+                                          plans every 10 sweeps (compiled greedy + ICM)
             ─ model small enough?  yes ─> CP-SAT on the whole reduced problem, hinted
-                                   no  ─> CP-SAT on windows (LNS) from the heuristic plan
+                                   no  ─> CP-SAT on windows (LNS) from the best plan
             ─ expand (undo stack) ─> verify on the ORIGINAL problem ─> Solution
+
+Off the deterministic path, a TRW-S run without memory prices sweeps in a second thread
+(numba kernels that release the interpreter lock) while this thread runs the heuristic
+and decodes snapshots of the run: on a 2-core machine both cores work.
 
 The objective in :class:`Solution` is always recomputed by :func:`evaluate` on the
 original problem; it must agree with the reduced problem's cost plus the seconds
