@@ -266,6 +266,16 @@ class DiffusionBound:
         self._slot_own = own[by_node]
         self._slot_other_seg = far[by_node]
         self._slot_other_node = (ends[slot_edge].sum(axis=1) - slot_node)[by_node]
+        self._neighbours = (
+            self._values,
+            self._seg_entry,
+            off,
+            self._node_slot_start,
+            self._slot_own,
+            self._slot_other_node,
+            self._slot_other_seg,
+        )
+        """What the decoding kernels read of a node's edges (their argument order)."""
         self.decode_order = np.argsort(level, kind="stable").astype(np.int64)
         """Every node (isolated ones too) by level: the order of a forward pass."""
         self._work = np.zeros(len(self.flat_theta))
@@ -306,19 +316,7 @@ class DiffusionBound:
         theta, alpha = state if state is not None else (self.flat_theta, self.alpha)
         order = self.decode_order[::-1].copy() if reverse else self.decode_order
         choices = np.full(self.problem.num_nodes, -1, dtype=np.int64)
-        decode_greedy(
-            order,
-            theta,
-            alpha,
-            self._values,
-            self._seg_entry,
-            self.node_offset,
-            self._node_slot_start,
-            self._slot_own,
-            self._slot_other_node,
-            self._slot_other_seg,
-            choices,
-        )
+        decode_greedy(order, theta, alpha, *self._neighbours, choices)
         return [int(c) for c in choices]
 
     def descend(self, choices: list[int], max_sweeps: int = 50) -> list[int]:
@@ -326,19 +324,7 @@ class DiffusionBound:
         reparametrised (with a run's prices: seconds plus priced bytes, the Lagrangian; no
         budget is checked): :func:`autopar_solver.trws_kernels.descend_icm`."""
         out = np.array(choices, dtype=np.int64)
-        descend_icm(
-            self.decode_order,
-            self._costs,
-            self._values,
-            self._seg_entry,
-            self.node_offset,
-            self._node_slot_start,
-            self._slot_own,
-            self._slot_other_node,
-            self._slot_other_seg,
-            out,
-            max_sweeps,
-        )
+        descend_icm(self.decode_order, self._costs, *self._neighbours, out, max_sweeps)
         return [int(c) for c in out]
 
     # -------------------------------------------------------------- prices

@@ -164,58 +164,61 @@ def lay_out_entries(
         rows = shapes[k, 0]
         cols = shapes[k, 1]
         base = edge_base[k]
+        # the edge's rows seen from its first end, its columns from its second
         if edge_first_node[k] == i:
             first_entries[k] = position
-            s0 = seg_first[k]
-            o0 = seg_second[k]
-            for a in range(rows):
-                seg_choice[s0 + a] = node_offset[i] + a
-                seg_len[s0 + a] = cols
-                seg_other[s0 + a] = o0
-                for b in range(cols):
-                    values[position] = flat[base + a * cols + b]
-                    position += 1
+            s0, o0 = seg_first[k], seg_second[k]
+            n_own, n_other, own_stride, other_stride = rows, cols, cols, 1
         else:
             second_entries[k] = position
-            s0 = seg_second[k]
-            o0 = seg_first[k]
-            for b in range(cols):
-                seg_choice[s0 + b] = node_offset[i] + b
-                seg_len[s0 + b] = rows
-                seg_other[s0 + b] = o0
-                for a in range(rows):
-                    values[position] = flat[base + a * cols + b]
-                    position += 1
+            s0, o0 = seg_second[k], seg_first[k]
+            n_own, n_other, own_stride, other_stride = cols, rows, 1, cols
+        for a in range(n_own):
+            seg_choice[s0 + a] = node_offset[i] + a
+            seg_len[s0 + a] = n_other
+            seg_other[s0 + a] = o0
+            for b in range(n_other):
+                values[position] = flat[base + a * own_stride + b * other_stride]
+                position += 1
     slot_entry[slot_node.shape[0]] = position
 
 
 @njit(cache=True, nogil=True)
-def _local_cost(
+def _local_costs(
     i: int,
-    a: int,
-    base: float,
+    base: np.ndarray,
     alpha: np.ndarray,
     values: np.ndarray,
     seg_entry: np.ndarray,
+    node_offset: np.ndarray,
     node_slot_start: np.ndarray,
     slot_own: np.ndarray,
     slot_other_node: np.ndarray,
     slot_other_seg: np.ndarray,
     choices: np.ndarray,
     with_messages: bool,
-) -> float:
-    """``base`` plus the cost of choice ``a`` of node ``i`` on each edge to an assigned
-    neighbour (``choices[j] >= 0``): the matrix entry, less both messages when
-    ``with_messages`` (the reparametrised cost), as is otherwise (the true cost)."""
-    cost = base
+    out: np.ndarray,
+) -> int:
+    """``out[a]`` for each choice ``a`` of node ``i``: ``base`` (per node choice) plus its cost
+    on each edge to an assigned neighbour (``choices[j] >= 0``), the matrix entry less both
+    messages when ``with_messages`` (the reparametrised cost), as is otherwise (the true
+    cost).  Slots ``[node_slot_start[i], node_slot_start[i + 1])`` are node ``i``'s edge
+    ends: its first segment ``slot_own``, the neighbour ``slot_other_node`` and the
+    neighbour's first segment ``slot_other_seg``.  Returns the number of choices."""
+    first = node_offset[i]
+    n = node_offset[i + 1] - first
+    for a in range(n):
+        out[a] = base[first + a]
     for t in range(node_slot_start[i], node_slot_start[i + 1]):
         b = choices[slot_other_node[t]]
-        if b >= 0:
+        if b < 0:
+            continue
+        for a in range(n):
             s = slot_own[t] + a
-            cost += values[seg_entry[s] + b]
+            out[a] += values[seg_entry[s] + b]
             if with_messages:
-                cost -= alpha[s] + alpha[slot_other_seg[t] + b]
-    return cost
+                out[a] -= alpha[s] + alpha[slot_other_seg[t] + b]
+    return n
 
 
 @njit(cache=True, nogil=True)
@@ -234,32 +237,19 @@ def decode_greedy(
 ) -> None:
     """Greedy decoding of the reparametrised problem: nodes in ``order`` each take the
     choice of least ``theta_i(a) + sum over assigned neighbours j of theta_ij(a, x_j)``
-    (:func:`autopar_solver.heuristic.greedy_assignment` on :func:`~autopar_solver.bounds.reparametrized`,
-    without memory rows).  Slots ``[node_slot_start[i], node_slot_start[i + 1])`` are node
-    ``i``'s edge ends: its first segment ``slot_own``, the neighbour ``slot_other_node`` and
-    the neighbour's first segment ``slot_other_seg``.  ``choices`` (out, -1 = unassigned
-    on entry) gets one choice per node."""
+    (:func:`autopar_solver.heuristic.greedy_assignment` on
+    :func:`~autopar_solver.bounds.reparametrized`, without memory rows; the first of equal
+    ones).  ``choices`` (out, -1 = unassigned on entry) gets one choice per node."""
+    local = np.empty(int(np.max(np.diff(node_offset))) if node_offset.shape[0] > 1 else 0)
     for q in range(order.shape[0]):
         i = order[q]
-        best = math.inf
+        n = _local_costs(
+            i, theta, alpha, values, seg_entry, node_offset, node_slot_start,
+            slot_own, slot_other_node, slot_other_seg, choices, True, local,
+        )  # fmt: skip
         pick = 0
-        for a in range(node_offset[i + 1] - node_offset[i]):
-            cost = _local_cost(
-                i,
-                a,
-                theta[node_offset[i] + a],
-                alpha,
-                values,
-                seg_entry,
-                node_slot_start,
-                slot_own,
-                slot_other_node,
-                slot_other_seg,
-                choices,
-                True,
-            )
-            if cost < best:
-                best = cost
+        for a in range(1, n):
+            if local[a] < local[pick]:
                 pick = a
         choices[i] = pick
 
@@ -281,49 +271,25 @@ def descend_icm(
     """Iterated conditional modes on the true costs (``node_cost``, the matrices in
     ``values``), in place: each node in ``order`` moves to its best choice given its
     neighbours, until a sweep moves none or after ``max_sweeps``; returns the sweeps
-    run.  Without memory rows (a move never breaks a budget)."""
+    run.  No budget is checked (a caller with memory rows checks the plan after)."""
     no_messages = np.zeros(0)
+    local = np.empty(int(np.max(np.diff(node_offset))) if node_offset.shape[0] > 1 else 0)
     for sweep in range(max_sweeps):
         moved = False
         for q in range(order.shape[0]):
             i = order[q]
+            n = _local_costs(
+                i, node_cost, no_messages, values, seg_entry, node_offset, node_slot_start,
+                slot_own, slot_other_node, slot_other_seg, choices, False, local,
+            )  # fmt: skip
             current = choices[i]
-            now = _local_cost(
-                i,
-                current,
-                node_cost[node_offset[i] + current],
-                no_messages,
-                values,
-                seg_entry,
-                node_slot_start,
-                slot_own,
-                slot_other_node,
-                slot_other_seg,
-                choices,
-                False,
-            )
+            now = local[current]
             # a move must gain more than float noise; any finite choice beats a forbidden one
             best = now - 1e-12 * max(1.0, abs(now)) if math.isfinite(now) else math.inf
             pick = current
-            for a in range(node_offset[i + 1] - node_offset[i]):
-                if a == current:
-                    continue
-                cost = _local_cost(
-                    i,
-                    a,
-                    node_cost[node_offset[i] + a],
-                    no_messages,
-                    values,
-                    seg_entry,
-                    node_slot_start,
-                    slot_own,
-                    slot_other_node,
-                    slot_other_seg,
-                    choices,
-                    False,
-                )
-                if cost < best:
-                    best = cost
+            for a in range(n):
+                if a != current and local[a] < best:
+                    best = local[a]
                     pick = a
             if pick != current:
                 choices[i] = pick
