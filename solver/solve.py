@@ -220,7 +220,8 @@ def solve(
         if not options.deterministic and time.perf_counter() < deadline - 2 * _MARGIN_S:
             # Windows stopped paying off: spend the rest on the dual.
             start = time.perf_counter()
-            dual.best = HeuristicResult(lns.choices, lns.cost, *_memory_and_fit(reduced, lns.choices))
+            _, memory, fits = _evaluated(reduced, lns.choices)
+            dual.best = HeuristicResult(lns.choices, lns.cost, memory, fits)
             dual.advance(deadline - _MARGIN_S, options.relative_gap)
             choices = dual.best.choices
             phases["bound"] += time.perf_counter() - start
@@ -482,8 +483,7 @@ class _Dual:
 
     def _score(self, choices: list[int]) -> tuple[bool, float, list[int], list[float]]:
         """(does not fit, seconds, choices, bytes per memory row) on the reduced problem."""
-        cost, memory = evaluate(self.reduced, choices)
-        fits = math.isfinite(cost) and memory_fits(self.reduced.budget_bytes, memory)
+        cost, memory, fits = _evaluated(self.reduced, choices)
         return not fits, cost, choices, memory
 
 
@@ -544,9 +544,10 @@ def _take_snapshot(run: DiffusionBound, out: list[tuple[np.ndarray, np.ndarray]]
     out.append(run.snapshot())
 
 
-def _memory_and_fit(problem: Problem, choices: list[int]) -> tuple[list[float], bool]:
+def _evaluated(problem: Problem, choices: list[int]) -> tuple[float, list[float], bool]:
+    """Seconds, bytes per memory row, and whether the plan is finite and fits."""
     cost, memory = evaluate(problem, choices)
-    return memory, math.isfinite(cost) and memory_fits(problem.budget_bytes, memory)
+    return cost, memory, math.isfinite(cost) and memory_fits(problem.budget_bytes, memory)
 
 
 def _better(a: HeuristicResult, b: HeuristicResult) -> bool:
