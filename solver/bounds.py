@@ -159,7 +159,7 @@ class DiffusionBound:
                     (ahead if int(ends[k].sum()) - i > i else behind).append((i, k))
             parts.append((np.array(members, dtype=np.int64), b0, len(behind), a0, len(ahead)))
         slots = behind + ahead
-        self._ahead_slot = len(behind)
+        first_ahead = len(behind)
         seg_first = np.zeros(m, dtype=np.int64)
         seg_second = np.zeros(m, dtype=np.int64)
         slot_segment = np.zeros(len(slots) + 1, dtype=np.int64)
@@ -210,7 +210,6 @@ class DiffusionBound:
         )
         self._seg_first, self._seg_second, self._shapes = seg_first, seg_second, shapes
         # the bound's region: one end (the lower node's) of every edge, one slot per edge
-        first_ahead = self._ahead_slot
         self._seg_entry = np.zeros(count + 1, dtype=np.int64)
         np.cumsum(seg_len, out=self._seg_entry[1:])
         self._seg_choice = seg_node_choice

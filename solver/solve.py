@@ -148,8 +148,8 @@ def solve(
     start = time.perf_counter()
     dual_deadline = min(deadline - _MARGIN_S, start + dual_share * options.time_limit_s)
     dual = _Dual(reduced, options, None if options.deterministic else deadline)
-    if reduced.num_nodes and not options.deterministic:
-        dual.start_sweeping(dual_deadline)
+    if not options.deterministic:
+        dual.start_sweeping(dual_deadline)  # (no run when the reductions solved it)
     bound_s = time.perf_counter() - start
 
     # -- heuristic
@@ -376,13 +376,9 @@ class _Dual:
                 break
             for k, run in enumerate(live):
                 share = stop if deterministic else now + (stop - now) * (k + 1) / len(live)
-                reverse: list[list[int]] = []
-
-                def decode_reverse(run: DiffusionBound = run, out: list[list[int]] = reverse) -> None:
-                    out.append(run.descend(run.decode(reverse=True)))
-
-                run.run(_CHUNK, share, between=decode_reverse)
-                self._decode(run, deadline, reverse[0] if reverse else None)
+                between: list[tuple[np.ndarray, np.ndarray]] = []
+                run.run(_CHUNK, share, between=partial(_take_snapshot, run, between))
+                self._decode(run, deadline, reverse_state=between[0] if between else None)
             self.rounds += 1
             if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
                 break
@@ -406,7 +402,7 @@ class _Dual:
                 state, done = sweeper.wait(deadline)
                 if state is not None and state[0] != decoded and time.perf_counter() < deadline:
                     decoded = state[0]
-                    self._decode(sweeper.run, deadline, None, state=state[1], reverse_state=state[2])
+                    self._decode(sweeper.run, deadline, state=state[1], reverse_state=state[2])
                     self.rounds += 1
                     if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
                         break
@@ -427,14 +423,13 @@ class _Dual:
         self,
         run: DiffusionBound,
         deadline: float,
-        reverse: list[int] | None = None,
         *,
         state: tuple[np.ndarray, np.ndarray] | None = None,
         reverse_state: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """Greedy on the reparametrised costs in the forward pass's order, and in the
-        backward pass's (``reverse``: that plan, decoded between the last sweep's passes;
-        ``reverse_state``: the state to decode it from), each then descended by ICM on
+        backward pass's (from ``reverse_state``, the snapshot taken between the last
+        sweep's passes), each then descended by ICM on
         the run's own costs (:meth:`DiffusionBound.decode`, :meth:`DiffusionBound.descend`,
         compiled; ``state``: a snapshot to decode instead of the run now).  When memory
         binds and no such plan fits, the heuristic's greedy pass, which keeps rows within
@@ -452,8 +447,6 @@ class _Dual:
         raws = [run.descend(run.decode(state=state))]
         if reverse_state is not None:
             raws.append(run.descend(run.decode(reverse=True, state=reverse_state)))
-        elif reverse is not None:
-            raws.append(reverse)
         scored = [self._score(raw) for raw in raws]
         if self.memory and all(blocked for blocked, *_ in scored) and state is None:
             scored.append(self._score(greedy_assignment(reparametrized(run))))
