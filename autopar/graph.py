@@ -16,6 +16,7 @@ maps back to the framework.  See ``docs/graph-format.md`` for the JSON format.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -26,8 +27,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from autopar.collector import collector_paused
 from autopar.errors import GraphError
-from autopar.wire import DTYPES, GraphModel, error_path
+from autopar.wire import DTYPES, GRAPH_DOCUMENT, GraphModel, error_path
 
 __all__ = [
     "DTYPE_BYTES",
@@ -60,6 +62,9 @@ class Role(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
+
+
+_ROLES: dict[str, Role] = {role.value: role for role in Role}
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,34 +208,30 @@ class Graph:
     @cached_property
     def topological_order(self) -> list[Op]:
         """Ops in a topological order that keeps the given order where it can (Kahn)."""
-        producer = self.producer
-        index = {op.name: i for i, op in enumerate(self.ops)}
-        indegree = {op.name: 0 for op in self.ops}
-        succ: dict[str, list[str]] = {op.name: [] for op in self.ops}
-        for op in self.ops:
-            preds = {producer[t][0] for t in op.inputs.values() if t in producer}
-            for p in preds:
-                succ[p].append(op.name)
-                indegree[op.name] += 1
-        import heapq
-
-        ready = [index[n] for n, d in indegree.items() if d == 0]
-        heapq.heapify(ready)
+        ops = self.ops
+        made_by = {tensor: i for i, op in enumerate(ops) for tensor in op.outputs.values()}
+        indegree = [0] * len(ops)
+        successors: list[list[int]] = [[] for _ in ops]
+        for i, op in enumerate(ops):
+            for p in {made_by[t] for t in op.inputs.values() if t in made_by}:
+                successors[p].append(i)
+                indegree[i] += 1
+        ready = [i for i, d in enumerate(indegree) if d == 0]  # ascending: already a heap
         order: list[Op] = []
+        pop, push = heapq.heappop, heapq.heappush
         while ready:
-            i = heapq.heappop(ready)
-            op = self.ops[i]
-            order.append(op)
-            for s in succ[op.name]:
+            i = pop(ready)
+            order.append(ops[i])
+            for s in successors[i]:
                 indegree[s] -= 1
                 if indegree[s] == 0:
-                    heapq.heappush(ready, index[s])
-        if len(order) != len(self.ops):
-            stuck = sorted((n for n, d in indegree.items() if d > 0), key=index.__getitem__)
+                    push(ready, s)
+        if len(order) != len(ops):
+            stuck = [i for i, d in enumerate(indegree) if d > 0]
             raise GraphError(
                 "cycle",
-                f"the graph has a cycle through op {stuck[0]!r} ({len(stuck)} ops involved)",
-                op=stuck[0],
+                f"the graph has a cycle through op {ops[stuck[0]].name!r} ({len(stuck)} ops involved)",
+                op=ops[stuck[0]].name,
             )
         return order
 
@@ -238,6 +239,10 @@ class Graph:
 
     def validate(self) -> Graph:
         """Check the graph and return it; raise :class:`GraphError` naming the culprit."""
+        with collector_paused():
+            return self._validate()
+
+    def _validate(self) -> Graph:
         for t in self.tensors.values():
             if t.dtype not in DTYPE_BYTES:
                 raise GraphError(
@@ -245,28 +250,32 @@ class Graph:
                     f"tensor {t.name!r} has unknown dtype {t.dtype!r}; use one of {sorted(DTYPE_BYTES)}",
                     tensor=t.name,
                 )
-            if any((not isinstance(d, int)) or d < 0 for d in t.shape):
-                raise GraphError(
-                    "bad_shape", f"tensor {t.name!r} has invalid shape {list(t.shape)}", tensor=t.name
-                )
+            for d in t.shape:
+                if not isinstance(d, int) or d < 0:
+                    raise GraphError(
+                        "bad_shape", f"tensor {t.name!r} has invalid shape {list(t.shape)}", tensor=t.name
+                    )
+        tensors = self.tensors
         ops = self.op_by_name
         producer = self.producer
         for op in self.ops:
             if not op.name or not op.type:
                 raise GraphError("bad_op", f"op {op.name!r} needs a name and a type", op=op.name)
-            for port, tensor in [*op.inputs.items(), *op.outputs.items()]:
-                if tensor not in self.tensors:
+            for port, tensor in op.inputs.items():
+                if tensor not in producer:  # every produced tensor is an op's output, checked below
                     raise GraphError(
                         "dangling_tensor",
-                        f"op {op.name!r} port {port!r} names tensor {tensor!r}, which is not declared",
+                        f"op {op.name!r} port {port!r} names tensor {tensor!r}, which is not declared"
+                        if tensor not in tensors
+                        else f"op {op.name!r} port {port!r} reads tensor {tensor!r}, which no op produces",
                         op=op.name,
                         tensor=tensor,
                     )
-            for port, tensor in op.inputs.items():
-                if tensor not in producer:
+            for port, tensor in op.outputs.items():
+                if tensor not in tensors:
                     raise GraphError(
                         "dangling_tensor",
-                        f"op {op.name!r} port {port!r} reads tensor {tensor!r}, which no op produces",
+                        f"op {op.name!r} port {port!r} names tensor {tensor!r}, which is not declared",
                         op=op.name,
                         tensor=tensor,
                     )
@@ -318,7 +327,7 @@ class Graph:
 
     @classmethod
     def from_dict(cls, data: Any) -> Graph:
-        """The graph of a decoded ``autopar.graph/v1`` document (checked by :class:`GraphModel`).
+        """The graph of a decoded ``autopar.graph/v1`` document (checked by :data:`GRAPH_DOCUMENT`).
 
         Raises :class:`GraphError` naming the field: ``bad_format`` (wrong type, missing
         or unknown field, over a limit of :mod:`autopar.wire`), ``bad_shape``,
@@ -330,17 +339,20 @@ class Graph:
         if fmt != FORMAT:
             raise GraphError("bad_format", f"unsupported graph format {fmt!r}; expected {FORMAT!r}")
         try:
-            model = GraphModel.model_validate(data)
+            with collector_paused():
+                model = GRAPH_DOCUMENT.validate_python(data)
+                return cls.from_model(model)
         except RecursionError:
             raise GraphError("bad_format", "the graph is nested too deeply") from None
         except ValidationError as exc:
             raise _graph_error(exc) from None
-        return cls.from_model(model)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         try:
-            model = GraphModel.model_validate_json(text)
+            with collector_paused():
+                model = GRAPH_DOCUMENT.validate_json(text)
+                return cls.from_model(model)
         except ValidationError as exc:
             if exc.errors()[0]["type"] != "json_invalid":
                 # a type error first: say it as from_dict does (format before fields)
@@ -351,18 +363,32 @@ class Graph:
                 if data is not None:
                     return cls.from_dict(data)
             raise _graph_error(exc) from None
-        return cls.from_model(model)
 
     @classmethod
     def from_model(cls, model: GraphModel) -> Graph:
-        """The graph of a validated :class:`~autopar.wire.GraphModel` (e.g. a request body)."""
-        tensors = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in model.tensors.items()]
+        """The graph of a validated document (:data:`~autopar.wire.GRAPH_DOCUMENT`'s output).
+
+        The graph takes the document's dicts (ports, attrs) as they are: validation built
+        them, so nothing else holds them.
+        """
+        tensors = [TensorSpec(name, tuple(t["shape"]), t["dtype"]) for name, t in model["tensors"].items()]
+        role = _ROLES
         ops = [
-            Op(op.name, op.type, dict(op.inputs), dict(op.outputs), dict(op.attrs), Role(op.role))
-            for op in model.ops
+            Op(
+                op["name"],
+                op["type"],
+                op.get("inputs", {}),
+                op.get("outputs", {}),
+                op.get("attrs", {}),
+                role[op.get("role", "forward")],
+            )
+            for op in model["ops"]
         ]
-        variables = [Variable(v.op, v.tensor, v.grad, v.optimizer) for v in model.variables]
-        return cls(model.name, tensors, ops, variables, dict(model.meta))
+        variables = [
+            Variable(v["op"], v["tensor"], v.get("grad"), v.get("optimizer"))
+            for v in model.get("variables", [])
+        ]
+        return cls(model.get("name", "graph"), tensors, ops, variables, model.get("meta", {}))
 
     @classmethod
     def load(cls, path: str) -> Graph:

@@ -34,6 +34,7 @@ import numpy as np
 
 from autopar import __version__ as autopar_version
 from autopar.cluster import Cluster, Mesh, candidate_mesh_shapes
+from autopar.collector import collector_paused
 from autopar.cost_tables import CostTables, build_cost_tables
 from autopar.costs import COST_MODEL_VERSION
 from autopar.errors import ConfigError, InfeasibleError, TimeLimitError, VerificationError
@@ -814,8 +815,21 @@ def plan(
     The time limit (``request.options.time_limit_s``, counted from ``deadline.start``
     when a deadline is given, e.g. by a command that loaded the graph first) bounds
     the whole call.  ``progress`` gets every phase, then ``done`` once with the
-    chosen plan's objective.
+    chosen plan's objective.  The cyclic garbage collector is paused meanwhile
+    (:func:`~autopar.collector.collector_paused`).
     """
+    with collector_paused():
+        return _plan(request, store=store, progress=progress, hint=hint, deadline=deadline)
+
+
+def _plan(
+    request: PlanRequest,
+    *,
+    store: KeyValueStore | None,
+    progress: ProgressFn | None,
+    hint: Plan | None,
+    deadline: Deadline | None,
+) -> Plan:
     deadline = deadline if deadline is not None else Deadline(_wall_limit(request.options))
     if deadline.left() < VALIDATE_S_PER_OP * len(request.graph.ops):
         # not even time to check the graph (the caller spent it loading it)
