@@ -304,7 +304,12 @@ class _Dual:
         self.best = HeuristicResult([], math.inf, [], False)
         """Best plan so far (:meth:`use_heuristic` sets the heuristic's)."""
         self.options = options
-        self.sweeper: _Sweeper | None = None
+        self.sweepers: list[_Sweeper] = []
+        """Runs sweeping in threads of their own (:meth:`start_sweeping`)."""
+        self._fresh = threading.Event()
+        """Set by a sweeper when it has published a new state."""
+        self._retired: set[int] = set()
+        """Runs (``id``) that no thread is to sweep again."""
         self.trivial = trivial_bound(reduced)
         """The bound without any sweep: every node and edge at its least, seconds."""
         self.runs: list[DiffusionBound] = []
@@ -330,8 +335,9 @@ class _Dual:
 
     def use_heuristic(self, best: HeuristicResult, deadline: float | None = None) -> None:
         """Start from the heuristic's plan; when memory binds (the plan has prices) add a
-        second run on the priced problem, whose bound counts memory (then the sweeps of
-        the first run, if they went on in a thread, stop: decodes reprice that run)."""
+        second run on the priced problem, whose bound counts memory, and stop sweeping
+        the first (it keeps its bound): off the deterministic path the priced run then
+        sweeps alone, in a thread, with both cores' worth of the time."""
         self.best = best
         if (
             self.runs
@@ -340,6 +346,8 @@ class _Dual:
             and (deadline is None or deadline - time.perf_counter() > _PRICED_SETUP_FACTOR * self.setup_s)
         ):
             self.stop_sweeping()
+            if not self.options.deterministic:
+                self._retired.add(id(self.runs[0]))
             self.runs.append(DiffusionBound(self.reduced, best.price))
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
@@ -353,17 +361,16 @@ class _Dual:
 
         Decodes follow every :data:`_CHUNK` sweeps; time for one more decode is kept
         before the deadline; after two rounds only the run with the higher bound goes
-        on.  One run without prices, off the deterministic path, sweeps in a thread of
-        its own (:meth:`_advance_in_parallel`)."""
+        on.  Off the deterministic path every run sweeps in a thread of its own
+        (:meth:`_advance_in_parallel`)."""
         deterministic = self.options.deterministic
         if not deterministic:
-            # one run without prices (no decode reprices it) sweeps in a thread
             self.start_sweeping(deadline)
-        if self.sweeper is not None:
+        if self.sweepers:
             self._advance_in_parallel(deadline, target_gap)
             return
         while True:
-            live = [r for r in self.runs if not r.converged]
+            live = [r for r in self.runs if not r.converged and id(r) not in self._retired]
             if deterministic:
                 live = [r for r in live if r.sweeps < _DETERMINISTIC_SWEEPS]
             if self.rounds >= _MAX_ROUNDS:
@@ -385,39 +392,65 @@ class _Dual:
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
     def start_sweeping(self, deadline: float) -> None:
-        """Sweep the one run without prices in a thread of its own until ``deadline``
-        (e.g. while the heuristic runs); :meth:`advance` then decodes what it reaches."""
-        if self.sweeper is None and len(self.runs) == 1 and not self.runs[0].price.any():
-            self.sweeper = _Sweeper(self.runs[0], deadline)
+        """Sweep every run that is not converged nor sweeping yet in a thread of its own
+        until ``deadline`` (e.g. while the heuristic runs); :meth:`advance` then decodes
+        what they reach."""
+        for run in self.runs:
+            if id(run) in self._retired or run.converged:
+                continue
+            if all(s.run is not run for s in self.sweepers):
+                self.sweepers.append(_Sweeper(run, deadline, self._fresh))
 
     def _advance_in_parallel(self, deadline: float, target_gap: float) -> None:
-        """:meth:`advance` while the run sweeps in its own thread (compiled, without the
-        interpreter lock): this one decodes the latest state every :data:`_CHUNK` sweeps
-        and runs the heuristic's descent, so both cores of a small machine work."""
-        sweeper = self.sweeper
-        assert sweeper is not None
-        decoded = -1
+        """:meth:`advance` while the runs sweep in threads of their own (compiled, without
+        the interpreter lock): this one decodes each run's latest state every
+        :data:`_CHUNK` sweeps (new memory prices go to the run's thread, which applies
+        them between chunks) and runs the heuristic's descent, so both cores of a small
+        machine work.  After two decodes only the run with the higher bound goes on."""
+        decoded: dict[int, int] = {}
         try:
-            while True:
-                state, done = sweeper.wait(deadline)
-                if state is not None and state[0] != decoded and time.perf_counter() < deadline:
-                    decoded = state[0]
-                    self._decode(sweeper.run, deadline, state=state[1], reverse_state=state[2])
-                    self.rounds += 1
-                    if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
-                        break
-                if done or time.perf_counter() >= deadline:
+            while self.sweepers:
+                self._fresh.wait(timeout=max(0.0, deadline - time.perf_counter()))
+                self._fresh.clear()
+                for sweeper in list(self.sweepers):
+                    state, done = sweeper.latest()
+                    if state is not None and state[0] != decoded.get(id(sweeper)):
+                        if time.perf_counter() >= deadline:
+                            break
+                        decoded[id(sweeper)] = state[0]
+                        self._decode(sweeper.run, deadline, state=state[1], reverse_state=state[2])
+                        self.rounds += 1
+                    if done:
+                        self._stop(sweeper)
+                if self.best.feasible and _relative_gap(self.best.cost, self.lower) <= target_gap:
+                    break
+                if self.rounds >= 2 and len(self.sweepers) > 1:
+                    lowest = min(self.sweepers, key=lambda s: s.run.value)
+                    self._retired.add(id(lowest.run))
+                    self._stop(lowest)
+                if time.perf_counter() >= deadline:
                     break
         finally:
             self.stop_sweeping()
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
     def stop_sweeping(self) -> None:
-        """Stop the sweeping thread, if any, after its current pass (its run keeps every
-        sweep it made); re-raise what stopped it."""
-        if self.sweeper is not None:
-            sweeper, self.sweeper = self.sweeper, None
-            sweeper.stop()
+        """Stop every sweeping thread after its current pass (each run keeps every sweep it
+        made); re-raise what stopped one."""
+        while self.sweepers:
+            self._stop(self.sweepers[-1])
+
+    def _stop(self, sweeper: _Sweeper) -> None:
+        self.sweepers.remove(sweeper)
+        sweeper.stop()
+
+    def _reprice(self, run: DiffusionBound, price: np.ndarray) -> None:
+        """Give ``run`` new memory prices: through its thread when it sweeps in one."""
+        for sweeper in self.sweepers:
+            if sweeper.run is run:
+                sweeper.reprice(price)
+                return
+        run.reprice(price)
 
     def _decode(
         self,
@@ -454,8 +487,8 @@ class _Dual:
         if run.price.any() and self.reduced.budget_bytes is not None:
             over = np.array(memory) > self.reduced.budget_bytes
             floor = float(run.price.max())
-            run.reprice(
-                np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
+            self._reprice(
+                run, np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
             )
         # the compiled part: what the deadline keeps free for the next decode
         self.decode_s = time.perf_counter() - began
@@ -487,17 +520,21 @@ snapshot between its two passes (the state to decode in the backward pass's orde
 
 class _Sweeper:
     """A thread that sweeps ``run`` :data:`_CHUNK` sweeps at a time until ``deadline``,
-    convergence or :meth:`stop`, publishing a :data:`_State` after each chunk.  Only this
-    thread touches the run meanwhile; readers take snapshots."""
+    convergence (a priced run: until new prices un-converge it) or :meth:`stop`,
+    publishing a :data:`_State` after each chunk (and setting ``fresh``).  Only this
+    thread touches the run meanwhile: readers take snapshots, and new prices
+    (:meth:`reprice`) wait for the end of a chunk."""
 
-    def __init__(self, run: DiffusionBound, deadline: float) -> None:
+    def __init__(self, run: DiffusionBound, deadline: float, fresh: threading.Event) -> None:
         self.run = run
         self.deadline = deadline
         self._lock = threading.Lock()
-        self._fresh = threading.Event()
+        self._fresh = fresh
         self._finished = threading.Event()
         self._stop = threading.Event()
         self._latest: _State | None = None
+        self._price: np.ndarray | None = None
+        self._priced = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._sweep, name="trws-sweeps", daemon=True)
         self._thread.start()
@@ -505,7 +542,14 @@ class _Sweeper:
     def _sweep(self) -> None:
         run = self.run
         try:
-            while not self._stop.is_set() and not run.converged and time.perf_counter() < self.deadline:
+            while not self._stop.is_set() and time.perf_counter() < self.deadline:
+                self._apply_price()
+                if run.converged:
+                    if not run.price.any():
+                        break  # nothing will move it again
+                    # a priced run waits for the prices of the decode of its last state
+                    self._priced.wait(timeout=max(0.0, self.deadline - time.perf_counter()))
+                    continue
                 between: list[tuple[np.ndarray, np.ndarray]] = []
                 run.run(_CHUNK, self.deadline, between=partial(_take_snapshot, run, between))
                 state = (run.sweeps, run.snapshot(), between[0] if between else None)
@@ -518,17 +562,29 @@ class _Sweeper:
             self._finished.set()
             self._fresh.set()
 
-    def wait(self, deadline: float) -> tuple[_State | None, bool]:
-        """The latest state once a new one is out (or at ``deadline``), and whether the
-        thread has finished."""
-        self._fresh.wait(timeout=max(0.0, deadline - time.perf_counter()))
-        self._fresh.clear()
+    def _apply_price(self) -> None:
+        with self._lock:
+            price, self._price = self._price, None
+            self._priced.clear()
+        if price is not None:
+            self.run.reprice(price)
+
+    def reprice(self, price: np.ndarray) -> None:
+        """New memory prices for the run, applied before its next chunk (or at :meth:`stop`)."""
+        with self._lock:
+            self._price = price
+            self._priced.set()
+
+    def latest(self) -> tuple[_State | None, bool]:
+        """The latest state published, and whether the thread has finished."""
         with self._lock:
             return self._latest, self._finished.is_set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._priced.set()
         self._thread.join()
+        self._apply_price()
         if self._failure is not None:
             raise self._failure
 

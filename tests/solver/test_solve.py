@@ -1,4 +1,6 @@
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 
 import autopar_solver.solve as solve_module
 from autopar.errors import VerificationError
+from autopar_solver.bounds import DiffusionBound
 from autopar_solver.options import PHASES, SolverOptions
 from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible
 from autopar_solver.reductions import reduce_problem
@@ -183,11 +186,44 @@ def test_sweeps_in_a_second_thread_give_a_true_bound_and_a_verified_plan(problem
     assert solution.objective >= best - 1e-9 * max(1.0, abs(best))
 
 
+@settings(max_examples=30, deadline=None)
+@given(problems(memory=True))
+def test_a_priced_run_sweeping_in_a_thread_gives_a_true_bound_and_a_verified_plan(problem):
+    # memory rows: the heuristic's prices start a priced run that sweeps in a thread of its
+    # own; decodes send it new prices, which it applies between chunks
+    options = SolverOptions(time_limit_s=2, workers=1, relative_gap=0.0, max_model_vars=0)
+    solution = solve(problem, options)
+    best, _ = brute_force(problem)
+    if math.isinf(best):
+        assert solution.status == "infeasible" or not solution.ok
+        return
+    assert solution.ok and is_feasible(problem, solution.choices)
+    assert solution.objective == evaluate(problem, solution.choices)[0]
+    assert solution.bound <= best + 1e-9 * max(1.0, abs(best))
+    assert solution.objective >= best - 1e-9 * max(1.0, abs(best))
+
+
+def test_a_sweeping_thread_applies_new_prices_between_chunks_and_at_stop():
+    problem = synthetic_problem(60, 6, seed=5)
+    run = DiffusionBound(problem, np.zeros(len(problem.memory_rows)))
+    sweeper = solve_module._Sweeper(run, time.perf_counter() + 30, threading.Event())
+    price = np.full(len(problem.memory_rows), 1e-12)
+    sweeper.reprice(price)
+    sweeper.stop()
+    assert np.array_equal(run.price, price)
+    # the bound it keeps is a true one for the priced problem: at most any plan's Lagrangian
+    plan = solve(problem, SolverOptions(time_limit_s=2, workers=1)).choices
+    cost, memory = evaluate(problem, plan)
+    assert run.value <= cost + float(price @ (np.array(memory) - problem.budget_bytes)) + 1e-12
+
+
 def test_the_parallel_dual_sweeps_and_decodes_on_a_big_problem():
     problem = synthetic_problem(400, 12, seed=3)
     options = SolverOptions(time_limit_s=4, workers=1, relative_gap=0.0, max_model_vars=0, reductions=False)
     solution = solve(problem, options)
     dual = solution.stats["dual"]
     assert dual["sweeps"][0] > 0 and dual["decodes"] > 0
+    # memory binds: a priced run sweeps too (in its own thread), past the first one's sweeps
+    assert len(dual["sweeps"]) == 2 and dual["sweeps"][1] > 0
     assert solution.bound <= solution.objective
     assert solution.objective == evaluate(problem, solution.choices)[0]
