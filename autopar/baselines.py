@@ -6,7 +6,11 @@
   every other op takes, in topological order, the signature with the least
   input boxing plus compute, where a partial sum (``P``) may only come out of a
   tensor-parallel matmul or flow towards a weight gradient, so partial sums are
-  all-reduced as soon as they are used, as in Megatron.
+  all-reduced as soon as they are used, as in Megatron: input gradients are
+  summed as partial sums only within one Megatron linear (fused QKV, key/value,
+  gated fc1), each linear's all-reduced at its producer; constants are computed
+  whole on every rank; weight gradients keep their parameter's
+  tensor-parallel layout.
 * ``inferred``: OneFlow's SBP inference as LiBai uses it: the same parameter
   layout, and every other op picks, in topological order, what OneFlow 0.9's
   greedy inference picks (:mod:`autopar.oneflow_inference`: its candidate
@@ -70,6 +74,8 @@ MATMUL_OPS = frozenset({"matmul", "broadcast_matmul", "fused_matmul_bias", "batc
 EMBEDDING_OPS = frozenset({"gather", "embedding"})
 SUM_OPS = frozenset({"add_n", "add", "broadcast_add"})
 """Ops that sum their inputs: partial sums in, partial sum out (no reduction needed yet)."""
+PASS_THROUGH_OPS = frozenset({"cast", "identity", "amp_white_identity"})
+"""Ops that hand their input on unchanged (a gradient keeps the linears it sums)."""
 VOCAB_PARALLEL_RATIO = 8
 """An embedding table with at least this many rows per column is a vocabulary (vocab-parallel)."""
 
@@ -80,10 +86,34 @@ class _Structure:
 
     param_source: dict[str, str]  # tensor -> variable op, through casts/identities
     grad_path: frozenset[str]  # tensors that flow only into weight gradients
+    grad_feeds: frozenset[str]  # backward tensors read only to produce weight gradients
 
 
 def _structure(graph: Graph) -> _Structure:
-    return _Structure(parameter_sources(graph), weight_gradient_path(graph))
+    path = weight_gradient_path(graph)
+    return _Structure(parameter_sources(graph), path, _weight_gradient_feeds(graph, path))
+
+
+def _weight_gradient_feeds(graph: Graph, path: frozenset[str]) -> frozenset[str]:
+    """Backward tensors read only by ops that produce weight gradients (``path``) and
+    nothing else: a position table's gradient summed over the batch before its
+    scatter-add.  Data-parallel training keeps these partial over the batch until the
+    gradient's reduction, as it does the weight gradient itself."""
+    feeds = set()
+    for op in graph.ops:
+        if op.role is not Role.BACKWARD:
+            continue
+        for t in op.outputs.values():
+            consumers = [graph.op_by_name[c] for c, _ in graph.consumers.get(t, [])]
+            if (
+                t not in path
+                and consumers
+                and all(
+                    c.role is Role.BACKWARD and all(o in path for o in c.outputs.values()) for c in consumers
+                )
+            ):
+                feeds.add(t)
+    return frozenset(feeds)
 
 
 def _weight_input(op: Op, st: _Structure) -> str | None:
@@ -165,11 +195,25 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
       is split by heads (dim 1);
     * a 1-D bias added to a column-parallel output is split; everything else ``B``.
     """
+    return _megatron_layout(graph, mesh)[0]
+
+
+def _megatron_layout(graph: Graph, mesh: Mesh) -> tuple[dict[str, NdSbp], dict[str, int]]:
+    """:func:`megatron_parameter_layout`, and each column-parallel weight's Megatron linear.
+
+    The second map takes a column-parallel variable to the id of the one linear
+    Megatron-LM makes of it and its siblings: column-parallel matmuls that read
+    the same activation and whose outputs meet before the next weight matmul or
+    norm are one fused linear (Q, K, V as ``query_key_value``; a cross-attention's
+    K, V as ``key_value``; ``wi_0``, ``wi_1`` as the gated ``dense_h_to_4h``).
+    Megatron-LM all-reduces the input gradient once per such linear
+    (``copy_to_tensor_model_parallel_region``, megatron/core/tensor_parallel/mappings.py).
+    """
     ndim = mesh.ndim
     replicated = NdSbp(tuple(B for _ in range(ndim)))
     layout: dict[str, NdSbp] = {v.op: replicated for v in graph.variables}
     if ndim < 2 or mesh.shape[-1] == 1:
-        return layout
+        return layout, {}
     st = _structure(graph)
     tp = ndim - 1
 
@@ -178,6 +222,7 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
 
     column_outputs: set[str] = set()
     region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
+    columns: list[tuple[str, str, set[str]]] = []  # (variable, activation read, forward region)
     tables: list[tuple[str, str, tuple[int, ...]]] = []  # (variable, gathered tensor, table shape)
     for op in graph.topological_order:
         if op.role is not Role.FORWARD:
@@ -217,7 +262,9 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
         layout[var] = tp_split(dim)
         if column:
             column_outputs.add(out)
-            region |= _forward_region(graph, out, st)
+            reach = _forward_region(graph, out, st)
+            region |= reach
+            columns.extend((var, t, reach) for t in activation)
     # a per-head table (T5's relative position bias [buckets, heads]) whose gathered
     # values are added to head-split attention scores is split by heads, as each
     # tensor-parallel rank adds only its heads' slice of the bias (NeMo's Megatron T5,
@@ -239,7 +286,27 @@ def megatron_parameter_layout(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
                 n = graph.tensors[t].shape[0]
                 if n % mesh.shape[tp] == 0:
                     layout[st.param_source[t]] = tp_split(0)
-    return layout
+    return layout, _fused_linears(columns)
+
+
+def _fused_linears(columns: list[tuple[str, str, set[str]]]) -> dict[str, int]:
+    """Column-parallel variable -> fused-linear id: variables whose matmuls read the same
+    activation and whose forward regions meet share an id (union-find)."""
+    parent = {var: var for var, _, _ in columns}
+
+    def find(v: str) -> str:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for i, (var_a, act_a, reach_a) in enumerate(columns):
+        for var_b, act_b, reach_b in columns[i + 1 :]:
+            if act_a == act_b and not reach_a.isdisjoint(reach_b):
+                parent[find(var_b)] = find(var_a)
+    roots = sorted({find(v) for v in parent})
+    ids = {root: i for i, root in enumerate(roots)}
+    return {var: ids[find(var)] for var in parent}
 
 
 def _batch_size(graph: Graph) -> int | None:
@@ -287,6 +354,7 @@ def baseline_plan(
     tp_axis = ndim - 1 if ndim >= 2 else None
     batch = _batch_size(graph)
 
+    fused: dict[str, int] = {}
     if kind is BaselineKind.SINGLE_DEVICE:
         var_layout = {v.op: replicated for v in graph.variables}
         data = replicated
@@ -294,7 +362,7 @@ def baseline_plan(
         var_layout = {v.op: replicated for v in graph.variables}
         data = NdSbp(tuple(S(0) for _ in range(ndim)))
     else:
-        var_layout = megatron_parameter_layout(graph, mesh)
+        var_layout, fused = _megatron_layout(graph, mesh)
         data = NdSbp(tuple(B if a == tp_axis else S(0) for a in range(ndim)))
 
     lowering = runtime_profile(runtime).lowering.value
@@ -322,6 +390,8 @@ def baseline_plan(
                     if len(graph.consumers.get(t, [])) > 1:
                         return False
                     continue
+                if t in st.grad_feeds and axis != tp_axis:
+                    continue  # partial over the batch until the gradient's reduction
                 if axis == tp_axis and (
                     (op.type in MATMUL_OPS or op.type in EMBEDDING_OPS) and _weight_input(op, st) is not None
                 ):
@@ -341,10 +411,30 @@ def baseline_plan(
                     and op.type in SUM_OPS
                     and all(isinstance(s[axis], Partial) for s in sig.inputs)
                     and all(isinstance(tensor_sbp[i][axis], Partial) for i in op.inputs.values())
+                    and len(set().union(*(linears.get(i, ()) for i in op.inputs.values()))) <= 1
                 ):
-                    # summing tp partial sums (the input gradients of separate Q, K, V
-                    # projections) before the one all-reduce, as Megatron's fused QKV does
+                    # summing tp partial sums of one Megatron linear (the input gradients
+                    # of separate Q, K, V projections) before its one all-reduce, as
+                    # Megatron's fused QKV does; the input gradients of different linears
+                    # (a T5 encoder output read by every decoder layer's key/value) are
+                    # each all-reduced at their producer, as Megatron's
+                    # copy_to_tensor_model_parallel_region does per linear
                     continue
+                return False
+        return True
+
+    def keeps_gradient_layout(op: Op, sig: Signature) -> bool:
+        """A weight gradient is not split on the tensor-parallel axis unless its parameter
+        is, and then as the parameter: Megatron computes a replicated norm or position
+        table's gradient whole on every tensor-parallel rank, never a slice to gather
+        again before the update.  (A partial sum may still flow into a norm's weight
+        gradient, :func:`allowed_partial`: it reads the activation gradient before its
+        all-reduce, which per-edge pricing would otherwise charge twice.)"""
+        if tp_axis is None:
+            return True
+        for t, out in zip(op.outputs.values(), sig.outputs):
+            want = grad_layout.get(t)
+            if want is not None and isinstance(out[tp_axis], Split) and out[tp_axis] != want[tp_axis]:
                 return False
         return True
 
@@ -364,13 +454,21 @@ def baseline_plan(
     if kind is BaselineKind.INFERRED:
         return _inferred_plan(graph, mesh, zero_stage, var_layout, data, batch, rules, runtime)
 
+    grad_layout = _gradient_layouts(graph, var_layout, st) if kind is BaselineKind.MEGATRON else {}
     chosen: dict[str, Signature] = {}
     tensor_sbp: dict[str, NdSbp] = {}
+    linears: dict[str, frozenset[int]] = {}  # backward tensor -> the linears whose input gradient it sums
     for op in graph.topological_order:
+        linears.update(_input_gradient_linears(op, st, fused, linears))
         ctx = rule_context(graph, op, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value)
         sigs, _ = op_signatures(rules, ctx)
         sig: Signature | None = None
-        if op.name in var_layout or op.type in ("variable", "input"):
+        if (
+            op.name in var_layout
+            or op.type in ("variable", "input")
+            or (kind is BaselineKind.MEGATRON and not op.inputs)
+        ):
+            # Megatron computes constants (position ids, causal masks) whole on every rank
             sig = _closest(sigs, _source_layout(graph, op, var_layout, data, batch, replicated))
         elif kind is BaselineKind.SINGLE_DEVICE:
             sig = min(sigs, key=lambda s: sum(v != B for p in (*s.inputs, *s.outputs) for v in p))
@@ -385,7 +483,11 @@ def baseline_plan(
                     matching = [s for s in sigs if s.inputs[i] == want]
                     candidates = matching or sigs
             elif kind is not BaselineKind.INFERRED:
-                filtered = [s for s in candidates if allowed_partial(op, s) and resolves_partial(op, s)]
+                filtered = [
+                    s
+                    for s in candidates
+                    if allowed_partial(op, s) and resolves_partial(op, s) and keeps_gradient_layout(op, s)
+                ]
                 candidates = filtered or candidates
             rule = rules.get(op.type)
             # Megatron keeps every layout it receives unless it must change it: score by
@@ -423,6 +525,45 @@ def baseline_plan(
         source=f"baseline:{kind.value}",
         runtime=runtime_profile(runtime).name,
     )
+
+
+def _gradient_layouts(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure) -> dict[str, NdSbp]:
+    """Tensor on a weight gradient's path (:func:`autopar.optimizer.weight_gradient_path`:
+    back from the gradient while the shape stays the parameter's) -> its parameter's layout."""
+    layouts: dict[str, NdSbp] = {}
+    for v in graph.variables:
+        if not v.grad or v.op not in var_layout:
+            continue
+        shape = graph.tensors[v.grad].shape
+        stack = [v.grad]
+        while stack:
+            t = stack.pop()
+            if t in layouts or t in st.param_source or t not in st.grad_path:
+                continue
+            if graph.tensors[t].shape != shape:
+                continue
+            layouts[t] = var_layout[v.op]
+            stack.extend(graph.op_by_name[graph.producer[t][0]].inputs.values())
+    return layouts
+
+
+def _input_gradient_linears(
+    op: Op, st: _Structure, fused: dict[str, int], linears: dict[str, frozenset[int]]
+) -> dict[str, frozenset[int]]:
+    """The Megatron linears (:func:`_megatron_layout` ids) whose input gradient ``op``'s
+    outputs hold: a backward matmul reading a column-parallel weight yields that
+    linear's input gradient; a sum, cast or identity carries its inputs' linears."""
+    if op.role is not Role.BACKWARD:
+        return {}
+    ids: frozenset[int] = frozenset()
+    wport = _weight_input(op, st)
+    if op.type in MATMUL_OPS and wport is not None:
+        var = st.param_source[op.inputs[wport]]
+        if var in fused:
+            ids = frozenset({fused[var]})
+    elif op.type in SUM_OPS or op.type in PASS_THROUGH_OPS:
+        ids = frozenset().union(*(linears.get(t, frozenset()) for t in op.inputs.values()))
+    return dict.fromkeys(op.outputs.values(), ids) if ids else {}
 
 
 def _source_layout(

@@ -20,10 +20,12 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    relative position bias adds no traffic: NeMo's Megatron T5 adds each
    rank's heads' slice of it (``CoreAttention.forward`` in NeMo's
    ``megatron/attention.py``), which the baseline lays out as the bias table
-   split by heads.  For T5 a second count, ``hand (graph)``, sums the decoder's
-   cross-attention key/value input gradients before one all-reduce, as the
-   graph allows (one ``add_n`` gathers them all) and the baseline does;
-   Megatron-LM issues one all-reduce per decoder layer instead;
+   split by heads.  For T5 a second count, ``hand (graph)``, applies the same
+   rule to the graph's own linears: its cross-attention has separate ``k`` and
+   ``v`` projections, so Megatron-LM's per-linear all-reduce is 2 per decoder
+   layer there (the baseline all-reduces each column-parallel linear's input
+   gradient at its producer, and sums partial sums only within one Megatron
+   linear); Megatron-LM's fused ``key_value`` issues 1;
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory;
@@ -40,6 +42,12 @@ same hand counts.  Bytes are counted as OneFlow boxes them, once per tensor and
 destination layout (``evaluate(..., group_boxing=True)``; an imported job reads
 one tensor from several consumers, e.g. ``rms_norm_grad`` and
 ``rms_norm_param_grad``, where the built-in graphs have one).
+
+With ``--imported-gpt JOB.pb`` (OneFlow 0.9 needed) it prints only the
+``megatron`` baseline's tensor-parallel bytes on an imported ``gpt-tiny`` job
+(``tests/oneflow/_build_jobs.py``: batch 8, sequence 32, hidden 64, 2 layers,
+fp32, mesh [2, 2], ZeRO-2 job planned at ZeRO-0, boxed as OneFlow groups) against
+the hand count.
 
 With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
 signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
@@ -66,17 +74,30 @@ from autopar.models import build
 from benchmarks.seed_replay import print_replay, replay
 
 GIB = 1024**3
+SMALL_COUNT_BYTES = 10e6
+"""Below this hand count, bytes are printed with 4 decimals of a megabyte instead of 1."""
 
 
-def hand_count_tp_bytes(graph: Graph, mesh: Mesh, *, summed_cross_attention: bool = False) -> float:
+MEGATRON_CROSS_KV_LINEARS = 1
+"""Column-parallel linears per decoder layer on the encoder output in Megatron-LM's T5:
+one fused ``key_value`` (legacy ``ParallelAttention``; ``linear_kv`` in megatron/core
+``CrossAttention``; LiBai's ``MultiheadAttention.key_value``)."""
+SEPARATE_CROSS_KV_LINEARS = 2
+"""The same in a graph with separate ``k`` and ``v`` projections (HF T5, autopar's
+built-in mt5, examples/oneflow/mt5.py)."""
+
+
+def hand_count_tp_bytes(
+    graph: Graph, mesh: Mesh, *, cross_kv_linears: int = MEGATRON_CROSS_KV_LINEARS
+) -> float:
     """Megatron-LM's tensor-parallel bytes per device for one step of a built-in model graph
     (its ``meta``: family and config); see :func:`hand_count`."""
     meta = graph.meta or {}
-    return hand_count(meta["family"], meta["config"], mesh, summed_cross_attention=summed_cross_attention)
+    return hand_count(meta["family"], meta["config"], mesh, cross_kv_linears=cross_kv_linears)
 
 
 def hand_count(
-    family: str, cfg: Mapping[str, Any], mesh: Mesh, *, summed_cross_attention: bool = False
+    family: str, cfg: Mapping[str, Any], mesh: Mesh, *, cross_kv_linears: int = MEGATRON_CROSS_KV_LINEARS
 ) -> float:
     """Megatron-LM's tensor-parallel bytes per device for one step (see the module docstring).
 
@@ -84,9 +105,9 @@ def hand_count(
     ``encoder_seq`` / ``decoder_seq`` / ``encoder_layers`` / ``decoder_layers``,
     else ``seq`` / ``layers``.  Bytes = ``2 (tp-1)/tp`` (ring all-reduce) x the
     bytes of every all-reduced activation ``b/dp x s x h x itemsize``.
-    ``summed_cross_attention``: a T5 decoder's cross-attention key/value input
-    gradients are summed over the layers before one all-reduce instead of one
-    all-reduce per layer.
+    ``cross_kv_linears``: all-reduces per T5 decoder layer of the cross-attention's
+    input gradient on the encoder output, one per column-parallel linear reading
+    it (Megatron-LM: 1, the fused ``key_value``).
     """
     dp, tp = mesh.shape[0], mesh.shape[-1]
     itemsize = DTYPE_BYTES[cfg.get("dtype", "float16")]
@@ -96,7 +117,7 @@ def hand_count(
     if family == "t5":
         enc = b * cfg["encoder_seq"] * h * itemsize
         dec = b * cfg["decoder_seq"] * h * itemsize
-        cross = enc if summed_cross_attention else cfg["decoder_layers"] * enc
+        cross = cross_kv_linears * cfg["decoder_layers"] * enc
         blocks = cfg["encoder_layers"] * 4 * enc + cfg["decoder_layers"] * 6 * dec + cross
         embedding = enc + dec  # the shared vocab-parallel embedding, once per stack
         head = dec  # LM head input gradient
@@ -110,7 +131,7 @@ def measure(model: str) -> dict[str, Any]:
     mesh = Mesh(Cluster.parse("2x4"), (4, 2))
     out: dict[str, Any] = {"model": model, "ops": len(graph.ops)}
     hand = hand_count_tp_bytes(graph, mesh)
-    hand_graph = hand_count_tp_bytes(graph, mesh, summed_cross_attention=True)
+    hand_graph = hand_count_tp_bytes(graph, mesh, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     rows = {}
     for runtime in ("oneflow-0.9", "ideal"):
         meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True)
@@ -160,13 +181,36 @@ def measure_imported(folder: Path) -> dict[str, Any]:
         "layers": result["layers"],
         "vocab": result.get("vocab"),
         "hand_tp_bytes": hand_count("t5", config, mesh),
-        "hand_tp_bytes_graph": hand_count("t5", config, mesh, summed_cross_attention=True),
+        "hand_tp_bytes_graph": hand_count("t5", config, mesh, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS),
         "runtimes": {},
     }
     for runtime in ("oneflow-0.9", "ideal"):
         plan = baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
         ev = evaluate(graph, plan, group_boxing=True)
         out["runtimes"][runtime] = ev.comm_bytes_per_axis[len(mesh.shape) - 1]
+    return out
+
+
+GPT_TINY = {"batch": 8, "seq": 32, "hidden": 64, "layers": 2, "dtype": "float32"}
+"""examples/oneflow/zoo.py ``gpt-tiny`` (GPTConfig.tiny, batch 8, sequence 32); CPU jobs are fp32."""
+GPT_TINY_MESH = ("1x4", (2, 2))
+"""The mesh tests/oneflow/_build_jobs.py builds on: 4 CPU ranks as [2, 2]."""
+
+
+def measure_imported_gpt(job: Path) -> dict[str, Any]:
+    """``megatron`` tensor-parallel bytes (ZeRO-0, grouped boxing) on an imported ``gpt-tiny`` job."""
+    from autopar.oneflow import import_job
+
+    graph = import_job(job, zero_stage=2)
+    mesh = Mesh(Cluster.parse(GPT_TINY_MESH[0]), GPT_TINY_MESH[1])
+    hand = hand_count("gpt", GPT_TINY, mesh)
+    out: dict[str, Any] = {"ops": len(graph.ops), "hand_tp_bytes": hand, "hand_tp_bytes_graph": hand}
+    out["runtimes"] = {
+        runtime: evaluate(
+            graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True
+        ).comm_bytes_per_axis[len(mesh.shape) - 1]
+        for runtime in ("oneflow-0.9", "ideal")
+    }
     return out
 
 
@@ -206,9 +250,10 @@ def _tp_bytes_line(runtime: str, got: float, counts: dict[str, Any]) -> str:
     """One runtime's megatron tp bytes against ``counts``' hand count (and the graph's, where
     it differs)."""
     hand, hand_graph = counts["hand_tp_bytes"], counts["hand_tp_bytes_graph"]
-    line = f"    {runtime:<12} {got / 1e6:9.1f} MB  hand {hand / 1e6:9.1f} MB  ratio {got / hand:.3f}"
+    d = 1 if hand >= SMALL_COUNT_BYTES else 4  # a tiny job's megabytes with more digits
+    line = f"    {runtime:<12} {got / 1e6:9.{d}f} MB  hand {hand / 1e6:9.{d}f} MB  ratio {got / hand:.3f}"
     if hand_graph != hand:
-        line += f"  hand (graph) {hand_graph / 1e6:.1f} MB  ratio {got / hand_graph:.3f}"
+        line += f"  hand (graph) {hand_graph / 1e6:.{d}f} MB  ratio {got / hand_graph:.3f}"
     return line
 
 
@@ -222,7 +267,17 @@ def main() -> None:
     ap.add_argument(
         "--inference-jobs", type=Path, help="measure the inference emulation on these OneFlow jobs"
     )
+    ap.add_argument("--imported-gpt", type=Path, help="only the megatron bytes on this gpt-tiny job")
     args = ap.parse_args()
+    if args.imported_gpt is not None:
+        gpt = measure_imported_gpt(args.imported_gpt)
+        print(f"imported OneFlow gpt-tiny job ({args.imported_gpt}: {gpt['ops']} ops, fp32), mesh [2, 2]")
+        print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
+        for runtime, got in gpt["runtimes"].items():
+            print(_tp_bytes_line(runtime, got, gpt))
+        if args.json:
+            Path(args.json).write_text(json.dumps(gpt, indent=1))
+        return
     if args.inference_jobs is not None:
         rows = inference_agreement(args.inference_jobs)
         print("OneFlow SBP inference emulated vs OneFlow's own choice (ZeRO-2, LiBai layout):")

@@ -2,11 +2,24 @@
 
 ``GPTConfig.tiny()`` is a 2-layer model for tests; ``GPTConfig.medium()`` is
 gpt2-medium (24 layers, hidden 1024, 16 heads, vocab padded to 50304).
+
+The fused ``c_attn`` output is laid out head-first by default (``qkv_layout="heads"``):
+``[b, s, heads, 3 * head_dim]``, each head's q, k, v side by side, as Megatron-LM's
+``query_key_value`` (``ParallelAttention``: view to ``[s, b, heads, 3 * head_dim]``, then
+``split_tensor_along_last_dim``) and LiBai's ``MultiheadAttention`` (view to
+``[b, s, heads, 3 * head_size]``, permute, ``flow.chunk(3, dim=-1)``) lay it out.  A
+column-parallel split of the weight's output dimension is then a split by heads.
+``qkv_layout="hf"`` is Hugging Face GPT-2's ``[q | k | v]`` (each a ``[heads, head_dim]``
+block): there a split of the output dimension gives a rank q's heads but another rank's
+k and v, so the head split attention needs is an all-to-all away from it, and Megatron's
+scheme (no communication between the QKV projection and the attention output) has no
+SBP on that graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import oneflow as flow
@@ -24,6 +37,8 @@ class GPTConfig:
     dropout_rate: float = 0.0
     fused_layer_norm: bool = False
     """Emit OneFlow's ``layer_norm`` op (CUDA kernels only) instead of the CPU composite."""
+    qkv_layout: Literal["heads", "hf"] = "heads"
+    """The fused QKV output's layout: head-first as Megatron-LM and LiBai, or HF's [q | k | v]."""
 
     @classmethod
     def medium(cls, **overrides: object) -> GPTConfig:
@@ -44,9 +59,15 @@ class Attention(nn.Module):
     def forward(self, x: flow.Tensor) -> flow.Tensor:
         b, s, h = x.shape
         heads = self.config.heads
-        qkv = self.c_attn(x).reshape(b, s, 3, heads, h // heads)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        scores = flow.matmul(q, k.transpose(2, 3)) * (1.0 / (h // heads) ** 0.5)
+        head_dim = h // heads
+        if self.config.qkv_layout == "heads":
+            # [b, s, heads, 3 * head_dim] -> [b, heads, s, 3 * head_dim], then q | k | v per head
+            qkv = self.c_attn(x).reshape(b, s, heads, 3 * head_dim).permute(0, 2, 1, 3)
+            q, k, v = flow.chunk(qkv, chunks=3, dim=-1)
+        else:
+            qkv = self.c_attn(x).reshape(b, s, 3, heads, head_dim)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        scores = flow.matmul(q, k.transpose(2, 3)) * (1.0 / head_dim**0.5)
         weights = flow.softmax(scores + causal_mask(s, s, x), dim=-1)
         out = flow.matmul(weights, v).transpose(1, 2).reshape(b, s, h)
         return self.c_proj(out)

@@ -4,7 +4,9 @@
 the arrays (as tensors) and returns the mean loss.  Names: ``mt5-tiny``,
 ``mt5-base`` (12+12 layers, hidden 768; ``batch``/``seq`` default 16 / 512,128),
 ``gpt-tiny``, ``bert-tiny``; ``fused=True`` emits OneFlow's fused norm ops
-(CUDA kernels only: build and export, do not run on CPU).
+(CUDA kernels only: build and export, do not run on CPU).  ``qkv_layout`` (GPT
+only): the fused QKV output's layout, ``"heads"`` (Megatron-LM / LiBai, the
+default) or ``"hf"`` (see ``gpt.py``).
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ def build(
     fused: bool = False,
     identity_reads: bool = False,
     vocab: int | None = None,
+    qkv_layout: str | None = None,
 ) -> tuple[Any, list[np.ndarray]]:
     """Module and example inputs of model ``name`` (``seed=None``: parameters left uninitialised).
 
     ``identity_reads`` reads parameters through ``identity`` ops (needed to run
     multi-rank jobs on CPU, see ``oflayers``).
     """
-    module, arrays = _build(name, seed, batch, seq, decoder_seq, layers, fused, vocab)
+    module, arrays = _build(name, seed, batch, seq, decoder_seq, layers, fused, vocab, qkv_layout)
     return set_identity_reads(module, identity_reads), arrays
 
 
@@ -50,9 +53,12 @@ def _build(
     layers: int | None,
     fused: bool,
     vocab: int | None = None,
+    qkv_layout: str | None = None,
 ) -> tuple[Any, list[np.ndarray]]:
     if vocab is not None and name not in ("mt5-tiny", "mt5-base"):
         raise ValueError(f"vocab is an MT5 option; {name!r} has its own")
+    if qkv_layout is not None and name != "gpt-tiny":
+        raise ValueError(f"qkv_layout is a GPT option; {name!r} has separate q, k, v")
     if name in ("mt5-tiny", "mt5-base"):
         overrides: dict[str, Any] = {"fused_rms_norm": fused}
         if vocab is not None:
@@ -69,7 +75,14 @@ def _build(
         )
         return mt5.MT5ForConditionalGeneration(config, seed=seed), list(arrays)
     if name == "gpt-tiny":
-        gconfig = gpt.GPTConfig.tiny(fused_layer_norm=fused, **({"layers": layers} if layers else {}))
+        goverrides: dict[str, Any] = {"fused_layer_norm": fused}
+        if layers:
+            goverrides.update(layers=layers)
+        if qkv_layout is not None:
+            if qkv_layout not in ("heads", "hf"):
+                raise ValueError(f"unknown qkv_layout {qkv_layout!r}; choose 'heads' or 'hf'")
+            goverrides.update(qkv_layout=qkv_layout)
+        gconfig = gpt.GPTConfig.tiny(**goverrides)
         return gpt.GPTLMHeadModel(gconfig, seed=seed), list(
             gpt.example_inputs(gconfig, batch or 8, seq or 32)
         )

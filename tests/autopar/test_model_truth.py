@@ -223,38 +223,51 @@ def test_megatron_tensor_parallel_bytes_match_megatron_lm_by_hand():
         assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05), runtime
 
 
-def test_megatron_t5_bytes_match_the_hand_count_and_the_position_bias_is_split_by_heads():
-    """T5: 4 all-reduces per encoder block, 6 per decoder block, the cross-attention key/value
-    input gradients summed over the decoder before one all-reduce (one ``add_n`` in the
-    graph; Megatron-LM issues one per layer), the shared vocab-parallel embedding once per
-    stack and the LM head once.  The relative position bias moves nothing: its table is
-    split by heads, as each tensor-parallel rank adds only its heads' slice."""
-    from autopar.baselines import megatron_parameter_layout
-    from benchmarks.model_truth import hand_count_tp_bytes
+def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_position_bias_by_heads():
+    """T5: 4 all-reduces per encoder block, 6 per decoder block, the shared vocab-parallel
+    embedding once per stack, the LM head once, and one backward all-reduce per
+    column-parallel linear reading the encoder output, at its producer (Megatron-LM's
+    ``copy_to_tensor_model_parallel_region``), although the graph sums all of them in one
+    ``add_n``: partial sums are summed only within one Megatron linear (Q, K, V of an
+    attention; the cross-attention's K, V; wi_0, wi_1).  This graph's cross-attention has
+    separate ``k`` and ``v`` linears, so that is 2 per decoder layer, one more encoder-output
+    all-reduce per decoder layer than Megatron-LM's fused ``key_value``.  The relative
+    position bias moves nothing: its table is split by heads, as each tensor-parallel rank
+    adds only its heads' slice."""
+    from autopar.baselines import _megatron_layout
+    from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes
 
+    decoder_layers, batch, encoder_seq, hidden = 2, 16, 64, 256
     g = build(
         "mt5-base",
         encoder_layers=2,
-        decoder_layers=2,
-        batch=16,
-        encoder_seq=64,
+        decoder_layers=decoder_layers,
+        batch=batch,
+        encoder_seq=encoder_seq,
         decoder_seq=32,
-        hidden=256,
+        hidden=hidden,
         heads=4,
         d_kv=64,
         ffn=512,
         vocab=4096,
     )
-    layout = megatron_parameter_layout(g, MESH)
+    layout, fused = _megatron_layout(g, MESH)
     tables = [name for name in layout if "relative_attention_bias" in name]
     assert tables and all(str(layout[name]) == "(B, S(1))" for name in tables)
+    # one Megatron linear per attention's Q/K/V, per cross-attention's K/V, per gated wi_0/wi_1
+    for i in range(decoder_layers):
+        cross = f"decoder.layers.{i}.cross_attn"
+        assert fused[f"{cross}.k.weight"] == fused[f"{cross}.v.weight"] != fused[f"{cross}.q.weight"]
+        assert fused[f"{cross}.k.weight"] != fused[f"decoder.layers.{1 - i}.cross_attn.k.weight"]
+        mlp = f"decoder.layers.{i}.mlp"
+        assert fused[f"{mlp}.wi_0.weight"] == fused[f"{mlp}.wi_1.weight"]
     ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime="ideal"))
-    hand = hand_count_tp_bytes(g, MESH, summed_cross_attention=True)
-    assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05)
-    # Megatron-LM's own count differs by one all-reduce of the encoder output per extra decoder layer
-    per_layer = hand_count_tp_bytes(g, MESH) - hand
-    enc = 16 // MESH.shape[0] * 64 * 256 * DTYPE_BYTES["float16"]
-    assert per_layer == pytest.approx((2 - 1) * enc)  # 2 (tp-1)/tp = 1 for tp = 2
+    per_linear = hand_count_tp_bytes(g, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
+    assert ev.comm_bytes_per_axis[1] == pytest.approx(per_linear, rel=0.01)
+    # Megatron-LM's fused key_value: one encoder-output all-reduce per decoder layer fewer
+    extra = per_linear - hand_count_tp_bytes(g, MESH)
+    enc = batch // MESH.shape[0] * encoder_seq * hidden * DTYPE_BYTES["float16"]
+    assert extra == pytest.approx(decoder_layers * enc)  # 2 (tp-1)/tp = 1 for tp = 2
 
 
 # ------------------------------------------------------------------ OneFlow's SBP inference rule

@@ -3,6 +3,10 @@
 Run by ``conftest.py`` as ``python -m oneflow.distributed.launch --nproc_per_node 4
 _build_jobs.py OUT``.  Parameters get LiBai's layout (2-D weights ``(B, S(0))``,
 the rest ``B``), data ``(S(0), B)``; each model is built with and without ZeRO-2.
+GPT's fused QKV is laid out head-first, as Megatron-LM and LiBai lay it out
+(``examples/oneflow/gpt.py``), so its column-parallel split is a split by heads;
+an optional second argument ``hf`` builds Hugging Face's ``[q | k | v]`` instead
+(``_build_jobs.py OUT hf``, for ``benchmarks/model_truth.py --imported-gpt``).
 Rank 0 writes ``{model}_zero{stage}.pb`` and ``counts.json`` (OneFlow's own op and
 blob counts, and its train_conf variables) into OUT.
 """
@@ -21,12 +25,14 @@ import zoo  # noqa: E402
 from autopar.oneflow import export_job, make_train_graph  # noqa: E402
 
 out = Path(sys.argv[1])
+qkv_layout = sys.argv[2] if len(sys.argv) > 2 else "heads"
 placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
 broadcast = [flow.sbp.broadcast] * 2
 counts = {}
 for name in ("mt5-tiny", "gpt-tiny", "bert-tiny"):
     for zero in (0, 2):
-        module, arrays = zoo.build(name, seed=0, fused=True)
+        options = {"qkv_layout": qkv_layout} if name == "gpt-tiny" else {}
+        module, arrays = zoo.build(name, seed=0, fused=True, **options)
         module = module.to_global(placement, broadcast)
         for pname, param in module.named_parameters():
             if param.ndim == 2 and "relative_attention_bias" not in pname:

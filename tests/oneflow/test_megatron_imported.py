@@ -1,4 +1,4 @@
-"""The ``megatron`` baseline on an imported OneFlow MT5 job reproduces Megatron-LM's traffic."""
+"""The ``megatron`` baseline on imported OneFlow MT5 and GPT jobs reproduces Megatron-LM's traffic."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.oneflow import import_job
-from benchmarks.model_truth import hand_count
+from benchmarks.model_truth import GPT_TINY, SEPARATE_CROSS_KV_LINEARS, hand_count
 
 pytestmark = pytest.mark.oneflow
 
@@ -23,20 +23,47 @@ TINY_MT5 = {
     "decoder_layers": 2,
     "dtype": "float32",
 }
+TOLERANCE = 0.05
+"""Issue 8, item 4: within 5 % of the hand count per axis."""
+NEAR = 0.01
+"""What a head-first GPT job moves beyond Megatron-LM's all-reduces, at most (measured 0.8 %)."""
 
 
-def test_megatron_on_an_imported_mt5_job_moves_megatrons_bytes(mesh_jobs):
+def _megatron_tp_bytes(graph, mesh: Mesh = MESH) -> float:
+    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    return ev.comm_bytes_per_axis[len(mesh.shape) - 1]
+
+
+def test_megatron_on_an_imported_mt5_job_all_reduces_per_linear(mesh_jobs):
     """OneFlow splits the model-split cross entropy into softmax stages and ``nll``: the LM
     head still reaches the loss, so it is column-parallel (vocab split), and the vocab-parallel
     cross entropy's reductions stay partial sums (Megatron all-reduces only their [b, s]
-    sums).  Tensor-parallel bytes then match the hand count of Megatron-LM's all-reduces on
-    this graph (cross-attention key/value gradients summed first), within 5 %; before, the
-    LM head was laid out row-parallel and all-reduced the whole logits (1.47x)."""
+    sums).  The decoder's cross-attention key/value input gradients, summed by one ``add_n``
+    in the job, are all-reduced each at its producer, as Megatron's column-parallel linear
+    does: this job has separate ``k`` and ``v`` linears, so that is Megatron-LM's count with
+    2 encoder-output all-reduces per decoder layer where its fused ``key_value`` has 1."""
     out, _ = mesh_jobs
     graph = import_job(out / "mt5-tiny_zero2.pb", zero_stage=2)
     layout = megatron_parameter_layout(graph, MESH)
     head = next(name for name in layout if name.endswith("lm_head.weight"))
     assert str(layout[head]) == "(B, S(0))"  # [vocab, d_model] split by vocabulary
-    ev = evaluate(graph, baseline_plan("megatron", graph, MESH, 0), group_boxing=True)
-    hand = hand_count("t5", TINY_MT5, MESH, summed_cross_attention=True)
-    assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=0.05)
+    per_linear = hand_count("t5", TINY_MT5, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
+    assert _megatron_tp_bytes(graph) == pytest.approx(per_linear, rel=TOLERANCE)
+
+
+def test_megatron_on_an_imported_gpt_job_with_head_first_qkv_moves_megatrons_bytes(mesh_jobs):
+    """The GPT job's fused QKV is laid out head-first ([b, s, heads, 3 * head_dim], as
+    Megatron-LM and LiBai): the column-parallel c_attn split is a split by heads, so the
+    attention runs on each rank's heads with no communication until c_proj's all-reduce.
+    Tensor-parallel bytes then match Megatron-LM's count (4 all-reduces of b*s*h per block,
+    the vocab-parallel embedding's forward one, the tied LM head's backward one)."""
+    out, _ = mesh_jobs
+    graph = import_job(out / "gpt-tiny_zero2.pb", zero_stage=2)
+    layout = megatron_parameter_layout(graph, MESH)
+    c_attn = [name for name in layout if name.endswith("attn.c_attn.weight")]
+    assert c_attn and all(str(layout[name]) == "(B, S(0))" for name in c_attn)  # [3h, h] by output
+    hand = hand_count("gpt", GPT_TINY, MESH)
+    assert _megatron_tp_bytes(graph) == pytest.approx(hand, rel=TOLERANCE)
+    # the rest is the vocab-parallel cross entropy's [b, s] reductions and the norms' weight
+    # gradients (0.8 %): no gathered constants, split weight gradients or all-to-alls
+    assert _megatron_tp_bytes(graph) == pytest.approx(hand, rel=NEAR)
