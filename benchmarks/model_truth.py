@@ -25,7 +25,9 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    ``v`` projections, so Megatron-LM's per-linear all-reduce is 2 per decoder
    layer there (the baseline all-reduces each column-parallel linear's input
    gradient at its producer, and sums partial sums only within one Megatron
-   linear); Megatron-LM's fused ``key_value`` issues 1;
+   linear); Megatron-LM's fused ``key_value`` issues 1.  For T5 the baseline is
+   also measured on the same model built with LiBai's fused, head-first
+   cross-attention ``key_value`` (``fused_cross_kv=True``), against ``hand``;
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory;
@@ -38,7 +40,8 @@ measured 357 ms and 1000 ms.
 With ``--imported DIR`` (the output folder of ``benchmarks/oneflow_mt5.py``: a
 real OneFlow MT5 job built on 8 CPU ranks and imported, fp32) it also prints the
 ``megatron`` baseline's tensor-parallel bytes on that imported job against the
-same hand counts.  Bytes are counted as OneFlow boxes them, once per tensor and
+same hand counts (a job built with ``--fused-cross-kv``: against ``hand`` only).
+Bytes are counted as OneFlow boxes them, once per tensor and
 destination layout (``evaluate(..., group_boxing=True)``; an imported job reads
 one tensor from several consumers, e.g. ``rms_norm_grad`` and
 ``rms_norm_param_grad``, where the built-in graphs have one).
@@ -47,7 +50,10 @@ With ``--imported-gpt JOB.pb`` (OneFlow 0.9 needed) it prints only the
 ``megatron`` baseline's tensor-parallel bytes on an imported ``gpt-tiny`` job
 (``tests/oneflow/_build_jobs.py``: batch 8, sequence 32, hidden 64, 2 layers,
 fp32, mesh [2, 2], ZeRO-2 job planned at ZeRO-0, boxed as OneFlow groups) against
-the hand count.
+the hand count.  ``--imported-tiny-mt5 JOB.pb`` does the same for the imported
+``mt5-tiny`` job (batch 8, sequences 32 / 16, hidden 64, 2 + 2 layers, fp32, mesh
+[2, 2]), e.g. the one ``tests/oneflow/_build_jobs.py OUT fused-kv`` builds with
+LiBai's fused cross-attention ``key_value``.
 
 With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
 signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
@@ -126,6 +132,31 @@ def hand_count(
     return per_all_reduce * (cfg["layers"] * 4 * act + act + act)
 
 
+RUNTIMES = ("oneflow-0.9", "ideal")
+"""The runtime profiles every row is measured with."""
+
+
+def megatron_tp_bytes(graph: Graph, mesh: Mesh, runtime: str) -> float:
+    """The ``megatron`` baseline's tensor-parallel (last axis) bytes per device, ZeRO-0,
+    boxed as OneFlow groups it (once per tensor and destination layout)."""
+    plan = baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
+    return evaluate(graph, plan, group_boxing=True).comm_bytes_per_axis[len(mesh.shape) - 1]
+
+
+def measure_fused_kv(model: str, mesh: Mesh) -> dict[str, Any]:
+    """``megatron`` tensor-parallel bytes on T5 ``model`` built with LiBai's fused, head-first
+    cross-attention ``key_value`` (one column-parallel linear per decoder layer on the
+    encoder output, as Megatron-LM), against Megatron-LM's hand count."""
+    graph = build(model, fused_cross_kv=True)
+    hand = hand_count_tp_bytes(graph, mesh)
+    return {
+        "ops": len(graph.ops),
+        "hand_tp_bytes": hand,
+        "hand_tp_bytes_graph": hand,
+        "runtimes": {runtime: megatron_tp_bytes(graph, mesh, runtime) for runtime in RUNTIMES},
+    }
+
+
 def measure(model: str) -> dict[str, Any]:
     graph = build(model)
     mesh = Mesh(Cluster.parse("2x4"), (4, 2))
@@ -158,6 +189,8 @@ def measure(model: str) -> dict[str, Any]:
             "zero3_gib": z3.memory.total / GIB,
         },
     )
+    if (graph.meta or {}).get("family") == "t5":
+        out["fused_kv"] = measure_fused_kv(model, mesh)
     return out
 
 
@@ -176,12 +209,15 @@ def measure_imported(folder: Path) -> dict[str, Any]:
         "decoder_layers": result["layers"],
         "dtype": "float32",  # CPU jobs are fp32 (AMP is a no-op on CPU)
     }
+    fused = bool(result.get("fused_cross_kv", False))
+    linears = MEGATRON_CROSS_KV_LINEARS if fused else SEPARATE_CROSS_KV_LINEARS
     out: dict[str, Any] = {
         "ops": len(graph.ops),
         "layers": result["layers"],
         "vocab": result.get("vocab"),
+        "fused_cross_kv": fused,
         "hand_tp_bytes": hand_count("t5", config, mesh),
-        "hand_tp_bytes_graph": hand_count("t5", config, mesh, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS),
+        "hand_tp_bytes_graph": hand_count("t5", config, mesh, cross_kv_linears=linears),
         "runtimes": {},
     }
     for runtime in ("oneflow-0.9", "ideal"):
@@ -195,6 +231,37 @@ GPT_TINY = {"batch": 8, "seq": 32, "hidden": 64, "layers": 2, "dtype": "float32"
 """examples/oneflow/zoo.py ``gpt-tiny`` (GPTConfig.tiny, batch 8, sequence 32); CPU jobs are fp32."""
 GPT_TINY_MESH = ("1x4", (2, 2))
 """The mesh tests/oneflow/_build_jobs.py builds on: 4 CPU ranks as [2, 2]."""
+
+
+MT5_TINY = {
+    "batch": 8,
+    "hidden": 64,
+    "encoder_seq": 32,
+    "decoder_seq": 16,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "dtype": "float32",
+}
+"""examples/oneflow/zoo.py ``mt5-tiny`` (MT5Config.tiny, batch 8, sequences 32 / 16); CPU jobs are fp32."""
+
+
+def measure_imported_tiny_mt5(job: Path) -> dict[str, Any]:
+    """``megatron`` tensor-parallel bytes (ZeRO-0, grouped boxing) on an imported ``mt5-tiny`` job,
+    against Megatron-LM's count and, where the job has separate ``k`` and ``v`` linears
+    (no ``key_value`` parameter), the per-linear count on them."""
+    from autopar.oneflow import import_job
+
+    graph = import_job(job, zero_stage=2)
+    mesh = Mesh(Cluster.parse(GPT_TINY_MESH[0]), GPT_TINY_MESH[1])
+    fused = any(v.op.endswith("key_value.weight") for v in graph.variables)
+    linears = MEGATRON_CROSS_KV_LINEARS if fused else SEPARATE_CROSS_KV_LINEARS
+    return {
+        "ops": len(graph.ops),
+        "fused_cross_kv": fused,
+        "hand_tp_bytes": hand_count("t5", MT5_TINY, mesh),
+        "hand_tp_bytes_graph": hand_count("t5", MT5_TINY, mesh, cross_kv_linears=linears),
+        "runtimes": {runtime: megatron_tp_bytes(graph, mesh, runtime) for runtime in RUNTIMES},
+    }
 
 
 def measure_imported_gpt(job: Path) -> dict[str, Any]:
@@ -268,7 +335,21 @@ def main() -> None:
         "--inference-jobs", type=Path, help="measure the inference emulation on these OneFlow jobs"
     )
     ap.add_argument("--imported-gpt", type=Path, help="only the megatron bytes on this gpt-tiny job")
+    ap.add_argument("--imported-tiny-mt5", type=Path, help="only the megatron bytes on this mt5-tiny job")
     args = ap.parse_args()
+    if args.imported_tiny_mt5 is not None:
+        mt5 = measure_imported_tiny_mt5(args.imported_tiny_mt5)
+        kv = "fused key_value" if mt5["fused_cross_kv"] else "separate k, v"
+        print(
+            f"imported OneFlow mt5-tiny job ({args.imported_tiny_mt5}: {mt5['ops']} ops, "
+            f"cross-attention {kv}, fp32), mesh [2, 2]"
+        )
+        print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
+        for runtime, got in mt5["runtimes"].items():
+            print(_tp_bytes_line(runtime, got, mt5))
+        if args.json:
+            Path(args.json).write_text(json.dumps(mt5, indent=1))
+        return
     if args.imported_gpt is not None:
         gpt = measure_imported_gpt(args.imported_gpt)
         print(f"imported OneFlow gpt-tiny job ({args.imported_gpt}: {gpt['ops']} ops, fp32), mesh [2, 2]")
@@ -299,6 +380,14 @@ def main() -> None:
         print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
         for runtime, row in r["runtimes"].items():
             print(_tp_bytes_line(runtime, row["megatron_tp_bytes_zero0"], r))
+        if "fused_kv" in r:
+            fused = r["fused_kv"]
+            print(
+                f"  the same on the fused-KV build ({fused['ops']} ops; cross-attention key_value "
+                "head-first, LiBai's layout):"
+            )
+            for runtime, got in fused["runtimes"].items():
+                print(_tp_bytes_line(runtime, got, fused))
         print("  inferred / megatron modelled step time (ZeRO-2; serial, overlapped in brackets):")
         for runtime, row in r["runtimes"].items():
             print(
@@ -315,9 +404,11 @@ def main() -> None:
     imported = None
     if args.imported is not None:
         imported = measure_imported(args.imported)
+        kv = "fused key_value" if imported["fused_cross_kv"] else "separate k, v"
         print(
             f"\nimported OneFlow MT5 job ({args.imported}: {imported['ops']} ops, "
-            f"{imported['layers']}+{imported['layers']} layers, vocab {imported['vocab']}, fp32), mesh [4, 2]"
+            f"{imported['layers']}+{imported['layers']} layers, vocab {imported['vocab']}, "
+            f"cross-attention {kv}, fp32), mesh [4, 2]"
         )
         print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
         for runtime, got in imported["runtimes"].items():

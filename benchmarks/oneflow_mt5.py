@@ -2,7 +2,11 @@
 
 Run in the OneFlow venv (``scripts/oneflow-env.sh``)::
 
-    python benchmarks/oneflow_mt5.py --out /tmp/oneflow-mt5 [--layers 12] [--batch 16]
+    python benchmarks/oneflow_mt5.py --out /tmp/oneflow-mt5 [--layers 12] [--batch 16] [--fused-cross-kv]
+
+``--fused-cross-kv`` builds each cross-attention's key and value as one head-first
+``key_value`` linear, LiBai's layout (``examples/oneflow/mt5.py``); the default keeps
+HF's separate ``k`` and ``v``.
 
 1. ``build`` (8 ranks, started here with ``oneflow.distributed.launch``): build the
    mt5-base training job (ZeRO-2, AdamW) twice with ``build_graph`` and time it:
@@ -41,7 +45,16 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples" / "oneflow"))
 
-COLUMN = ("q.weight", "k.weight", "v.weight", "wi_0.weight", "wi_1.weight", "lm_head.weight", "shared.weight")
+COLUMN = (
+    "q.weight",
+    "k.weight",
+    "v.weight",
+    "key_value.weight",  # --fused-cross-kv: LiBai's cross-attention key_value
+    "wi_0.weight",
+    "wi_1.weight",
+    "lm_head.weight",
+    "shared.weight",
+)
 ROW = ("o.weight", "wo.weight")
 
 
@@ -69,7 +82,13 @@ def build_rank(args: argparse.Namespace) -> None:
     placement = flow.placement("cpu", ranks=np.arange(8).reshape(4, 2).tolist())
     sbp = {"B": flow.sbp.broadcast, "S(0)": flow.sbp.split(0), "S(1)": flow.sbp.split(1)}
     module, arrays = zoo.build(
-        "mt5-base", seed=None, batch=args.batch, layers=args.layers, fused=True, vocab=args.vocab
+        "mt5-base",
+        seed=None,
+        batch=args.batch,
+        layers=args.layers,
+        fused=True,
+        vocab=args.vocab,
+        fused_cross_kv=args.fused_cross_kv,
     )
     for name, param in list(module.named_parameters()):
         layout = (
@@ -207,6 +226,7 @@ def plan_and_evaluate(args: argparse.Namespace) -> None:
         "model": "mt5-base",
         "layers": args.layers,
         "vocab": args.vocab,
+        "fused_cross_kv": args.fused_cross_kv,
         "batch": args.batch,
         "sequence": [512, 128],
         "mesh": [4, 2],
@@ -238,6 +258,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary (default mt5-base's 250112)")
     parser.add_argument("--master-port", type=int, default=29500, help="port of rank 0 for the 8-rank launch")
+    parser.add_argument(
+        "--fused-cross-kv", action="store_true", help="one head-first key_value linear per cross-attention"
+    )
     parser.add_argument(
         "--variants",
         default="inference,auto_parallel",
@@ -279,6 +302,8 @@ def main() -> None:
                 command += ["--vocab", str(args.vocab)]
             if args.ap_ignore_user_sbp:
                 command.append("--ap-ignore-user-sbp")
+            if args.fused_cross_kv:
+                command.append("--fused-cross-kv")
             subprocess.run(command, check=True, env=dict(os.environ))
     plan_and_evaluate(args)
 

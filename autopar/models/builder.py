@@ -352,6 +352,23 @@ class GraphBuilder:
         )
         return y
 
+    def narrow(self, x: str, dim: int, start: int, length: int, *, name: str) -> str:
+        """``x`` cut to ``[start, start + length)`` along ``dim``: OneFlow's ``narrow`` (what
+        ``flow.chunk`` emits); its gradient is ``narrow_grad`` (``dy`` placed into zeros
+        shaped ``like`` ``x``)."""
+        src = self.shape(x)
+        if not 0 <= dim < len(src) or start < 0 or length < 1 or start + length > src[dim]:
+            raise GraphError(
+                "bad_narrow",
+                f"cannot narrow dim {dim} of {list(src)} to [{start}, {start + length})",
+            )
+        op = self.qualify(name)
+        out_shape = tuple(length if d == dim else n for d, n in enumerate(src))
+        attrs = {"dim": dim, "start": start, "length": length}
+        (y,) = self.emit(op, "narrow", {"in_0": x}, [("out_0", out_shape, self.dtype(x))], attrs)
+        self._record_grad(op, x, y, "narrow_grad", lambda dy: {"dy_0": dy, "like_0": x}, ("dx_0", src), attrs)
+        return y
+
     def add(self, *xs: str, name: str) -> str:
         """Sum of same-shape tensors: OneFlow's ``x + y`` on equal shapes is ``add_n``."""
         shape = self.shape(xs[0])

@@ -62,6 +62,8 @@ class LayerStyle:
     hidden_dropout: float
     attention_dropout: float
     weight_decay: float
+    fused_cross_kv: bool = False
+    """Cross-attention key and value as one head-first ``key_value`` linear (LiBai's layout)."""
 
     @classmethod
     def create(
@@ -75,10 +77,12 @@ class LayerStyle:
         dropout: float,
         weight_decay: float,
         softmax_fp32: bool = False,
+        fused_cross_kv: bool = False,
     ) -> LayerStyle:
         """The HF T5 v1.1 / MT5 style (``hf_t5``) or the Megatron / LiBai one.
 
         ``softmax_fp32`` applies to the HF style only; Megatron scales scores by 1/sqrt(head_dim).
+        ``fused_cross_kv``: see :func:`attention` (``fused_kv``).
         """
         return cls(
             heads=heads,
@@ -94,6 +98,7 @@ class LayerStyle:
             hidden_dropout=dropout,
             attention_dropout=dropout,
             weight_decay=weight_decay,
+            fused_cross_kv=fused_cross_kv,
         )
 
 
@@ -133,9 +138,18 @@ def attention(
     name: str,
     mask_bias: str | None = None,
     position_bias: str | None = None,
+    fused_kv: bool = False,
 ) -> str:
-    """Multi-head attention with separate ``q``, ``k``, ``v``, ``o`` projections.
+    """Multi-head attention with ``q``, ``k``, ``v``, ``o`` projections.
 
+    ``k`` and ``v`` are separate linears (HF T5) unless ``fused_kv``: then one
+    ``key_value`` linear ``[2 * inner, hidden]`` whose output is laid out head-first,
+    ``[B, Sk, heads, 2 * head_dim]`` (each head's key then value), transposed to
+    ``[B, heads, Sk, 2 * head_dim]`` and cut in two along the last dim (``narrow``):
+    LiBai's cross-attention ``key_value`` (``libai/layers/attention.py``: view to
+    ``[bsz, -1, num_heads, 2 * head_size]``, permute, ``flow.chunk(2, dim=-1)``) and
+    Megatron-LM's.  A column-parallel split of its output is then a split by heads,
+    and its input gradient one sum of the key's and the value's.
     Scores ``[B, heads, Sq, Sk]`` get ``position_bias`` (same shape, ``add_n``) when
     given, else ``mask_bias`` (broadcast, ``broadcast_add``).
     """
@@ -143,11 +157,14 @@ def attention(
     inner = style.heads * style.head_dim
     with b.scope(name):
         heads: dict[str, str] = {}
-        for proj, src in (("q", x_q), ("k", x_kv), ("v", x_kv)):
+        projections = (("q", x_q),) if fused_kv else (("q", x_q), ("k", x_kv), ("v", x_kv))
+        for proj, src in projections:
             seq = b.shape(src)[1]
             y = dense(b, src, proj, inner, bias=style.bias, weight_decay=style.weight_decay)
             y = b.reshape(y, (bsz, seq, style.heads, style.head_dim), name=f"{proj}.reshape")
             heads[proj] = b.transpose(y, (0, 2, 1, 3), name=f"{proj}.transpose")
+        if fused_kv:
+            heads.update(_fused_key_value(b, x_kv, style))
         scores = b.matmul(heads["q"], heads["k"], transpose_b=True, alpha=style.alpha, name="scores")
         if position_bias is not None:
             scores = b.add(scores, position_bias, name="position_bias_add")
@@ -163,6 +180,27 @@ def attention(
         ctx = b.transpose(ctx, (0, 2, 1, 3), name="context.transpose")
         ctx = b.reshape(ctx, (bsz, sq, inner), name="context.reshape")
         return dense(b, ctx, "o", hidden, bias=style.bias, weight_decay=style.weight_decay)
+
+
+def _fused_key_value(b: GraphBuilder, x_kv: str, style: LayerStyle) -> dict[str, str]:
+    """``k`` and ``v`` ``[B, heads, Sk, head_dim]`` from one head-first ``key_value`` linear
+    (see :func:`attention`)."""
+    bsz, seq, _ = b.shape(x_kv)
+    kv = dense(
+        b,
+        x_kv,
+        "key_value",
+        2 * style.heads * style.head_dim,
+        bias=style.bias,
+        weight_decay=style.weight_decay,
+    )
+    kv = b.reshape(kv, (bsz, seq, style.heads, 2 * style.head_dim), name="key_value.reshape")
+    kv = b.transpose(kv, (0, 2, 1, 3), name="key_value.transpose")
+    last = len(b.shape(kv)) - 1
+    return {
+        proj: b.narrow(kv, last, i * style.head_dim, style.head_dim, name=f"key_value.{proj}")
+        for i, proj in enumerate(("k", "v"))
+    }
 
 
 def mlp(b: GraphBuilder, x: str, style: LayerStyle, *, name: str) -> str:
@@ -205,7 +243,15 @@ def transformer_layer(
         )
         if encoder_out is not None:
             h = norm(b, x, style, name="cross_attn_norm")
-            a = attention(b, h, encoder_out, style, name="cross_attn", mask_bias=cross_mask)
+            a = attention(
+                b,
+                h,
+                encoder_out,
+                style,
+                name="cross_attn",
+                mask_bias=cross_mask,
+                fused_kv=style.fused_cross_kv,
+            )
             x = b.add(
                 x,
                 b.dropout(a, style.hidden_dropout, name="cross_attn_dropout"),

@@ -19,6 +19,11 @@
 shared by both stacks, LayerNorm with bias, linear biases, scores scaled by
 1/sqrt(d), plain GELU FFN, LM head tied to the word embedding plus a bias.
 
+Both build the decoder cross-attention's key and value as separate ``k`` and ``v``
+linears (HF's layout) unless ``fused_cross_kv``: then as one ``key_value`` linear
+whose output is laid out head-first and cut into key and value (``narrow``), as LiBai
+(``libai/layers/attention.py``) and Megatron-LM build it.
+
 Both end with LiBai's masked LM loss over the decoder tokens.  Inputs (``input``
 ops): token ids, labels, loss mask, additive attention masks (0 / -10000,
 ``[B, 1, 1, Se]`` for the encoder, causal ``[B, 1, Sd, Sd]`` for the decoder),
@@ -87,6 +92,9 @@ class T5Config(PaddedVocab):
     """Epsilon of the norms."""
     softmax_fp32: bool = True
     """Compute the attention softmax in float32 (HF T5 does)."""
+    fused_cross_kv: bool = False
+    """The decoder cross-attention's key and value as one ``key_value`` linear laid out
+    head-first, as LiBai and Megatron-LM build it (default: separate ``k`` and ``v``, as HF)."""
     dtype: str = "float16"
     """Compute (activation) dtype; parameters stay float32."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -152,6 +160,7 @@ class T5Config(PaddedVocab):
             dropout=self.dropout,
             weight_decay=self.optimizer.weight_decay,
             softmax_fp32=self.softmax_fp32,
+            fused_cross_kv=self.fused_cross_kv,
         )
 
 

@@ -10,6 +10,13 @@ Module and parameter names follow HuggingFace's ``MT5ForConditionalGeneration``
 (``encoder.block.0.layer.0.SelfAttention.q.weight`` ...), so OneFlow's op names
 in the exported job read like the HF model.
 
+``fused_cross_kv=True`` builds each decoder cross-attention's key and value as one
+``EncDecAttention.key_value`` linear ``[2 * inner, d_model]`` laid out head-first, as
+LiBai does (``libai/layers/attention.py``, ``MultiheadAttention`` with
+``is_cross_attention``: view to ``[b, s, heads, 2 * d_kv]``, permute, ``flow.chunk(2,
+dim=-1)``) and Megatron-LM's ``key_value``; a column-parallel split of it is a split
+by heads.  The default keeps HF's separate ``k`` and ``v``.
+
 Sizes: :meth:`MT5Config.base` is mt5-base (12+12 layers, hidden 768, 12 heads,
 d_kv 64, d_ff 2048, vocab 250112); :meth:`MT5Config.tiny` is a 2+2-layer model
 for tests.  Build with ``MT5ForConditionalGeneration(config, seed=0)``;
@@ -48,6 +55,8 @@ class MT5Config:
     layer_norm_epsilon: float = 1e-6
     fused_rms_norm: bool = False
     """Emit OneFlow's fused ``rms_norm`` (CUDA kernels only) instead of the CPU composite."""
+    fused_cross_kv: bool = False
+    """Cross-attention key and value as one head-first ``key_value`` linear (LiBai's layout)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "d_kv", "num_heads", "d_ff", "num_layers"):
@@ -104,7 +113,11 @@ def relative_position_bucket(
 
 
 class T5Attention(nn.Module):
-    """Multi-head attention without scaling or biases; optional relative position bias."""
+    """Multi-head attention without scaling or biases; optional relative position bias.
+
+    ``fused_kv``: key and value from one head-first ``key_value`` linear (see the module
+    docstring) instead of ``k`` and ``v``.
+    """
 
     def __init__(
         self,
@@ -113,15 +126,20 @@ class T5Attention(nn.Module):
         has_relative_attention_bias: bool,
         is_decoder: bool,
         rng: np.random.Generator | None,
+        fused_kv: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
         self.is_decoder = is_decoder
         self.has_relative_attention_bias = has_relative_attention_bias
+        self.fused_kv = fused_kv
         inner, d = config.inner_dim, config.d_model
         self.q = Linear(d, inner, rng=rng, std=(d * config.d_kv) ** -0.5)
-        self.k = Linear(d, inner, rng=rng, std=d**-0.5)
-        self.v = Linear(d, inner, rng=rng, std=d**-0.5)
+        if fused_kv:
+            self.key_value = Linear(d, 2 * inner, rng=rng, std=d**-0.5)
+        else:
+            self.k = Linear(d, inner, rng=rng, std=d**-0.5)
+            self.v = Linear(d, inner, rng=rng, std=d**-0.5)
         self.o = Linear(inner, d, rng=rng, std=inner**-0.5)
         if has_relative_attention_bias:
             self.relative_attention_bias = Embedding(
@@ -153,8 +171,13 @@ class T5Attention(nn.Module):
         batch, q_len = hidden.shape[0], hidden.shape[1]
         source = hidden if key_value is None else key_value
         q = self._shape(self.q(hidden), batch)
-        k = self._shape(self.k(source), batch)
-        v = self._shape(self.v(source), batch)
+        if self.fused_kv:
+            # [b, s, heads, 2 * d_kv] -> [b, heads, s, 2 * d_kv], then each head's key | value
+            kv = self.key_value(source).reshape(batch, -1, self.config.num_heads, 2 * self.config.d_kv)
+            k, v = flow.chunk(kv.permute(0, 2, 1, 3), chunks=2, dim=-1)
+        else:
+            k = self._shape(self.k(source), batch)
+            v = self._shape(self.v(source), batch)
         scores = flow.matmul(q, k.transpose(2, 3))  # [b, h, q, k]
         if position_bias is None and self.has_relative_attention_bias:
             position_bias = self.compute_bias(q_len, source.shape[1], hidden)
@@ -189,7 +212,11 @@ class T5LayerCrossAttention(nn.Module):
     def __init__(self, config: MT5Config, rng) -> None:
         super().__init__()
         self.EncDecAttention = T5Attention(
-            config, has_relative_attention_bias=False, is_decoder=True, rng=rng
+            config,
+            has_relative_attention_bias=False,
+            is_decoder=True,
+            rng=rng,
+            fused_kv=config.fused_cross_kv,
         )
         self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon, fused=config.fused_rms_norm)
         self.dropout = nn.Dropout(config.dropout_rate)
@@ -306,11 +333,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--enc-len", type=int, default=32)
     parser.add_argument("--dec-len", type=int, default=16)
+    parser.add_argument(
+        "--fused-cross-kv", action="store_true", help="one head-first key_value linear per cross-attention"
+    )
     args = parser.parse_args()
 
     from autopar.oneflow import make_train_graph
 
-    config = MT5Config.tiny() if args.size == "tiny" else MT5Config.base()
+    options = {"fused_cross_kv": args.fused_cross_kv}
+    config = MT5Config.tiny(**options) if args.size == "tiny" else MT5Config.base(**options)
     model = MT5ForConditionalGeneration(config, seed=0 if args.size == "tiny" else None)
     placement = flow.placement("cpu", ranks=[0])
     model = model.to_global(placement, flow.sbp.broadcast)

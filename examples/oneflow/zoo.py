@@ -6,7 +6,9 @@ the arrays (as tensors) and returns the mean loss.  Names: ``mt5-tiny``,
 ``gpt-tiny``, ``bert-tiny``; ``fused=True`` emits OneFlow's fused norm ops
 (CUDA kernels only: build and export, do not run on CPU).  ``qkv_layout`` (GPT
 only): the fused QKV output's layout, ``"heads"`` (Megatron-LM / LiBai, the
-default) or ``"hf"`` (see ``gpt.py``).
+default) or ``"hf"`` (see ``gpt.py``).  ``fused_cross_kv`` (MT5 only): each
+cross-attention's key and value as one head-first ``key_value`` linear, LiBai's
+layout (see ``mt5.py``); the default keeps HF's separate ``k`` and ``v``.
 """
 
 from __future__ import annotations
@@ -34,13 +36,16 @@ def build(
     identity_reads: bool = False,
     vocab: int | None = None,
     qkv_layout: str | None = None,
+    fused_cross_kv: bool = False,
 ) -> tuple[Any, list[np.ndarray]]:
     """Module and example inputs of model ``name`` (``seed=None``: parameters left uninitialised).
 
     ``identity_reads`` reads parameters through ``identity`` ops (needed to run
     multi-rank jobs on CPU, see ``oflayers``).
     """
-    module, arrays = _build(name, seed, batch, seq, decoder_seq, layers, fused, vocab, qkv_layout)
+    module, arrays = _build(
+        name, seed, batch, seq, decoder_seq, layers, fused, vocab, qkv_layout, fused_cross_kv
+    )
     return set_identity_reads(module, identity_reads), arrays
 
 
@@ -54,13 +59,16 @@ def _build(
     fused: bool,
     vocab: int | None = None,
     qkv_layout: str | None = None,
+    fused_cross_kv: bool = False,
 ) -> tuple[Any, list[np.ndarray]]:
     if vocab is not None and name not in ("mt5-tiny", "mt5-base"):
         raise ValueError(f"vocab is an MT5 option; {name!r} has its own")
     if qkv_layout is not None and name != "gpt-tiny":
         raise ValueError(f"qkv_layout is a GPT option; {name!r} has separate q, k, v")
+    if fused_cross_kv and name not in ("mt5-tiny", "mt5-base"):
+        raise ValueError(f"fused_cross_kv is an MT5 option; {name!r} has no cross-attention")
     if name in ("mt5-tiny", "mt5-base"):
-        overrides: dict[str, Any] = {"fused_rms_norm": fused}
+        overrides: dict[str, Any] = {"fused_rms_norm": fused, "fused_cross_kv": fused_cross_kv}
         if vocab is not None:
             overrides.update(vocab_size=vocab)
         if layers is not None:

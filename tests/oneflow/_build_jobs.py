@@ -7,6 +7,10 @@ GPT's fused QKV is laid out head-first, as Megatron-LM and LiBai lay it out
 (``examples/oneflow/gpt.py``), so its column-parallel split is a split by heads;
 an optional second argument ``hf`` builds Hugging Face's ``[q | k | v]`` instead
 (``_build_jobs.py OUT hf``, for ``benchmarks/model_truth.py --imported-gpt``).
+``_build_jobs.py OUT fused-kv`` builds only ``mt5-tiny`` with ZeRO-2, its
+cross-attention key and value as one head-first ``key_value`` linear (LiBai's layout,
+``examples/oneflow/mt5.py``), for ``test_megatron_imported.py`` and
+``benchmarks/model_truth.py --imported-tiny-mt5``.
 Rank 0 writes ``{model}_zero{stage}.pb`` and ``counts.json`` (OneFlow's own op and
 blob counts, and its train_conf variables) into OUT.
 """
@@ -25,13 +29,21 @@ import zoo  # noqa: E402
 from autopar.oneflow import export_job, make_train_graph  # noqa: E402
 
 out = Path(sys.argv[1])
-qkv_layout = sys.argv[2] if len(sys.argv) > 2 else "heads"
+variant = sys.argv[2] if len(sys.argv) > 2 else "heads"
+if variant not in ("heads", "hf", "fused-kv"):
+    raise SystemExit(f"unknown variant {variant!r}; choose 'heads', 'hf' or 'fused-kv'")
+fused_kv = variant == "fused-kv"
+qkv_layout = "heads" if fused_kv else variant
+models = ("mt5-tiny",) if fused_kv else ("mt5-tiny", "gpt-tiny", "bert-tiny")
+stages = (2,) if fused_kv else (0, 2)
 placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
 broadcast = [flow.sbp.broadcast] * 2
 counts = {}
-for name in ("mt5-tiny", "gpt-tiny", "bert-tiny"):
-    for zero in (0, 2):
-        options = {"qkv_layout": qkv_layout} if name == "gpt-tiny" else {}
+for name in models:
+    for zero in stages:
+        options: dict[str, str | bool] = {"qkv_layout": qkv_layout} if name == "gpt-tiny" else {}
+        if fused_kv:
+            options["fused_cross_kv"] = True
         module, arrays = zoo.build(name, seed=0, fused=True, **options)
         module = module.to_global(placement, broadcast)
         for pname, param in module.named_parameters():

@@ -81,3 +81,18 @@ def mesh_jobs(tmp_path_factory: pytest.TempPathFactory, flow: Any) -> tuple[Path
         out.mkdir(parents=True, exist_ok=True)
         launch(4, Path(__file__).with_name("_build_jobs.py"), str(out))
     return out, json.loads((out / "counts.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def fused_kv_jobs(tmp_path_factory: pytest.TempPathFactory, flow: Any) -> Path:
+    """The tiny MT5 of :func:`mesh_jobs` (ZeRO-2 only) with each cross-attention's key and
+    value as one head-first ``key_value`` linear (LiBai's layout): ``mt5-tiny_zero2.pb``.
+
+    Built in ``$AUTOPAR_ONEFLOW_JOBS/fused-kv`` when that is set, once.
+    """
+    cached = os.environ.get("AUTOPAR_ONEFLOW_JOBS")
+    out = Path(cached) / "fused-kv" if cached else tmp_path_factory.mktemp("fused-kv-jobs")
+    if not (out / "counts.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        launch(4, Path(__file__).with_name("_build_jobs.py"), str(out), "fused-kv")
+    return out

@@ -162,7 +162,22 @@ def _dropout(op: Op, x: Arrays) -> Arrays:
     return {"out_0": v * mask / (1.0 - float(op.attrs["rate"])), "mask_0": mask}
 
 
+def _narrow_index(op: Op, ndim: int) -> tuple[slice, ...]:
+    dim, start = int(op.attrs["dim"]), int(op.attrs["start"])
+    cut = slice(start, start + int(op.attrs["length"]))
+    return tuple(cut if d == dim else slice(None) for d in range(ndim))
+
+
+def _narrow_grad(op: Op, x: Arrays) -> Arrays:
+    """``dy`` written into zeros shaped like ``like`` at the narrowed range."""
+    dx = np.zeros_like(x["like_0"], dtype=np.float64)
+    dx[_narrow_index(op, dx.ndim)] = x["dy_0"]
+    return {"dx_0": dx}
+
+
 KERNELS: dict[str, Kernel] = {
+    "narrow": lambda op, x: {"out_0": x["in_0"][_narrow_index(op, x["in_0"].ndim)]},
+    "narrow_grad": _narrow_grad,
     "cast": _k(lambda v: v, "in_0"),
     "reshape": lambda op, x: {"out_0": x["in_0"].reshape(op.attrs["shape"])},
     "transpose": lambda op, x: {"output_0": np.transpose(x["input_0"], op.attrs["perm"])},

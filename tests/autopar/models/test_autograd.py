@@ -7,6 +7,8 @@ with a central finite difference of the forward loss along a random direction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -29,9 +31,9 @@ def _executor(graph: Graph, seed: int = 0) -> tuple[NumpyExecutor, np.random.Gen
     return NumpyExecutor(graph, random_feeds(graph, rng), random_params(graph, rng, std=0.02)), rng
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
-def test_parameter_gradients_match_finite_differences(name: str) -> None:
-    graph = build(name, clip_grad_max_norm=None, **SMALL[name])
+def _finite_difference_failures(graph: Graph) -> list[str]:
+    """Every parameter's backward gradient against a central finite difference of the loss
+    along a random direction; the mismatches."""
     ex, rng = _executor(graph)
     values = ex.run()
     loss = graph.meta["loss"]
@@ -49,7 +51,76 @@ def test_parameter_gradients_match_finite_differences(name: str) -> None:
         analytic = float(np.sum(grad * direction))
         if abs(numeric - analytic) > 1e-8 + 1e-4 * abs(analytic):
             failures.append(f"{v.op}: finite difference {numeric:.8g}, backward {analytic:.8g}")
+    return failures
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_parameter_gradients_match_finite_differences(name: str) -> None:
+    graph = build(name, clip_grad_max_norm=None, **SMALL[name])
+    failures = _finite_difference_failures(graph)
     assert not failures, "\n".join(failures)
+
+
+T5_NAMES = ("tiny-mt5", "tiny-t5")
+
+
+@pytest.mark.parametrize("name", T5_NAMES)
+def test_fused_cross_kv_gradients_match_finite_differences(name: str) -> None:
+    """The fused cross-attention ``key_value`` (``narrow`` into key and value, and
+    ``narrow_grad`` back) differentiates correctly."""
+    graph = build(name, clip_grad_max_norm=None, fused_cross_kv=True, **SMALL[name])
+    assert any(v.op.endswith("cross_attn.key_value.weight") for v in graph.variables)
+    failures = _finite_difference_failures(graph)
+    assert not failures, "\n".join(failures)
+
+
+def _head_first_key_value(k: np.ndarray, v: np.ndarray, heads: int) -> np.ndarray:
+    """LiBai's ``key_value`` weight ``[2 * inner, in]`` from separate ``k`` and ``v`` weights
+    ``[inner, in]`` (or biases ``[inner]``): per head, its key rows then its value rows."""
+    per_head = (heads, k.shape[0] // heads, *k.shape[1:])
+    return np.concatenate([k.reshape(per_head), v.reshape(per_head)], axis=1).reshape(
+        2 * k.shape[0], *k.shape[1:]
+    )
+
+
+@pytest.mark.parametrize("name", T5_NAMES)
+def test_fused_cross_kv_is_the_separate_k_and_v_laid_out_head_first(name: str) -> None:
+    """With ``key_value``'s rows taken per head from ``k`` then ``v`` (LiBai's head-first
+    layout), the fused graph computes the separate graph's loss and parameter gradients;
+    rows laid out ``[k | v]`` (what a head-first cut must not read) do not."""
+    options = {"clip_grad_max_norm": None, "dropout": 0.0, **SMALL[name]}
+    separate = build(name, **options)
+    fused = build(name, fused_cross_kv=True, **options)
+    heads = separate.meta["config"]["heads"]
+    ex, _ = _executor(separate)
+    sep_values = ex.run()
+
+    def fused_params(combine: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+        params = {
+            k: a for k, a in ex.params.items() if ".cross_attn.k." not in k and ".cross_attn.v." not in k
+        }
+        for k_name in [k for k in ex.params if ".cross_attn.k." in k]:
+            v_name = k_name.replace(".cross_attn.k.", ".cross_attn.v.")
+            params[k_name.replace(".cross_attn.k.", ".cross_attn.key_value.")] = combine(
+                ex.params[k_name], ex.params[v_name]
+            )
+        assert set(params) == {v.op for v in fused.variables}
+        return params
+
+    loss = separate.meta["loss"]
+    head_first = NumpyExecutor(
+        fused, ex.feeds, fused_params(lambda k, v: _head_first_key_value(k, v, heads))
+    ).run()
+    assert head_first[loss] == pytest.approx(sep_values[loss], rel=1e-12)
+    grads = {v.op: v.grad for v in fused.variables if v.grad is not None}
+    compared = 0
+    for v in separate.variables:
+        if v.op in grads and v.grad is not None:
+            np.testing.assert_allclose(head_first[grads[v.op]], sep_values[v.grad], rtol=1e-9, atol=1e-15)
+            compared += 1
+    assert compared == sum(".cross_attn.key_value." not in v.op for v in fused.variables)
+    stacked = NumpyExecutor(fused, ex.feeds, fused_params(lambda k, v: np.concatenate([k, v]))).run()
+    assert stacked[loss] != pytest.approx(sep_values[loss], rel=1e-6)
 
 
 def test_a_wrong_gradient_is_detected() -> None:

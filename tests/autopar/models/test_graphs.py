@@ -194,3 +194,55 @@ def test_tied_embeddings_sum_both_gradients() -> None:
         assert clip is not None and clip.type == "scalar_mul_by_tensor"
         summed = g.op_by_name[g.producer[clip.inputs["x_0"]][0]]
         assert summed.type == "add_n" and len(summed.inputs) == uses
+
+
+def test_mt5_fused_cross_kv_structure() -> None:
+    """``fused_cross_kv``: each decoder layer's cross-attention reads the encoder output with
+    one ``key_value`` linear ``[2 * inner, hidden]``, laid out head-first ``[B, Se, heads,
+    2 * d_kv]``, transposed, and cut into key and value (``narrow``, ``narrow_grad`` back);
+    the rest of the graph is the separate-k/v graph's."""
+    layers = 12
+    separate = graph_of("mt5-base")
+    fused = build("mt5-base", fused_cross_kv=True)
+    assert fused.validate() is fused
+    cfg = fused.meta["config"]
+    heads, d_kv, hidden = cfg["heads"], cfg["d_kv"], cfg["hidden"]
+    batch, enc_seq = cfg["batch"], cfg["encoder_seq"]
+    n_sep = Counter(op.type for op in separate.ops)
+    n = Counter(op.type for op in fused.ops)
+    assert n_sep["narrow"] == n_sep["narrow_grad"] == 0
+    assert n["narrow"] == n["narrow_grad"] == 2 * layers
+    # per decoder layer: one projection (matmul, its input- and weight-gradient matmuls and
+    # its AMP cast) fewer; the cut adds the narrows, and the grads meet in one add_n
+    assert n["broadcast_matmul"] == n_sep["broadcast_matmul"] - 2 * layers
+    assert n["broadcast_matmul_grad_b"] == n_sep["broadcast_matmul_grad_b"] - layers
+    assert len(fused.variables) == len(separate.variables) - layers
+    names = {v.op for v in fused.variables}
+    for i in range(layers):
+        cross = f"decoder.layers.{i}.cross_attn"
+        assert f"{cross}.k.weight" not in names and f"{cross}.v.weight" not in names
+        kv = fused.tensors[next(v.tensor for v in fused.variables if v.op == f"{cross}.key_value.weight")]
+        assert kv.shape == (2 * heads * d_kv, hidden)
+        assert fused.tensors[f"{cross}.key_value.reshape/out_0"].shape == (batch, enc_seq, heads, 2 * d_kv)
+        for j, part in enumerate(("k", "v")):
+            op = fused.op_by_name[f"{cross}.key_value.{part}"]
+            assert op.attrs == {"dim": 3, "start": j * d_kv, "length": d_kv}
+            assert fused.tensors[op.outputs["out_0"]].shape == (batch, heads, enc_seq, d_kv)
+    # the encoder output feeds one key_value projection per decoder layer
+    final = next(op for op in fused.ops if op.name == "encoder.final_dropout")
+    readers = {
+        c for c, _ in fused.consumers[final.outputs["out_0"]] if fused.op_by_name[c].role is Role.FORWARD
+    }
+    assert len(readers) == layers
+    # the parameters are the same size, and the separate graph is the default
+    assert fused.meta["parameters"] == separate.meta["parameters"]
+    assert separate.meta["config"]["fused_cross_kv"] is False
+    # outside the cross-attentions, the same ops but one node fewer in the gradient-norm sum
+    # tree (it sums one gradient per parameter)
+    outside = {op.name: op.type for op in separate.ops if ".cross_attn." not in op.name}
+    fused_outside = {op.name: op.type for op in fused.ops if ".cross_attn." not in op.name}
+    missing = set(outside) - set(fused_outside)
+    assert set(fused_outside) < set(outside) and all(
+        m.startswith("clip_grad.global_norm_add") for m in missing
+    )
+    assert all(outside[name] == kind for name, kind in fused_outside.items())
