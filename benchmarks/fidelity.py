@@ -289,6 +289,8 @@ def _launch(args: argparse.Namespace, phase: str, mesh_name: str) -> None:
         "oneflow.distributed.launch",
         "--nproc_per_node",
         str(n),
+        "--master_port",
+        str(args.master_port),
         str(Path(__file__).resolve()),
         phase,
         "--mesh",
@@ -329,6 +331,9 @@ def main() -> None:
         "ranks had not finished after 24 min)",
     )
     parser.add_argument("--preset", default="a100-40g")
+    parser.add_argument(
+        "--master-port", type=int, default=29500, help="of the OneFlow launches (another may hold 29500)"
+    )
     parser.add_argument(
         "--time-limit", type=float, default=150.0, help="solver time limit, s (cost tables included)"
     )
