@@ -35,7 +35,7 @@ from autopar.boxing import boxing_time
 from autopar.cluster import Mesh
 from autopar.costs import op_compute_time, op_signatures, rule_context
 from autopar.errors import ConfigError
-from autopar.graph import DTYPE_BYTES, Graph, Op, Role
+from autopar.graph import DTYPE_BYTES, Graph, Op, Role, Variable
 from autopar.oneflow_inference import SOURCE_TYPES, infer_like_oneflow
 from autopar.optimizer import model_port_index, parameter_sources, weight_gradient_path
 from autopar.plan import Plan
@@ -454,7 +454,62 @@ def baseline_plan(
     if kind is BaselineKind.INFERRED:
         return _inferred_plan(graph, mesh, zero_stage, var_layout, data, batch, rules, runtime)
 
-    grad_layout = _gradient_layouts(graph, var_layout, st) if kind is BaselineKind.MEGATRON else {}
+    grad_owner = _gradient_owners(graph, var_layout, st) if kind is BaselineKind.MEGATRON else {}
+    grad_layout = {t: var_layout[v.op] for t, v in grad_owner.items()}
+    diff_targets: dict[str, NdSbp | None] = {}
+
+    def diff_target(v: Variable) -> NdSbp | None:
+        """The layout the optimizer takes ``v``'s gradient in (``model_diff``), given the
+        parameter as laid out: replicated on the data-parallel axes without ZeRO, split as
+        the optimizer's shard with it."""
+        if v.op not in diff_targets:
+            diff_targets[v.op] = None
+            opt = graph.op_by_name.get(v.optimizer or "")
+            model_index = None if opt is None else model_port_index(opt)
+            if (
+                opt is not None
+                and model_index is not None
+                and v.grad is not None
+                and v.grad in opt.inputs.values()
+            ):
+                diff_index = list(opt.inputs.values()).index(v.grad)
+                octx = rule_context(
+                    graph, opt, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value
+                )
+                osigs, _ = op_signatures(rules, octx)
+                model = tensor_sbp.get(v.tensor)
+                matching = [g for g in osigs if g.inputs[model_index] == model]
+                if matching:
+                    diff_targets[v.op] = matching[0].inputs[diff_index]
+        return diff_targets[v.op]
+
+    def reduces_gradients(op: Op, sig: Signature) -> bool:
+        """Megatron reduces a weight gradient over the data-parallel axes once, where it is
+        made (DDP's all-reduce of the gradient buffer; with the distributed optimizer, a
+        reduce-scatter to the optimizer's shard): a partial sum over the batch goes, at its
+        first consumer, straight to the layout the optimizer takes it in, in the dtype it
+        was made in (Megatron-LM reduces ``main_grad`` in the parameters' dtype unless
+        ``--accumulate-allreduce-grads-in-fp32``), never through another split to fix
+        later; a sum of such partial sums (a table read twice) adds them first, as the one
+        gradient buffer does."""
+        for port, dst in zip(op.inputs, sig.inputs):
+            t = op.inputs[port]
+            owner = grad_owner.get(t)
+            if owner is None:
+                continue
+            target = diff_target(owner)
+            if target is None:
+                continue
+            src = tensor_sbp[t]
+            for axis, v in enumerate(src):
+                if axis == tp_axis or not isinstance(v, Partial):
+                    continue
+                if op.type in SUM_OPS and isinstance(dst[axis], Partial):
+                    continue
+                if dst[axis] != target[axis]:
+                    return False
+        return True
+
     chosen: dict[str, Signature] = {}
     tensor_sbp: dict[str, NdSbp] = {}
     linears: dict[str, frozenset[int]] = {}  # backward tensor -> the linears whose input gradient it sums
@@ -486,7 +541,10 @@ def baseline_plan(
                 filtered = [
                     s
                     for s in candidates
-                    if allowed_partial(op, s) and resolves_partial(op, s) and keeps_gradient_layout(op, s)
+                    if allowed_partial(op, s)
+                    and resolves_partial(op, s)
+                    and keeps_gradient_layout(op, s)
+                    and reduces_gradients(op, s)
                 ]
                 candidates = filtered or candidates
             rule = rules.get(op.type)
@@ -527,10 +585,10 @@ def baseline_plan(
     )
 
 
-def _gradient_layouts(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure) -> dict[str, NdSbp]:
+def _gradient_owners(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure) -> dict[str, Variable]:
     """Tensor on a weight gradient's path (:func:`autopar.optimizer.weight_gradient_path`:
-    back from the gradient while the shape stays the parameter's) -> its parameter's layout."""
-    layouts: dict[str, NdSbp] = {}
+    back from the gradient while the shape stays the parameter's) -> its parameter."""
+    layouts: dict[str, Variable] = {}
     for v in graph.variables:
         if not v.grad or v.op not in var_layout:
             continue
@@ -542,7 +600,7 @@ def _gradient_layouts(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure
                 continue
             if graph.tensors[t].shape != shape:
                 continue
-            layouts[t] = var_layout[v.op]
+            layouts[t] = v
             stack.extend(graph.op_by_name[graph.producer[t][0]].inputs.values())
     return layouts
 

@@ -28,6 +28,11 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    linear); Megatron-LM's fused ``key_value`` issues 1.  For T5 the baseline is
    also measured on the same model built with LiBai's fused, head-first
    cross-attention ``key_value`` (``fused_cross_kv=True``), against ``hand``;
+   and its data-parallel bytes (ZeRO-0) against Megatron-LM's DDP count
+   (:func:`hand_count_dp_bytes`: each gradient all-reduced once, in the compute
+   dtype), per parameter (``hand``) and per compute-dtype copy the graph makes of
+   a parameter (``hand (graph)``: a table cast once per use has one gradient per
+   use);
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory;
@@ -67,16 +72,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autopar.baselines import baseline_plan
+from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.models import build
+from autopar.sbp import Split
 from benchmarks.seed_replay import print_replay, replay
 
 GIB = 1024**3
@@ -132,6 +139,47 @@ def hand_count(
     return per_all_reduce * (cfg["layers"] * 4 * act + act + act)
 
 
+def hand_count_dp_bytes(graph: Graph, mesh: Mesh, *, per_copy: bool = False) -> float:
+    """Megatron-LM's data-parallel bytes per device for one step without ZeRO (DDP).
+
+    Each trainable parameter's gradient is all-reduced once over the data-parallel
+    axes (all but the last): ring, ``2 (dp-1)/dp`` x its bytes; its tensor-parallel
+    shard (Megatron's parameter layout, :func:`autopar.baselines.megatron_parameter_layout`,
+    whose tensor-parallel traffic :func:`hand_count` checks); in the dtype the model
+    computes in (Megatron-LM's DDP reduces the ``main_grad`` buffer in the parameters'
+    dtype unless ``--accumulate-allreduce-grads-in-fp32``; ``megatron/core/distributed``).
+    A parameter whose graph casts it to the compute dtype counts in that dtype.
+
+    ``per_copy``: once per compute-dtype copy the graph makes of a parameter (a table
+    cast once per use, as the shared T5 embedding and GPT's tied word embedding are):
+    each copy's gradient is made apart and cast to the parameter's dtype before the
+    copies are summed, so no plan of such a graph reduces it once in the compute
+    dtype, as Megatron-LM's one gradient buffer does.
+    """
+    layout = megatron_parameter_layout(graph, mesh)
+    dp = math.prod(mesh.shape[:-1])
+    tp = mesh.shape[-1]
+    total = 0.0
+    for v in graph.variables:
+        if v.grad is None:
+            continue
+        spec = graph.tensors[v.tensor]
+        casts = [
+            graph.op_by_name[c]
+            for c, _ in graph.consumers.get(v.tensor, [])
+            if graph.op_by_name[c].type == "cast"
+        ]
+        itemsize = (
+            DTYPE_BYTES[graph.tensors[next(iter(casts[0].outputs.values()))].dtype]
+            if casts
+            else (DTYPE_BYTES[spec.dtype])
+        )
+        copies = max(1, len(casts)) if per_copy else 1
+        shard = tp if isinstance(layout[v.op][-1], Split) else 1
+        total += copies * spec.numel / shard * itemsize
+    return 2 * (dp - 1) / dp * total
+
+
 RUNTIMES = ("oneflow-0.9", "ideal")
 """The runtime profiles every row is measured with."""
 
@@ -170,6 +218,7 @@ def measure(model: str) -> dict[str, Any]:
         inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime))
         rows[runtime] = {
             "megatron_tp_bytes_zero0": meg0.comm_bytes_per_axis[1],
+            "megatron_dp_bytes_zero0": meg0.comm_bytes_per_axis[0],
             "megatron_ms": meg.step_time_s * 1e3,
             "megatron_overlapped_ms": meg.step_time_overlapped_s * 1e3,
             "inferred_ms": inf.step_time_s * 1e3,
@@ -181,6 +230,8 @@ def measure(model: str) -> dict[str, Any]:
     out.update(
         hand_tp_bytes=hand,
         hand_tp_bytes_graph=hand_graph,
+        hand_dp_bytes=hand_count_dp_bytes(graph, mesh),
+        hand_dp_bytes_graph=hand_count_dp_bytes(graph, mesh, per_copy=True),
         runtimes=rows,
         zero={
             "zero2_ms": z2.step_time_s * 1e3,
@@ -313,10 +364,10 @@ def inference_agreement(jobs: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _tp_bytes_line(runtime: str, got: float, counts: dict[str, Any]) -> str:
-    """One runtime's megatron tp bytes against ``counts``' hand count (and the graph's, where
-    it differs)."""
-    hand, hand_graph = counts["hand_tp_bytes"], counts["hand_tp_bytes_graph"]
+def _tp_bytes_line(runtime: str, got: float, counts: dict[str, Any], axis: str = "tp") -> str:
+    """One runtime's megatron bytes on the ``axis`` ("tp" or "dp") against ``counts``' hand
+    count (and the graph's, where it differs)."""
+    hand, hand_graph = counts[f"hand_{axis}_bytes"], counts[f"hand_{axis}_bytes_graph"]
     d = 1 if hand >= SMALL_COUNT_BYTES else 4  # a tiny job's megabytes with more digits
     line = f"    {runtime:<12} {got / 1e6:9.{d}f} MB  hand {hand / 1e6:9.{d}f} MB  ratio {got / hand:.3f}"
     if hand_graph != hand:
@@ -380,6 +431,9 @@ def main() -> None:
         print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
         for runtime, row in r["runtimes"].items():
             print(_tp_bytes_line(runtime, row["megatron_tp_bytes_zero0"], r))
+        print("  megatron dp bytes/device (ZeRO-0) vs Megatron-LM's DDP hand count:")
+        for runtime, row in r["runtimes"].items():
+            print(_tp_bytes_line(runtime, row["megatron_dp_bytes_zero0"], r, axis="dp"))
         if "fused_kv" in r:
             fused = r["fused_kv"]
             print(
