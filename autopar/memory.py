@@ -7,7 +7,7 @@ graph (:func:`graph_state_bytes`): ``K_p`` = the variable's dtype size, ``K_g``
 = its gradient tensor's, ``K_o`` = the optimizer's state count times the
 variable's dtype size (plus a float32 master copy when the variable itself is
 half precision).  A OneFlow AMP graph (float32 variables, float16 compute)
-gives 4 + 4 + 8; the low-precision working copies (``cast`` of each use) are
+gives 4 + 4 + 8; the low-precision working copies (one ``cast`` per parameter) are
 then ordinary activations.  The ZeRO paper's mixed-precision policy
 (:data:`MIXED_PRECISION_ADAM`: 2 + 2 + 12, working copy = the parameter) is
 available explicitly.  With ``Psi`` parameters on a device after tensor

@@ -30,9 +30,7 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
    cross-attention ``key_value`` (``fused_cross_kv=True``), against ``hand``;
    and its data-parallel bytes (ZeRO-0) against Megatron-LM's DDP count
    (:func:`hand_count_dp_bytes`: each gradient all-reduced once, in the compute
-   dtype), per parameter (``hand``) and per compute-dtype copy the graph makes of
-   a parameter (``hand (graph)``: a table cast once per use has one gradient per
-   use);
+   dtype, once per parameter);
 2. the modelled step time of ``inferred`` (OneFlow's SBP inference with the
    LiBai parameter layout) over ``megatron``, with each runtime profile;
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory;
@@ -139,7 +137,7 @@ def hand_count(
     return per_all_reduce * (cfg["layers"] * 4 * act + act + act)
 
 
-def hand_count_dp_bytes(graph: Graph, mesh: Mesh, *, per_copy: bool = False) -> float:
+def hand_count_dp_bytes(graph: Graph, mesh: Mesh) -> float:
     """Megatron-LM's data-parallel bytes per device for one step without ZeRO (DDP).
 
     Each trainable parameter's gradient is all-reduced once over the data-parallel
@@ -148,13 +146,10 @@ def hand_count_dp_bytes(graph: Graph, mesh: Mesh, *, per_copy: bool = False) -> 
     whose tensor-parallel traffic :func:`hand_count` checks); in the dtype the model
     computes in (Megatron-LM's DDP reduces the ``main_grad`` buffer in the parameters'
     dtype unless ``--accumulate-allreduce-grads-in-fp32``; ``megatron/core/distributed``).
-    A parameter whose graph casts it to the compute dtype counts in that dtype.
-
-    ``per_copy``: once per compute-dtype copy the graph makes of a parameter (a table
-    cast once per use, as the shared T5 embedding and GPT's tied word embedding are):
-    each copy's gradient is made apart and cast to the parameter's dtype before the
-    copies are summed, so no plan of such a graph reduces it once in the compute
-    dtype, as Megatron-LM's one gradient buffer does.
+    A parameter whose graph casts it to the compute dtype counts in that dtype (the
+    built-in graphs cast each parameter once, as OneFlow AMP does, so a shared or tied
+    table's uses sum their gradients in that dtype before the one reduction, as
+    Megatron-LM's one gradient buffer does).
     """
     layout = megatron_parameter_layout(graph, mesh)
     dp = math.prod(mesh.shape[:-1])
@@ -168,15 +163,14 @@ def hand_count_dp_bytes(graph: Graph, mesh: Mesh, *, per_copy: bool = False) -> 
             graph.op_by_name[c]
             for c, _ in graph.consumers.get(v.tensor, [])
             if graph.op_by_name[c].type == "cast"
-        ]
+        ][:1]
         itemsize = (
             DTYPE_BYTES[graph.tensors[next(iter(casts[0].outputs.values()))].dtype]
             if casts
             else (DTYPE_BYTES[spec.dtype])
         )
-        copies = max(1, len(casts)) if per_copy else 1
         shard = tp if isinstance(layout[v.op][-1], Split) else 1
-        total += copies * spec.numel / shard * itemsize
+        total += spec.numel / shard * itemsize
     return 2 * (dp - 1) / dp * total
 
 
@@ -231,7 +225,7 @@ def measure(model: str) -> dict[str, Any]:
         hand_tp_bytes=hand,
         hand_tp_bytes_graph=hand_graph,
         hand_dp_bytes=hand_count_dp_bytes(graph, mesh),
-        hand_dp_bytes_graph=hand_count_dp_bytes(graph, mesh, per_copy=True),
+        hand_dp_bytes_graph=hand_count_dp_bytes(graph, mesh),
         runtimes=rows,
         zero={
             "zero2_ms": z2.step_time_s * 1e3,

@@ -26,9 +26,12 @@ A tensor read by several differentiable ops gets its gradient contributions
 summed by one ``add_n`` just before its producer's backward runs.
 
 Mixed precision follows OneFlow AMP: parameters are ``float32`` ``variable`` ops,
-each *use* of a parameter goes through its own ``cast`` to the compute dtype, and
-the gradient flows back through a ``cast`` to ``float32`` (several uses: an
-``add_n`` of the ``float32`` gradients).  :meth:`GraphBuilder.optimizer`
+each cast once to the compute dtype, and every use reads that one copy (OneFlow's
+``AutoMixedPrecision`` pass groups the edges it casts by source blob and inserts one
+``cast`` per blob: ``InsertCastOpImpl``, ``edges_group_by_lbn``, in
+``oneflow/core/job_rewriter/auto_mixed_precision.cpp``); the gradient of a copy read
+several times (a shared or tied embedding) is summed by one ``add_n`` in the compute
+dtype and flows back through one ``cast`` to ``float32``.  :meth:`GraphBuilder.optimizer`
 optionally clips gradients by global norm exactly as OneFlow's optimizer pass
 does (``multi_reduce_sum_pow_abs`` per gradient, an ``add_n`` tree of at most 8
 inputs, ``scalar_pow``, ``scalar_add``, ``reciprocal_no_nan``, ``scalar_mul``,
@@ -145,7 +148,8 @@ class GraphBuilder:
         self._ops: list[Op] = []
         self._op_names: set[str] = set()
         self._params: list[Param] = []
-        self._param_uses: dict[str, int] = {}
+        self._param_copies: dict[str, str] = {}
+        """Parameter name -> its compute-dtype copy (:meth:`use`)."""
         self._param_grads: dict[str, str] = {}
         self._tape: list[_TapeEntry] = []
         self._requires_grad: set[str] = set()
@@ -279,22 +283,19 @@ class GraphBuilder:
         )
         p = Param(full, tensor, tuple(shape), weight_decay)
         self._params.append(p)
-        self._param_uses[full] = 0
         self._requires_grad.add(tensor)
         return p
 
     def use(self, p: Param) -> str:
-        """The parameter in the compute dtype: one ``cast`` per use (OneFlow AMP)."""
+        """The parameter in the compute dtype: one ``cast`` per parameter, which every use
+        reads (OneFlow AMP casts each blob once; module docstring)."""
         if self.compute_dtype == self.param_dtype:
             return p.tensor
-        k = self._param_uses[p.name]
-        self._param_uses[p.name] = k + 1
-        return self.cast(
-            p.tensor,
-            self.compute_dtype,
-            name=f"{p.name}.cast" + (f"_{k}" if k else ""),
-            qualify=False,
-        )
+        copy = self._param_copies.get(p.name)
+        if copy is None:
+            copy = self.cast(p.tensor, self.compute_dtype, name=f"{p.name}.cast", qualify=False)
+            self._param_copies[p.name] = copy
+        return copy
 
     # ------------------------------------------------------------ element-wise and views
 
