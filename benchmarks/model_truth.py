@@ -369,6 +369,16 @@ def _tp_bytes_line(runtime: str, got: float, counts: dict[str, Any], axis: str =
     return line
 
 
+def _print_tiny_job(title: str, counts: dict[str, Any], json_out: str | None) -> None:
+    """An imported tiny job's megatron tp bytes against the hand count (fp32 CPU job, [2, 2])."""
+    print(f"imported OneFlow {title}, fp32), mesh [2, 2]")
+    print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
+    for runtime, got in counts["runtimes"].items():
+        print(_tp_bytes_line(runtime, got, counts))
+    if json_out:
+        Path(json_out).write_text(json.dumps(counts, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2-medium,mt5-base")
@@ -385,24 +395,13 @@ def main() -> None:
     if args.imported_tiny_mt5 is not None:
         mt5 = measure_imported_tiny_mt5(args.imported_tiny_mt5)
         kv = "fused key_value" if mt5["fused_cross_kv"] else "separate k, v"
-        print(
-            f"imported OneFlow mt5-tiny job ({args.imported_tiny_mt5}: {mt5['ops']} ops, "
-            f"cross-attention {kv}, fp32), mesh [2, 2]"
+        _print_tiny_job(
+            f"mt5-tiny job ({args.imported_tiny_mt5}: {mt5['ops']} ops, cross-attention {kv}", mt5, args.json
         )
-        print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
-        for runtime, got in mt5["runtimes"].items():
-            print(_tp_bytes_line(runtime, got, mt5))
-        if args.json:
-            Path(args.json).write_text(json.dumps(mt5, indent=1))
         return
     if args.imported_gpt is not None:
         gpt = measure_imported_gpt(args.imported_gpt)
-        print(f"imported OneFlow gpt-tiny job ({args.imported_gpt}: {gpt['ops']} ops, fp32), mesh [2, 2]")
-        print("  megatron tp bytes/device (ZeRO-0, boxed as OneFlow groups) vs Megatron-LM hand count:")
-        for runtime, got in gpt["runtimes"].items():
-            print(_tp_bytes_line(runtime, got, gpt))
-        if args.json:
-            Path(args.json).write_text(json.dumps(gpt, indent=1))
+        _print_tiny_job(f"gpt-tiny job ({args.imported_gpt}: {gpt['ops']} ops", gpt, args.json)
         return
     if args.inference_jobs is not None:
         rows = inference_agreement(args.inference_jobs)

@@ -25,6 +25,19 @@ from autopar.sbp import Partial, parse_nd_sbp
 from tests.graphs import mlp_graph
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))
+SMALL_MT5: dict[str, int] = {
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "batch": 16,
+    "encoder_seq": 64,
+    "decoder_seq": 32,
+    "hidden": 256,
+    "heads": 4,
+    "d_kv": 64,
+    "ffn": 512,
+    "vocab": 4096,
+}
+"""A 2+2-layer mt5-base small enough for a unit test (``build("mt5-base", **SMALL_MT5)``)."""
 
 
 def _with_runtime(plan: Plan, name: str) -> Plan:
@@ -231,16 +244,7 @@ def test_megatron_reduces_each_weight_gradient_once_over_the_data_parallel_axis(
     are that count (GPT's word embedding is tied, T5's shared by both stacks)."""
     from benchmarks.model_truth import hand_count_dp_bytes
 
-    small = {"layers": 2, "hidden": 256, "heads": 4, "vocab": 4096}
-    if model == "mt5-base":
-        small = {
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "hidden": 256,
-            "heads": 4,
-            "d_kv": 64,
-            "vocab": 4096,
-        }
+    small = SMALL_MT5 if model == "mt5-base" else {"layers": 2, "hidden": 256, "heads": 4, "vocab": 4096}
     g = build(model, **small)
     hand = hand_count_dp_bytes(g, MESH)
     for runtime in ("ideal", "oneflow-0.9"):
@@ -275,19 +279,7 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
     from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes
 
     decoder_layers, batch, encoder_seq, hidden = 2, 16, 64, 256
-    g = build(
-        "mt5-base",
-        encoder_layers=2,
-        decoder_layers=decoder_layers,
-        batch=batch,
-        encoder_seq=encoder_seq,
-        decoder_seq=32,
-        hidden=hidden,
-        heads=4,
-        d_kv=64,
-        ffn=512,
-        vocab=4096,
-    )
+    g = build("mt5-base", **SMALL_MT5)
     layout, fused = _megatron_layout(g, MESH)
     tables = [name for name in layout if "relative_attention_bias" in name]
     assert tables and all(str(layout[name]) == "(B, S(1))" for name in tables)
@@ -322,21 +314,8 @@ def test_megatron_on_t5_with_libai_fused_key_value_moves_megatron_lms_bytes(runt
     from autopar.baselines import _megatron_layout
     from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes, megatron_tp_bytes
 
-    decoder_layers = 2
-    g = build(
-        "mt5-base",
-        encoder_layers=2,
-        decoder_layers=decoder_layers,
-        batch=16,
-        encoder_seq=64,
-        decoder_seq=32,
-        hidden=256,
-        heads=4,
-        d_kv=64,
-        ffn=512,
-        vocab=4096,
-        fused_cross_kv=True,
-    )
+    decoder_layers = SMALL_MT5["decoder_layers"]
+    g = build("mt5-base", **SMALL_MT5, fused_cross_kv=True)
     layout, fused = _megatron_layout(g, MESH)
     for i in range(decoder_layers):
         kv = f"decoder.layers.{i}.cross_attn.key_value.weight"

@@ -8,21 +8,17 @@ from autopar.baselines import baseline_plan, megatron_parameter_layout
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.oneflow import import_job
-from benchmarks.model_truth import GPT_TINY, SEPARATE_CROSS_KV_LINEARS, hand_count, megatron_tp_bytes
+from benchmarks.model_truth import (
+    GPT_TINY,
+    MT5_TINY,
+    SEPARATE_CROSS_KV_LINEARS,
+    hand_count,
+    megatron_tp_bytes,
+)
 
 pytestmark = pytest.mark.oneflow
 
 MESH = Mesh(Cluster.parse("1x4"), (2, 2))
-# zoo.build("mt5-tiny"): batch 8, d_model 64, sequences 32 / 16, 2 + 2 layers; CPU jobs are fp32
-TINY_MT5 = {
-    "batch": 8,
-    "hidden": 64,
-    "encoder_seq": 32,
-    "decoder_seq": 16,
-    "encoder_layers": 2,
-    "decoder_layers": 2,
-    "dtype": "float32",
-}
 TOLERANCE = 0.05
 """Issue 8, item 4: within 5 % of the hand count per axis."""
 NEAR = 0.01
@@ -48,7 +44,7 @@ def test_megatron_on_an_imported_mt5_job_all_reduces_per_linear(mesh_jobs):
     layout = megatron_parameter_layout(graph, MESH)
     head = next(name for name in layout if name.endswith("lm_head.weight"))
     assert str(layout[head]) == "(B, S(0))"  # [vocab, d_model] split by vocabulary
-    per_linear = hand_count("t5", TINY_MT5, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
+    per_linear = hand_count("t5", MT5_TINY, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     assert _megatron_tp_bytes(graph) == pytest.approx(per_linear, rel=TOLERANCE)
 
 
@@ -82,11 +78,11 @@ def test_megatron_on_an_imported_mt5_job_with_libai_key_value_moves_megatron_lms
     graph = import_job(fused_kv_jobs / "mt5-tiny_zero2.pb", zero_stage=2)
     layout = megatron_parameter_layout(graph, MESH)
     key_value = [name for name in layout if name.endswith("EncDecAttention.key_value.weight")]
-    assert len(key_value) == TINY_MT5["decoder_layers"]
+    assert len(key_value) == MT5_TINY["decoder_layers"]
     assert all(str(layout[name]) == "(B, S(0))" for name in key_value)  # split by heads
     got = megatron_tp_bytes(graph, MESH, runtime)
-    hand = hand_count("t5", TINY_MT5, MESH)
+    hand = hand_count("t5", MT5_TINY, MESH)
     assert got == pytest.approx(hand, rel=TOLERANCE)
     assert got == pytest.approx(hand, rel=NEAR)
-    per_linear = hand_count("t5", TINY_MT5, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
+    per_linear = hand_count("t5", MT5_TINY, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     assert got < per_linear * (1 - NEAR)
