@@ -339,16 +339,21 @@ class _Dual:
         the first (it keeps its bound): off the deterministic path the priced run then
         sweeps alone, in a thread, with both cores' worth of the time."""
         self.best = best
+        price = best.price
+        if price is None and self.memory:
+            # memory rows are in play because an earlier round's plan overflowed; a plan
+            # that fits from the start leaves the heuristic no prices to hand on
+            price = starting_prices(self.reduced)
         if (
             self.runs
-            and best.price is not None
+            and price is not None
             and math.isfinite(self.runs[0].value)
             and (deadline is None or deadline - time.perf_counter() > _PRICED_SETUP_FACTOR * self.setup_s)
         ):
             self.stop_sweeping()
             if not self.options.deterministic:
                 self._retired.add(id(self.runs[0]))
-            self.runs.append(DiffusionBound(self.reduced, best.price))
+            self.runs.append(DiffusionBound(self.reduced, price))
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
     @property
@@ -591,6 +596,20 @@ class _Sweeper:
 
 def _take_snapshot(run: DiffusionBound, out: list[tuple[np.ndarray, np.ndarray]]) -> None:
     out.append(run.snapshot())
+
+
+def starting_prices(problem: Problem) -> np.ndarray:
+    """Seconds per byte of each memory row at which memory weighs about as much as time:
+    the median spread of the node costs over the median spread of the row's per-node
+    bytes (the heuristic's first price when it has to price memory); decodes then move
+    each price up while plans overflow the row and down while they fit."""
+    spreads = [float(np.ptp(c[np.isfinite(c)])) for c in problem.node_costs if np.isfinite(c).sum() > 1]
+    cost_scale = max(float(np.median(spreads)) if spreads else 1.0, 1e-30)
+    prices = []
+    for row in problem.memory_rows:
+        bytes_spread = [float(np.ptp(t)) for t in row.terms.values() if t.size > 1]
+        prices.append(cost_scale / max(float(np.median(bytes_spread)) if bytes_spread else 1.0, 1.0))
+    return np.array(prices)
 
 
 def _evaluated(problem: Problem, choices: list[int]) -> tuple[float, list[float], bool]:

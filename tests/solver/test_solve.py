@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 import autopar_solver.solve as solve_module
 from autopar.errors import VerificationError
 from autopar_solver.bounds import DiffusionBound
+from autopar_solver.heuristic import HeuristicResult
 from autopar_solver.options import PHASES, SolverOptions
-from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible
+from autopar_solver.problem import MemoryRow, Problem, evaluate, is_feasible, memory_fits
 from autopar_solver.reductions import reduce_problem
 from autopar_solver.solve import solve
 from autopar_solver.synthetic import synthetic_problem
@@ -211,6 +212,25 @@ def test_a_sweeping_thread_applies_new_prices_between_chunks_and_at_stop():
     plan = solve(problem, SolverOptions(time_limit_s=2, workers=1)).choices
     cost, memory = evaluate(problem, plan)
     assert run.value <= cost + float(price @ (np.array(memory) - problem.budget_bytes)) + 1e-12
+
+
+def test_a_memory_round_gets_a_priced_run_when_the_heuristic_needed_no_prices():
+    # a round with a memory row whose heuristic plan fits from the start (no Lagrangian
+    # prices to hand on) still sweeps a priced run, from the starting prices; its bound
+    # is at most any fitting plan's time (the priced term is <= 0 for a plan that fits)
+    problem = synthetic_problem(60, 6, seed=5)
+    options = SolverOptions(time_limit_s=5, workers=1)
+    fits = solve(problem, SolverOptions(time_limit_s=2, workers=1)).choices
+    cost, memory = evaluate(problem, fits)
+    assert memory_fits(problem.budget_bytes, memory)
+    dual = solve_module._Dual(problem, options)
+    dual.use_heuristic(HeuristicResult(fits, cost, memory, True), time.perf_counter() + 5)
+    assert len(dual.runs) == 2
+    priced = dual.runs[1]
+    assert np.array_equal(priced.price, solve_module.starting_prices(problem))
+    assert (priced.price > 0).all() and np.isfinite(priced.price).all()
+    priced.run(20)
+    assert priced.value <= cost + 1e-12
 
 
 def test_the_parallel_dual_sweeps_and_decodes_on_a_big_problem():
