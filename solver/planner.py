@@ -69,16 +69,22 @@ VERIFY_RTOL = 1e-6
 
 
 EVALUATE_RESERVE_S = 1.0
-"""Seconds kept free before the deadline, per 10k ops, for the evaluator's re-check of the
+"""Seconds kept free before the deadline, at least, for the evaluator's re-check of the
 plan (measured on mt5-base, 4.2k ops, 2-core machine: 0.6-0.9 s wall from the solver's
 answer to the verified plan)."""
+EVALUATE_S_PER_OP = 1.5e-4
+"""Seconds per op kept free before the deadline for building the plan from the solver's
+answer and re-checking it, when that is more than :data:`EVALUATE_RESERVE_S` (measured on
+the 50k-op graph, 2-core machine, 2026-12-02: 1.7 s to build the plan, 5.3 s to evaluate
+it; with 1 s per 10k ops kept free, a 30 s limit ended at 33.7 s)."""
 EVALUATE_PER_BUILD = 5.0
 """Evaluator seconds per second of :func:`build_problem` kept free before the deadline."""
 TIED_SHARE = 0.5
 """Share of a round's time the tied solve may take (the untied solve gets the rest)."""
-UNTIED_S_PER_NODE = 3e-4
+UNTIED_S_PER_NODE = 4.5e-4
 """Seconds per node below which the untied solve is not started (its reductions and
-heuristic alone took 11.7 s on 50k nodes on the loaded 2-core machine)."""
+heuristic alone took 11.7 s on 50k nodes on the loaded 2-core machine; 14-21 s on the idle
+one on 2026-12-02, when a 30 s limit that started it with 16.5 s left ended at 34-35 s)."""
 VALIDATE_S_PER_OP = 1e-5
 """Seconds per op below which checking the graph is not started (measured: 100k ops
 validate in 1.5-3.6 s on the 2-core machine, idle to loaded)."""
@@ -355,7 +361,7 @@ def solve_on_mesh(
             deadline=deadline,
         )
     t_tables = time.perf_counter() - t0
-    reserve = EVALUATE_RESERVE_S * max(1.0, len(graph.ops) / 10_000)
+    reserve = max(EVALUATE_RESERVE_S, EVALUATE_S_PER_OP * len(graph.ops))
     if tie_layers is None:
         tie_layers = len(graph.ops) > TIE_THRESHOLD_OPS
     positions: list[int] = []
