@@ -159,18 +159,17 @@ def hand_count_dp_bytes(graph: Graph, mesh: Mesh) -> float:
         if v.grad is None:
             continue
         spec = graph.tensors[v.tensor]
-        casts = [
-            graph.op_by_name[c]
-            for c, _ in graph.consumers.get(v.tensor, [])
-            if graph.op_by_name[c].type == "cast"
-        ][:1]
-        itemsize = (
-            DTYPE_BYTES[graph.tensors[next(iter(casts[0].outputs.values()))].dtype]
-            if casts
-            else (DTYPE_BYTES[spec.dtype])
+        compute_dtype = next(
+            (
+                graph.tensors[out].dtype
+                for c, _ in graph.consumers.get(v.tensor, [])
+                if graph.op_by_name[c].type == "cast"
+                for out in graph.op_by_name[c].outputs.values()
+            ),
+            spec.dtype,
         )
         shard = tp if isinstance(layout[v.op][-1], Split) else 1
-        total += spec.numel / shard * itemsize
+        total += spec.numel / shard * DTYPE_BYTES[compute_dtype]
     return 2 * (dp - 1) / dp * total
 
 

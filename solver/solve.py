@@ -308,8 +308,8 @@ class _Dual:
         """Runs sweeping in threads of their own (:meth:`start_sweeping`)."""
         self._fresh = threading.Event()
         """Set by a sweeper when it has published a new state."""
-        self._retired: set[int] = set()
-        """Runs (``id``) that no thread is to sweep again."""
+        self._retired: set[DiffusionBound] = set()
+        """Runs that no thread is to sweep again."""
         self.trivial = trivial_bound(reduced)
         """The bound without any sweep: every node and edge at its least, seconds."""
         self.runs: list[DiffusionBound] = []
@@ -352,7 +352,7 @@ class _Dual:
         ):
             self.stop_sweeping()
             if not self.options.deterministic:
-                self._retired.add(id(self.runs[0]))
+                self._retired.add(self.runs[0])
             self.runs.append(DiffusionBound(self.reduced, price))
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
 
@@ -375,7 +375,7 @@ class _Dual:
             self._advance_in_parallel(deadline, target_gap)
             return
         while True:
-            live = [r for r in self.runs if not r.converged and id(r) not in self._retired]
+            live = [r for r in self.runs if not r.converged and r not in self._retired]
             if deterministic:
                 live = [r for r in live if r.sweeps < _DETERMINISTIC_SWEEPS]
             if self.rounds >= _MAX_ROUNDS:
@@ -401,7 +401,7 @@ class _Dual:
         until ``deadline`` (e.g. while the heuristic runs); :meth:`advance` then decodes
         what they reach."""
         for run in self.runs:
-            if id(run) in self._retired or run.converged:
+            if run in self._retired or run.converged:
                 continue
             if all(s.run is not run for s in self.sweepers):
                 self.sweepers.append(_Sweeper(run, deadline, self._fresh))
@@ -412,17 +412,17 @@ class _Dual:
         :data:`_CHUNK` sweeps (new memory prices go to the run's thread, which applies
         them between chunks) and runs the heuristic's descent, so both cores of a small
         machine work.  After two decodes only the run with the higher bound goes on."""
-        decoded: dict[int, int] = {}
+        decoded: dict[_Sweeper, int] = {}
         try:
             while self.sweepers:
                 self._fresh.wait(timeout=max(0.0, deadline - time.perf_counter()))
                 self._fresh.clear()
                 for sweeper in list(self.sweepers):
                     state, done = sweeper.latest()
-                    if state is not None and state[0] != decoded.get(id(sweeper)):
+                    if state is not None and state[0] != decoded.get(sweeper):
                         if time.perf_counter() >= deadline:
                             break
-                        decoded[id(sweeper)] = state[0]
+                        decoded[sweeper] = state[0]
                         self._decode(sweeper.run, deadline, state=state[1], reverse_state=state[2])
                         self.rounds += 1
                     if done:
@@ -431,7 +431,7 @@ class _Dual:
                     break
                 if self.rounds >= 2 and len(self.sweepers) > 1:
                     lowest = min(self.sweepers, key=lambda s: s.run.value)
-                    self._retired.add(id(lowest.run))
+                    self._retired.add(lowest.run)
                     self._stop(lowest)
                 if time.perf_counter() >= deadline:
                     break
