@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.solver [--cases mt5-base-4x2,...] [--time-limit 30]
     .venv/bin/python -m benchmarks.solver --promise [--time-limit 5]
+    .venv/bin/python -m benchmarks.solver --warm [--time-limit 10]
     .venv/bin/python -m benchmarks.solver --imported /tmp/of-mt5 [--cases oneflow-mt5-imported]
 
 Each case runs in its own process (so its peak RSS is its own): the model graph is
@@ -16,6 +17,11 @@ plan's peak as the budget, and report the second run.
 ``--promise`` runs the time-limit cases instead (a 100k-op graph, a 64x64
 cluster, a ``[1,1,1,8]`` mesh, mt5-base on ``4,2,1`` and ``2,2,2``): the wall
 must stay within the limit + 2 s, with a verified plan or a ``time_limit`` error.
+
+``--warm`` runs the warm cases: in one process, a first untimed run fills the memo
+(cost tables and the solve memo, :mod:`autopar_solver.solve_memo`), then the clock
+starts for the timed run: the same request again, or ZeRO 3 after ZeRO 2 (another
+problem on the same graph: the optimizer ops' tables and the whole solve are new).
 
 ``--imported DIR`` adds the case ``oneflow-mt5-imported``: the graph of a real
 OneFlow MT5 job, built and imported by ``benchmarks/oneflow_mt5.py --out DIR``
@@ -51,6 +57,11 @@ class Case:
     """Per-device budget (the preset's 40 GiB); None: no budget."""
     graph_file: str | None = None
     """A graph JSON to load instead of building ``model`` (an imported OneFlow job)."""
+    zero: int = 2
+    """ZeRO stage of the timed run."""
+    warm_from_zero: int | None = None
+    """Warm case: first plan the same graph, mesh and budget with this ZeRO stage, untimed,
+    in the same process and memo (cost tables and solve memo); then time the run."""
 
 
 CASES: dict[str, Case] = {
@@ -67,6 +78,13 @@ CASES: dict[str, Case] = {
     # the least memory any plan needs is 2.91 GiB, 68 % of the unconstrained plan's 4.29 GiB
     "mt5-base-mem70": Case("mt5-base", "2x4", (4, 2), memory_fraction=0.70),
     "mt5-base-mem95": Case("mt5-base", "2x4", (4, 2), memory_fraction=0.95),
+}
+WARM: dict[str, Case] = {
+    # the same request again: every cost-table entry and the solve are in the memo
+    "mt5-base-4x2-warm": Case("mt5-base", "2x4", (4, 2), warm_from_zero=2),
+    "mt5-base-2x4-warm": Case("mt5-base", "2x4", (2, 4), warm_from_zero=2),
+    # another problem on the same graph: the op tables of the optimizer ops and the solve are new
+    "mt5-base-4x2-zero3-after-zero2": Case("mt5-base", "2x4", (4, 2), zero=3, warm_from_zero=2),
 }
 IMPORTED = "oneflow-mt5-imported"
 """Case name of ``--imported``: the job of ``benchmarks/oneflow_mt5.py``, mesh [4, 2] on 2x4."""
@@ -85,6 +103,7 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
     from autopar.graph import Graph
     from autopar.models import build
     from autopar.progress import Deadline
+    from autopar.store import MemoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
 
@@ -98,6 +117,9 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
         options = SolverOptions(time_limit_s=time_limit, workers=workers)
         budget = None if case.budget_gib is None else int(case.budget_gib * GIB)
         row: dict[str, Any] = {"ops": len(graph.ops), "graph_build_s": build_s}
+        store = MemoryStore() if case.warm_from_zero is not None else None
+        if case.warm_from_zero is not None:
+            plan(PlanRequest(graph, cluster, case.mesh, budget, case.warm_from_zero, options), store=store)
         if case.memory_fraction is not None:
             free = plan(PlanRequest(graph, cluster, case.mesh, None, 2, options))
             budget = int(case.memory_fraction * free.memory_per_device_bytes)
@@ -107,14 +129,20 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
         try:
             g = Graph.load(path)  # plan() validates it
             row["load_s"] = deadline.elapsed()
-            p = plan(PlanRequest(g, cluster, case.mesh, budget, 2, options), deadline=deadline)
+            p = plan(
+                PlanRequest(g, cluster, case.mesh, budget, case.zero, options), store=store, deadline=deadline
+            )
         except AutoparError as exc:
             row.update(wall_s=deadline.elapsed(), error=str(exc)[:300])
         else:
             s = p.solver or {}
             st = s.get("stats", {})
+            memo = st.get("memo") or {}
             row.update(
                 wall_s=deadline.elapsed(),
+                memo="recalled"
+                if memo.get("plan") == "recalled"
+                else ("solved" if memo.get("key") else None),
                 gap=s.get("gap"),
                 status=s.get("status"),
                 tables_s=st.get("time_cost_tables_s"),
@@ -151,6 +179,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=None, help="comma list (default: all of the chosen set)")
     ap.add_argument("--promise", action="store_true", help="the time-limit cases")
+    ap.add_argument("--warm", action="store_true", help="the warm cases (memo filled by a first run)")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds (default 30; 5 with --promise)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument(
@@ -161,14 +190,20 @@ def main() -> None:
     )
     ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    table = dict(PROMISE if args.promise else CASES)
+    table = dict(PROMISE if args.promise else WARM if args.warm else CASES)
     if args.imported is not None:
-        table[IMPORTED] = Case("(imported)", "2x4", (4, 2), graph_file=str(args.imported / "graph.json"))
+        graph_file = str(args.imported / "graph.json")
+        if args.warm:
+            table[IMPORTED + "-warm"] = Case(
+                "(imported)", "2x4", (4, 2), graph_file=graph_file, warm_from_zero=2
+            )
+        else:
+            table[IMPORTED] = Case("(imported)", "2x4", (4, 2), graph_file=graph_file)
     limit = args.time_limit or (5.0 if args.promise else 30.0)
     if args.run_case:
-        print(json.dumps(run_case({**CASES, **PROMISE, **table}[args.run_case], limit, args.workers)))
+        print(json.dumps(run_case({**CASES, **PROMISE, **WARM, **table}[args.run_case], limit, args.workers)))
         return
-    names = _case_names(args.cases, {**CASES, **PROMISE, **table}) if args.cases else list(table)
+    names = _case_names(args.cases, {**CASES, **PROMISE, **WARM, **table}) if args.cases else list(table)
     print(f"time limit {limit:g} s, {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
     print(
         f"{'case':<18}{'ops':>7}{'mesh':>11}{'wall s':>8}{'<=lim+2':>8}{'load s':>7}"
@@ -176,11 +211,13 @@ def main() -> None:
         f"{'gap':>8}{'step ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
     )
     for name in names:
-        case = {**CASES, **PROMISE, **table}[name]
+        case = {**CASES, **PROMISE, **WARM, **table}[name]
         cmd = [sys.executable, "-m", "benchmarks.solver", "--run-case", name]
         cmd += ["--time-limit", str(limit), "--workers", str(args.workers)]
         if args.imported is not None:
             cmd += ["--imported", str(args.imported)]
+        if args.warm:
+            cmd += ["--warm"]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         try:
             row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -197,6 +234,7 @@ def main() -> None:
             f"{'' if gap is None else f'{100 * gap:.2f}%':>8}{row.get('step_ms') or 0:>9.1f}"
             f"{row.get('memory_gib') or 0:>8.2f}{row['peak_rss_gib']:>8.2f}  "
             + (row.get("status") or row.get("error", ""))
+            + (f" (solve memo: {row['memo']})" if row.get("memo") else "")
             + (f" (budget {row['budget_gib']:.2f} GiB)" if "budget_gib" in row else "")
         )
         sys.stdout.flush()

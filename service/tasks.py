@@ -200,7 +200,10 @@ def run_job(
             hint = Plan.from_dict(cached.data()["plan"])
     costs = PrefixedStore(store, "cost:", settings.cost_ttl_s, tolerant=True)
     t0 = time.perf_counter()
-    result = plan(request, store=costs, progress=_Throttle(report), hint=hint)
+    # refresh: solve again (from the solve memo's entry and the cached plan), not recall
+    result = plan(
+        request, store=costs, progress=_Throttle(report), hint=hint, resolve=bool(payload.get("refresh"))
+    )
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)
     stored = with_retries(

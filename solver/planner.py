@@ -55,6 +55,7 @@ from autopar.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.problem import MemoryRow, Problem, Solution, trivial_bound
 from autopar_solver.solve import solve
+from autopar_solver.solve_memo import MemoEntry, memo_key, recall, remember
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
 
@@ -338,6 +339,7 @@ def solve_on_mesh(
     tie_layers: bool | None = None,
     deadline: Deadline | None = None,
     shape_label: tuple[int, ...] | None = None,
+    resolve: bool = False,
 ) -> Plan:
     """Best plan of ``graph`` on one mesh within the budget; verified by the evaluator.
 
@@ -379,6 +381,22 @@ def solve_on_mesh(
         memory_binds = bool(len(floors)) and floors[worst] >= ROUND_SHARE_FLOOR * memory_budget_bytes
     rounds: list[dict[str, Any]] = []
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
+    # what earlier solves of this very problem proved (solve memo): re-checked, then either
+    # the answer (within the requested gap) or where this solve starts
+    key = None
+    if store is not None and not options.deterministic:
+        how = {
+            "seed": options.seed,
+            "use_hint": options.use_hint,
+            "reductions": options.reductions,
+            "max_model_vars": options.max_model_vars,
+        }
+        key = memo_key(tables, memory_budget_bytes, how)
+    memo = recall(store, key) if store is not None and key is not None else None
+    recalled = _recalled(graph, mesh, zero_stage, tables, memo, memory_budget_bytes) if memo else None
+    memo_stats: dict[str, Any] = {"key": key, "found": memo is not None, "verified": recalled is not None}
+    if memo is not None and recalled is None:
+        memo = None  # does not verify: overwritten by this solve's result
     solution: Solution | None = None
     plan_obj: Plan | None = None
     plan_ev: Any = None
@@ -388,6 +406,14 @@ def solve_on_mesh(
     best_bound = -math.inf
     """Greatest lower bound of any round: each round only adds memory rows to the one
     before, so an earlier round's problem is a relaxation and its bound holds for later ones."""
+    plan_positions: list[int] = []
+    solve_again = True
+    if memo is not None and recalled is not None:
+        best_bound = memo.bound  # proven on this problem (a relaxation of it, at least)
+        hint_choices = recalled[2].choices
+        positions += [p for p in memo.positions if p not in positions and p < len(graph.ops)]
+        solve_again = resolve or recalled[2].gap > options.relative_gap
+        memo_stats.update(recalled_gap=recalled[2].gap, solved_again=solve_again)
     polishing = False
     tied_first = False
     """With tied layers, once a plan has overflowed the budget, rounds solve the tied problem
@@ -395,7 +421,7 @@ def solve_on_mesh(
     plan, as a polish: an untied solve of a plan that overflows is time spent on a plan the
     next round discards.  The first round solves both (its untied bound holds for every
     later round)."""
-    for round_no in range(MAX_MEMORY_ROUNDS + 1):
+    for round_no in range(MAX_MEMORY_ROUNDS + 1 if solve_again else 0):
         left = deadline.left() - reserve
         if left < MIN_SOLVE_S:
             stopped_by_deadline = True
@@ -461,6 +487,7 @@ def solve_on_mesh(
         ev = evaluate(graph, candidate)
         if memory_budget_bytes is None or ev.memory.total <= memory_budget_bytes:
             plan_obj, plan_ev, plan_solution = candidate, ev, solution
+            plan_positions = list(positions)
             if tied_first:
                 # the tied plan fits: now the untied problem, from it, with the same rows and
                 # the time left (kept only if it fits and is better, as a polish)
@@ -492,6 +519,14 @@ def solve_on_mesh(
         positions.append(peak)
         hint_choices = solution.choices
         relay.report("memory", detail={"memory_rows": len(positions), "peak_bytes": ev.memory.total})
+    if (
+        recalled is not None
+        and memo is not None
+        and (plan_solution is None or recalled[2].objective < plan_solution.objective)
+    ):
+        plan_obj, plan_ev, plan_solution = recalled
+        plan_positions = list(memo.positions)
+        memo_stats["plan"] = "recalled"
     if plan_obj is None or plan_solution is None:
         if solution is not None and solution.status == "infeasible" and not stopped_by_deadline:
             _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline)
@@ -512,8 +547,15 @@ def solve_on_mesh(
         solution = replace(solution, bound=bound, gap=gap, stats={**solution.stats, "bound": "earlier round"})
     _verify(ev, solution, memory_budget_bytes)
     attach_evaluation(plan_obj, ev)
+    if store is not None and key is not None:
+        names = [op.name for op in graph.topological_order]
+        found = MemoEntry(
+            dict(zip(names, solution.choices)), plan_positions, solution.objective, solution.bound
+        )
+        memo_stats["stored"] = remember(store, key, found, memo) != memo
     stats = dict(solution.stats)
     stats["rounds"] = rounds
+    stats["memo"] = memo_stats
     stats["time_cost_tables_s"] = t_tables
     stats["cost_tables"] = {k: v for k, v in tables.stats.items() if k != "fallback_ops"}
     plan_obj.solver = {
@@ -528,6 +570,59 @@ def solve_on_mesh(
     }
     relay.report("verified", objective=solution.objective, bound=solution.bound)
     return plan_obj
+
+
+def _recalled(
+    graph: Graph,
+    mesh: Mesh,
+    zero_stage: int,
+    tables: CostTables,
+    memo: MemoEntry,
+    budget: int | None,
+) -> tuple[Plan, Any, Solution] | None:
+    """The solve memo's plan, re-checked as a solver result is (:func:`_verify`): its objective
+    recomputed on the problem equal to the stored one, the evaluator's step time equal to it,
+    its memory within the budget; None when any of that fails."""
+    t0 = time.perf_counter()
+    built = build_problem(tables, budget)
+    if len(memo.choices) != len(built.op_names):
+        return None
+    choices: list[int] = []
+    for name in built.op_names:
+        c = memo.choices.get(name)
+        if c is None or c >= len(tables.ops[name].signatures):
+            return None
+        choices.append(c)
+    from autopar_solver.problem import evaluate as evaluate_problem
+
+    objective, _ = evaluate_problem(built.problem, choices)
+    if not math.isfinite(objective) or not math.isclose(objective, memo.objective, rel_tol=VERIFY_RTOL):
+        return None
+    candidate = Plan.from_assignment(
+        graph,
+        mesh,
+        zero_stage,
+        _assignment(built, choices),
+        memory_budget_bytes=budget,
+        runtime=tables.runtime.name,
+    )
+    ev = evaluate(graph, candidate)
+    if not ev.valid or (budget is not None and ev.memory.total > budget):
+        return None
+    if not math.isclose(ev.step_time_s, objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+        return None
+    bound = min(memo.bound, objective)
+    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
+    solution = Solution(
+        choices,
+        objective,
+        bound,
+        gap,
+        "optimal" if gap == 0 else "feasible",
+        time.perf_counter() - t0,
+        {"source": "memo", "phases_s": {"recall": time.perf_counter() - t0}},
+    )
+    return candidate, ev, solution
 
 
 def _worth_polishing(
@@ -815,6 +910,7 @@ def plan(
     progress: ProgressFn | None = None,
     hint: Plan | None = None,
     deadline: Deadline | None = None,
+    resolve: bool = False,
 ) -> Plan:
     """Solve ``request``; search the logical mesh shapes when none is given.
 
@@ -823,9 +919,13 @@ def plan(
     the whole call.  ``progress`` gets every phase, then ``done`` once with the
     chosen plan's objective.  The cyclic garbage collector is paused meanwhile
     (:func:`~autopar.collector.collector_paused`).
+
+    With a ``store``, what earlier solves of the same problem proved is recalled
+    (:mod:`autopar_solver.solve_memo`): re-checked, it is the answer when its gap is
+    within ``options.relative_gap`` (unless ``resolve``), else where the solve starts.
     """
     with collector_paused():
-        return _plan(request, store=store, progress=progress, hint=hint, deadline=deadline)
+        return _plan(request, store=store, progress=progress, hint=hint, deadline=deadline, resolve=resolve)
 
 
 def _plan(
@@ -835,6 +935,7 @@ def _plan(
     progress: ProgressFn | None,
     hint: Plan | None,
     deadline: Deadline | None,
+    resolve: bool = False,
 ) -> Plan:
     deadline = deadline if deadline is not None else Deadline(_wall_limit(request.options))
     if deadline.left() < VALIDATE_S_PER_OP * len(request.graph.ops):
@@ -867,11 +968,14 @@ def _plan(
             hint=hint,
             tie_layers=request.tie_layers,
             deadline=deadline,
+            resolve=resolve,
         )
         if squeezed.shape != mesh.shape:
             result = _unsqueeze(graph, result, mesh, deadline)
     else:
-        result = _mesh_search(request, store=store, progress=progress, hint=hint, deadline=deadline)
+        result = _mesh_search(
+            request, store=store, progress=progress, hint=hint, deadline=deadline, resolve=resolve
+        )
     if result.solver is not None:
         result.solver["command_wall_s"] = deadline.elapsed()
     deadline.report(
@@ -1005,6 +1109,7 @@ def _mesh_search(
     progress: ProgressFn | None,
     hint: Plan | None,
     deadline: Deadline,
+    resolve: bool = False,
 ) -> Plan:
     """Every candidate shape in turn, in this process with all the workers, each given an
     equal share of the time still left (a shape that finishes early leaves its rest to
@@ -1044,6 +1149,7 @@ def _mesh_search(
                 hint=hint,
                 tie_layers=request.tie_layers,
                 deadline=shape_deadline,
+                resolve=resolve,
                 shape_label=shape,
             )
         except (InfeasibleError, TimeLimitError) as exc:

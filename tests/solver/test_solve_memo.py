@@ -1,0 +1,180 @@
+"""Solve memo: a repeated problem is answered from what an earlier solve proved, re-checked;
+an entry that does not verify is not trusted; a bound is only ever raised."""
+
+import json
+import zlib
+
+import pytest
+
+from autopar.cluster import Cluster
+from autopar.evaluate import evaluate
+from autopar.models import build
+from autopar.store import MemoryStore
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan
+from autopar_solver.solve_memo import MEMO_VERSION, MemoEntry
+
+CLUSTER = Cluster.parse("1x4", "a100-40g")
+OPTIONS = SolverOptions(time_limit_s=20, workers=2)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return build("tiny-gpt")
+
+
+def _memo(p) -> dict:
+    return p.solver["stats"]["memo"]
+
+
+def _entry(store: MemoryStore, key: str) -> MemoEntry:
+    found = MemoEntry.from_bytes(store.get_many([key])[key])
+    assert found is not None
+    return found
+
+
+def test_a_repeated_problem_is_recalled_and_re_checked(graph):
+    store = MemoryStore()
+    first = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), store=store)
+    memo = _memo(first)
+    assert memo["found"] is False and memo["stored"] is True
+    entry = _entry(store, memo["key"])
+    assert entry.objective == first.solver["objective"] and entry.bound == first.solver["bound"]
+    # another time limit is the same problem: the plan and bound come back, re-checked
+    again = plan(
+        PlanRequest(graph, CLUSTER, (2, 2), None, 2, SolverOptions(time_limit_s=7, workers=2)), store=store
+    )
+    assert _memo(again)["key"] == memo["key"]
+    assert _memo(again)["verified"] is True and _memo(again)["plan"] == "recalled"
+    assert again.signatures == first.signatures
+    assert again.solver["bound"] == first.solver["bound"]
+    ev = evaluate(graph, again)
+    assert ev.valid and ev.step_time_s == pytest.approx(again.solver["objective"], rel=1e-9)
+    # another ZeRO stage is another problem
+    other = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 3, OPTIONS), store=store)
+    assert _memo(other)["key"] != memo["key"] and _memo(other)["found"] is False
+
+
+def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph):
+    store = MemoryStore()
+    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
+    first = plan(request, store=store)
+    key = _memo(first)["key"]
+    true = _entry(store, key)
+    # a stored objective the plan does not have (and a bound that would prove it)
+    lie = MemoEntry(true.choices, true.positions, true.objective / 2, true.objective / 2)
+    store.put_many({key: lie.to_bytes()})
+    again = plan(request, store=store)
+    assert _memo(again)["found"] is True and _memo(again)["verified"] is False
+    assert again.solver["objective"] == pytest.approx(first.solver["objective"], rel=1e-9)
+    assert again.solver["bound"] <= again.solver["objective"] + 1e-15
+    assert _entry(store, key).objective == pytest.approx(again.solver["objective"], rel=1e-12)
+    # a choice out of an op's table: not trusted either
+    name = next(iter(true.choices))
+    bad = MemoEntry({**true.choices, name: 10**6}, true.positions, true.objective, true.bound)
+    store.put_many({key: bad.to_bytes()})
+    assert _memo(plan(request, store=store))["verified"] is False
+
+
+def test_an_entry_above_the_gap_is_where_the_solve_starts_and_bounds_only_grow(graph):
+    store = MemoryStore()
+    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
+    first = plan(request, store=store)
+    key = _memo(first)["key"]
+    true = _entry(store, key)
+    # the same plan with only the trivial bound (step times are >= 0): gap 100 %
+    store.put_many({key: MemoEntry(true.choices, true.positions, true.objective, 0.0).to_bytes()})
+    again = plan(request, store=store)
+    memo = _memo(again)
+    assert memo["verified"] is True and memo["solved_again"] is True
+    assert again.solver["objective"] <= true.objective + 1e-15
+    assert again.solver["gap"] <= OPTIONS.relative_gap
+    stored = _entry(store, key)
+    assert stored.bound == pytest.approx(again.solver["bound"], rel=1e-12)
+    assert stored.objective <= true.objective + 1e-15
+
+
+def test_under_a_budget_the_memory_rows_come_back_with_the_plan(graph):
+    store = MemoryStore()
+    free = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)).memory_per_device_bytes
+    request = PlanRequest(graph, CLUSTER, (2, 2), int(free * 0.9), 2, OPTIONS)
+    first = plan(request, store=store)
+    assert first.solver["memory_rows"] >= 1
+    entry = _entry(store, _memo(first)["key"])
+    assert entry.positions
+    again = plan(request, store=store)
+    assert _memo(again)["plan"] == "recalled"
+    assert evaluate(graph, again).memory.total <= int(free * 0.9)
+    # another budget is another problem
+    looser = plan(PlanRequest(graph, CLUSTER, (2, 2), int(free * 0.95), 2, OPTIONS), store=store)
+    assert _memo(looser)["found"] is False
+
+
+def test_deterministic_runs_neither_read_nor_write_the_memo(graph):
+    store = MemoryStore()
+    options = SolverOptions(time_limit_s=20, deterministic=True, workers=2)
+    p = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, options), store=store)
+    assert _memo(p)["key"] is None
+    # nothing was written: a run that reads the memo finds no entry
+    assert _memo(plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), store=store))["found"] is False
+
+
+def _raw(data: object) -> bytes:
+    return zlib.compress(json.dumps(data).encode())
+
+
+GOOD = {"version": MEMO_VERSION, "choices": {"a": 0}, "positions": [3], "objective": 2.0, "bound": 1.0}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not zlib",
+        zlib.compress(b"not json"),
+        _raw([1, 2]),
+        _raw({**GOOD, "version": MEMO_VERSION + 1}),
+        _raw({**GOOD, "choices": {"a": -1}}),
+        _raw({**GOOD, "choices": {"a": True}}),
+        _raw({**GOOD, "choices": ["a"]}),
+        _raw({**GOOD, "positions": [-2]}),
+        _raw({**GOOD, "objective": "2"}),
+        _raw({**GOOD, "bound": 3.0}),  # a bound above the plan's own time
+        _raw({**GOOD, "objective": None}),
+    ],
+)
+def test_an_entry_that_is_not_one_reads_as_absent(raw):
+    assert MemoEntry.from_bytes(raw) is None
+
+
+def test_an_entry_reads_back():
+    entry = MemoEntry.from_bytes(_raw(GOOD))
+    assert entry == MemoEntry({"a": 0}, [3], 2.0, 1.0)
+    assert entry.gap == pytest.approx(0.5)
+    assert MemoEntry.from_bytes(entry.to_bytes()) == entry
+
+
+def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph):
+    store = MemoryStore()
+    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
+    first = plan(request, store=store)
+    key = _memo(first)["key"]
+    # another way to solve the same problem is asked for: not answered by the default way's plan
+    other_way = SolverOptions(time_limit_s=20, workers=2, reductions=False)
+    assert _memo(plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, other_way), store=store))["key"] != key
+    assert (
+        _memo(
+            plan(
+                PlanRequest(
+                    graph, CLUSTER, (2, 2), None, 2, SolverOptions(time_limit_s=20, workers=2, seed=1)
+                ),
+                store=store,
+            )
+        )["key"]
+        != key
+    )
+    # resolve: the entry is where the solve starts, not the answer; the result is no worse
+    again = plan(request, store=store, resolve=True)
+    memo = _memo(again)
+    assert memo["key"] == key and memo["verified"] is True and memo["solved_again"] is True
+    assert again.solver["objective"] <= first.solver["objective"] + 1e-15
+    assert again.solver["bound"] >= first.solver["bound"] - 1e-15
