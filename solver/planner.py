@@ -86,6 +86,10 @@ UNTIED_S_PER_NODE = 4.5e-4
 """Seconds per node below which the untied solve is not started (its reductions and
 heuristic alone took 11.7 s on 50k nodes on the loaded 2-core machine; 14-21 s on the idle
 one on 2026-12-02, when a 30 s limit that started it with 16.5 s left ended at 34-35 s)."""
+UNTIED_BOUND_S_PER_NODE = 1.2e-4
+"""Seconds per node below which no TRW-S bound of the untied problem is swept when its solve
+was skipped (measured on the 50k-op graph, idle 2-core machine, 2026-12-02: 2.9 s to lay
+the problem out, 0.17 s per sweep; 40 sweeps bring the bound to 0.01 % of the tied plan)."""
 VALIDATE_S_PER_OP = 1e-5
 """Seconds per op below which checking the graph is not started (measured: 100k ops
 validate in 1.5-3.6 s on the 2-core machine, idle to loaded)."""
@@ -729,6 +733,11 @@ def _solve_built(
         # edge at its least), which is valid where the tied bound is not
         problem = built.problem
         bound = min(trivial_bound(problem), tied_objective)
+        untied_bound: dict[str, Any] | None = None
+        if untie_after and not options.deterministic:
+            untied_bound = _untied_bound(problem, t0 + options.time_limit_s - UNTIED_BOUND_MARGIN_S)
+            if untied_bound is not None:
+                bound = min(max(bound, untied_bound["bound"]), tied_objective)
         gap = 0.0 if tied_objective <= 0 else max(0.0, (tied_objective - bound) / tied_objective)
         stats = {
             **sol.stats,
@@ -739,7 +748,8 @@ def _solve_built(
                 "tied_gap": sol.gap,
                 "untied": "skipped: "
                 + ("no time left" if untie_after else "the tied plan's memory is checked first")
-                + " (trivial bound)",
+                + (" (trivial bound)" if untied_bound is None else " (TRW-S bound of the untied problem)"),
+                "untied_bound": untied_bound,
             },
         }
         return Solution(expanded, tied_objective, bound, gap, "feasible", time.perf_counter() - t0, stats)
@@ -778,6 +788,31 @@ def _solve_built(
         time.perf_counter() - t0,
         stats,
     )
+
+
+UNTIED_BOUND_MARGIN_S = 0.3
+"""Seconds before the solve's end at which the untied problem's sweeps stop."""
+
+
+def _untied_bound(problem: Problem, deadline: float) -> dict[str, Any] | None:
+    """A TRW-S bound of ``problem`` (not reduced; memory rows left out, so a bound of the
+    problem with them too) swept until ``deadline``; None when there is not time for it
+    (:data:`UNTIED_BOUND_S_PER_NODE`).  The tied plan is a plan of ``problem``, so this is
+    what proves how far it can be from the untied optimum."""
+    from autopar_solver.bounds import DiffusionBound
+
+    start = time.perf_counter()
+    if deadline - start < UNTIED_BOUND_S_PER_NODE * problem.num_nodes:
+        return None
+    run = DiffusionBound(problem)
+    laid_out = time.perf_counter()
+    value = run.run(1_000_000, deadline)
+    return {
+        "bound": value,
+        "sweeps": run.sweeps,
+        "layout_s": laid_out - start,
+        "sweeps_s": time.perf_counter() - laid_out,
+    }
 
 
 def _jsonable(value: Any) -> Any:

@@ -165,3 +165,26 @@ def test_tied_layers_under_a_budget_give_a_verified_plan_whose_bound_holds(graph
     # exceed the constrained plan's cost, and the plan costs no less than the free optimum
     assert p.step_time_s >= unconstrained.solver["bound"] - 1e-12
     assert s["tied_layers"] is True
+
+
+def test_a_tied_plan_without_time_to_untie_gets_the_untied_problems_swept_bound(graph, monkeypatch):
+    """When the untied solve is skipped (no time left for it), the tied plan's gap comes from
+    TRW-S sweeps on the untied problem, not the trivial bound: above the trivial bound, and
+    still at most the untied optimum (at most the cost of any plan of it)."""
+    import autopar_solver.planner as planner
+    from autopar.cost_tables import build_cost_tables
+    from autopar_solver.planner import build_problem, solve_on_mesh
+    from autopar_solver.problem import trivial_bound
+
+    mesh = Mesh(CLUSTER, (2, 2))
+    best = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS))
+    trivial = trivial_bound(build_problem(build_cost_tables(graph, mesh, 2), None).problem)
+    monkeypatch.setattr(planner, "UNTIED_S_PER_NODE", 1e9)  # never time for the untied solve
+    monkeypatch.setattr(planner, "UNTIED_BOUND_S_PER_NODE", 0.0)
+    p = solve_on_mesh(graph, mesh, None, 2, SolverOptions(time_limit_s=6, workers=2), tie_layers=True)
+    tying = p.solver["stats"]["tying"]
+    assert tying["untied"].startswith("skipped: no time left")
+    assert tying["untied_bound"] is not None and tying["untied_bound"]["sweeps"] >= 1
+    s = p.solver
+    assert trivial < s["bound"] <= min(best.solver["objective"], s["objective"]) * (1 + 1e-12)
+    assert evaluate(graph, p).valid
