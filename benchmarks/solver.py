@@ -20,8 +20,9 @@ must stay within the limit + 2 s, with a verified plan or a ``time_limit`` error
 
 ``--warm`` runs the warm cases: in one process, a first untimed run fills the memo
 (cost tables and the solve memo, :mod:`autopar_solver.solve_memo`), then the clock
-starts for the timed run: the same request again, or ZeRO 3 after ZeRO 2 (another
-problem on the same graph: the optimizer ops' tables and the whole solve are new).
+starts for the timed run: the same request again; a 30 GiB budget after 40 GiB (the
+first plan fits it: answered by the memo's entry without a budget); ZeRO 3 after ZeRO 2
+(another problem on the same graph: the optimizer ops' tables and the whole solve are new).
 
 ``--imported DIR`` adds the case ``oneflow-mt5-imported``: the graph of a real
 OneFlow MT5 job, built and imported by ``benchmarks/oneflow_mt5.py --out DIR``
@@ -60,8 +61,10 @@ class Case:
     zero: int = 2
     """ZeRO stage of the timed run."""
     warm_from_zero: int | None = None
-    """Warm case: first plan the same graph, mesh and budget with this ZeRO stage, untimed,
-    in the same process and memo (cost tables and solve memo); then time the run."""
+    """Warm case: first plan the same graph and mesh with this ZeRO stage, untimed, in the
+    same process and memo (cost tables and solve memo); then time the run."""
+    warm_from_budget_gib: float | None = 40.0
+    """The first run's budget in a warm case (None: no budget)."""
 
 
 CASES: dict[str, Case] = {
@@ -83,6 +86,8 @@ WARM: dict[str, Case] = {
     # the same request again: every cost-table entry and the solve are in the memo
     "mt5-base-4x2-warm": Case("mt5-base", "2x4", (4, 2), warm_from_zero=2),
     "mt5-base-2x4-warm": Case("mt5-base", "2x4", (2, 4), warm_from_zero=2),
+    # another budget that the first plan fits: answered by the entry without a budget
+    "mt5-base-4x2-30GiB-after-40GiB": Case("mt5-base", "2x4", (4, 2), budget_gib=30.0, warm_from_zero=2),
     # another problem on the same graph: the op tables of the optimizer ops and the solve are new
     "mt5-base-4x2-zero3-after-zero2": Case("mt5-base", "2x4", (4, 2), zero=3, warm_from_zero=2),
 }
@@ -119,7 +124,8 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
         row: dict[str, Any] = {"ops": len(graph.ops), "graph_build_s": build_s}
         store = MemoryStore() if case.warm_from_zero is not None else None
         if case.warm_from_zero is not None:
-            plan(PlanRequest(graph, cluster, case.mesh, budget, case.warm_from_zero, options), store=store)
+            first = None if case.warm_from_budget_gib is None else int(case.warm_from_budget_gib * GIB)
+            plan(PlanRequest(graph, cluster, case.mesh, first, case.warm_from_zero, options), store=store)
         if case.memory_fraction is not None:
             free = plan(PlanRequest(graph, cluster, case.mesh, None, 2, options))
             budget = int(case.memory_fraction * free.memory_per_device_bytes)
@@ -204,9 +210,10 @@ def main() -> None:
         print(json.dumps(run_case({**CASES, **PROMISE, **WARM, **table}[args.run_case], limit, args.workers)))
         return
     names = _case_names(args.cases, {**CASES, **PROMISE, **WARM, **table}) if args.cases else list(table)
+    width = max(18, *(len(n) + 1 for n in names))
     print(f"time limit {limit:g} s, {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
     print(
-        f"{'case':<18}{'ops':>7}{'mesh':>11}{'wall s':>8}{'<=lim+2':>8}{'load s':>7}"
+        f"{'case':<{width}}{'ops':>7}{'mesh':>11}{'wall s':>8}{'<=lim+2':>8}{'load s':>7}"
         f"{'tables s':>9}{'solve s':>8}"
         f"{'gap':>8}{'step ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
     )
@@ -222,13 +229,13 @@ def main() -> None:
         try:
             row = json.loads(out.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
-            print(f"{name:<18} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+            print(f"{name:<{width}} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
             continue
         mesh = ",".join(map(str, case.mesh)) if case.mesh else "search"
         phases = row.get("solve_phases_s") or {}
         gap = row.get("gap")
         print(
-            f"{name:<18}{row['ops']:>7}{mesh:>11}{row['wall_s']:>8.1f}"
+            f"{name:<{width}}{row['ops']:>7}{mesh:>11}{row['wall_s']:>8.1f}"
             f"{'yes' if row['wall_s'] <= limit + 2 else 'NO':>8}"
             f"{row.get('load_s') or 0:>7.1f}{row.get('tables_s') or 0:>9.1f}{sum(phases.values()):>8.1f}"
             f"{'' if gap is None else f'{100 * gap:.2f}%':>8}{row.get('step_ms') or 0:>9.1f}"

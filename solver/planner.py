@@ -55,7 +55,7 @@ from autopar.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.problem import MemoryRow, Problem, Solution, trivial_bound
 from autopar_solver.solve import solve
-from autopar_solver.solve_memo import MemoEntry, memo_key, recall, remember
+from autopar_solver.solve_memo import MemoEntry, memo_key, remember
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
 
@@ -386,8 +386,11 @@ def solve_on_mesh(
     rounds: list[dict[str, Any]] = []
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
     # what earlier solves of this very problem proved (solve memo): re-checked, then either
-    # the answer (within the requested gap) or where this solve starts
-    key = None
+    # the answer (within the requested gap) or where this solve starts.  Without an entry for
+    # this budget, the problem's entry without a budget serves when its plan fits: its bound
+    # is one of a relaxation (no memory rows), so it holds under any budget
+    key = free_key = None
+    memo = free_memo = None
     if store is not None and not options.deterministic:
         how = {
             "seed": options.seed,
@@ -396,11 +399,20 @@ def solve_on_mesh(
             "max_model_vars": options.max_model_vars,
         }
         key = memo_key(tables, memory_budget_bytes, how)
-    memo = recall(store, key) if store is not None and key is not None else None
+        free_key = memo_key(tables, None, how)
+        found = store.get_many([key, free_key])
+        memo = MemoEntry.from_bytes(found[key]) if key in found else None
+        free_memo = MemoEntry.from_bytes(found[free_key]) if free_key in found else None
+    memo_stats: dict[str, Any] = {"key": key, "found": memo is not None}
     recalled = _recalled(graph, mesh, zero_stage, tables, memo, memory_budget_bytes) if memo else None
-    memo_stats: dict[str, Any] = {"key": key, "found": memo is not None, "verified": recalled is not None}
     if memo is not None and recalled is None:
         memo = None  # does not verify: overwritten by this solve's result
+    if recalled is None and free_memo is not None and free_key != key and not free_memo.positions:
+        recalled = _recalled(graph, mesh, zero_stage, tables, free_memo, memory_budget_bytes)
+        if recalled is not None:
+            memo = free_memo
+            memo_stats["found"] = "without a budget"
+    memo_stats["verified"] = recalled is not None
     solution: Solution | None = None
     plan_obj: Plan | None = None
     plan_ev: Any = None
@@ -553,10 +565,14 @@ def solve_on_mesh(
     attach_evaluation(plan_obj, ev)
     if store is not None and key is not None:
         names = [op.name for op in graph.topological_order]
-        found = MemoEntry(
+        found_now = MemoEntry(
             dict(zip(names, solution.choices)), plan_positions, solution.objective, solution.bound
         )
-        memo_stats["stored"] = remember(store, key, found, memo) != memo
+        mine = memo if memo_stats["found"] is True else None
+        memo_stats["stored"] = remember(store, key, found_now, mine) != mine
+        if free_key is not None and free_key != key and not positions:
+            # no memory row was ever added: the plan and bound are the problem's without a budget
+            remember(store, free_key, found_now, free_memo if free_memo and not free_memo.positions else None)
     stats = dict(solution.stats)
     stats["rounds"] = rounds
     stats["memo"] = memo_stats

@@ -12,6 +12,11 @@ per problem, what a solve found:
   bounds a relaxation),
 * the memory rows (activation positions) the plan was solved with.
 
+An entry without memory rows also serves other budgets: its bound is one of the
+problem without memory rows, a relaxation of the problem under any budget, so
+a request under a budget its plan fits is answered from it (the planner keeps
+such an entry under the key without a budget).
+
 A problem is keyed by what determines its numbers: the graph's content hash and
 its ops in topological order (memory liveness follows it), the mesh and cluster,
 the ZeRO stage, the runtime profile, the cost model (its version and the digest
@@ -43,7 +48,7 @@ from autopar.cost_tables import CostTables
 from autopar.costs import COST_MODEL_VERSION, model_digest
 from autopar.store import KeyValueStore
 
-__all__ = ["MEMO_VERSION", "MemoEntry", "memo_key", "recall", "remember"]
+__all__ = ["MEMO_VERSION", "MemoEntry", "memo_key", "remember"]
 
 MEMO_VERSION = 1
 """Bumped when an entry's meaning changes (old entries are then never looked up)."""
@@ -130,12 +135,6 @@ def memo_key(tables: CostTables, budget_bytes: int | None, solver: dict[str, Any
     for op in graph.topological_order:  # memory liveness follows this order
         h.update(b"\0" + op.name.encode())
     return "solve:" + h.hexdigest()[:40]
-
-
-def recall(store: KeyValueStore, key: str) -> MemoEntry | None:
-    """The entry under ``key``, or None (absent or not readable)."""
-    raw = store.get_many([key]).get(key)
-    return None if raw is None else MemoEntry.from_bytes(raw)
 
 
 def remember(store: KeyValueStore, key: str, entry: MemoEntry, before: MemoEntry | None) -> MemoEntry:

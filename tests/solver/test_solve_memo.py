@@ -178,3 +178,21 @@ def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph
     assert memo["key"] == key and memo["verified"] is True and memo["solved_again"] is True
     assert again.solver["objective"] <= first.solver["objective"] + 1e-15
     assert again.solver["bound"] >= first.solver["bound"] - 1e-15
+
+
+def test_the_entry_without_a_budget_answers_a_budget_its_plan_fits_and_only_that(graph):
+    store = MemoryStore()
+    free = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), store=store)
+    peak = free.memory_per_device_bytes
+    roomy = plan(PlanRequest(graph, CLUSTER, (2, 2), int(peak * 2), 2, OPTIONS), store=store)
+    memo = _memo(roomy)
+    assert memo["found"] == "without a budget" and memo["plan"] == "recalled"
+    assert roomy.signatures == free.signatures and roomy.solver["bound"] == free.solver["bound"]
+    assert evaluate(graph, roomy).memory.total <= int(peak * 2)
+    # its plan does not fit a budget under its peak: that budget is solved, with memory rows
+    tight = plan(PlanRequest(graph, CLUSTER, (2, 2), int(peak * 0.9), 2, OPTIONS), store=store)
+    assert _memo(tight)["verified"] is False and tight.solver["memory_rows"] >= 1
+    assert evaluate(graph, tight).memory.total <= int(peak * 0.9)
+    # ... and the entry without a budget is left as it was (a plan with rows is not one of it)
+    again = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), store=store)
+    assert _memo(again)["plan"] == "recalled" and again.signatures == free.signatures
