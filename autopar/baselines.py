@@ -39,7 +39,7 @@ from autopar.graph import DTYPE_BYTES, Graph, Op, Role, Variable
 from autopar.oneflow_inference import SOURCE_TYPES, infer_like_oneflow
 from autopar.optimizer import model_port_index, parameter_sources, weight_gradient_path
 from autopar.plan import Plan
-from autopar.rules.registry import RuleSet, default_rules
+from autopar.rules.registry import RuleContext, RuleSet, default_rules
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
 from autopar.sbp import B, NdSbp, Partial, S, Signature, Split
 
@@ -457,6 +457,18 @@ def baseline_plan(
     grad_owner = _gradient_owners(graph, var_layout, st) if kind is BaselineKind.MEGATRON else {}
     grad_layout = {t: var_layout[v.op] for t, v in grad_owner.items()}
     diff_targets: dict[str, NdSbp | None] = {}
+    contexts: dict[str, tuple[RuleContext, list[Signature]]] = {}
+
+    def signatures_of(op: Op) -> tuple[RuleContext, list[Signature]]:
+        """The op's rule context and valid signatures (one rule evaluation per op, shared by
+        the walk and :func:`diff_target`)."""
+        found = contexts.get(op.name)
+        if found is None:
+            ctx = rule_context(
+                graph, op, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value
+            )
+            found = contexts[op.name] = (ctx, op_signatures(rules, ctx)[0])
+        return found
 
     def diff_target(v: Variable) -> NdSbp | None:
         """The layout the optimizer takes ``v``'s gradient in (``model_diff``), given the
@@ -473,10 +485,7 @@ def baseline_plan(
                 and v.grad in opt.inputs.values()
             ):
                 diff_index = list(opt.inputs.values()).index(v.grad)
-                octx = rule_context(
-                    graph, opt, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value
-                )
-                osigs, _ = op_signatures(rules, octx)
+                _, osigs = signatures_of(opt)
                 model = tensor_sbp.get(v.tensor)
                 matching = [g for g in osigs if g.inputs[model_index] == model]
                 if matching:
@@ -515,8 +524,7 @@ def baseline_plan(
     linears: dict[str, frozenset[int]] = {}  # backward tensor -> the linears whose input gradient it sums
     for op in graph.topological_order:
         linears.update(_input_gradient_linears(op, st, fused, linears))
-        ctx = rule_context(graph, op, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value)
-        sigs, _ = op_signatures(rules, ctx)
+        ctx, sigs = signatures_of(op)
         sig: Signature | None = None
         if (
             op.name in var_layout
