@@ -9,6 +9,7 @@ import pytest
 from autopar.cluster import Cluster
 from autopar.evaluate import evaluate
 from autopar.models import build
+from autopar.plan import Plan
 from autopar.store import MemoryStore
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan
@@ -31,6 +32,15 @@ def _entry(store: MemoryStore, key: str) -> MemoEntry:
     found = MemoEntry.from_bytes(store.get_many([key])[key])
     assert found is not None
     return found
+
+
+def _solved_once(graph) -> tuple[MemoryStore, PlanRequest, Plan, str, MemoEntry]:
+    """A store that holds one solve of tiny-gpt on [2, 2]: store, request, plan, key, entry."""
+    store = MemoryStore()
+    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
+    first = plan(request, store=store)
+    key = _memo(first)["key"]
+    return store, request, first, key, _entry(store, key)
 
 
 def test_a_repeated_problem_is_recalled_and_re_checked(graph):
@@ -56,11 +66,7 @@ def test_a_repeated_problem_is_recalled_and_re_checked(graph):
 
 
 def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph):
-    store = MemoryStore()
-    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
-    first = plan(request, store=store)
-    key = _memo(first)["key"]
-    true = _entry(store, key)
+    store, request, first, key, true = _solved_once(graph)
     # a stored objective the plan does not have (and a bound that would prove it)
     lie = MemoEntry(true.choices, true.positions, true.objective / 2, true.objective / 2)
     store.put_many({key: lie.to_bytes()})
@@ -77,11 +83,7 @@ def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph):
 
 
 def test_an_entry_above_the_gap_is_where_the_solve_starts_and_bounds_only_grow(graph):
-    store = MemoryStore()
-    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
-    first = plan(request, store=store)
-    key = _memo(first)["key"]
-    true = _entry(store, key)
+    store, request, _, key, true = _solved_once(graph)
     # the same plan with only the trivial bound (step times are >= 0): gap 100 %
     store.put_many({key: MemoEntry(true.choices, true.positions, true.objective, 0.0).to_bytes()})
     again = plan(request, store=store)
@@ -154,10 +156,7 @@ def test_an_entry_reads_back():
 
 
 def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph):
-    store = MemoryStore()
-    request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
-    first = plan(request, store=store)
-    key = _memo(first)["key"]
+    store, request, first, key, _ = _solved_once(graph)
     # another way to solve the same problem is asked for: not answered by the default way's plan
     other_way = SolverOptions(time_limit_s=20, workers=2, reductions=False)
     assert _memo(plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, other_way), store=store))["key"] != key
