@@ -366,3 +366,16 @@ def test_refresh_resolves_warm_and_keeps_the_cheaper_plan(
     if not job["result"]["stored"]:
         assert after["created_at"] == first["created_at"]  # the stored plan was kept
     assert metric(client, "autopar_solves_started_total") == 2
+
+
+def test_a_request_that_differs_only_in_its_time_limit_is_answered_from_the_solve_memo(
+    client: httpx.Client, tiny_graph: dict[str, Any]
+) -> None:
+    key, first = solve(client, plan_body(tiny_graph))
+    other, second = solve(client, plan_body(tiny_graph, options={"time_limit_s": 6}))
+    assert other != key  # another request (the plan cache misses) ...
+    memo = second["plan"]["solver"]["stats"]["memo"]
+    assert memo["plan"] == "recalled" and memo["verified"] is True  # ... of the same problem
+    assert Plan.from_dict(second["plan"]).signatures == Plan.from_dict(first["plan"]).signatures
+    assert second["step_time_s"] == first["step_time_s"]
+    assert metric(client, "autopar_solves_started_total") == 2
