@@ -469,6 +469,9 @@ def solve_on_mesh(
             hint_choices,
             tie_layers and not polishing,
             untie_after=not tied_first,
+            # sweeping the untied bound takes the rest of the round: only when no later
+            # memory round needs that time
+            sweep_untied=not memory_binds,
         )
         rounds.append(
             {
@@ -685,11 +688,15 @@ def _solve_built(
     hint: list[int] | None,
     tie_layers: bool,
     untie_after: bool = True,
+    sweep_untied: bool = True,
 ) -> Solution:
     """Solve the problem; with ``tie_layers``, first with identical layers tied (fast, small)
     and then untied from that plan, so the reported bound and gap are the real problem's.
     ``untie_after`` False stops after the tied solve (the tied plan, with the untied
-    problem's trivial bound), e.g. to see first whether the tied plan fits the budget."""
+    problem's trivial bound), e.g. to see first whether the tied plan fits the budget.
+    When there is no time for the untied solve, the untied problem's bound is swept with
+    TRW-S for the rest of the time (:func:`_untied_bound`) if ``sweep_untied``, else it is
+    the trivial bound."""
     from autopar_solver.heuristic import improve
     from autopar_solver.problem import evaluate as evaluate_problem
     from autopar_solver.tying import structural_classes, tie, untie
@@ -750,7 +757,7 @@ def _solve_built(
         problem = built.problem
         bound = min(trivial_bound(problem), tied_objective)
         untied_bound: dict[str, Any] | None = None
-        if untie_after and not options.deterministic:
+        if untie_after and sweep_untied and not options.deterministic:
             untied_bound = _untied_bound(problem, t0 + options.time_limit_s - UNTIED_BOUND_MARGIN_S)
             if untied_bound is not None:
                 bound = min(max(bound, untied_bound["bound"]), tied_objective)
