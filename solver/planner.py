@@ -390,7 +390,8 @@ def solve_on_mesh(
     # this budget, the problem's entry without a budget serves when its plan fits: its bound
     # is one of a relaxation (no memory rows), so it holds under any budget
     key = free_key = None
-    memo = free_memo = None
+    stored = stored_free = None
+    """The entries as read: what this solve's result is merged with when it is stored."""
     if store is not None and not options.deterministic:
         how = {
             "seed": options.seed,
@@ -401,17 +402,27 @@ def solve_on_mesh(
         key = memo_key(tables, memory_budget_bytes, how)
         free_key = memo_key(tables, None, how)
         found = store.get_many([key, free_key])
-        memo = MemoEntry.from_bytes(found[key]) if key in found else None
-        free_memo = MemoEntry.from_bytes(found[free_key]) if free_key in found else None
-    memo_stats: dict[str, Any] = {"key": key, "found": memo is not None}
-    recalled = _recalled(graph, mesh, zero_stage, tables, memo, memory_budget_bytes) if memo else None
-    if memo is not None and recalled is None:
-        memo = None  # does not verify: overwritten by this solve's result
-    if recalled is None and free_memo is not None and free_key != key and not free_memo.positions:
-        recalled = _recalled(graph, mesh, zero_stage, tables, free_memo, memory_budget_bytes)
-        if recalled is not None:
-            memo = free_memo
-            memo_stats["found"] = "without a budget"
+        stored = MemoEntry.from_bytes(found[key]) if key in found else None
+        if free_key != key and free_key in found:
+            stored_free = MemoEntry.from_bytes(found[free_key])
+    memo: MemoEntry | None = None
+    """The entry this solve answers from or starts from (its plan re-checked)."""
+    recalled: tuple[Plan, Any, Solution] | None = None
+    memo_stats: dict[str, Any] = {"key": key, "found": stored is not None}
+    if (stored is not None or stored_free is not None) and deadline.left() < reserve:
+        # no time to re-check a recalled plan (the evaluator needs what a solve keeps for it)
+        memo_stats["found"] = "no time to re-check it"
+    else:
+        if stored is not None:
+            recalled = _recalled(graph, mesh, zero_stage, tables, stored, memory_budget_bytes)
+            if recalled is None:
+                stored = None  # does not verify: replaced by this solve's result
+            memo = stored
+        if recalled is None and stored_free is not None and not stored_free.positions:
+            recalled = _recalled(graph, mesh, zero_stage, tables, stored_free, memory_budget_bytes)
+            if recalled is not None:
+                memo = stored_free
+                memo_stats["found"] = "without a budget"
     memo_stats["verified"] = recalled is not None
     solution: Solution | None = None
     plan_obj: Plan | None = None
@@ -571,11 +582,11 @@ def solve_on_mesh(
         found_now = MemoEntry(
             dict(zip(names, solution.choices)), plan_positions, solution.objective, solution.bound
         )
-        mine = memo if memo_stats["found"] is True else None
-        memo_stats["stored"] = remember(store, key, found_now, mine) != mine
+        memo_stats["stored"] = remember(store, key, found_now, stored) != stored
         if free_key is not None and free_key != key and not positions:
             # no memory row was ever added: the plan and bound are the problem's without a budget
-            remember(store, free_key, found_now, free_memo if free_memo and not free_memo.positions else None)
+            free_before = stored_free if stored_free is not None and not stored_free.positions else None
+            remember(store, free_key, found_now, free_before)
     stats = dict(solution.stats)
     stats["rounds"] = rounds
     stats["memo"] = memo_stats
