@@ -158,6 +158,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.cli_args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
     from autopar.cluster import Mesh
     from autopar.progress import Deadline
+    from autopar.store import DirectoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
 
@@ -177,7 +178,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
         request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
         hint = plan_from_arg(args.hint) if args.hint else None
-        result = plan(request, progress=progress, hint=hint, deadline=deadline)
+        store = DirectoryStore(args.memo) if args.memo else None
+        result = plan(request, store=store, progress=progress, hint=hint, deadline=deadline)
     finally:
         if progress:
             progress.close()
@@ -227,6 +229,14 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "--gap", type=float, default=0.01, help="relative optimality gap to stop at (default: %(default)s)"
     )
     p.add_argument("--hint", default=None, help="a previous plan to warm-start from")
+    p.add_argument(
+        "--memo",
+        default=None,
+        metavar="DIR",
+        help="keep cost-table entries and solve results in this folder between runs: a later run "
+        "reuses the entries and answers the same problem from the stored plan, re-checked "
+        "(remove the folder to clear it; default: nothing kept)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.add_argument(
         "--compare", action="store_true", help="also evaluate the baselines (each once, cached by content)"

@@ -120,3 +120,20 @@ def test_plan_accepts_a_model_name(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "plan written to p.json"
     assert Plan.load(str(tmp_path / "p.json")).mesh.shape == (2,)
+
+
+def test_plan_with_a_memo_folder_answers_the_same_problem_again_from_it(tmp_path: Path) -> None:
+    args = ("plan", "tiny-gpt", *MESH, "--time-limit", "10", "--no-progress", "--memo", "memo")
+    first = run_cli(*args, "--out", "p1.json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = run_cli(*args, "--out", "p2.json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    p1, p2 = (Plan.load(str(tmp_path / name)) for name in ("p1.json", "p2.json"))
+    assert (p1.solver or {})["stats"]["memo"]["stored"] is True
+    memo = (p2.solver or {})["stats"]["memo"]
+    assert memo["plan"] == "recalled" and memo["verified"] is True
+    assert p2.signatures == p1.signatures and p2.step_time_s == p1.step_time_s
+    # without the folder nothing is kept: a cold solve
+    cold = run_cli(*args[:-2], "--out", "p3.json", cwd=tmp_path)
+    assert cold.returncode == 0, cold.stderr
+    assert (Plan.load(str(tmp_path / "p3.json")).solver or {})["stats"]["memo"]["key"] is None
