@@ -120,7 +120,13 @@ class LocalJobManager:
             max_workers=self.settings.local_workers, thread_name_prefix="autopar-pump"
         )
         self._ctx.set_forkserver_preload(
-            ["autopar_service.tasks", "autopar_solver.planner", "autopar_cache.embedded"]
+            # the search (OR-Tools, numba) too: the planner imports it only when it solves
+            [
+                "autopar_service.tasks",
+                "autopar_solver.planner",
+                "autopar_solver.solve",
+                "autopar_cache.embedded",
+            ]
         )
 
     async def close(self) -> None:

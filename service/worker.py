@@ -68,7 +68,10 @@ class ResilientWorker(Worker):
 
 def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
     """A worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
-    import autopar_solver.planner  # noqa: F401  - import once in the parent so each horse forks warm
+    # imported once in the parent so each horse forks warm: the planner, and the search that
+    # it imports only when it solves
+    import autopar_solver.planner
+    import autopar_solver.solve  # noqa: F401
 
     client = connect(str(settings.redis_url))
     queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)

@@ -54,7 +54,6 @@ from autopar.store import KeyValueStore
 from autopar.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.problem import MemoryRow, Problem, Solution, trivial_bound
-from autopar_solver.solve import solve
 from autopar_solver.solve_memo import MemoEntry, memo_key, remember
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
@@ -708,8 +707,10 @@ def _solve_built(
     When there is no time for the untied solve, the untied problem's bound is swept with
     TRW-S for the rest of the time (:func:`_untied_bound`) if ``sweep_untied``, else it is
     the trivial bound."""
+    # the search (OR-Tools, numba) is imported when a problem is solved, not to recall one
     from autopar_solver.heuristic import improve
     from autopar_solver.problem import evaluate as evaluate_problem
+    from autopar_solver.solve import solve
     from autopar_solver.tying import structural_classes, tie, untie
 
     if not tie_layers:

@@ -39,6 +39,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path) -> None:
                 assert exc.errno == errno.ENXIO, exc
                 assert process.poll() is None, process.communicate()
                 time.sleep(0.05)
+        _wait_blocked_reading(process.pid)
         process.send_signal(signal.SIGINT)
         try:
             out, err = process.communicate(timeout=120)
@@ -54,3 +55,22 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path) -> None:
     assert process.returncode == 130, err
     assert err.splitlines() == ["autopar: interrupted"]
     assert out == ""
+
+
+def _wait_blocked_reading(pid: int, timeout_s: float = 10.0) -> None:
+    """Until the command sleeps in the pipe's read.  Between its ``open`` returning and its
+    ``read`` blocking, a signal is taken in C code that checks for none, and the handler it
+    leaves pending would only run after the read, which never returns (5 runs of 106 here);
+    inside the read, the signal interrupts it.  Linux names the wait in ``/proc/PID/wchan``
+    (``pipe_read``, ``anon_pipe_read``, ``pipe_wait``); elsewhere, a moment's grace."""
+    wchan = f"/proc/{pid}/wchan"
+    if not os.path.exists(wchan):
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(wchan) as f:
+            where = f.read()
+        if "pipe" in where:
+            return
+        time.sleep(0.01)
