@@ -384,45 +384,12 @@ def solve_on_mesh(
         memory_binds = bool(len(floors)) and floors[worst] >= ROUND_SHARE_FLOOR * memory_budget_bytes
     rounds: list[dict[str, Any]] = []
     hint_choices = _hint_choices(hint, tables) if hint is not None else None
-    # what earlier solves of this very problem proved (solve memo): re-checked, then either
-    # the answer (within the requested gap) or where this solve starts.  Without an entry for
-    # this budget, the problem's entry without a budget serves when its plan fits: its bound
-    # is one of a relaxation (no memory rows), so it holds under any budget
-    key = free_key = None
-    stored = stored_free = None
-    """The entries as read: what this solve's result is merged with when it is stored."""
-    if store is not None and not options.deterministic:
-        how = {
-            "seed": options.seed,
-            "use_hint": options.use_hint,
-            "reductions": options.reductions,
-            "max_model_vars": options.max_model_vars,
-        }
-        key = memo_key(tables, memory_budget_bytes, how)
-        free_key = memo_key(tables, None, how)
-        found = store.get_many([key, free_key])
-        stored = MemoEntry.from_bytes(found[key]) if key in found else None
-        if free_key != key and free_key in found:
-            stored_free = MemoEntry.from_bytes(found[free_key])
-    memo: MemoEntry | None = None
-    """The entry this solve answers from or starts from (its plan re-checked)."""
-    recalled: tuple[Plan, Any, Solution] | None = None
-    memo_stats: dict[str, Any] = {"key": key, "found": stored is not None}
-    if (stored is not None or stored_free is not None) and deadline.left() < reserve:
-        # no time to re-check a recalled plan (the evaluator needs what a solve keeps for it)
-        memo_stats["found"] = "no time to re-check it"
-    else:
-        if stored is not None:
-            recalled = _recalled(graph, mesh, zero_stage, tables, stored, memory_budget_bytes)
-            if recalled is None:
-                stored = None  # does not verify: replaced by this solve's result
-            memo = stored
-        if recalled is None and stored_free is not None and not stored_free.positions:
-            recalled = _recalled(graph, mesh, zero_stage, tables, stored_free, memory_budget_bytes)
-            if recalled is not None:
-                memo = stored_free
-                memo_stats["found"] = "without a budget"
-    memo_stats["verified"] = recalled is not None
+    # what earlier solves of this very problem proved: re-checked, the answer or the start
+    memo = _MemoRecall.read(store, options, tables, memory_budget_bytes)
+    if memo.found and deadline.left() >= reserve:  # else no time to re-check a recalled plan
+        memo.recall(graph, mesh, zero_stage, tables, memory_budget_bytes)
+    elif memo.found:
+        memo.stats["found"] = "no time to re-check it"
     solution: Solution | None = None
     plan_obj: Plan | None = None
     plan_ev: Any = None
@@ -434,12 +401,12 @@ def solve_on_mesh(
     before, so an earlier round's problem is a relaxation and its bound holds for later ones."""
     plan_positions: list[int] = []
     solve_again = True
-    if memo is not None and recalled is not None:
-        best_bound = memo.bound  # proven on this problem (a relaxation of it, at least)
-        hint_choices = recalled[2].choices
-        positions += [p for p in memo.positions if p not in positions and p < len(graph.ops)]
-        solve_again = resolve or recalled[2].gap > options.relative_gap
-        memo_stats.update(recalled_gap=recalled[2].gap, solved_again=solve_again)
+    if memo.entry is not None and memo.plan is not None:
+        best_bound = memo.entry.bound  # proven on this problem (a relaxation of it, at least)
+        hint_choices = memo.plan[2].choices
+        positions += [p for p in memo.entry.positions if p not in positions and p < len(graph.ops)]
+        solve_again = resolve or memo.plan[2].gap > options.relative_gap
+        memo.stats.update(recalled_gap=memo.plan[2].gap, solved_again=solve_again)
     polishing = False
     tied_first = False
     """With tied layers, once a plan has overflowed the budget, rounds solve the tied problem
@@ -549,13 +516,13 @@ def solve_on_mesh(
         hint_choices = solution.choices
         relay.report("memory", detail={"memory_rows": len(positions), "peak_bytes": ev.memory.total})
     if (
-        recalled is not None
-        and memo is not None
-        and (plan_solution is None or recalled[2].objective < plan_solution.objective)
+        memo.plan is not None
+        and memo.entry is not None
+        and (plan_solution is None or memo.plan[2].objective < plan_solution.objective)
     ):
-        plan_obj, plan_ev, plan_solution = recalled
-        plan_positions = list(memo.positions)
-        memo_stats["plan"] = "recalled"
+        plan_obj, plan_ev, plan_solution = memo.plan
+        plan_positions = list(memo.entry.positions)
+        memo.stats["plan"] = "recalled"
     if plan_obj is None or plan_solution is None:
         if solution is not None and solution.status == "infeasible" and not stopped_by_deadline:
             _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline)
@@ -576,19 +543,11 @@ def solve_on_mesh(
         solution = replace(solution, bound=bound, gap=gap, stats={**solution.stats, "bound": "earlier round"})
     _verify(ev, solution, memory_budget_bytes)
     attach_evaluation(plan_obj, ev)
-    if store is not None and key is not None:
-        names = [op.name for op in graph.topological_order]
-        found_now = MemoEntry(
-            dict(zip(names, solution.choices)), plan_positions, solution.objective, solution.bound
-        )
-        memo_stats["stored"] = remember(store, key, found_now, stored) != stored
-        if free_key is not None and free_key != key and not positions:
-            # no memory row was ever added: the plan and bound are the problem's without a budget
-            free_before = stored_free if stored_free is not None and not stored_free.positions else None
-            remember(store, free_key, found_now, free_before)
+    if store is not None:
+        memo.write(store, graph, solution, plan_positions, without_rows=not positions)
     stats = dict(solution.stats)
     stats["rounds"] = rounds
-    stats["memo"] = memo_stats
+    stats["memo"] = memo.stats
     stats["time_cost_tables_s"] = t_tables
     stats["cost_tables"] = {k: v for k, v in tables.stats.items() if k != "fallback_ops"}
     plan_obj.solver = {
@@ -603,6 +562,87 @@ def solve_on_mesh(
     }
     relay.report("verified", objective=solution.objective, bound=solution.bound)
     return plan_obj
+
+
+@dataclass
+class _MemoRecall:
+    """The solve memo (:mod:`autopar_solver.solve_memo`) for one :func:`solve_on_mesh` call.
+
+    Without an entry for this budget, the problem's entry without a budget serves when its
+    plan fits: its bound is one of a relaxation (no memory rows), so it holds under any
+    budget.  What is stored is merged with the entries as read, so only a better plan or a
+    greater bound replaces what is there; an entry whose plan does not verify is replaced.
+    """
+
+    key: str | None = None
+    free_key: str | None = None
+    stored: MemoEntry | None = None
+    """The entry for this budget as read (None: absent, or it did not verify)."""
+    stored_free: MemoEntry | None = None
+    """The entry without a budget as read (when this call has a budget)."""
+    entry: MemoEntry | None = None
+    """The entry this solve answers from or starts from."""
+    plan: tuple[Plan, Any, Solution] | None = None
+    """Its plan, evaluation and solution, re-checked."""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(
+        cls, store: KeyValueStore | None, options: SolverOptions, tables: CostTables, budget: int | None
+    ) -> _MemoRecall:
+        """The entries of this problem (none in deterministic runs: the memo would make the
+        answer depend on earlier runs)."""
+        out = cls()
+        if store is not None and not options.deterministic:
+            how = {
+                "seed": options.seed,
+                "use_hint": options.use_hint,
+                "reductions": options.reductions,
+                "max_model_vars": options.max_model_vars,
+            }
+            out.key, out.free_key = memo_key(tables, budget, how), memo_key(tables, None, how)
+            found = store.get_many([out.key, out.free_key])
+            out.stored = MemoEntry.from_bytes(found[out.key]) if out.key in found else None
+            if out.free_key != out.key and out.free_key in found:
+                out.stored_free = MemoEntry.from_bytes(found[out.free_key])
+        out.stats = {"key": out.key, "found": out.stored is not None, "verified": False}
+        return out
+
+    @property
+    def found(self) -> bool:
+        return self.stored is not None or self.stored_free is not None
+
+    def recall(
+        self, graph: Graph, mesh: Mesh, zero_stage: int, tables: CostTables, budget: int | None
+    ) -> None:
+        """Re-check the entry for this budget, else the one without a budget."""
+        if self.stored is not None:
+            self.plan = _recalled(graph, mesh, zero_stage, tables, self.stored, budget)
+            if self.plan is None:
+                self.stored = None  # does not verify: replaced by this solve's result
+            self.entry = self.stored
+        if self.plan is None and self.stored_free is not None and not self.stored_free.positions:
+            self.plan = _recalled(graph, mesh, zero_stage, tables, self.stored_free, budget)
+            if self.plan is not None:
+                self.entry = self.stored_free
+                self.stats["found"] = "without a budget"
+        self.stats["verified"] = self.plan is not None
+
+    def write(
+        self, store: KeyValueStore, graph: Graph, solution: Solution, positions: list[int], without_rows: bool
+    ) -> None:
+        """Keep the verified ``solution`` (solved with memory rows at ``positions``); also as the
+        problem's without a budget when no memory row was ever added (``without_rows``)."""
+        if self.key is None:
+            return
+        names = [op.name for op in graph.topological_order]
+        found = MemoEntry(dict(zip(names, solution.choices)), positions, solution.objective, solution.bound)
+        self.stats["stored"] = remember(store, self.key, found, self.stored) != self.stored
+        if self.free_key is not None and self.free_key != self.key and without_rows:
+            before = (
+                self.stored_free if self.stored_free is not None and not self.stored_free.positions else None
+            )
+            remember(store, self.free_key, found, before)
 
 
 def _recalled(
