@@ -295,29 +295,36 @@ def build_problem(
 
 
 def _state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndarray]:
-    """Node -> bytes of its variable's model states (params, grads, optimizer) per choice."""
+    """Node -> bytes of its variable's model states (params, grads, optimizer) per choice
+    (each node gets its own array; identical layers' variables are priced once)."""
     graph = tables.graph
     terms: dict[int, np.ndarray] = {}
+    priced: dict[tuple[Any, ...], np.ndarray] = {}
     for v in graph.variables:
         spec = graph.tensors[v.tensor]
-        sigs = tables.ops[v.op].signatures
+        table = tables.ops[v.op]
         out_index = list(graph.op_by_name[v.op].outputs.values()).index(v.tensor)
-        terms[index[v.op]] = np.array(
-            [
-                sum(
-                    variable_state_bytes(
-                        spec.shape,
-                        s.outputs[out_index],
-                        tables.mesh.shape,
-                        tables.zero_stage,
-                        graph_state_bytes(graph, v),
-                        tables.runtime.zero_sharding.value,
+        per_element = graph_state_bytes(graph, v)
+        key = (id(table), out_index, tuple(spec.shape), per_element)
+        found = priced.get(key)
+        if found is None:
+            found = priced[key] = np.array(
+                [
+                    sum(
+                        variable_state_bytes(
+                            spec.shape,
+                            s.outputs[out_index],
+                            tables.mesh.shape,
+                            tables.zero_stage,
+                            per_element,
+                            tables.runtime.zero_sharding.value,
+                        )
                     )
-                )
-                for s in sigs
-            ],
-            dtype=np.float64,
-        )
+                    for s in table.signatures
+                ],
+                dtype=np.float64,
+            )
+        terms[index[v.op]] = found.copy()
     return terms
 
 
@@ -375,7 +382,7 @@ def solve_on_mesh(
     if memory_budget_bytes is not None:
         # every memory row is at least its terms at their smallest: a row whose floor is
         # over the budget proves that nothing fits, without a solve
-        floors = memory_floors(tables)
+        floors = memory_floors(tables, deadline)
         worst = int(np.argmax(floors)) if len(floors) else 0
         if len(floors) and floors[worst] > memory_budget_bytes:
             _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline, floors)
@@ -939,7 +946,7 @@ def _human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def memory_floors(tables: CostTables) -> np.ndarray:
+def memory_floors(tables: CostTables, deadline: Deadline | None = None) -> np.ndarray:
     """Bytes per device that every plan needs at each topological position, at least.
 
     The memory row of position ``p`` (see :func:`build_problem`) is the ZeRO-3 gather
@@ -950,7 +957,8 @@ def memory_floors(tables: CostTables) -> np.ndarray:
         floor[p] = sum_v min_a states_v(a) + sum_(t live at p) min_a bytes_t(a)
 
     (bytes).  A floor over the budget proves that no plan fits; the largest floor is the
-    least budget worth trying."""
+    least budget worth trying.  Raises :class:`TimeLimitError` when ``deadline`` runs out
+    first (a 100k-op graph takes seconds)."""
     graph = tables.graph
     order = graph.topological_order
     index = {op.name: i for i, op in enumerate(order)}
@@ -961,14 +969,37 @@ def memory_floors(tables: CostTables) -> np.ndarray:
             graph, {v.op: replicated for v in graph.variables}, tables.mesh.shape
         )
     change = np.zeros(len(order) + 1)
-    for tname, (start, end) in activation_intervals(graph).items():
+    _check_floors(deadline, "model states")
+    intervals = activation_intervals(graph)
+    # identical layers share op tables: the largest split of an output port, once per table
+    most_split: dict[tuple[int, int], int] = {}
+    mesh_shape = tables.mesh.shape
+    for n, (tname, (start, end)) in enumerate(intervals.items()):
+        if n % 4096 == 4095:
+            _check_floors(deadline, f"{n} of {len(intervals)} activations")
         pname, out_port = graph.producer[tname]
         k = list(graph.op_by_name[pname].outputs).index(out_port)
+        table = tables.ops[pname]
+        split = most_split.get((id(table), k))
+        if split is None:
+            split = most_split[(id(table), k)] = max(
+                s.outputs[k].split_factor(mesh_shape) for s in table.signatures
+            )
         spec = graph.tensors[tname]
-        least = float(_output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype]).min())
+        least = spec.numel * DTYPE_BYTES[spec.dtype] / split
         change[start] += least
         change[end + 1] -= least
     return base + np.cumsum(change[:-1])
+
+
+def _check_floors(deadline: Deadline | None, done: str) -> None:
+    if deadline is not None and deadline.expired():
+        raise TimeLimitError(
+            "time_limit",
+            f"the time limit ({deadline.limit_s:g} s) ran out while computing the memory floors "
+            f"after the cost tables ({done} done); raise the time limit",
+            phase="memory_floors",
+        )
 
 
 def _raise_infeasible(

@@ -81,6 +81,28 @@ def test_no_time_to_solve_is_an_error_not_an_unverified_plan(graph):
     assert e.value.details["phase"] == "solve"
 
 
+def test_no_time_for_the_memory_floors_says_so(graph):
+    from autopar_solver.planner import memory_floors
+
+    tables = build_cost_tables(graph, Mesh(CLUSTER, (2, 2)), 2, workers=1)
+    assert len(memory_floors(tables, Deadline(60))) == len(graph.ops)
+    with pytest.raises(TimeLimitError) as e:
+        memory_floors(tables, Deadline(1e-9))
+    assert e.value.details["phase"] == "memory_floors" and "raise the time limit" in e.value.message
+    # and from the planner, with a budget (the floors are computed after the tables, in time)
+    with pytest.raises(TimeLimitError) as e:
+        solve_on_mesh(
+            graph,
+            Mesh(CLUSTER, (2, 2)),
+            40 * 2**30,
+            2,
+            SolverOptions(time_limit_s=1),
+            tables=tables,
+            deadline=Deadline(1e-9),
+        )
+    assert e.value.details["phase"] == "memory_floors"
+
+
 def test_plan_is_verified_with_an_honest_gap_and_one_done(graph):
     store = MemoryStore()
     build_cost_tables(graph, Mesh(CLUSTER, (2, 2)), 2, store=store, workers=1)
