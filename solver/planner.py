@@ -54,7 +54,8 @@ from autopar.store import KeyValueStore
 from autopar.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.problem import MemoryRow, Problem, Solution, trivial_bound
-from autopar_solver.solve_memo import MemoEntry, memo_key, remember
+from autopar_solver.problem import evaluate as evaluate_problem
+from autopar_solver.solve_memo import MemoEntry, memo_keys, remember
 
 __all__ = ["PlanRequest", "Progress", "ProgressFn", "build_problem", "memory_floors", "plan", "solve_on_mesh"]
 
@@ -607,7 +608,7 @@ class _MemoRecall:
                 "reductions": options.reductions,
                 "max_model_vars": options.max_model_vars,
             }
-            out.key, out.free_key = memo_key(tables, budget, how), memo_key(tables, None, how)
+            out.key, out.free_key = memo_keys(tables, budget, how)
             found = store.get_many([out.key, out.free_key])
             out.stored = MemoEntry.from_bytes(found[out.key]) if out.key in found else None
             if out.free_key != out.key and out.free_key in found:
@@ -673,8 +674,6 @@ def _recalled(
         if c is None or c >= len(tables.ops[name].signatures):
             return None
         choices.append(c)
-    from autopar_solver.problem import evaluate as evaluate_problem
-
     objective, _ = evaluate_problem(built.problem, choices)
     if not math.isfinite(objective) or not math.isclose(objective, memo.objective, rel_tol=VERIFY_RTOL):
         return None
@@ -687,9 +686,9 @@ def _recalled(
         runtime=tables.runtime.name,
     )
     ev = evaluate(graph, candidate)
-    if not ev.valid or (budget is not None and ev.memory.total > budget):
-        return None
-    if not math.isclose(ev.step_time_s, objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+    try:
+        _verify(ev, _SolvedObjective(objective), budget)
+    except VerificationError:
         return None
     bound = min(memo.bound, objective)
     gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
@@ -756,7 +755,6 @@ def _solve_built(
     the trivial bound."""
     # the search (OR-Tools, numba) is imported when a problem is solved, not to recall one
     from autopar_solver.heuristic import improve
-    from autopar_solver.problem import evaluate as evaluate_problem
     from autopar_solver.solve import solve
     from autopar_solver.tying import structural_classes, tie, untie
 

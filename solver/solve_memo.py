@@ -48,7 +48,7 @@ from autopar.cost_tables import CostTables
 from autopar.costs import COST_MODEL_VERSION, model_digest
 from autopar.store import KeyValueStore
 
-__all__ = ["MEMO_VERSION", "MemoEntry", "memo_key", "remember"]
+__all__ = ["MEMO_VERSION", "MemoEntry", "memo_keys", "remember"]
 
 MEMO_VERSION = 1
 """Bumped when an entry's meaning changes (old entries are then never looked up)."""
@@ -115,11 +115,14 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def memo_key(tables: CostTables, budget_bytes: int | None, solver: dict[str, Any] | None = None) -> str:
-    """Content key of the problem ``tables`` and ``budget_bytes`` define (see the module doc),
-    and of ``solver``: the options that choose how it is solved (not how long)."""
+def memo_keys(
+    tables: CostTables, budget_bytes: int | None, solver: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """Content keys of the problem ``tables`` and ``budget_bytes`` define and of the same
+    problem without a budget (see the module doc), both also of ``solver``: the options that
+    choose how it is solved (not how long).  The graph is hashed once for both."""
     graph = tables.graph
-    h = hashlib.sha256()
+    base = hashlib.sha256()
     head = {
         "memo": MEMO_VERSION,
         "cost_model": COST_MODEL_VERSION,
@@ -128,13 +131,18 @@ def memo_key(tables: CostTables, budget_bytes: int | None, solver: dict[str, Any
         "mesh": tables.mesh.key(),
         "zero": tables.zero_stage,
         "runtime": tables.runtime.key(),
-        "budget": budget_bytes,
         "solver": solver,
     }
-    h.update(json.dumps(head, sort_keys=True, default=str).encode())
+    base.update(json.dumps(head, sort_keys=True, default=str).encode())
     for op in graph.topological_order:  # memory liveness follows this order
-        h.update(b"\0" + op.name.encode())
-    return "solve:" + h.hexdigest()[:40]
+        base.update(b"\0" + op.name.encode())
+
+    def under(budget: int | None) -> str:
+        h = base.copy()
+        h.update(f"\0budget={budget}".encode())
+        return "solve:" + h.hexdigest()[:40]
+
+    return under(budget_bytes), under(None)
 
 
 def remember(store: KeyValueStore, key: str, entry: MemoEntry, before: MemoEntry | None) -> MemoEntry:
