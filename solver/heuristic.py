@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autopar_solver.problem import Problem, evaluate, memory_fits
+from autopar_solver.problem import Problem, cost_spread, evaluate, memory_fits
 
 __all__ = ["HeuristicResult", "greedy_assignment", "improve", "refine", "solve_heuristic"]
 
@@ -513,8 +513,7 @@ def refine(
 
 def _price_unit(index: _Index) -> float:
     """Seconds per byte at which memory and time weigh about the same."""
-    spreads = [float(np.ptp(c[np.isfinite(c)])) for c in index.costs if np.isfinite(c).sum() > 1]
     mem_spreads = [float(np.ptp(m, axis=1).max()) for m in index.mem if m.shape[0] and m.shape[1] > 1]
-    cost_scale = float(np.median(spreads)) if spreads else 1.0
+    cost_scale = cost_spread(index.costs)
     mem_scale = float(np.median(mem_spreads)) if mem_spreads else 1.0
     return max(cost_scale, 1e-30) / max(mem_scale, 1.0)

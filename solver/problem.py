@@ -36,6 +36,7 @@ __all__ = [
     "MemoryRow",
     "Problem",
     "Solution",
+    "cost_spread",
     "evaluate",
     "is_feasible",
     "memory_fits",
@@ -215,6 +216,14 @@ def evaluate(problem: Problem, choices: Sequence[int]) -> tuple[float, list[floa
             parts.append(float(t[choices[u], choices[v]]))
         memory.append(math.fsum(parts))
     return cost, memory
+
+
+def cost_spread(costs: Sequence[np.ndarray]) -> float:
+    """Median over the nodes with two or more finite choices of the spread (largest minus
+    smallest) of their finite costs, seconds; 1.0 when no node has two.  The time scale a
+    memory price (seconds per byte) is set against."""
+    spreads = [float(np.ptp(c[np.isfinite(c)])) for c in costs if np.isfinite(c).sum() > 1]
+    return float(np.median(spreads)) if spreads else 1.0
 
 
 def trivial_bound(problem: Problem) -> float:

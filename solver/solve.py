@@ -43,7 +43,7 @@ from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_c
 from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
 from autopar_solver.lns import WINDOW_TIME_S, window_search
 from autopar_solver.options import Progress, ProgressFn, SolverOptions
-from autopar_solver.problem import Problem, Solution, evaluate, memory_fits, trivial_bound
+from autopar_solver.problem import Problem, Solution, cost_spread, evaluate, memory_fits, trivial_bound
 from autopar_solver.reductions import Reduction, problem_size, reduce_problem
 
 __all__ = ["solve"]
@@ -603,8 +603,7 @@ def starting_prices(problem: Problem) -> np.ndarray:
     the median spread of the node costs over the median spread of the row's per-node
     bytes (the heuristic's first price when it has to price memory); decodes then move
     each price up while plans overflow the row and down while they fit."""
-    spreads = [float(np.ptp(c[np.isfinite(c)])) for c in problem.node_costs if np.isfinite(c).sum() > 1]
-    cost_scale = max(float(np.median(spreads)) if spreads else 1.0, 1e-30)
+    cost_scale = max(cost_spread(problem.node_costs), 1e-30)
     prices = []
     for row in problem.memory_rows:
         bytes_spread = [float(np.ptp(t)) for t in row.terms.values() if t.size > 1]
