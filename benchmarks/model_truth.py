@@ -220,11 +220,12 @@ def measure(model: str) -> dict[str, Any]:
         }
     z2 = evaluate(graph, baseline_plan("data-parallel", graph, mesh, 2))
     z3 = evaluate(graph, baseline_plan("data-parallel", graph, mesh, 3))
+    hand_dp = hand_count_dp_bytes(graph, mesh)  # DDP's count has no graph-specific variant
     out.update(
         hand_tp_bytes=hand,
         hand_tp_bytes_graph=hand_graph,
-        hand_dp_bytes=hand_count_dp_bytes(graph, mesh),
-        hand_dp_bytes_graph=hand_count_dp_bytes(graph, mesh),
+        hand_dp_bytes=hand_dp,
+        hand_dp_bytes_graph=hand_dp,
         runtimes=rows,
         zero={
             "zero2_ms": z2.step_time_s * 1e3,
