@@ -259,8 +259,19 @@ def test_sweep_table(client: httpx.Client, tiny_graph: dict[str, Any]) -> None:
         assert ok["links"]["plan"] == f"/v1/plans/{ok['key']}"
         bad = by[(64 * 1024, zero)]
         assert bad["status"] == "infeasible" and bad["min_feasible_bytes"] > 64 * 1024
-    # ZeRO-2 shards gradients too: never more memory than ZeRO-1 for the same plan space
-    assert by[(device, 2)]["memory_per_device_bytes"] <= by[(device, 1)]["memory_per_device_bytes"]
+    # ZeRO-2 shards gradients too: the same plan never needs more memory under ZeRO-2.
+    # (The two rows' plans may differ: each is only within the requested gap of optimal
+    # in step time, so their memory is not comparable.)
+    zero1 = client.get(by[(device, 1)]["links"]["plan"])
+    assert zero1.status_code == 200, zero1.text
+    plan1 = zero1.json()["plan"]
+    as_zero2 = {**plan1, "zero_stage": 2}
+    ev1 = client.post("/v1/evaluate", json={"graph": tiny_graph, "plan": plan1})
+    ev2 = client.post("/v1/evaluate", json={"graph": tiny_graph, "plan": as_zero2})
+    assert ev1.status_code == 200 and ev2.status_code == 200, (ev1.text, ev2.text)
+    assert ev1.json()["memory_per_device_bytes"] == pytest.approx(by[(device, 1)]["memory_per_device_bytes"])
+    assert ev2.json()["memory_per_device_bytes"] <= ev1.json()["memory_per_device_bytes"]
+    assert ev2.json()["memory"]["grads_bytes"] < ev1.json()["memory"]["grads_bytes"]
     assert "infeasible" in view["table"] and "succeeded" in view["table"]
     same = client.get(view["links"]["self"])
     assert same.status_code == 200 and same.json()["rows"] == view["rows"]
