@@ -7,6 +7,8 @@ the cost-table memo uses) with the few atomic operations the service needs:
 * ``add`` (set if absent) for locks and single-flight markers,
 * ``put_if_lower`` (compare-and-set on a score) so a stored plan is only
   replaced by a cheaper one,
+* ``compare_and_set`` (replace only the value read) so the solve memo merges
+  what two workers proved instead of keeping the last writer's,
 * ``incr`` for counters.
 
 Key layout (every backend adds its own namespace prefix)::
@@ -14,6 +16,7 @@ Key layout (every backend adds its own namespace prefix)::
     plan:{key}          compressed plan record        (plan TTL)
     plan:{key}#score    its predicted step time, text
     cost:{memo key}     one cost-table entry (bytes from the core's memo)
+    cost:solve:{key}    one solve-memo entry (the best plan and bound of a problem)
     graph:{hash}        compressed graph JSON          (job TTL)
     job:{id}            compressed job record           (job TTL)
     sweep:{id}          compressed sweep record         (job TTL)
@@ -31,7 +34,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
-from autopar.store import KeyValueStore
+from autopar.store import SwappableStore
 from autopar_cache.errors import CacheUnavailable
 
 __all__ = ["PrefixedStore", "Store", "score_text"]
@@ -40,7 +43,7 @@ log = logging.getLogger("autopar.cache")
 
 
 @runtime_checkable
-class Store(KeyValueStore, Protocol):
+class Store(SwappableStore, Protocol):
     """A bytes-valued store with TTLs; ``ttl_s=None`` means no expiry."""
 
     backend: str
@@ -127,3 +130,14 @@ class PrefixedStore:
             if not self._tolerant:
                 raise
             log.warning("memo %s unavailable: %d entries not stored", self._prefix, len(items))
+
+    def compare_and_set(
+        self, key: str, expected: bytes | None, value: bytes, ttl_s: float | None = None
+    ) -> bool:
+        try:
+            return self._store.compare_and_set(self._prefix + key, expected, value, self._ttl_s)
+        except CacheUnavailable:
+            if not self._tolerant:
+                raise
+            log.warning("memo %s unavailable: entry not stored", self._prefix)
+            return False

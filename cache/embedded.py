@@ -95,6 +95,16 @@ class EmbeddedStore:
             self._cache.set(score_key, score_text(new), expire=expire)
         return True
 
+    def compare_and_set(
+        self, key: str, expected: bytes | None, value: bytes, ttl_s: float | None = None
+    ) -> bool:
+        with self._cache.transact(retry=True):
+            current = self._cache.get(key, default=None)
+            if (current if isinstance(current, bytes) else None) != expected:
+                return False
+            self._cache.set(key, bytes(value), expire=self._expire(ttl_s))
+        return True
+
     def incr(self, key: str, amount: int = 1) -> int:
         return int(self._cache.incr(key, amount, default=0, retry=True))
 

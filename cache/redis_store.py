@@ -2,7 +2,8 @@
 
 Keys live under ``prefix`` (default ``autopar:``).  Reads of many keys use
 ``MGET`` in chunks; writes use one pipeline; ``put_if_lower`` is a Lua script
-so two workers finishing the same plan cannot overwrite a cheaper one.
+so two workers finishing the same plan cannot overwrite a cheaper one, and
+``compare_and_set`` another so a solve-memo entry is replaced only if unchanged.
 Connection and command failures surface as :class:`autopar_cache.errors.CacheUnavailable`
 (short socket timeouts: the API must answer, not hang, when Redis is down).
 """
@@ -46,6 +47,23 @@ end
 return 1
 """
 
+# KEYS[1] key; ARGV[1] expected value, ARGV[2] '1' when the key is expected absent,
+# ARGV[3] new value, ARGV[4] ttl ms ('' = none).
+_COMPARE_AND_SET = """
+local current = redis.call('GET', KEYS[1])
+if ARGV[2] == '1' then
+  if current then return 0 end
+elseif current ~= ARGV[1] then
+  return 0
+end
+if ARGV[4] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+else
+  redis.call('SET', KEYS[1], ARGV[3])
+end
+return 1
+"""
+
 
 def redact_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (safe for logs and errors)."""
@@ -85,6 +103,7 @@ class RedisStore:
         self.prefix = prefix
         self.client = client if client is not None else connect(url, socket_timeout_s=socket_timeout_s)
         self._put_if_lower = self.client.register_script(_PUT_IF_LOWER)
+        self._compare_and_set = self.client.register_script(_COMPARE_AND_SET)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -147,6 +166,15 @@ class RedisStore:
         keys = [self.prefix + key, self.prefix + key + _SCORE_SUFFIX]
         args: list[Any] = [value, score_text(new), "" if px is None else str(px)]
         return bool(self._call("put_if_lower", lambda: self._put_if_lower(keys=keys, args=args)))
+
+    def compare_and_set(
+        self, key: str, expected: bytes | None, value: bytes, ttl_s: float | None = None
+    ) -> bool:
+        px = self._px(ttl_s)
+        ttl = "" if px is None else str(px)
+        args: list[Any] = [b"", "1", value, ttl] if expected is None else [expected, "0", value, ttl]
+        keys = [self.prefix + key]
+        return bool(self._call("compare_and_set", lambda: self._compare_and_set(keys=keys, args=args)))
 
     def incr(self, key: str, amount: int = 1) -> int:
         return int(self._call("INCRBY", lambda: self.client.incrby(self.prefix + key, amount)))  # type: ignore[arg-type]

@@ -578,7 +578,8 @@ class _MemoRecall:
 
     Without an entry for this budget, the problem's entry without a budget serves when its
     plan fits: its bound is one of a relaxation (no memory rows), so it holds under any
-    budget.  What is stored is merged with the entries as read, so only a better plan or a
+    budget.  What is stored is merged with the entries as read, or as another solve stored
+    them since (:func:`~autopar_solver.solve_memo.remember`), so only a better plan or a
     greater bound replaces what is there; an entry whose plan does not verify is replaced.
     """
 
@@ -588,6 +589,12 @@ class _MemoRecall:
     """The entry for this budget as read (None: absent, or it did not verify)."""
     stored_free: MemoEntry | None = None
     """The entry without a budget as read (when this call has a budget)."""
+    raw: bytes | None = None
+    """The stored bytes of :attr:`stored` as read (what a write replaces)."""
+    raw_free: bytes | None = None
+    """The stored bytes of :attr:`stored_free` as read."""
+    rejected: bool = False
+    """The entry for this budget did not verify: a write replaces it instead of merging."""
     entry: MemoEntry | None = None
     """The entry this solve answers from or starts from."""
     plan: tuple[Plan, Any, Solution] | None = None
@@ -610,9 +617,11 @@ class _MemoRecall:
             }
             out.key, out.free_key = memo_keys(tables, budget, how)
             found = store.get_many([out.key, out.free_key])
-            out.stored = MemoEntry.from_bytes(found[out.key]) if out.key in found else None
-            if out.free_key != out.key and out.free_key in found:
-                out.stored_free = MemoEntry.from_bytes(found[out.free_key])
+            out.raw = found.get(out.key)
+            out.stored = MemoEntry.from_bytes(out.raw) if out.raw is not None else None
+            if out.free_key != out.key:
+                out.raw_free = found.get(out.free_key)
+                out.stored_free = MemoEntry.from_bytes(out.raw_free) if out.raw_free is not None else None
         out.stats = {"key": out.key, "found": out.stored is not None, "verified": False}
         return out
 
@@ -627,7 +636,7 @@ class _MemoRecall:
         if self.stored is not None:
             self.plan = _recalled(graph, mesh, zero_stage, tables, self.stored, budget)
             if self.plan is None:
-                self.stored = None  # does not verify: replaced by this solve's result
+                self.stored, self.rejected = None, True  # replaced by this solve's result
             self.entry = self.stored
         if self.plan is None and self.stored_free is not None and not self.stored_free.positions:
             self.plan = _recalled(graph, mesh, zero_stage, tables, self.stored_free, budget)
@@ -645,12 +654,11 @@ class _MemoRecall:
             return
         names = [op.name for op in graph.topological_order]
         found = MemoEntry(dict(zip(names, solution.choices)), positions, solution.objective, solution.bound)
-        self.stats["stored"] = remember(store, self.key, found, self.stored) != self.stored
+        self.stats["stored"] = remember(store, self.key, found, self.raw, rejected=self.rejected)
         if self.free_key is not None and self.free_key != self.key and without_rows:
-            before = (
-                self.stored_free if self.stored_free is not None and not self.stored_free.positions else None
-            )
-            remember(store, self.free_key, found, before)
+            # an entry there with memory rows is not one of the problem without a budget
+            odd = self.stored_free is not None and bool(self.stored_free.positions)
+            remember(store, self.free_key, found, self.raw_free, rejected=odd)
 
 
 def _recalled(

@@ -30,7 +30,9 @@ never trusted: the planner re-checks it with the evaluator, step time and
 memory, like any solver result, and drops the entry when it does not verify.
 When the recalled gap is within the requested one the solve is skipped;
 otherwise the solve starts from the recalled plan, its memory rows and its
-bound, and what it proves is stored back.
+bound, and what it proves is stored back, merged with what is stored by then:
+with a store that can compare and set (every store here), two solves of one
+problem that finish together each keep what they proved.
 
 Values are zlib-compressed JSON (never pickle), as every value in the store.
 """
@@ -46,9 +48,9 @@ from typing import Any
 
 from autopar.cost_tables import CostTables
 from autopar.costs import COST_MODEL_VERSION, model_digest
-from autopar.store import KeyValueStore
+from autopar.store import KeyValueStore, SwappableStore
 
-__all__ = ["MEMO_VERSION", "MemoEntry", "memo_keys", "remember"]
+__all__ = ["MEMO_VERSION", "REMEMBER_ATTEMPTS", "MemoEntry", "memo_keys", "merged", "remember"]
 
 MEMO_VERSION = 1
 """Bumped when an entry's meaning changes (old entries are then never looked up)."""
@@ -145,15 +147,50 @@ def memo_keys(
     return under(budget_bytes), under(None)
 
 
-def remember(store: KeyValueStore, key: str, entry: MemoEntry, before: MemoEntry | None) -> MemoEntry:
-    """Store what is now known: the better plan of ``entry`` and ``before``, the greater
-    bound of the two (both proven on the same problem); returns what was stored."""
-    if before is not None:
-        plan = entry if entry.objective <= before.objective else before
-        entry = MemoEntry(
-            plan.choices, plan.positions, plan.objective, min(plan.objective, max(entry.bound, before.bound))
-        )
-        if entry == before:
-            return before
-    store.put_many({key: entry.to_bytes()})
-    return entry
+def merged(entry: MemoEntry, before: MemoEntry | None) -> MemoEntry:
+    """What ``entry`` and ``before`` (both of one problem) prove together: the plan with
+    the smaller step time, the greater of the two bounds (at most that plan's step time)."""
+    if before is None:
+        return entry
+    plan = entry if entry.objective <= before.objective else before
+    return MemoEntry(
+        plan.choices, plan.positions, plan.objective, min(plan.objective, max(entry.bound, before.bound))
+    )
+
+
+REMEMBER_ATTEMPTS = 5
+"""How often :func:`remember` reads again and merges when another writer got in between."""
+
+
+def remember(
+    store: KeyValueStore, key: str, entry: MemoEntry, read: bytes | None, *, rejected: bool = False
+) -> bool:
+    """Store what is now known at ``key``: ``entry`` merged (:func:`merged`) with the value
+    there, ``read`` as the caller read it (None: absent).  True when written; False when
+    ``entry`` proves nothing new, or when the store kept changing under every attempt.
+
+    With a :class:`~autopar.store.SwappableStore` the merged value replaces exactly the value
+    read; when another writer stored something in between, that value is read and merged in
+    turn (at most :data:`REMEMBER_ATTEMPTS` times), so neither writer's plan or bound is
+    lost.  ``rejected``: the caller found ``read`` wrong (its plan did not verify), so it is
+    replaced, not merged; a value written since is trusted like any entry (it is re-checked
+    when recalled).  Other stores are simply overwritten with the merge.
+    """
+    swap = store if isinstance(store, SwappableStore) else None
+    current = read
+    for _ in range(REMEMBER_ATTEMPTS):
+        before = None if rejected and current == read else _entry_or_none(current)
+        value = merged(entry, before)
+        if before is not None and value == before:
+            return False
+        if swap is None:
+            store.put_many({key: value.to_bytes()})
+            return True
+        if swap.compare_and_set(key, current, value.to_bytes()):
+            return True
+        current = store.get_many([key]).get(key)
+    return False
+
+
+def _entry_or_none(raw: bytes | None) -> MemoEntry | None:
+    return None if raw is None else MemoEntry.from_bytes(raw)

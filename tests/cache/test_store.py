@@ -77,6 +77,54 @@ def test_put_if_lower_after_value_vanished(store: Store) -> None:
     assert store.get("p") == b"b"
 
 
+def test_compare_and_set_replaces_only_the_value_read(store: Store) -> None:
+    assert not store.compare_and_set("memo", b"something", b"v1")  # absent, not b"something"
+    assert store.get("memo") is None
+    assert store.compare_and_set("memo", None, b"v1")
+    assert not store.compare_and_set("memo", None, b"v2")  # present now
+    assert not store.compare_and_set("memo", b"v0", b"v2")  # another value than the one read
+    assert store.get("memo") == b"v1"
+    assert store.compare_and_set("memo", b"v1", b"\x00v2", ttl_s=60)
+    assert store.get("memo") == b"\x00v2"
+    assert not store.compare_and_set("memo", b"", b"v3")  # empty is not absent
+    store.put("empty", b"")
+    assert store.compare_and_set("empty", b"", b"v4") and store.get("empty") == b"v4"
+
+
+def test_compare_and_set_loses_no_update_under_contention(store: Store) -> None:
+    """16 threads each add 5 to a counter by read, compare-and-set, retry: nothing is lost."""
+
+    def add_five(_: int) -> int:
+        tries = 0
+        for _ in range(5):
+            while True:
+                tries += 1
+                raw = store.get("counter")
+                if store.compare_and_set("counter", raw, str(int(raw or b"0") + 1).encode()):
+                    break
+        return tries
+
+    with ThreadPoolExecutor(16) as pool:
+        tries = list(pool.map(add_five, range(16)))
+    assert store.get("counter") == b"80"
+    assert sum(tries) >= 80
+
+
+def test_prefixed_store_compare_and_set(store: Store) -> None:
+    view = PrefixedStore(store, "cost:", ttl_s=60)
+    assert view.compare_and_set("solve:x", None, b"1")
+    assert store.get("cost:solve:x") == b"1"
+    assert not view.compare_and_set("solve:x", None, b"2")
+    assert view.compare_and_set("solve:x", b"1", b"2") and view.get_many(["solve:x"]) == {"solve:x": b"2"}
+
+
+def test_a_tolerant_prefixed_store_without_its_backend_stores_nothing_and_says_so() -> None:
+    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=1)
+    assert PrefixedStore(down, "cost:", tolerant=True).compare_and_set("k", None, b"v") is False
+    with pytest.raises(CacheUnavailable):
+        PrefixedStore(down, "cost:").compare_and_set("k", None, b"v")
+
+
 def test_incr(store: Store) -> None:
     assert store.incr("count") == 1
     assert store.incr("count", 4) == 5

@@ -13,7 +13,7 @@ from autopar.plan import Plan
 from autopar.store import MemoryStore
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan
-from autopar_solver.solve_memo import MEMO_VERSION, MemoEntry
+from autopar_solver.solve_memo import MEMO_VERSION, REMEMBER_ATTEMPTS, MemoEntry, remember
 
 CLUSTER = Cluster.parse("1x4", "a100-40g")
 OPTIONS = SolverOptions(time_limit_s=20, workers=2)
@@ -206,3 +206,82 @@ def test_without_time_to_re_check_an_entry_it_is_neither_used_nor_replaced(graph
     with pytest.raises(TimeLimitError):
         plan(request, store=store)
     assert _entry(store, key) == true
+
+
+PLAN_A = MemoEntry({"a": 0, "b": 1}, [], 2.0, 1.0)
+PLAN_B = MemoEntry({"a": 1, "b": 1}, [], 1.8, 0.5)
+
+
+def test_two_solves_that_finish_together_each_keep_what_they_proved():
+    """Both read the same entry; one proves a greater bound, the other finds a better plan:
+    the second writer's swap fails, it reads the first's value and merges (nothing lost)."""
+    store = MemoryStore()
+    store.put_many({"k": PLAN_A.to_bytes()})
+    read = store.get_many(["k"])["k"]
+    higher_bound = MemoEntry(PLAN_A.choices, [], 2.0, 1.5)
+    assert remember(store, "k", higher_bound, read)
+    assert remember(store, "k", PLAN_B, read)  # stale read: merged with the first writer's bound
+    assert _entry(store, "k") == MemoEntry(PLAN_B.choices, [], 1.8, 1.5)
+    # from an empty store too: the second writer's worse plan does not replace the first's
+    store = MemoryStore()
+    assert remember(store, "k", PLAN_B, None)
+    assert remember(store, "k", MemoEntry(PLAN_A.choices, [], 2.0, 1.7), None)
+    assert _entry(store, "k") == MemoEntry(PLAN_B.choices, [], 1.8, 1.7)
+    # an entry that proves nothing new is not written
+    before = store.get_many(["k"])["k"]
+    assert not remember(store, "k", PLAN_A, before)
+    assert store.get_many(["k"])["k"] == before
+
+
+def test_a_rejected_entry_is_replaced_but_a_value_written_since_is_merged():
+    lie = MemoEntry(PLAN_A.choices, [], 0.1, 0.1)
+    store = MemoryStore()
+    store.put_many({"k": lie.to_bytes()})
+    read = store.get_many(["k"])["k"]
+    assert remember(store, "k", PLAN_A, read, rejected=True)
+    assert _entry(store, "k") == PLAN_A  # not merged with the lie's objective and bound
+    # another solve replaced the rejected value meanwhile: its value is merged in
+    store.put_many({"k": lie.to_bytes()})
+    read = store.get_many(["k"])["k"]
+    store.put_many({"k": PLAN_B.to_bytes()})
+    assert remember(store, "k", PLAN_A, read, rejected=True)
+    assert _entry(store, "k") == MemoEntry(PLAN_B.choices, [], 1.8, 1.0)
+    # damaged bytes read as absent and are replaced
+    store.put_many({"k": b"not an entry"})
+    assert remember(store, "k", PLAN_A, b"not an entry") and _entry(store, "k") == PLAN_A
+
+
+class _OverwriteOnly:
+    """A store that cannot compare and set."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get_many(self, keys):
+        return {k: self.data[k] for k in keys if k in self.data}
+
+    def put_many(self, items, ttl_s=None):
+        self.data.update(items)
+
+
+class _AlwaysChanging(MemoryStore):
+    """Another writer gets in before every swap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swaps = 0
+
+    def compare_and_set(self, key, expected, value, ttl_s=None):
+        self.swaps += 1
+        self.put_many({key: MemoEntry({"a": 0}, [], 5.0, float(self.swaps) / 10).to_bytes()})
+        return False
+
+
+def test_stores_that_cannot_swap_are_overwritten_and_a_busy_key_is_given_up():
+    plain = _OverwriteOnly()
+    plain.put_many({"k": PLAN_B.to_bytes()})
+    assert remember(plain, "k", PLAN_A, PLAN_B.to_bytes())  # merged with what was read
+    assert MemoEntry.from_bytes(plain.data["k"]) == MemoEntry(PLAN_B.choices, [], 1.8, 1.0)
+    busy = _AlwaysChanging()
+    assert remember(busy, "k", PLAN_A, None) is False
+    assert busy.swaps == REMEMBER_ATTEMPTS
