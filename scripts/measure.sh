@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Re-measure the figures of README.md, benchmarks/README.md and docs/explorer.md in one run:
+# each section runs the command written next to its figures, one after the other, and
+# writes what it printed to $OUT/<section>.txt (headed by the UTC time and the command).
+#
+#   bash scripts/measure.sh                 # every section (about 10-15 min on 2 cores, idle)
+#   bash scripts/measure.sh warm plan-memo  # only those sections
+#   bash scripts/measure.sh --list          # the sections
+#   bash scripts/measure.sh screenshots     # docs/img from section report's page (not in the default run)
+#
+# Timing figures need an idle machine: run nothing else meanwhile.  The sections on the
+# imported OneFlow MT5 job need /tmp/of-mt5 (and /tmp/of-mt5-fkv); section `of-mt5`
+# builds them with the OneFlow venv (minutes; `bash scripts/oneflow-env.sh` first) when
+# they are missing.  OUT defaults to /tmp/measure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-/tmp/measure}
+PY=.venv/bin/python
+AUTOPAR=.venv/bin/autopar
+IMPORTED=/tmp/of-mt5
+IMPORTED_FKV=/tmp/of-mt5-fkv
+MT5="$OUT/mt5.json"
+PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --time-limit 30 --no-progress)
+
+SECTIONS=(of-mt5 baselines model-truth model-truth-fkv of-eval of-eval-fkv cost-tables
+  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero promise problem-size
+  report service service-429)
+
+# run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
+run() {
+  local name=$1
+  shift
+  {
+    echo "# $(date -u '+%Y-%m-%d %H:%M:%S') UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
+    echo "\$ $*"
+  } | tee "$OUT/$name.txt"
+  "$@" 2>&1 | tee -a "$OUT/$name.txt"
+}
+
+# timed SECTION COMMAND...: as run, with wall time and max RSS from /usr/bin/time
+timed() {
+  local name=$1
+  shift
+  run "$name" /usr/bin/time -f "%e s wall, max RSS %M kB" "$@"
+}
+
+oneflow() {  # a command in the OneFlow venv, autopar's side in the main one
+  # shellcheck disable=SC1091
+  (source .venv-oneflow/activate-oneflow && AUTOPAR_PYTHON=.venv/bin/python "$@")
+}
+
+section() {
+  case $1 in
+    of-mt5)
+      [ -f "$IMPORTED/result.json" ] || oneflow python benchmarks/oneflow_mt5.py \
+        --out "$IMPORTED" --vocab 32128 --variants inference --time-limit 30
+      [ -f "$IMPORTED_FKV/result.json" ] || oneflow python benchmarks/oneflow_mt5.py \
+        --out "$IMPORTED_FKV" --vocab 32128 --variants inference --time-limit 30 \
+        --fused-cross-kv --master-port 29612
+      ;;
+    baselines) run baselines $PY -m benchmarks.baselines ;;
+    model-truth) run model-truth $PY -m benchmarks.model_truth --imported "$IMPORTED" ;;
+    model-truth-fkv) run model-truth-fkv $PY -m benchmarks.model_truth --imported "$IMPORTED_FKV" ;;
+    of-eval)
+      run of-eval oneflow python benchmarks/oneflow_mt5.py evaluate --out "$IMPORTED" \
+        --vocab 32128 --variants inference --time-limit 30
+      ;;
+    of-eval-fkv)
+      run of-eval-fkv oneflow python benchmarks/oneflow_mt5.py evaluate --out "$IMPORTED_FKV" \
+        --vocab 32128 --variants inference --time-limit 30 --fused-cross-kv
+      ;;
+    cost-tables) run cost-tables $PY -m benchmarks.cost_tables ;;
+    solver-10)
+      run solver-10 $PY -m benchmarks.solver --time-limit 10 \
+        --cases mt5-base-4x2,mt5-base-2x4,oneflow-mt5-imported --imported "$IMPORTED"
+      ;;
+    solver-30) run solver-30 $PY -m benchmarks.solver --time-limit 30 --imported "$IMPORTED" ;;
+    solver-50k-60) run solver-50k-60 $PY -m benchmarks.solver --time-limit 60 --cases gpt-50k-ops ;;
+    warm) run warm $PY -m benchmarks.solver --warm --time-limit 10 --imported "$IMPORTED" ;;
+    plan-memo)
+      rm -rf "$OUT/memo"
+      timed plan-memo-cold $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 2 --memo "$OUT/memo" --out "$OUT/p1.json"
+      timed plan-memo-warm $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 2 --memo "$OUT/memo" --out "$OUT/p2.json"
+      ;;
+    plan-zero)
+      timed plan-zero2 $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 2 --out "$OUT/plan-zero2.json"
+      timed plan-zero3 $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 3 --out "$OUT/plan-zero3.json"
+      ;;
+    promise) run promise $PY -m benchmarks.solver --promise ;;
+    problem-size)
+      run problem-size $PY -m benchmarks.problem_size --model mt5-base --mesh-shapes 8 4,2 2,4 2,2,2
+      ;;
+    report)
+      # docs/explorer.md: the plan solved as written there, the report, and the evaluator's totals
+      timed report-plan $AUTOPAR plan "$MT5" --cluster 2x4 --mesh-shape 4,2 --zero 2 --time-limit 30 \
+        --no-progress --out "$OUT/plan.json"
+      timed report $AUTOPAR report "$MT5" "$OUT/plan.json" --compare megatron inferred --label autopar \
+        --out "$OUT/mt5-base-report.html"
+      stat -c '%s bytes' "$OUT/mt5-base-report.html" | tee -a "$OUT/report.txt"
+      run evaluate $AUTOPAR evaluate "$MT5" "$OUT/plan.json"
+      ;;
+    screenshots)
+      # docs/img: the report of section `report` as a browser shows it (needs chromium)
+      $PY -m tests.report.screenshot "$OUT/mt5-base-report.html" docs/img/report-mt5-base.png --height 2600
+      $PY -m tests.report.screenshot "$OUT/mt5-base-report.html" docs/img/report-mt5-base-memory.png \
+        --height 1500 --anchor memory
+      ;;
+    service) run service $PY -m benchmarks.service --skip-cold --hits 200 --out "$OUT/service.json" ;;
+    service-429) run service-429 $PY -m benchmarks.service --only-429 ;;
+    *)
+      echo "measure: unknown section $1 (one of: ${SECTIONS[*]})" >&2
+      exit 2
+      ;;
+  esac
+}
+
+if [ "${1:-}" = "--list" ]; then
+  printf '%s\n' "${SECTIONS[@]}"
+  exit 0
+fi
+mkdir -p "$OUT"
+[ -f "$MT5" ] || $AUTOPAR model mt5-base --out "$MT5"
+wanted=("$@")
+[ ${#wanted[@]} -gt 0 ] || wanted=("${SECTIONS[@]}")
+for name in "${wanted[@]}"; do
+  section "$name"
+done
+echo "measure: done, $(date -u '+%H:%M:%S') UTC; outputs in $OUT"
