@@ -33,7 +33,11 @@ run() {
   shift
   {
     echo "# $(date -u '+%Y-%m-%d %H:%M:%S') UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
-    echo "\$ $*"
+    local arg shown="\$"
+    for arg in "$@"; do  # quote only what needs it, so the line can be pasted back
+      if [[ $arg =~ [[:space:]\'\"\$] ]]; then shown+=" \"${arg//\"/\\\"}\""; else shown+=" $arg"; fi
+    done
+    echo "$shown"
   } | tee "$OUT/$name.txt"
   "$@" 2>&1 | tee -a "$OUT/$name.txt"
 }
@@ -119,10 +123,16 @@ if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${SECTIONS[@]}"
   exit 0
 fi
-mkdir -p "$OUT"
-[ -f "$MT5" ] || $AUTOPAR model mt5-base --out "$MT5"
 wanted=("$@")
 [ ${#wanted[@]} -gt 0 ] || wanted=("${SECTIONS[@]}")
+for name in "${wanted[@]}"; do  # every name known before anything runs
+  [[ " ${SECTIONS[*]} screenshots " == *" $name "* ]] || {
+    echo "measure: unknown section $name (one of: ${SECTIONS[*]} screenshots)" >&2
+    exit 2
+  }
+done
+mkdir -p "$OUT"
+[ -f "$MT5" ] || $AUTOPAR model mt5-base --out "$MT5"
 for name in "${wanted[@]}"; do
   section "$name"
 done
