@@ -50,6 +50,10 @@ timed() {
 }
 
 oneflow() {  # a command in the OneFlow venv, autopar's side in the main one
+  if [ ! -f .venv-oneflow/activate-oneflow ]; then
+    echo "measure: no OneFlow venv here: run bash scripts/oneflow-env.sh first" >&2
+    return 2
+  fi
   # shellcheck disable=SC1091
   (source .venv-oneflow/activate-oneflow && AUTOPAR_PYTHON=.venv/bin/python "$@")
 }
