@@ -588,13 +588,16 @@ class _MemoRecall:
     stored: MemoEntry | None = None
     """The entry for this budget as read (None: absent, or it did not verify)."""
     stored_free: MemoEntry | None = None
-    """The entry without a budget as read (when this call has a budget)."""
+    """The entry without a budget as read (when this call has a budget; None when absent or
+    when it has memory rows, which no entry of the problem without a budget has)."""
     raw: bytes | None = None
     """The stored bytes of :attr:`stored` as read (what a write replaces)."""
     raw_free: bytes | None = None
     """The stored bytes of :attr:`stored_free` as read."""
     rejected: bool = False
     """The entry for this budget did not verify: a write replaces it instead of merging."""
+    rejected_free: bool = False
+    """The entry without a budget has memory rows: a write replaces it instead of merging."""
     entry: MemoEntry | None = None
     """The entry this solve answers from or starts from."""
     plan: tuple[Plan, Any, Solution] | None = None
@@ -622,6 +625,8 @@ class _MemoRecall:
             if out.free_key != out.key:
                 out.raw_free = found.get(out.free_key)
                 out.stored_free = MemoEntry.from_bytes(out.raw_free) if out.raw_free is not None else None
+                if out.stored_free is not None and out.stored_free.positions:
+                    out.stored_free, out.rejected_free = None, True
         out.stats = {"key": out.key, "found": out.stored is not None, "verified": False}
         return out
 
@@ -638,7 +643,7 @@ class _MemoRecall:
             if self.plan is None:
                 self.stored, self.rejected = None, True  # replaced by this solve's result
             self.entry = self.stored
-        if self.plan is None and self.stored_free is not None and not self.stored_free.positions:
+        if self.plan is None and self.stored_free is not None:
             self.plan = _recalled(graph, mesh, zero_stage, tables, self.stored_free, budget)
             if self.plan is not None:
                 self.entry = self.stored_free
@@ -656,9 +661,7 @@ class _MemoRecall:
         found = MemoEntry(dict(zip(names, solution.choices)), positions, solution.objective, solution.bound)
         self.stats["stored"] = remember(store, self.key, found, self.raw, rejected=self.rejected)
         if self.free_key is not None and self.free_key != self.key and without_rows:
-            # an entry there with memory rows is not one of the problem without a budget
-            odd = self.stored_free is not None and bool(self.stored_free.positions)
-            remember(store, self.free_key, found, self.raw_free, rejected=odd)
+            remember(store, self.free_key, found, self.raw_free, rejected=self.rejected_free)
 
 
 def _recalled(
