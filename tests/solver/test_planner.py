@@ -129,16 +129,16 @@ def test_memory_floors_are_below_every_plan_and_prove_a_budget_under_them(graph,
 
 def test_a_lifted_plan_without_time_for_its_recheck_keeps_the_squeezed_evaluation(graph, unconstrained):
     from autopar.progress import Deadline
-    from autopar_solver.planner import _unsqueeze
+    from autopar_solver.planner.squeeze import unsqueeze
 
-    lifted = _unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(1e-9))
+    lifted = unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(1e-9))
     assert lifted.mesh.shape == (2, 1, 2)
     assert "did not finish" in lifted.solver["stats"]["recheck"]
     assert lifted.step_time_s == unconstrained.step_time_s
     per_axis = lifted.predicted["comm_time_s_per_axis"]
     assert set(per_axis) == {"0", "1", "2"} and per_axis["1"] == 0.0
     # with time, the re-check runs (in a child process) and agrees
-    checked = _unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(600))
+    checked = unsqueeze(graph, unconstrained, Mesh(CLUSTER, (2, 1, 2)), Deadline(600))
     assert "recheck" not in checked.solver["stats"]
     assert checked.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-6)
     assert evaluate(graph, checked).valid
@@ -171,7 +171,7 @@ def test_a_tied_plan_without_time_to_untie_gets_the_untied_problems_swept_bound(
     """When the untied solve is skipped (no time left for it), the tied plan's gap comes from
     TRW-S sweeps on the untied problem, not the trivial bound: above the trivial bound, and
     still at most the untied optimum (at most the cost of any plan of it)."""
-    import autopar_solver.planner as planner
+    import autopar_solver.planner.tied_solve as tied_solve
     from autopar.cost_tables import build_cost_tables
     from autopar_solver.planner import build_problem, solve_on_mesh
     from autopar_solver.problem import trivial_bound
@@ -179,8 +179,8 @@ def test_a_tied_plan_without_time_to_untie_gets_the_untied_problems_swept_bound(
     mesh = Mesh(CLUSTER, (2, 2))
     best = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS))
     trivial = trivial_bound(build_problem(build_cost_tables(graph, mesh, 2), None).problem)
-    monkeypatch.setattr(planner, "UNTIED_S_PER_NODE", 1e9)  # never time for the untied solve
-    monkeypatch.setattr(planner, "UNTIED_BOUND_S_PER_NODE", 0.0)
+    monkeypatch.setattr(tied_solve, "UNTIED_S_PER_NODE", 1e9)  # never time for the untied solve
+    monkeypatch.setattr(tied_solve, "UNTIED_BOUND_S_PER_NODE", 0.0)
     p = solve_on_mesh(graph, mesh, None, 2, SolverOptions(time_limit_s=6, workers=2), tie_layers=True)
     tying = p.solver["stats"]["tying"]
     assert tying["untied"].startswith("skipped: no time left")

@@ -198,11 +198,11 @@ def test_the_entry_without_a_budget_answers_a_budget_its_plan_fits_and_only_that
 
 
 def test_without_time_to_re_check_an_entry_it_is_neither_used_nor_replaced(graph, monkeypatch):
-    import autopar_solver.planner as planner
+    import autopar_solver.planner.context as context
     from autopar.errors import TimeLimitError
 
     store, request, _, key, true = _solved_once(graph)
-    monkeypatch.setattr(planner, "EVALUATE_RESERVE_S", 1e6)  # never time to evaluate a plan
+    monkeypatch.setattr(context, "EVALUATE_RESERVE_S", 1e6)  # never time to evaluate a plan
     with pytest.raises(TimeLimitError):
         plan(request, store=store)
     assert _entry(store, key) == true

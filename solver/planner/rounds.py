@@ -1,0 +1,244 @@
+"""Stage 5: memory rounds: solve, evaluate, constrain the peak, solve again.
+
+Memory is a hard constraint, added lazily: the problem is first solved with no memory
+rows (a relaxation), or with the row of the largest memory floor when that comes near
+the budget; if the plan fits, it is optimal for the constrained problem too.  Otherwise
+the row of the evaluator's peak position is added and the problem solved again, from the
+plan before, until a plan fits, :data:`MAX_MEMORY_ROUNDS` run out, or the time does.
+
+Each round only adds memory rows to the one before, so an earlier round's problem is a
+relaxation of a later one's and its bound holds for the later ones: the rounds carry
+their greatest bound.  With tied layers (:mod:`.tied_solve`), once a plan has overflowed
+the budget, rounds solve the tied problem only (seconds) until its plan fits; only then
+is the untied problem solved, from that plan, as a polish.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autopar.cluster import Mesh
+from autopar.cost_tables import CostTables
+from autopar.errors import VerificationError
+from autopar.evaluate import evaluate
+from autopar.graph import Graph
+from autopar.plan import Plan
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner.context import EVALUATE_PER_BUILD, MAX_MEMORY_ROUNDS, MIN_SOLVE_S, PlanContext
+from autopar_solver.planner.memory_rows import BuiltProblem, assignment, build_problem
+from autopar_solver.planner.recall import Verified
+from autopar_solver.planner.tied_solve import solve_built, time_for_untied_solve
+from autopar_solver.problem import Solution
+
+__all__ = ["ROUND_SHARE", "MeshJob", "Rounds", "run_rounds"]
+
+ROUND_SHARE = 0.5
+"""With a budget, each memory round but the last may use this share of the time left (a
+plan that overflows leads to another round, which needs time too)."""
+
+
+@dataclass(frozen=True)
+class MeshJob:
+    """One mesh's problem: what the rounds solve and the plan is built for."""
+
+    graph: Graph
+    mesh: Mesh
+    budget: int | None
+    zero_stage: int
+    options: SolverOptions
+    tables: CostTables
+    tie_layers: bool
+    memory_binds: bool
+    """Memory floors come near the budget: rounds share the time."""
+
+
+@dataclass
+class Rounds:
+    """Where the memory rounds stand, and what they leave behind."""
+
+    positions: list[int]
+    """Constrained positions (rows), in the order they were added."""
+    hint: list[int] | None
+    reserve: float
+    """Seconds kept free before the deadline for the evaluator's re-check."""
+    best_bound: float = -math.inf
+    """Greatest lower bound of any round (or the memo's, proven on a relaxation)."""
+    kept: Verified | None = None
+    """The best plan that fits so far, evaluated, with its solution."""
+    kept_positions: list[int] = field(default_factory=list)
+    last: Solution | None = None
+    """The last round's solution."""
+    stopped_by_deadline: bool = False
+    polishing: bool = False
+    tied_first: bool = False
+    """With tied layers, once a plan has overflowed the budget, rounds solve the tied problem
+    only (seconds) until its plan fits; only then is the untied problem solved, from that
+    plan, as a polish: an untied solve of a plan that overflows is time spent on a plan the
+    next round discards.  The first round solves both (its untied bound holds for every
+    later round)."""
+    log: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per round (``solver["stats"]["rounds"]``)."""
+
+
+def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Rounds:
+    """Run up to ``rounds`` memory rounds from ``state``; return it, advanced."""
+    relay = ctx.relay()
+    for round_no in range(rounds):
+        ready = _round_problem(job, state, ctx)
+        if ready is None:
+            state.stopped_by_deadline = True
+            break
+        built, left = ready
+        relay.report("solve", detail={"memory_round": round_no, "polish": state.polishing})
+        solution = _solve_round(job, built, left, state, ctx, round_no)
+        if not _next_round(job, built, solution, state, ctx, round_no):
+            break
+    return state
+
+
+def _round_problem(job: MeshJob, state: Rounds, ctx: PlanContext) -> tuple[BuiltProblem, float] | None:
+    """The round's problem, with rows at ``state.positions``, and the seconds left for it;
+    None when the time left (less the evaluator's reserve, which grows with the time
+    building the problem took) is under :data:`MIN_SOLVE_S`."""
+    if ctx.deadline.left() - state.reserve < MIN_SOLVE_S:
+        return None
+    started = time.perf_counter()
+    built = build_problem(job.tables, job.budget, state.positions)
+    # the evaluator's re-check walks the whole graph in Python as building the problem
+    # does, a few times over (measured on mt5-base: 3-6x): keep that much free
+    state.reserve = max(state.reserve, EVALUATE_PER_BUILD * (time.perf_counter() - started))
+    left = ctx.deadline.left() - state.reserve
+    if left < MIN_SOLVE_S:
+        return None
+    return built, left
+
+
+def _solve_round(
+    job: MeshJob, built: BuiltProblem, left: float, state: Rounds, ctx: PlanContext, round_no: int
+) -> Solution:
+    """Solve the round's problem for its share of the ``left`` seconds; log the round."""
+    if job.memory_binds and not state.polishing and round_no < MAX_MEMORY_ROUNDS - 1:
+        # a round whose plan overflows leads to another round: keep time for it
+        left *= ROUND_SHARE
+    options = job.options
+    # deterministic runs keep their limit (in CP-SAT's deterministic units): the wall clock
+    # must not change their answer
+    round_options = (
+        options
+        if options.deterministic
+        else replace(options, time_limit_s=min(options.time_limit_s, max(left, MIN_SOLVE_S)))
+    )
+    tied = job.tie_layers and not state.polishing
+    solution = solve_built(
+        built,
+        round_options,
+        ctx.relay().callback(),
+        state.hint,
+        tied,
+        untie_after=not state.tied_first,
+        # sweeping the untied bound takes the rest of the round: only when no later
+        # memory round needs that time
+        sweep_untied=not job.memory_binds,
+    )
+    state.log.append(
+        {
+            "memory_rows": len(state.positions),
+            "status": solution.status,
+            "wall_s": solution.wall_s,
+            "polish": state.polishing,
+            "tied": bool(job.tie_layers) and not state.polishing,
+        }
+    )
+    state.last = solution
+    return solution
+
+
+def _next_round(
+    job: MeshJob, built: BuiltProblem, solution: Solution, state: Rounds, ctx: PlanContext, round_no: int
+) -> bool:
+    """Evaluate the round's plan and decide: keep it, polish it, or constrain its peak and
+    solve again (True: another round)."""
+    kept = state.kept[2] if state.kept is not None else None
+    if state.polishing:
+        # the verified plan of the round before stays unless this one is better
+        if solution.ok:
+            state.best_bound = max(state.best_bound, solution.bound)
+        if not solution.ok or kept is None or solution.objective >= kept.objective:
+            return False
+    if solution.status == "infeasible":
+        return False
+    if not solution.ok:
+        state.stopped_by_deadline = True
+        return False
+    state.best_bound = max(state.best_bound, solution.bound)
+    candidate = Plan.from_assignment(
+        job.graph,
+        job.mesh,
+        job.zero_stage,
+        assignment(built, solution.choices),
+        memory_budget_bytes=job.budget,
+        runtime=job.tables.runtime.name,
+    )
+    ctx.relay().report("evaluate", objective=solution.objective, bound=solution.bound)
+    ev = evaluate(job.graph, candidate)
+    if job.budget is None or ev.memory.total <= job.budget:
+        state.kept = (candidate, ev, solution)
+        state.kept_positions = list(state.positions)
+        return _after_fit(job, built, solution, state, ctx, round_no)
+    if state.polishing or round_no >= MAX_MEMORY_ROUNDS - 1:
+        return False  # over the budget elsewhere: keep the verified plan of the round before
+    _constrain_peak(job, ev, solution, state, ctx)
+    return True
+
+
+def _after_fit(
+    job: MeshJob, built: BuiltProblem, solution: Solution, state: Rounds, ctx: PlanContext, round_no: int
+) -> bool:
+    """The round's plan fits: polish it when the tied plan came first, or when the round's
+    time was cut for rounds that did not come and the gap is worth the time left."""
+    if state.tied_first:
+        # the tied plan fits: now the untied problem, from it, with the same rows and the
+        # time left (kept only if it fits and is better, as a polish)
+        state.tied_first = False
+        state.polishing = True
+        state.hint = solution.choices
+        return True
+    cut = job.memory_binds and round_no < MAX_MEMORY_ROUNDS - 1
+    if not cut or state.polishing or not _worth_polishing(job, built, solution, state, ctx):
+        return False
+    # the round's time was cut for rounds that did not come: spend what is left on the
+    # same rows, from this plan
+    state.polishing = True
+    state.hint = solution.choices
+    return True
+
+
+def _constrain_peak(job: MeshJob, ev: Any, solution: Solution, state: Rounds, ctx: PlanContext) -> None:
+    """The plan overflows: add the row of its peak position, start the next round from it."""
+    state.tied_first = bool(job.tie_layers)
+    peak = ev.activation_peak_position
+    if peak in state.positions:
+        raise VerificationError(
+            "memory_mismatch",
+            f"plan uses {ev.memory.total:.0f} bytes at position {peak} although that row was constrained",
+        )
+    state.positions.append(peak)
+    state.hint = solution.choices
+    ctx.relay().report("memory", detail={"memory_rows": len(state.positions), "peak_bytes": ev.memory.total})
+
+
+def _worth_polishing(
+    job: MeshJob, built: BuiltProblem, solution: Solution, state: Rounds, ctx: PlanContext
+) -> bool:
+    """Solve a fitting round again, from its plan, with the time left?  Only when its gap
+    (against the best bound of any round) misses the target and the time left covers an
+    untied solve of this size (:func:`~.tied_solve.time_for_untied_solve`)."""
+    options = job.options
+    if options.deterministic or solution.objective <= 0:
+        return False
+    gap = (solution.objective - max(state.best_bound, solution.bound)) / solution.objective
+    left = ctx.deadline.left() - state.reserve
+    return gap > options.relative_gap and time_for_untied_solve(built.problem.num_nodes, left)

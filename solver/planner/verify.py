@@ -1,0 +1,57 @@
+"""Verification: a plan's evaluation must agree with what the solver (or the memo) claimed.
+
+Every plan the planner returns, solved, recalled from the solve memo or lifted onto the
+requested mesh, passes :func:`verify`: the independent evaluator
+(:func:`autopar.evaluate.evaluate`) accepts it, its step time equals the objective, and
+its memory fits the budget; else :class:`~autopar.errors.VerificationError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autopar.errors import VerificationError
+from autopar_solver.problem import Solution
+
+__all__ = ["VERIFY_RTOL", "SolvedObjective", "verify", "with_bound"]
+
+VERIFY_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class SolvedObjective:
+    """Only an objective to check an evaluation against (a recalled or lifted plan)."""
+
+    objective: float
+
+
+def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None) -> None:
+    """Raise :class:`VerificationError` unless evaluation ``ev`` is valid, its step time is
+    ``solution.objective`` (within :data:`VERIFY_RTOL`) and its memory is within ``budget``."""
+    if not ev.valid:
+        raise VerificationError(
+            "invalid_plan",
+            f"the evaluator rejected the solver's plan: {ev.errors[:3]}",
+            errors=ev.errors[:20],
+        )
+    if not math.isclose(ev.step_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+        raise VerificationError(
+            "cost_mismatch",
+            f"evaluator step time {ev.step_time_s!r} s != solver objective {solution.objective!r} s",
+        )
+    if budget is not None and ev.memory.total > budget:
+        raise VerificationError(
+            "memory_mismatch", f"plan needs {ev.memory.total:.0f} bytes per device > budget {budget}"
+        )
+
+
+def with_bound(solution: Solution, best_bound: float) -> Solution:
+    """``solution`` with ``best_bound`` (an earlier round's, a relaxation's) when that is
+    greater than its own, and the gap that follows."""
+    if not best_bound > solution.bound:
+        return solution
+    bound = min(best_bound, solution.objective)
+    gap = 0.0 if solution.objective <= 0 else max(0.0, (solution.objective - bound) / solution.objective)
+    return replace(solution, bound=bound, gap=gap, stats={**solution.stats, "bound": "earlier round"})
