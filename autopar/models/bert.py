@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder
 from autopar.models.config import OptimizerConfig, TransformerLMConfig
-from autopar.models.layers import dense, embedding_sum, layer_stack, norm, tied_lm_head, training_step
+from autopar.models.layers import dense, lm_trunk, norm, tied_lm_head, training_step
 
 __all__ = ["BertConfig", "build_bert"]
 
@@ -65,26 +65,10 @@ def build_bert(cfg: BertConfig) -> Graph:
     """The training-step graph (forward, backward, AdamW) of ``cfg``; not yet validated."""
     b = GraphBuilder(cfg.name, compute_dtype=cfg.dtype)
     style = cfg.style_of_layers()
-    bsz, seq, h = cfg.batch, cfg.seq, cfg.hidden
     wd = cfg.optimizer.weight_decay
-
-    ids = b.input("input_ids", (bsz, seq), "int64")
-    position_ids = b.input("position_ids", (bsz, seq), "int64")
-    token_types = b.input("token_type_ids", (bsz, seq), "int64")
-    labels = b.input("labels", (bsz, seq), "int64")
-    loss_mask = b.input("loss_mask", (bsz, seq), "float32")
-    padding = b.input("attention_bias", (bsz, 1, 1, seq), cfg.dtype)
-
-    with b.scope("embedding"):
-        word = b.param("word_embeddings.weight", (cfg.padded_vocab, h), weight_decay=wd)
-        pos = b.param("position_embeddings.weight", (cfg.positions, h), weight_decay=wd)
-        types = b.param("tokentype_embeddings.weight", (cfg.type_vocab, h), weight_decay=wd)
-        lookups = [("word", word, ids), ("position", pos, position_ids), ("tokentype", types, token_types)]
-        x = embedding_sum(b, lookups, cfg.dropout)
-    x = layer_stack(b, x, style, cfg.layers, self_mask=padding)
-
+    trunk = lm_trunk(b, cfg, causal=False, type_vocab=cfg.type_vocab)
     with b.scope("lm_head"):
-        x = b.gelu(dense(b, x, "dense", h, bias=True, weight_decay=wd), name="act")
+        x = b.gelu(dense(b, trunk.hidden, "dense", cfg.hidden, bias=True, weight_decay=wd), name="act")
         x = norm(b, x, style, name="norm")
-        logits = tied_lm_head(b, x, word, bias=True)
-    return training_step(b, cfg, family="bert", logits=logits, labels=labels, loss_mask=loss_mask)
+        logits = tied_lm_head(b, x, trunk.word, bias=True)
+    return training_step(b, cfg, family="bert", logits=logits, labels=trunk.labels, loss_mask=trunk.loss_mask)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder
 from autopar.models.config import OptimizerConfig, TransformerLMConfig
-from autopar.models.layers import embedding_sum, layer_stack, tied_lm_head, training_step
+from autopar.models.layers import lm_trunk, tied_lm_head, training_step
 
 __all__ = ["GPTConfig", "build_gpt"]
 
@@ -63,20 +63,7 @@ class GPTConfig(TransformerLMConfig):
 def build_gpt(cfg: GPTConfig) -> Graph:
     """The training-step graph (forward, backward, AdamW) of ``cfg``; not yet validated."""
     b = GraphBuilder(cfg.name, compute_dtype=cfg.dtype)
-    bsz, seq, h = cfg.batch, cfg.seq, cfg.hidden
-    wd = cfg.optimizer.weight_decay
-
-    ids = b.input("input_ids", (bsz, seq), "int64")
-    position_ids = b.input("position_ids", (bsz, seq), "int64")
-    labels = b.input("labels", (bsz, seq), "int64")
-    loss_mask = b.input("loss_mask", (bsz, seq), "float32")
-    causal = b.input("attention_bias", (bsz, 1, seq, seq), cfg.dtype)
-
-    with b.scope("embedding"):
-        word = b.param("word_embeddings.weight", (cfg.padded_vocab, h), weight_decay=wd)
-        pos = b.param("position_embeddings.weight", (cfg.positions, h), weight_decay=wd)
-        x = embedding_sum(b, [("word", word, ids), ("position", pos, position_ids)], cfg.dropout)
-    x = layer_stack(b, x, cfg.style_of_layers(), cfg.layers, self_mask=causal)
+    trunk = lm_trunk(b, cfg, causal=True)
     with b.scope("lm_head"):
-        logits = tied_lm_head(b, x, word, bias=False)
-    return training_step(b, cfg, family="gpt", logits=logits, labels=labels, loss_mask=loss_mask)
+        logits = tied_lm_head(b, trunk.hidden, trunk.word, bias=False)
+    return training_step(b, cfg, family="gpt", logits=logits, labels=trunk.labels, loss_mask=trunk.loss_mask)

@@ -14,7 +14,9 @@ Weights use OneFlow's ``[out, in]`` layout.
 
 Model-level pieces shared by the families: :func:`embedding_sum`,
 :func:`layer_stack`, :func:`tied_lm_head` and :func:`training_step` (loss,
-backward, AdamW, graph metadata).
+backward, AdamW, graph metadata); :func:`lm_trunk` is the body GPT and BERT share
+(inputs, Megatron embeddings, the layer stack), which they differ from only in the
+attention mask, BERT's token-type embedding and BERT's MLM transform before the head.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ from autopar.graph import Graph
 from autopar.models.builder import GraphBuilder, Param
 
 if TYPE_CHECKING:
-    from autopar.models.config import FamilyConfig
+    from autopar.models.config import FamilyConfig, TransformerLMConfig
 
 __all__ = [
+    "LMTrunk",
     "LayerStyle",
     "attention",
     "dense",
     "embedding_sum",
     "layer_stack",
     "linear_params",
+    "lm_trunk",
     "mlp",
     "norm",
     "tied_lm_head",
@@ -276,6 +280,46 @@ def embedding_sum(b: GraphBuilder, lookups: Sequence[tuple[str, Param, str]], ra
     """Megatron embeddings: ``add_n`` of the gathers ``name: table[ids]``, then ``dropout``."""
     x = b.add(*(b.gather(b.use(table), ids, name=name) for name, table, ids in lookups), name="add")
     return b.dropout(x, rate, name="dropout")
+
+
+@dataclass(frozen=True)
+class LMTrunk:
+    """What :func:`lm_trunk` leaves for the head and the loss."""
+
+    hidden: str
+    """The layer stack's output (after its final norm) ``[B, S, hidden]``."""
+    word: Param
+    """The word embedding (the head is tied to it)."""
+    labels: str
+    loss_mask: str
+
+
+def lm_trunk(
+    b: GraphBuilder, cfg: TransformerLMConfig, *, causal: bool, type_vocab: int | None = None
+) -> LMTrunk:
+    """The Megatron / LiBai GPT and BERT body: inputs (``input_ids``, ``position_ids``,
+    ``token_type_ids`` when ``type_vocab``, ``labels``, ``loss_mask``, ``attention_bias``),
+    the ``embedding`` scope (word + position (+ token type) gathers summed, dropout) and
+    ``cfg.layers`` pre-LN layers.  ``attention_bias`` is a causal mask ``[B, 1, S, S]``
+    (GPT) when ``causal``, else a padding mask ``[B, 1, 1, S]`` (BERT)."""
+    bsz, seq, h = cfg.batch, cfg.seq, cfg.hidden
+    wd = cfg.optimizer.weight_decay
+    ids = b.input("input_ids", (bsz, seq), "int64")
+    position_ids = b.input("position_ids", (bsz, seq), "int64")
+    token_types = b.input("token_type_ids", (bsz, seq), "int64") if type_vocab is not None else None
+    labels = b.input("labels", (bsz, seq), "int64")
+    loss_mask = b.input("loss_mask", (bsz, seq), "float32")
+    mask = b.input("attention_bias", (bsz, 1, seq if causal else 1, seq), cfg.dtype)
+    with b.scope("embedding"):
+        word = b.param("word_embeddings.weight", (cfg.padded_vocab, h), weight_decay=wd)
+        pos = b.param("position_embeddings.weight", (cfg.positions, h), weight_decay=wd)
+        lookups = [("word", word, ids), ("position", pos, position_ids)]
+        if type_vocab is not None and token_types is not None:
+            types = b.param("tokentype_embeddings.weight", (type_vocab, h), weight_decay=wd)
+            lookups.append(("tokentype", types, token_types))
+        x = embedding_sum(b, lookups, cfg.dropout)
+    x = layer_stack(b, x, cfg.style_of_layers(), cfg.layers, self_mask=mask)
+    return LMTrunk(x, word, labels, loss_mask)
 
 
 def tied_lm_head(b: GraphBuilder, x: str, word: Param, *, bias: bool) -> str:

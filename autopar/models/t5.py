@@ -202,27 +202,14 @@ def build_t5(cfg: T5Config) -> Graph:
                     b, [("word", word, ids), ("position", pos, positions[stack])], cfg.dropout
                 )
 
-    def position_bias(buckets: str, mask: str) -> str:
-        """HF ``compute_bias`` + mask: ``[B, heads, Sq, Sk]`` in the compute dtype."""
-        sq, sk = b.shape(buckets)
-        table = b.param(
-            "relative_attention_bias.weight",
-            (cfg.relative_attention_buckets, cfg.heads),
-            weight_decay=wd,
-        )
-        with b.scope("position_bias"):
-            values = b.gather(b.use(table), buckets, name="gather")  # [Sq, Sk, heads]
-            values = b.transpose(values, (2, 0, 1), name="transpose")  # [heads, Sq, Sk]
-            values = b.reshape(values, (1, cfg.heads, sq, sk), name="unsqueeze")
-            return b.broadcast_add(values, mask, name="mask_add")
-
     def stack(name: str, layers: int, x: str, *, encoder_out: str | None) -> str:
         self_mask = enc_mask if encoder_out is None else dec_mask
         with b.scope(name):
             bias = None
             if mt5:
                 with b.scope("layers.0.self_attn"):
-                    bias = position_bias(enc_buckets if encoder_out is None else dec_buckets, self_mask)
+                    buckets = enc_buckets if encoder_out is None else dec_buckets
+                    bias = _position_bias(b, cfg, buckets, self_mask)
             x = layer_stack(
                 b,
                 x,
@@ -247,3 +234,18 @@ def build_t5(cfg: T5Config) -> Graph:
         with b.scope("lm_head"):
             logits = tied_lm_head(b, decoder_out, word, bias=True)
     return training_step(b, cfg, family="t5", logits=logits, labels=labels, loss_mask=loss_mask)
+
+
+def _position_bias(b: GraphBuilder, cfg: T5Config, buckets: str, mask: str) -> str:
+    """HF ``compute_bias`` + mask: ``[B, heads, Sq, Sk]`` in the compute dtype."""
+    sq, sk = b.shape(buckets)
+    table = b.param(
+        "relative_attention_bias.weight",
+        (cfg.relative_attention_buckets, cfg.heads),
+        weight_decay=cfg.optimizer.weight_decay,
+    )
+    with b.scope("position_bias"):
+        values = b.gather(b.use(table), buckets, name="gather")  # [Sq, Sk, heads]
+        values = b.transpose(values, (2, 0, 1), name="transpose")  # [heads, Sq, Sk]
+        values = b.reshape(values, (1, cfg.heads, sq, sk), name="unsqueeze")
+        return b.broadcast_add(values, mask, name="mask_add")
