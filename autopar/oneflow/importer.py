@@ -215,8 +215,70 @@ def import_job(
     parameter transparent (the example models read parameters so on CPU).
     Raises :class:`~autopar.errors.GraphError` naming the op or blob when the job
     cannot be represented (unknown dtype, blob without a descriptor).
+
+    Three steps: read (every op of the job, decoded), classify (drop or fold what is
+    not part of the training step's data flow, give each kept op its role), convert
+    (tensors, ops, variables and ``meta`` of the graph).
     """
     job = load_job(job)
+    imp = _read(job)
+    _drop_zero_casts(imp)
+    if bypass_parameter_identities:
+        _bypass_parameter_identities(imp)
+    state_candidates = _strip_optimizer_ports(imp)
+    consumers_of = _drop_optimizer_state(imp, state_candidates)
+    _fold_constants(imp, consumers_of)
+    backward, optimizer = _roles(imp)
+    tensors = _tensors(imp)
+    ops = [
+        Op(r.name, r.type, dict(r.inputs), dict(r.outputs), r.attrs, _role(r.name, backward, optimizer))
+        for r in imp.kept
+    ]
+    variables = _variables(imp, tensors)
+    meta = _meta(imp, job, zero_stage)
+    graph = Graph(name or job.job_conf.job_name or "oneflow-job", tensors.values(), ops, variables, meta)
+    return graph.validate()
+
+
+@dataclass
+class _Import:
+    """A job being imported: its ops as read, what is kept, and why the rest went."""
+
+    blob_desc: Any
+    """``helper.lbn2logical_blob_desc``: blob name -> its shape and dtype."""
+    lbns: set[str]
+    raw: list[_RawOp]
+    """Every op of the job, in its order."""
+    train: Any
+    """The job's ``train_conf`` (None: not a training job)."""
+    trainable: dict[str, str]
+    """Variable op -> gradient blob, from ``train_conf``."""
+    kept: list[_RawOp] = field(default_factory=list)
+    by_name: dict[str, _RawOp] = field(default_factory=dict)
+    producer: dict[str, str] = field(default_factory=dict)
+    """Blob -> the op that makes it."""
+    rename: dict[str, str] = field(default_factory=dict)
+    """Blob -> the blob its consumers read instead (a dropped cast or identity's input)."""
+    dropped: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    """Reason -> dropped ops."""
+    dropped_ports: dict[str, list[str]] = field(default_factory=dict)
+    zero_layouts: dict[str, list[str]] = field(default_factory=dict)
+    """Variable -> its ZeRO cast's N-D SBP."""
+    update_ops: set[str] = field(default_factory=set)
+    folded: list[str] = field(default_factory=list)
+    """Ops folded into inputless ``constant`` ops."""
+
+    def read_through(self, renamed: dict[str, str]) -> None:
+        """Kept ops read the blobs ``renamed`` maps to."""
+        for r in self.kept:
+            r.inputs = {p: renamed.get(t, t) for p, t in r.inputs.items()}
+
+
+# ---------------------------------------------------------------- read
+
+
+def _read(job: Any) -> _Import:
+    """Every op of ``job`` decoded, who produces each blob, and what ``train_conf`` says."""
     blob_desc = job.helper.lbn2logical_blob_desc
     lbns = set(blob_desc.keys())
     outputs_by_op: dict[str, list[str]] = defaultdict(list)
@@ -224,7 +286,6 @@ def import_job(
         outputs_by_op[lbn.split("/", 1)[0]].append(lbn)
     for lbns_of_op in outputs_by_op.values():
         lbns_of_op.sort()
-
     raw: list[_RawOp] = []
     for op in job.net.op:
         kind = op.WhichOneof("op_type")
@@ -232,143 +293,174 @@ def import_job(
             raw.append(_read_user_op(op))
         else:
             raw.append(_read_system_op(op, kind, lbns, outputs_by_op))
-    by_name = {r.name: r for r in raw}
-    producer = {lbn: r.name for r in raw for lbn in r.outputs.values()}
-
     train = job.job_conf.train_conf if job.job_conf.HasField("train_conf") else None
     trainable: dict[str, str] = {}  # variable op -> grad lbn from train_conf
     if train is not None:
         for opt_conf in train.optimizer_conf:
             trainable.update(zip(opt_conf.variable_op_names, opt_conf.variable_grad_lbns))
+    imp = _Import(blob_desc, lbns, raw, train, trainable)
+    imp.by_name = {r.name: r for r in raw}
+    imp.producer = {lbn: r.name for r in raw for lbn in r.outputs.values()}
+    return imp
 
-    dropped: dict[str, list[str]] = defaultdict(list)
-    dropped_ports: dict[str, list[str]] = {}
 
-    # 1. ZeRO parallel casts: consumers read the variable itself.
-    zero_layouts: dict[str, list[str]] = {}
-    rename: dict[str, str] = {}
-    for r in raw:
+# ---------------------------------------------------------------- classify
+
+
+def _drop_zero_casts(imp: _Import) -> None:
+    """1. ZeRO parallel casts: consumers read the variable itself."""
+    for r in imp.raw:
         if r.name.startswith(_ZERO_CAST_PREFIX) and r.type in ("hierarchical_parallel_cast", "parallel_cast"):
             (src,) = r.inputs.values()
             for out in r.outputs.values():
-                rename[out] = src
-            zero_layouts[producer.get(src, src)] = list(r.attrs.get("nd_sbp") or [])
-            dropped["zero_cast"].append(r.name)
-    kept = [r for r in raw if r.name not in set(dropped["zero_cast"])]
-    for r in kept:
-        r.inputs = {p: rename.get(t, t) for p, t in r.inputs.items()}
+                imp.rename[out] = src
+            imp.zero_layouts[imp.producer.get(src, src)] = list(r.attrs.get("nd_sbp") or [])
+            imp.dropped["zero_cast"].append(r.name)
+    imp.kept = [r for r in imp.raw if r.name not in set(imp.dropped["zero_cast"])]
+    imp.read_through(imp.rename)
 
-    # 1b. identities that only re-read a parameter (what a model does so that OneFlow
-    #     boxes a copy, not the variable's own buffer): consumers read the parameter.
+
+def _bypass_parameter_identities(imp: _Import) -> None:
+    """1b. Identities that only re-read a parameter (what a model does so that OneFlow
+    boxes a copy, not the variable's own buffer): consumers read the parameter."""
     variable_lbns = {
         lbn
-        for r in kept
+        for r in imp.kept
         if r.kind == "variable_conf" and not r.name.startswith("System-")
         for lbn in r.outputs.values()
     }
-    if bypass_parameter_identities:
-        for r in kept:
-            if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
-                (src,) = r.inputs.values()
-                if src in variable_lbns:
-                    rename[next(iter(r.outputs.values()))] = src
-                    dropped["parameter_identity"].append(r.name)
-        if dropped["parameter_identity"]:
-            gone = set(dropped["parameter_identity"])
-            kept = [r for r in kept if r.name not in gone]
-            for r in kept:
-                r.inputs = {p: rename.get(t, t) for p, t in r.inputs.items()}
+    for r in imp.kept:
+        if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
+            (src,) = r.inputs.values()
+            if src in variable_lbns:
+                imp.rename[next(iter(r.outputs.values()))] = src
+                imp.dropped["parameter_identity"].append(r.name)
+    if imp.dropped["parameter_identity"]:
+        gone = set(imp.dropped["parameter_identity"])
+        imp.kept = [r for r in imp.kept if r.name not in gone]
+        imp.read_through(imp.rename)
 
-    # 2. optimizer update ops keep only the parameter and its gradient.
-    update_ops = {
-        r.name for r in kept if r.kind == "user_conf" and all(p in r.inputs for p in OPTIMIZER_MODEL_PORTS)
+
+def _strip_optimizer_ports(imp: _Import) -> dict[str, int]:
+    """2. Optimizer update ops keep only the parameter and its gradient.  Returns the
+    variables that fed a dropped port (optimizer state, if nothing else reads them)."""
+    imp.update_ops = {
+        r.name
+        for r in imp.kept
+        if r.kind == "user_conf" and all(p in r.inputs for p in OPTIMIZER_MODEL_PORTS)
     }
     state_candidates: dict[str, int] = defaultdict(int)
-    for upd in update_ops:
-        r = by_name[upd]
+    for upd in imp.update_ops:
+        r = imp.by_name[upd]
         extra = [p for p in r.inputs if p not in OPTIMIZER_MODEL_PORTS]
         for p in extra:
-            state = producer.get(r.inputs[p])
-            if state is not None and by_name[state].kind == "variable_conf" and state not in trainable:
+            state = imp.producer.get(r.inputs[p])
+            if (
+                state is not None
+                and imp.by_name[state].kind == "variable_conf"
+                and state not in imp.trainable
+            ):
                 state_candidates[state] += 1
         if extra:
-            dropped_ports[upd] = extra
+            imp.dropped_ports[upd] = extra
             r.inputs = {p: t for p, t in r.inputs.items() if p in OPTIMIZER_MODEL_PORTS}
+    return state_candidates
 
-    # 3. optimizer state variables: read by nothing once those ports are gone.
+
+def _drop_optimizer_state(imp: _Import, state_candidates: dict[str, int]) -> dict[str, list[str]]:
+    """3. Optimizer state variables: read by nothing once those ports are gone.  Returns
+    op -> the kept ops that read it (before dropping them)."""
     consumers_of: dict[str, list[str]] = defaultdict(list)
-    for r in kept:
+    for r in imp.kept:
         for t in r.inputs.values():
-            maker = producer.get(t)
+            maker = imp.producer.get(t)
             if maker is not None:
                 consumers_of[maker].append(r.name)
     for var in state_candidates:
         if not consumers_of.get(var):
-            dropped["optimizer_state"].append(var)
-    kept = [r for r in kept if r.name not in set(dropped["optimizer_state"])]
+            imp.dropped["optimizer_state"].append(var)
+    imp.kept = [r for r in imp.kept if r.name not in set(imp.dropped["optimizer_state"])]
+    return consumers_of
 
-    # 4. ops with no data dependence on the model or the data: those a kept op reads
-    #    become inputless `constant` ops (same name and outputs); the rest are dropped.
+
+def _fold_constants(imp: _Import, consumers_of: dict[str, list[str]]) -> None:
+    """4. Ops with no data dependence on the model or the data: those a kept op reads
+    become inputless ``constant`` ops (same name and outputs); the rest are dropped."""
+    producer = imp.producer
     sources = [
         r.name
-        for r in kept
+        for r in imp.kept
         if r.kind == "input_conf" or (r.kind == "variable_conf" and not r.name.startswith("System-"))
     ]
     dependent = _descendants(sources, consumers_of)
-    kept_names = {r.name for r in kept}
+    kept_names = {r.name for r in imp.kept}
     frontier: set[str] = set()
-    for r in kept:
+    for r in imp.kept:
         if r.name in dependent:
             for t in r.inputs.values():
                 maker = producer.get(t)
                 if maker is not None and maker in kept_names and maker not in dependent:
                     frontier.add(maker)
     folded_into: set[str] = set()
-    folded: list[str] = []
-    for r in kept:
+    for r in imp.kept:
         if r.name in frontier and r.inputs:
             queue = deque(producer[t] for t in r.inputs.values() if t in producer)
             while queue:
                 up = queue.popleft()
                 if up not in folded_into:
                     folded_into.add(up)
-                    queue.extend(producer[t] for t in by_name[up].inputs.values() if t in producer)
+                    queue.extend(producer[t] for t in imp.by_name[up].inputs.values() if t in producer)
             r.attrs = {"folded_type": r.type}
             r.type = "constant"
             r.inputs = {}
-            folded.append(r.name)
+            imp.folded.append(r.name)
     keep = dependent | frontier
-    for r in kept:
+    for r in imp.kept:
         if r.name not in keep:
-            dropped["constant_input" if r.name in folded_into else "system"].append(r.name)
-    kept = [r for r in kept if r.name in keep]
+            imp.dropped["constant_input" if r.name in folded_into else "system"].append(r.name)
+    imp.kept = [r for r in imp.kept if r.name in keep]
 
-    # 5. roles.
+
+def _roles(imp: _Import) -> tuple[set[str], set[str]]:
+    """5. Roles: the backward ops (reached from the loss gradient) and the optimizer ops
+    (the updates, and everything downstream of a gradient's consumers)."""
+    producer = imp.producer
     consumers_kept: dict[str, list[str]] = defaultdict(list)
-    for r in kept:
+    for r in imp.kept:
         for t in r.inputs.values():
             if t in producer:
                 consumers_kept[producer[t]].append(r.name)
     backward: set[str] = set()
-    optimizer: set[str] = set(update_ops)
-    if train is not None:
-        seeds = [producer[g] for g in _strings(train.loss_grad_lbn) if g in producer]
+    optimizer: set[str] = set(imp.update_ops)
+    if imp.train is not None:
+        seeds = [producer[g] for g in _strings(imp.train.loss_grad_lbn) if g in producer]
         backward = _descendants(seeds, consumers_kept)
-    grad_lbns = {r.inputs["model_diff_0"] for r in kept if r.name in update_ops}
-    grad_lbns |= {rename.get(g, g) for g in trainable.values()}
+    grad_lbns = {r.inputs["model_diff_0"] for r in imp.kept if r.name in imp.update_ops}
+    grad_lbns |= {imp.rename.get(g, g) for g in imp.trainable.values()}
     after_grads = set()
     for g in grad_lbns:
-        for c in (c for c in consumers_kept.get(producer.get(g, ""), ()) if g in by_name[c].inputs.values()):
+        readers = consumers_kept.get(producer.get(g, ""), ())
+        for c in (c for c in readers if g in imp.by_name[c].inputs.values()):
             after_grads |= _descendants([c], consumers_kept)
     optimizer |= after_grads
+    return backward, optimizer
 
-    # 6. tensors, ops, variables.
+
+def _role(name: str, backward: set[str], optimizer: set[str]) -> Role:
+    return Role.OPTIMIZER if name in optimizer else Role.BACKWARD if name in backward else Role.FORWARD
+
+
+# ---------------------------------------------------------------- convert
+
+
+def _tensors(imp: _Import) -> dict[str, TensorSpec]:
+    """6. Every blob a kept op reads or writes, with its logical shape and dtype."""
     tensors: dict[str, TensorSpec] = {}
-    for r in kept:
+    for r in imp.kept:
         for t in (*r.inputs.values(), *r.outputs.values()):
             if t in tensors:
                 continue
-            desc = blob_desc.get(t) if t in lbns else None
+            desc = imp.blob_desc.get(t) if t in imp.lbns else None
             if desc is None:
                 raise GraphError(
                     "unknown_blob",
@@ -379,34 +471,35 @@ def import_job(
                 )
             enum = desc.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[desc.data_type].name
             tensors[t] = TensorSpec(t, tuple(int(d) for d in desc.shape.dim), dtype_name(enum, f"blob {t!r}"))
+    return tensors
 
-    ops: list[Op] = []
-    for r in kept:
-        role = (
-            Role.OPTIMIZER if r.name in optimizer else Role.BACKWARD if r.name in backward else Role.FORWARD
-        )
-        ops.append(Op(r.name, r.type, dict(r.inputs), dict(r.outputs), r.attrs, role))
 
+def _variables(imp: _Import, tensors: dict[str, TensorSpec]) -> list[Variable]:
+    """Each model variable with its gradient and update op (when the job has them)."""
     update_of_var: dict[str, str] = {}
-    for upd in update_ops:
-        param_op = producer.get(by_name[upd].inputs["model_0"])
+    for upd in imp.update_ops:
+        param_op = imp.producer.get(imp.by_name[upd].inputs["model_0"])
         if param_op is not None:
             update_of_var[param_op] = upd
     variables: list[Variable] = []
-    for r in kept:
+    for r in imp.kept:
         if r.kind != "variable_conf" or r.name.startswith("System-"):
             continue
         (tensor,) = r.outputs.values()
         update = update_of_var.get(r.name)
         if update is not None:
-            grad: str | None = by_name[update].inputs["model_diff_0"]
-        elif r.name in trainable:
-            grad = rename.get(trainable[r.name], trainable[r.name])
+            grad: str | None = imp.by_name[update].inputs["model_diff_0"]
+        elif r.name in imp.trainable:
+            grad = imp.rename.get(imp.trainable[r.name], imp.trainable[r.name])
             grad = grad if grad in tensors else None
         else:
             grad = None
         variables.append(Variable(r.name, tensor, grad, update))
+    return variables
 
+
+def _meta(imp: _Import, job: Any, zero_stage: int | None) -> dict[str, Any]:
+    """The graph's ``meta``: the job's mesh, ZeRO stage, and what the import dropped or folded."""
     mesh_shape = job_mesh_shape(job)
     zero_on = job.job_conf.optimizer_placement_optimization_mode == "distributed_split"
     meta: dict[str, Any] = {
@@ -415,17 +508,17 @@ def import_job(
         "mesh_shape": list(mesh_shape),
         "zero_stage": zero_stage if zero_stage is not None else (2 if zero_on else 0),
         "oneflow": {
-            "op_count": len(raw),
-            "tensor_count": len(lbns),
-            "dropped": {k: sorted(v) for k, v in sorted(dropped.items())},
-            "dropped_ports": dropped_ports,
-            "folded_to_constant": sorted(folded),
+            "op_count": len(imp.raw),
+            "tensor_count": len(imp.lbns),
+            "dropped": {k: sorted(v) for k, v in sorted(imp.dropped.items())},
+            "dropped_ports": imp.dropped_ports,
+            "folded_to_constant": sorted(imp.folded),
             "zero_layouts": {
-                var: str(nd_sbp_from_strings(v, len(mesh_shape))) for var, v in sorted(zero_layouts.items())
+                var: str(nd_sbp_from_strings(v, len(mesh_shape)))
+                for var, v in sorted(imp.zero_layouts.items())
             },
         },
     }
-    if train is not None:
-        meta["loss"] = _strings(train.loss_lbn)
-    graph = Graph(name or job.job_conf.job_name or "oneflow-job", tensors.values(), ops, variables, meta)
-    return graph.validate()
+    if imp.train is not None:
+        meta["loss"] = _strings(imp.train.loss_lbn)
+    return meta
