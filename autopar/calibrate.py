@@ -65,6 +65,7 @@ from autopar.cluster import (
     PROFILES,
     ClusterProfile,
     CollectiveFit,
+    DeviceSpec,
     LinkCosts,
     LinkTable,
     MeshAxisLink,
@@ -535,6 +536,43 @@ def calibrate_profile(
     if not runs:
         raise ConfigError("no_measurements", "no nccl-tests output given for any mesh axis")
     sources = dict(base.sources)
+    axes, mesh_links = _calibrate_axes(nodes, devices_per_node, shape, runs, sources)
+    device, link_costs = _node_links(base, axes, nodes, devices_per_node, shape, sources)
+    if gemms:
+        eff = matmul_efficiency(gemms, device.peak_flops)
+        device = replace(device, matmul_efficiency=eff)
+        sources["device.matmul_efficiency"] = (
+            f"{gemm_source}: {len(gemms)} GEMMs, total 2mnk FLOPs / total seconds / peak_flops"
+        )
+    if copies:
+        eff = memory_efficiency(copies, device.memory_bandwidth)
+        device = replace(device, memory_efficiency=eff)
+        sources["device.memory_efficiency"] = (
+            f"{copy_source}: {len(copies)} copies, fitted bandwidth (read + write bytes) / memory_bandwidth"
+        )
+    device = replace(device, name=name or f"{base.name}-calibrated")
+    profile = ClusterProfile(
+        device,
+        LinkTable(link_costs["intra_node"], link_costs["inter_node"], tuple(mesh_links)),
+        description=(
+            f"Calibrated on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, from nccl-tests "
+            f"output{' and GEMM timings' if gemms else ''}{' and copy timings' if copies else ''}; "
+            f"unmeasured numbers from profile {base.name}."
+        ),
+        sources=sources,
+    )
+    return Calibration(profile, tuple(axes))
+
+
+def _calibrate_axes(
+    nodes: int,
+    devices_per_node: int,
+    shape: tuple[int, ...],
+    runs: Mapping[int, Mapping[str, NcclRun]],
+    sources: dict[str, str],
+) -> tuple[list[AxisCalibration], list[MeshAxisLink]]:
+    """Each measured mesh axis's collectives fitted, as a per-axis link of the profile
+    (its fits' descriptions added to ``sources``)."""
     axes: list[AxisCalibration] = []
     mesh_links: list[MeshAxisLink] = []
     for axis in sorted(runs):
@@ -568,7 +606,20 @@ def calibrate_profile(
             sources[f"links.mesh_axes[{index}].{c.collective}"] = c.describe()
     if not axes:
         raise ConfigError("no_measurements", "no nccl-tests output given for any mesh axis")
+    return axes, mesh_links
 
+
+def _node_links(
+    base: ClusterProfile,
+    axes: list[AxisCalibration],
+    nodes: int,
+    devices_per_node: int,
+    shape: tuple[int, ...],
+    sources: dict[str, str],
+) -> tuple[DeviceSpec, dict[str, LinkCosts]]:
+    """The device with its intra-node (inter-node) latency and bandwidth from the measured
+    axis of that kind with the most ranks (the lowest axis on a tie), and both links'
+    collective costs; the base's where no axis of a kind was measured."""
     device = base.device
     link_costs = {"intra_node": base.links.intra_node, "inter_node": base.links.inter_node}
     for kind, crosses in (("intra_node", False), ("inter_node", True)):
@@ -591,30 +642,7 @@ def calibrate_profile(
         sources[f"links.{kind}.latency_s"] = f"{origin}: alpha of the {default_name} fit"
         sources[f"links.{kind}.bandwidth_bytes_per_s"] = f"{origin}: bus bandwidth of the {default_name} fit"
         sources[f"links.{kind}.collectives"] = origin
-    if gemms:
-        eff = matmul_efficiency(gemms, device.peak_flops)
-        device = replace(device, matmul_efficiency=eff)
-        sources["device.matmul_efficiency"] = (
-            f"{gemm_source}: {len(gemms)} GEMMs, total 2mnk FLOPs / total seconds / peak_flops"
-        )
-    if copies:
-        eff = memory_efficiency(copies, device.memory_bandwidth)
-        device = replace(device, memory_efficiency=eff)
-        sources["device.memory_efficiency"] = (
-            f"{copy_source}: {len(copies)} copies, fitted bandwidth (read + write bytes) / memory_bandwidth"
-        )
-    device = replace(device, name=name or f"{base.name}-calibrated")
-    profile = ClusterProfile(
-        device,
-        LinkTable(link_costs["intra_node"], link_costs["inter_node"], tuple(mesh_links)),
-        description=(
-            f"Calibrated on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, from nccl-tests "
-            f"output{' and GEMM timings' if gemms else ''}{' and copy timings' if copies else ''}; "
-            f"unmeasured numbers from profile {base.name}."
-        ),
-        sources=sources,
-    )
-    return Calibration(profile, tuple(axes))
+    return device, link_costs
 
 
 def read_results_dir(path: str | Path) -> dict[int, dict[str, NcclRun]]:
