@@ -40,6 +40,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -119,9 +120,26 @@ class DiffusionBound:
         A segment is one (edge, end, choice of that end): the matrix's row for the
         edge's first node, its column for the second.  Segments are ordered by level,
         then node, then edge; ``alpha`` holds one message per segment."""
+        sk = self._skeleton()
+        sl = self._slots(sk)
+        slot_entry, seg_len = self._lay_out_entries(sk, sl)
+        # the bound's region: one end (the lower node's) of every edge, one slot per edge
+        self._seg_entry = np.zeros(sl.count + 1, dtype=np.int64)
+        np.cumsum(seg_len, out=self._seg_entry[1:])
+        self._bound_slot_segment = sl.slot_segment[sl.first_ahead :].copy()
+        self._bound_edges = np.array([k for _, k in sl.ahead], dtype=np.int64)
+        self._lay_out_levels(sl, slot_entry)
+        self._lay_out_nodes(sk, sl)
+        self.decode_order = np.argsort(sk.level, kind="stable").astype(np.int64)
+        """Every node (isolated ones too) by level: the order of a forward pass."""
+        self._work = np.zeros(len(self.flat_theta))
+        self._blocked = np.zeros(len(self.flat_theta), dtype=np.bool_)
+
+    def _skeleton(self) -> _Skeleton:
+        """The kept edges' ends and shapes, each node's level (longest path from a source
+        along edges toward later nodes) and its edges' share of its cost."""
         problem = self.problem
         n, m = problem.num_nodes, len(self.edge_ids)
-        off = self.node_offset
         ends = np.array([problem.edges[e][:2] for e in self.edge_ids], dtype=np.int64).reshape(m, 2)
         shapes = np.array([problem.edges[e][2].shape for e in self.edge_ids], dtype=np.int64).reshape(m, 2)
         lo, hi = ends.min(axis=1), ends.max(axis=1)
@@ -142,24 +160,29 @@ class DiffusionBound:
         n_later = np.bincount(lo, minlength=n) if m else np.zeros(n, dtype=np.int64)
         n_earlier = np.bincount(hi, minlength=n) if m else np.zeros(n, dtype=np.int64)
         weight = 1.0 / np.maximum(np.maximum(n_later, n_earlier), 1)
-        linked = (n_later + n_earlier) > 0
-        order = [int(i) for i in np.argsort(level, kind="stable") if linked[i]]
-        # the order of the (node, edge) ends: first every end of an edge toward an earlier
-        # node, by level and node, then every end toward a later node, the same way (so
-        # each level's two parts are contiguous, and every edge has exactly one end in
-        # the second region: the bound reads that region only)
+        return _Skeleton(ends, shapes, level, incident, n_later, n_earlier, weight)
+
+    def _slots(self, sk: _Skeleton) -> _Slots:
+        """The (node, edge) ends in pass order and the segment each starts.
+
+        First every end of an edge toward an earlier node, by level and node, then every
+        end toward a later node, the same way (so each level's two parts are contiguous,
+        and every edge has exactly one end in the second region: the bound reads that
+        region only)."""
+        ends, m = sk.ends, len(self.edge_ids)
+        linked = (sk.n_later + sk.n_earlier) > 0
+        order = [int(i) for i in np.argsort(sk.level, kind="stable") if linked[i]]
         behind: list[tuple[int, int]] = []
         ahead: list[tuple[int, int]] = []
         parts: list[tuple[np.ndarray, int, int, int, int]] = []  # nodes, slot ranges behind/ahead
-        for start, end in _runs(level[order]):
+        for start, end in _runs(sk.level[order]):
             members = order[start:end]
             b0, a0 = len(behind), len(ahead)
             for i in members:
-                for k in incident[i]:
+                for k in sk.incident[i]:
                     (ahead if int(ends[k].sum()) - i > i else behind).append((i, k))
             parts.append((np.array(members, dtype=np.int64), b0, len(behind), a0, len(ahead)))
         slots = behind + ahead
-        first_ahead = len(behind)
         seg_first = np.zeros(m, dtype=np.int64)
         seg_second = np.zeros(m, dtype=np.int64)
         slot_segment = np.zeros(len(slots) + 1, dtype=np.int64)
@@ -168,16 +191,25 @@ class DiffusionBound:
             slot_segment[n_slot] = count
             if ends[k, 0] == i:
                 seg_first[k] = count
-                count += int(shapes[k, 0])
+                count += int(sk.shapes[k, 0])
             else:
                 seg_second[k] = count
-                count += int(shapes[k, 1])
+                count += int(sk.shapes[k, 1])
         slot_segment[len(slots)] = count
-        self.alpha = np.zeros(count)
         slot_node = np.array([i for i, _ in slots], dtype=np.int64)
         slot_edge = np.array([k for _, k in slots], dtype=np.int64)
+        return _Slots(
+            ahead, parts, len(behind), slot_node, slot_edge, seg_first, seg_second, slot_segment, count
+        )
+
+    def _lay_out_entries(self, sk: _Skeleton, sl: _Slots) -> tuple[np.ndarray, np.ndarray]:
+        """Copy every edge matrix, twice, into per-segment contiguous runs (compiled:
+        :func:`lay_out_entries`); the messages ``alpha``.  Returns each slot's first entry and
+        each segment's length."""
+        problem, m, count = self.problem, len(self.edge_ids), sl.count
+        self.alpha = np.zeros(count)
         edge_base = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(shapes[:, 0] * shapes[:, 1], out=edge_base[1:])
+        np.cumsum(sk.shapes[:, 0] * sk.shapes[:, 1], out=edge_base[1:])
         flat = (
             np.concatenate([problem.edges[e][2].ravel() for e in self.edge_ids]).astype(np.float64)
             if m
@@ -187,18 +219,18 @@ class DiffusionBound:
         self._seg_other = np.empty(count, dtype=np.int64)
         seg_node_choice = np.empty(count, dtype=np.int64)
         seg_len = np.empty(count, dtype=np.int64)
-        slot_entry = np.empty(len(slots) + 1, dtype=np.int64)
+        slot_entry = np.empty(len(sl.slot_node) + 1, dtype=np.int64)
         self._first_entries = np.zeros(m, dtype=np.int64)
         self._second_entries = np.zeros(m, dtype=np.int64)
         lay_out_entries(
-            slot_node,
-            slot_edge,
-            ends[:, 0].copy(),
-            shapes,
-            off,
+            sl.slot_node,
+            sl.slot_edge,
+            sk.ends[:, 0].copy(),
+            sk.shapes,
+            self.node_offset,
             edge_base,
-            seg_first,
-            seg_second,
+            sl.seg_first,
+            sl.seg_second,
             flat,
             self._values,
             self._seg_other,
@@ -208,15 +240,15 @@ class DiffusionBound:
             self._first_entries,
             self._second_entries,
         )
-        self._seg_first, self._seg_second, self._shapes = seg_first, seg_second, shapes
-        # the bound's region: one end (the lower node's) of every edge, one slot per edge
-        self._seg_entry = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(seg_len, out=self._seg_entry[1:])
+        self._seg_first, self._seg_second, self._shapes = sl.seg_first, sl.seg_second, sk.shapes
         self._seg_choice = seg_node_choice
-        self._bound_slot_segment = slot_segment[first_ahead:].copy()
-        self._bound_edges = np.array([k for _, k in ahead], dtype=np.int64)
-        # per level: its node choices, and the segments of its edges toward earlier nodes
-        # and toward later ones (each a contiguous range)
+        return slot_entry, seg_len
+
+    def _lay_out_levels(self, sl: _Slots, slot_entry: np.ndarray) -> None:
+        """Per level: its node choices, and the segments of its edges toward earlier nodes
+        and toward later ones (each a contiguous range); the levels of a pass in chunks of
+        about :data:`_CHECK_ENTRIES` entries (one compiled call each)."""
+        off, parts, first_ahead, slot_segment = self.node_offset, sl.parts, sl.first_ahead, sl.slot_segment
         n_levels = len(parts)
         self.num_levels = n_levels
         self._level_choice_start = np.zeros(n_levels + 1, dtype=np.int64)
@@ -230,7 +262,6 @@ class DiffusionBound:
             self._earlier[:, k] = slot_segment[b0], slot_segment[b1]
             self._later[:, k] = slot_segment[first_ahead + a0], slot_segment[first_ahead + a1]
         self._level_choices = np.concatenate(level_choices) if level_choices else np.zeros(0, dtype=np.int64)
-        # the levels of a pass in chunks of about _CHECK_ENTRIES entries (one compiled call each)
         level_entries = np.array(
             [
                 slot_entry[b1] - slot_entry[b0] + slot_entry[first_ahead + a1] - slot_entry[first_ahead + a0]
@@ -246,22 +277,27 @@ class DiffusionBound:
         levels = np.arange(n_levels, dtype=np.int64)
         self._chunks_forward = [levels[a:b] for a, b in itertools.pairwise(bounds.tolist()) if b > a]
         self._chunks_backward = [c[::-1].copy() for c in reversed(self._chunks_forward)]
+
+    def _lay_out_nodes(self, sk: _Skeleton, sl: _Slots) -> None:
+        """Per choice, the share of its cost pushed onto each edge; per node, its edge ends
+        (slots): own first segment, the neighbour, its first segment."""
+        n, off, ends = self.problem.num_nodes, self.node_offset, sk.ends
+        slot_node, slot_edge = sl.slot_node, sl.slot_edge
         counts = off[1:] - off[:-1]
-        self._weight = np.repeat(weight, counts)
+        self._weight = np.repeat(sk.weight, counts)
         """Share of its cost a choice pushes onto each edge toward the pass:
         ``1 / max(#later, #earlier)`` of its node."""
-        self._kept_forward = np.repeat(1.0 - n_later * weight, counts)
-        self._kept_backward = np.repeat(1.0 - n_earlier * weight, counts)
-        # per node, its edge ends (slots): own first segment, the neighbour, its first segment
+        self._kept_forward = np.repeat(1.0 - sk.n_later * sk.weight, counts)
+        self._kept_backward = np.repeat(1.0 - sk.n_earlier * sk.weight, counts)
         by_node = np.argsort(slot_node, kind="stable")
         self._node_slot_start = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(
-            np.bincount(slot_node, minlength=n) if len(slots) else np.zeros(n, np.int64),
+            np.bincount(slot_node, minlength=n) if len(slot_node) else np.zeros(n, np.int64),
             out=self._node_slot_start[1:],
         )
         own_first = ends[slot_edge, 0] == slot_node
-        own = np.where(own_first, seg_first[slot_edge], seg_second[slot_edge])
-        far = np.where(own_first, seg_second[slot_edge], seg_first[slot_edge])
+        own = np.where(own_first, sl.seg_first[slot_edge], sl.seg_second[slot_edge])
+        far = np.where(own_first, sl.seg_second[slot_edge], sl.seg_first[slot_edge])
         self._slot_own = own[by_node]
         self._slot_other_seg = far[by_node]
         self._slot_other_node = (ends[slot_edge].sum(axis=1) - slot_node)[by_node]
@@ -275,10 +311,6 @@ class DiffusionBound:
             self._slot_other_seg,
         )
         """What the decoding kernels read of a node's edges (their argument order)."""
-        self.decode_order = np.argsort(level, kind="stable").astype(np.int64)
-        """Every node (isolated ones too) by level: the order of a forward pass."""
-        self._work = np.zeros(len(self.flat_theta))
-        self._blocked = np.zeros(len(self.flat_theta), dtype=np.bool_)
 
     # -------------------------------------------------------------- edges now
     def edge_matrix(self, k: int) -> np.ndarray:
@@ -467,6 +499,42 @@ class DiffusionBound:
             self._work,
             self._blocked,
         )
+
+
+@dataclass
+class _Skeleton:
+    """The kept edges of a :class:`DiffusionBound` and its nodes' levels (see ``_layout``)."""
+
+    ends: np.ndarray
+    """(m, 2) nodes of each kept edge."""
+    shapes: np.ndarray
+    """(m, 2) matrix shape of each kept edge."""
+    level: np.ndarray
+    incident: list[list[int]]
+    """Node -> its kept edges."""
+    n_later: np.ndarray
+    """Node -> its edges toward later nodes."""
+    n_earlier: np.ndarray
+    weight: np.ndarray
+    """Node -> ``1 / max(#later, #earlier)``."""
+
+
+@dataclass
+class _Slots:
+    """The (node, edge) ends in pass order and where their segments start (see ``_layout``)."""
+
+    ahead: list[tuple[int, int]]
+    """Ends toward a later node (the bound's region)."""
+    parts: list[tuple[np.ndarray, int, int, int, int]]
+    """Per level: its nodes and its slot ranges behind and ahead."""
+    first_ahead: int
+    slot_node: np.ndarray
+    slot_edge: np.ndarray
+    seg_first: np.ndarray
+    seg_second: np.ndarray
+    slot_segment: np.ndarray
+    count: int
+    """Segments in all."""
 
 
 def _runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:

@@ -491,6 +491,49 @@ def solve_cpsat(
     build_start = time.perf_counter()
     if progress is not None:
         progress(Progress("build", None, None, build_start - t0))
+    builder, hinted = _build_model(problem, options, hint, encoding, lower_bound_s)
+    proto = builder.model.proto
+    rounding = 0.5 * (problem.num_nodes + len(problem.edges)) / builder.scale
+    stats: dict[str, Any] = {
+        "constant_s": builder.constant_s,
+        "variables": len(proto.variables),
+        "constraints": len(proto.constraints),
+        "objective_terms": len(proto.objective.vars),
+        **builder.counts,
+        "scale_per_s": builder.scale,
+        "memory_unit_bytes": builder.memory_unit,
+        "memory_exact": builder.memory_exact,
+        "hinted_vars": hinted,
+        "build_s": time.perf_counter() - build_start,
+    }
+    if builder.infeasible:
+        stats["solve_s"] = 0.0
+        return CpSatResult("infeasible", None, None, math.inf, rounding, stats)
+    solver = cp_model.CpSolver()
+    limit = options.time_limit_s if time_limit_s is None else time_limit_s
+    if not options.deterministic:
+        limit -= time.perf_counter() - t0
+    _configure(solver, options, max(limit, 0.05))
+    callback = _progress_callbacks(solver, builder, progress, offset, t0)
+    solve_start = time.perf_counter()
+    code = solver.solve(builder.model, callback)
+    stats["solve_s"] = time.perf_counter() - solve_start
+    stats["cpsat_status"] = solver.status_name(code)
+    stats["deterministic_time"] = solver.deterministic_time
+    stats["conflicts"] = solver.num_conflicts
+    stats["branches"] = solver.num_branches
+    return _result(solver, builder, code, rounding, stats)
+
+
+def _build_model(
+    problem: Problem,
+    options: SolverOptions,
+    hint: Sequence[int] | None,
+    encoding: str,
+    lower_bound_s: float | None,
+) -> tuple[_Builder, int]:
+    """The CP-SAT model of ``problem`` (objective floored at ``lower_bound_s``, memory
+    limits, the hint); returns its builder and the number of hinted variables."""
     builder = _Builder(problem, encoding, with_objective=True)
     builder.make_node_vars()
     with_memory = problem.budget_bytes is not None
@@ -510,48 +553,33 @@ def solve_cpsat(
     hinted = 0
     if hint is not None and options.use_hint and not builder.infeasible:
         hinted = builder.add_hint(hint)
-    proto = builder.model.proto
-    rounding = 0.5 * (problem.num_nodes + len(problem.edges)) / builder.scale
-    stats: dict[str, Any] = {
-        "constant_s": builder.constant_s,
-        "variables": len(proto.variables),
-        "constraints": len(proto.constraints),
-        "objective_terms": len(proto.objective.vars),
-        **builder.counts,
-        "scale_per_s": builder.scale,
-        "memory_unit_bytes": builder.memory_unit,
-        "memory_exact": builder.memory_exact,
-        "hinted_vars": hinted,
-        "build_s": time.perf_counter() - build_start,
-    }
-    if builder.infeasible:
-        stats["solve_s"] = 0.0
-        return CpSatResult("infeasible", None, None, math.inf, rounding, stats)
+    return builder, hinted
 
-    solver = cp_model.CpSolver()
-    limit = options.time_limit_s if time_limit_s is None else time_limit_s
-    if not options.deterministic:
-        limit -= time.perf_counter() - t0
-    _configure(solver, options, max(limit, 0.05))
-    callback = None
-    if progress is not None:
-        callback = _Callback(progress, builder.scale, offset + builder.constant_s, t0)
-        report = progress
-        scale = builder.scale
-        shift = offset + builder.constant_s
 
-        def on_bound(bound: float) -> None:
-            report(Progress("solve", None, bound / scale + shift, time.perf_counter() - t0))
+def _progress_callbacks(
+    solver: cp_model.CpSolver, builder: _Builder, progress: ProgressFn | None, offset: float, t0: float
+) -> _Callback | None:
+    """Report CP-SAT's solutions and bounds to ``progress`` (in the original problem's seconds)."""
+    if progress is None:
+        return None
+    callback = _Callback(progress, builder.scale, offset + builder.constant_s, t0)
+    report = progress
+    scale = builder.scale
+    shift = offset + builder.constant_s
 
-        solver.best_bound_callback = on_bound
-        progress(Progress("solve", None, None, time.perf_counter() - t0))
-    solve_start = time.perf_counter()
-    code = solver.solve(builder.model, callback)
-    stats["solve_s"] = time.perf_counter() - solve_start
-    stats["cpsat_status"] = solver.status_name(code)
-    stats["deterministic_time"] = solver.deterministic_time
-    stats["conflicts"] = solver.num_conflicts
-    stats["branches"] = solver.num_branches
+    def on_bound(bound: float) -> None:
+        report(Progress("solve", None, bound / scale + shift, time.perf_counter() - t0))
+
+    solver.best_bound_callback = on_bound
+    progress(Progress("solve", None, None, time.perf_counter() - t0))
+    return callback
+
+
+def _result(
+    solver: cp_model.CpSolver, builder: _Builder, code: Any, rounding: float, stats: dict[str, Any]
+) -> CpSatResult:
+    """The solve's outcome in seconds: its plan, objective and bound (CP-SAT's integers
+    scaled back)."""
     if code == cp_model.MODEL_INVALID:
         raise AutoparError("solver_model_invalid", f"CP-SAT rejected the model: {builder.model.validate()}")
     if code == cp_model.INFEASIBLE:

@@ -425,73 +425,92 @@ def solve_heuristic(
     choices = _greedy(index, order, start)
     stats["greedy_s"] = time.perf_counter() - t0
     stats["greedy_cost"] = evaluate(problem, choices)[0]
-
-    best: list[int] | None = None
-    best_cost = math.inf
-
-    def consider(candidate: list[int]) -> None:
-        nonlocal best, best_cost
-        cost, memory = evaluate(problem, candidate)
-        if math.isfinite(cost) and memory_fits(budget, memory) and cost < best_cost:
-            best, best_cost = list(candidate), cost
-
-    consider(choices)
+    best = _Best(problem, budget)
+    best.consider(choices)
     # With memory rows, keep most of the time for pricing memory if it binds.
     free_deadline = t0 + _FREE_SHARE * time_budget_s if index.num_rows else deadline
     free = _descend(index, list(choices), index.costs, rng, free_deadline)
-    consider(free)
+    best.consider(free)
     rounds = 0
     fit_price: np.ndarray | None = None
     free_fits = budget is None or bool((index.usage(free) <= budget).all())
     if index.num_rows and budget is not None and not free_fits:
-        # Memory binds: price it (Lagrangian relaxation of the memory rows) and
-        # bisect each row's price on a log scale between "overflows" and "fits".
-        price = np.zeros(index.num_rows)
-        low = np.zeros(index.num_rows)
-        high = np.full(index.num_rows, math.inf)
-        unit = _price_unit(index)
-        current = free
-        usage = index.usage(current)
-        for round_number in range(1, _LAGRANGE_ROUNDS + 1):
-            rounds = round_number
-            over = usage > budget
-            low = np.where(over, np.maximum(low, price), low)
-            high = np.where(over, high, np.minimum(high, price))
-            with np.errstate(invalid="ignore"):
-                price = np.where(
-                    np.isfinite(high),
-                    np.where(low > 0, np.sqrt(low * high), high / 4),
-                    np.maximum(4 * low, unit),
-                )
-            index.set_edge_prices(price)
-            current = _descend(
-                index,
-                current,
-                index.priced_costs(price),
-                rng,
-                deadline,
-                stall=_LAGRANGE_STALL,
-                max_moves=_LAGRANGE_MOVES,
-                sweeps=_LAGRANGE_SWEEPS,
-            )
-            usage = index.usage(current)
-            consider(current)
-            if time.perf_counter() > deadline:
-                break
-        index.set_edge_prices(np.zeros(index.num_rows))
-        fit_price = np.where(np.isfinite(high), high, price)
+        rounds, fit_price = _price_memory(index, budget, free, rng, deadline, best)
     stats["lagrange_rounds"] = float(rounds)
-    if best is not None and rounds:
+    if best.choices is not None and rounds:
         # Memory binds: descend on the true cost, refusing moves that overflow.
-        consider(_descend(index, list(best), index.costs, rng, deadline, fits=True))
-    start_choices = best if best is not None else choices
+        best.consider(_descend(index, list(best.choices), index.costs, rng, deadline, fits=True))
+    start_choices = best.choices if best.choices is not None else choices
     polished = _icm(index, list(start_choices), order, index.costs, True, deadline, 50)
-    consider(polished)
-    final = best if best is not None else polished
+    best.consider(polished)
+    final = best.choices if best.choices is not None else polished
     cost, memory = evaluate(problem, final)
     stats["heuristic_s"] = time.perf_counter() - t0
     feasible = math.isfinite(cost) and memory_fits(budget, memory)
     return HeuristicResult(list(final), cost, memory, feasible, stats, fit_price)
+
+
+class _Best:
+    """The cheapest plan seen that fits the budget (None until one does)."""
+
+    def __init__(self, problem: Problem, budget: float | None) -> None:
+        self.problem = problem
+        self.budget = budget
+        self.choices: list[int] | None = None
+        self.cost = math.inf
+
+    def consider(self, candidate: list[int]) -> None:
+        cost, memory = evaluate(self.problem, candidate)
+        if math.isfinite(cost) and memory_fits(self.budget, memory) and cost < self.cost:
+            self.choices, self.cost = list(candidate), cost
+
+
+def _price_memory(
+    index: _Index,
+    budget: float,
+    free: list[int],
+    rng: np.random.Generator,
+    deadline: float,
+    best: _Best,
+) -> tuple[int, np.ndarray]:
+    """Memory binds: price it (Lagrangian relaxation of the memory rows) and bisect each
+    row's price on a log scale between "overflows" and "fits", descending from ``free``
+    at each price.  Returns the rounds run and the least price seen to fit, per row."""
+    price = np.zeros(index.num_rows)
+    low = np.zeros(index.num_rows)
+    high = np.full(index.num_rows, math.inf)
+    unit = _price_unit(index)
+    current = free
+    usage = index.usage(current)
+    rounds = 0
+    for round_number in range(1, _LAGRANGE_ROUNDS + 1):
+        rounds = round_number
+        over = usage > budget
+        low = np.where(over, np.maximum(low, price), low)
+        high = np.where(over, high, np.minimum(high, price))
+        with np.errstate(invalid="ignore"):
+            price = np.where(
+                np.isfinite(high),
+                np.where(low > 0, np.sqrt(low * high), high / 4),
+                np.maximum(4 * low, unit),
+            )
+        index.set_edge_prices(price)
+        current = _descend(
+            index,
+            current,
+            index.priced_costs(price),
+            rng,
+            deadline,
+            stall=_LAGRANGE_STALL,
+            max_moves=_LAGRANGE_MOVES,
+            sweeps=_LAGRANGE_SWEEPS,
+        )
+        usage = index.usage(current)
+        best.consider(current)
+        if time.perf_counter() > deadline:
+            break
+    index.set_edge_prices(np.zeros(index.num_rows))
+    return rounds, np.where(np.isfinite(high), high, price)
 
 
 def refine(

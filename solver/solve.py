@@ -112,137 +112,194 @@ def solve(
     heuristic; the better of it and the plain heuristic becomes CP-SAT's hint.
     An invalid hint is ignored (``stats["hint"]`` says why).
     """
-    options = options or SolverOptions()
-    t0 = time.perf_counter()
-    deadline = t0 + options.time_limit_s
-    phases: dict[str, float] = {}
-    stats: dict[str, Any] = {"phases_s": phases}
-
-    def report(phase: str, objective: float | None = None, bound: float | None = None) -> None:
-        if progress is not None:
-            progress(Progress(phase, objective, bound, time.perf_counter() - t0))
-
-    # -- reduce
-    report("reduce")
-    start = time.perf_counter()
-    reduction = reduce_problem(
-        problem,
-        None if options.reductions else (),
-        # deterministic runs reduce to the fixpoint: the clock must not change the answer
-        deadline=None if options.deterministic else t0 + _REDUCE_SHARE * options.time_limit_s,
-    )
-    phases["reduce"] = time.perf_counter() - start
-    stats["reductions"] = reduction.stats
-    logger.debug("reductions: %s -> %s", reduction.stats["before"], reduction.stats["after"])
+    run = _Run(problem, options or SolverOptions(), progress)
+    reduction = _reduce(run)
     if reduction.infeasible:
-        return _finish_infeasible(stats, t0, report)
-    reduced = reduction.reduced
-    offset = reduction.offset
-    size = model_size(reduced)
-    strategy = "model" if size <= options.max_model_vars else "windows"
-    stats["model_size"] = size
-    heuristic_share, dual_share = _SHARES[strategy]
-
-    # -- dual (TRW-S bound, decoded into plans), set up first: off the deterministic path
-    #    its sweeps go on in a thread while the heuristic runs
-    start = time.perf_counter()
-    dual_deadline = min(deadline - _MARGIN_S, start + dual_share * options.time_limit_s)
-    dual = _Dual(reduced, options, None if options.deterministic else deadline)
-    if not options.deterministic:
-        dual.start_sweeping(dual_deadline)  # (no run when the reductions solved it)
-    bound_s = time.perf_counter() - start
-
-    # -- heuristic
-    report("heuristic")
-    start = time.perf_counter()
-    try:
-        best = _heuristic(problem, reduction, hint, options, stats, heuristic_share)
-    except BaseException:
-        dual.stop_sweeping()
-        raise
-    phases["heuristic"] = time.perf_counter() - start
-    stats["heuristic"].update(cost=best.cost + offset, feasible=best.feasible)
-    report("heuristic", best.cost + offset if best.feasible else None)
-
-    # -- nothing left: the reductions solved it
-    if reduced.num_nodes == 0:
-        stats["cpsat"] = None
-        return _finish(problem, reduction, [], "optimal", None, -math.inf, stats, t0, report)
-
-    start = time.perf_counter()
-    dual.use_heuristic(best, None if options.deterministic else deadline)
-    dual.advance(dual_deadline, options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL)
-    best = dual.best
-    phases["bound"] = bound_s + time.perf_counter() - start
-    stats["dual"] = dual.stats
-    report("heuristic", best.cost + offset if best.feasible else None, dual.lower + offset)
-    enough = options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL
+        return _finish_infeasible(run.stats, run.t0, run.report)
+    strategy = run.plan_search(reduction)
+    dual, best = _dual_and_heuristic(run, reduction, hint)
+    if reduction.reduced.num_nodes == 0:  # nothing left: the reductions solved it
+        run.stats["cpsat"] = None
+        return _finish(problem, reduction, [], "optimal", None, -math.inf, run.stats, run.t0, run.report)
+    best = _advance_dual(run, reduction, dual, best)
+    enough = run.options.relative_gap if strategy == "windows" else _OPTIMAL_RTOL
     if best.feasible and _relative_gap(best.cost, dual.lower) <= enough:
         # The bound already meets the plan: within the requested gap for big
         # problems; proven optimal for ones small enough for one CP-SAT model.
-        stats["strategy"] = "dual"
-        stats["cpsat"] = None
-        stats["source"] = "dual"
-        return _finish(problem, reduction, best.choices, "feasible", None, dual.lower, stats, t0, report)
-
-    # -- search: one model, or windows of the problem
-    if strategy == "windows" and not best.feasible:
-        # Too big for one model and the heuristic found no plan that fits: ask
-        # CP-SAT for any plan that fits (a much smaller model), then windows.
-        start = time.perf_counter()
-        limit = options.time_limit_s if options.deterministic else deadline - start
-        found = find_feasible(reduced, options, best.choices, time_limit_s=max(limit, 0.05))
-        phases["feasibility"] = time.perf_counter() - start
-        stats["feasibility"] = found is not None
-        if found is not None:
-            cost, memory = evaluate(reduced, found)
-            best = HeuristicResult(found, cost, memory, memory_fits(reduced.budget_bytes, memory))
-    if strategy == "windows" and best.feasible:
-        stats["strategy"] = "windows"
-        report("solve", best.cost + offset, dual.lower + offset)
-        start = time.perf_counter()
-        lns = window_search(
-            reduced,
-            best.choices,
-            options,
-            # Deterministic runs count windows instead of watching the clock.
-            deadline=math.inf if options.deterministic else deadline,
-            max_windows=(
-                max(1, int(options.time_limit_s / WINDOW_TIME_S)) if options.deterministic else None
-            ),
-            t0=t0,
-            offset=offset,
-            progress=progress,
-            stall=None if options.deterministic else _WINDOW_STALL,
+        run.stats.update(strategy="dual", cpsat=None, source="dual")
+        return _finish(
+            problem, reduction, best.choices, "feasible", None, dual.lower, run.stats, run.t0, run.report
         )
-        phases["solve"] = time.perf_counter() - start
-        choices = lns.choices
-        if not options.deterministic and time.perf_counter() < deadline - 2 * _MARGIN_S:
-            # Windows stopped paying off: spend the rest on the dual.
-            start = time.perf_counter()
-            _, memory, fits = _evaluated(reduced, lns.choices)
-            dual.best = HeuristicResult(lns.choices, lns.cost, memory, fits)
-            dual.advance(deadline - _MARGIN_S, options.relative_gap)
-            choices = dual.best.choices
-            phases["bound"] += time.perf_counter() - start
-            stats["dual"] = dual.stats
-        stats["cpsat"] = None
-        stats["windows"] = lns.stats
-        stats["source"] = "windows"
-        return _finish(problem, reduction, choices, "feasible", None, dual.lower, stats, t0, report)
+    if strategy == "windows":
+        if not best.feasible:
+            best = _any_feasible(run, reduction, best)
+        if best.feasible:
+            return _windows(run, reduction, dual, best)
+    return _one_model(run, reduction, dual, best)
 
+
+class _Run:
+    """One :func:`solve` call: its problem, options, clock, phase times and stats."""
+
+    def __init__(self, problem: Problem, options: SolverOptions, progress: ProgressFn | None) -> None:
+        self.problem = problem
+        self.options = options
+        self.progress = progress
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + options.time_limit_s
+        self.phases: dict[str, float] = {}
+        self.stats: dict[str, Any] = {"phases_s": self.phases}
+        self.strategy = "model"
+        """One CP-SAT ``model`` of the reduced problem, or ``windows`` of it (LNS)."""
+        self.shares = _SHARES["model"]
+        """(heuristic, dual phase) shares of the time limit of the strategy."""
+        self.dual_deadline = self.deadline
+        """When the dual phase stops (its share of the time)."""
+        self.bound_s = 0.0
+        """Seconds setting up the dual (before the heuristic)."""
+
+    def report(self, phase: str, objective: float | None = None, bound: float | None = None) -> None:
+        if self.progress is not None:
+            self.progress(Progress(phase, objective, bound, time.perf_counter() - self.t0))
+
+    def plan_search(self, reduction: Reduction) -> str:
+        """``model`` (one CP-SAT model) or ``windows`` (LNS), by the reduced problem's size."""
+        size = model_size(reduction.reduced)
+        strategy = "model" if size <= self.options.max_model_vars else "windows"
+        self.stats["model_size"] = size
+        self.strategy = strategy
+        self.shares = _SHARES[strategy]
+        return strategy
+
+
+def _reduce(run: _Run) -> Reduction:
+    """The exact reductions, to the fixpoint or their share of the time."""
+    options = run.options
+    run.report("reduce")
+    start = time.perf_counter()
+    reduction = reduce_problem(
+        run.problem,
+        None if options.reductions else (),
+        # deterministic runs reduce to the fixpoint: the clock must not change the answer
+        deadline=None if options.deterministic else run.t0 + _REDUCE_SHARE * options.time_limit_s,
+    )
+    run.phases["reduce"] = time.perf_counter() - start
+    run.stats["reductions"] = reduction.stats
+    logger.debug("reductions: %s -> %s", reduction.stats["before"], reduction.stats["after"])
+    return reduction
+
+
+def _dual_and_heuristic(
+    run: _Run, reduction: Reduction, hint: Sequence[int] | None
+) -> tuple[_Dual, HeuristicResult]:
+    """The TRW-S bound, set up first (off the deterministic path its sweeps go on in a
+    thread while the heuristic runs), and the heuristic's plan."""
+    options = run.options
+    heuristic_share, dual_share = run.shares
+    start = time.perf_counter()
+    run.dual_deadline = min(run.deadline - _MARGIN_S, start + dual_share * options.time_limit_s)
+    dual = _Dual(reduction.reduced, options, None if options.deterministic else run.deadline)
+    if not options.deterministic:
+        dual.start_sweeping(run.dual_deadline)  # (no run when the reductions solved it)
+    run.bound_s = time.perf_counter() - start
+
+    run.report("heuristic")
+    start = time.perf_counter()
+    try:
+        best = _heuristic(run.problem, reduction, hint, options, run.stats, heuristic_share)
+    except BaseException:
+        dual.stop_sweeping()
+        raise
+    run.phases["heuristic"] = time.perf_counter() - start
+    run.stats["heuristic"].update(cost=best.cost + reduction.offset, feasible=best.feasible)
+    run.report("heuristic", best.cost + reduction.offset if best.feasible else None)
+    return dual, best
+
+
+def _advance_dual(run: _Run, reduction: Reduction, dual: _Dual, best: HeuristicResult) -> HeuristicResult:
+    """Sweep the bound from the heuristic's plan, decoding plans, for the dual phase's share;
+    the best plan so far."""
+    options = run.options
+    strategy_gap = options.relative_gap if run.strategy == "windows" else _OPTIMAL_RTOL
+    start = time.perf_counter()
+    dual.use_heuristic(best, None if options.deterministic else run.deadline)
+    dual.advance(run.dual_deadline, strategy_gap)
+    best = dual.best
+    run.phases["bound"] = run.bound_s + time.perf_counter() - start
+    run.stats["dual"] = dual.stats
+    offset = reduction.offset
+    run.report("heuristic", best.cost + offset if best.feasible else None, dual.lower + offset)
+    return best
+
+
+def _any_feasible(run: _Run, reduction: Reduction, best: HeuristicResult) -> HeuristicResult:
+    """Too big for one model and the heuristic found no plan that fits: ask CP-SAT for any
+    plan that fits (a much smaller model), before the windows."""
+    options = run.options
+    reduced = reduction.reduced
+    start = time.perf_counter()
+    limit = options.time_limit_s if options.deterministic else run.deadline - start
+    found = find_feasible(reduced, options, best.choices, time_limit_s=max(limit, 0.05))
+    run.phases["feasibility"] = time.perf_counter() - start
+    run.stats["feasibility"] = found is not None
+    if found is None:
+        return best
+    cost, memory = evaluate(reduced, found)
+    return HeuristicResult(found, cost, memory, memory_fits(reduced.budget_bytes, memory))
+
+
+def _windows(run: _Run, reduction: Reduction, dual: _Dual, best: HeuristicResult) -> Solution:
+    """CP-SAT on windows of the problem (LNS) from the best plan; then the rest of the time
+    to the dual, once the windows stop paying off."""
+    options, stats, offset, reduced = run.options, run.stats, reduction.offset, reduction.reduced
+    stats["strategy"] = "windows"
+    run.report("solve", best.cost + offset, dual.lower + offset)
+    start = time.perf_counter()
+    lns = window_search(
+        reduced,
+        best.choices,
+        options,
+        # Deterministic runs count windows instead of watching the clock.
+        deadline=math.inf if options.deterministic else run.deadline,
+        max_windows=(max(1, int(options.time_limit_s / WINDOW_TIME_S)) if options.deterministic else None),
+        t0=run.t0,
+        offset=offset,
+        progress=run.progress,
+        stall=None if options.deterministic else _WINDOW_STALL,
+    )
+    run.phases["solve"] = time.perf_counter() - start
+    choices = lns.choices
+    if not options.deterministic and time.perf_counter() < run.deadline - 2 * _MARGIN_S:
+        # Windows stopped paying off: spend the rest on the dual.
+        start = time.perf_counter()
+        _, memory, fits = _evaluated(reduced, lns.choices)
+        dual.best = HeuristicResult(lns.choices, lns.cost, memory, fits)
+        dual.advance(run.deadline - _MARGIN_S, options.relative_gap)
+        choices = dual.best.choices
+        run.phases["bound"] += time.perf_counter() - start
+        stats["dual"] = dual.stats
+    stats["cpsat"] = None
+    stats["windows"] = lns.stats
+    stats["source"] = "windows"
+    return _finish(run.problem, reduction, choices, "feasible", None, dual.lower, stats, run.t0, run.report)
+
+
+def _one_model(run: _Run, reduction: Reduction, dual: _Dual, best: HeuristicResult) -> Solution:
+    """CP-SAT on the whole reduced problem, hinted with the best plan; the better of its
+    answer and that plan."""
+    options, stats, reduced = run.options, run.stats, reduction.reduced
     stats["strategy"] = "model"
     result = solve_cpsat(
         reduced,
         options,
         hint=best.choices if options.use_hint else None,
-        progress=progress,
-        offset=offset,
-        t0=t0,
+        progress=run.progress,
+        offset=reduction.offset,
+        t0=run.t0,
         lower_bound_s=dual.lower,
     )
-    phases["build"] = result.stats["build_s"]
-    phases["solve"] = result.stats["solve_s"]
+    run.phases["build"] = result.stats["build_s"]
+    run.phases["solve"] = result.stats["solve_s"]
     stats["cpsat"] = result.stats
     stats["rounding_error_s"] = result.rounding_error_s
     lower = dual.lower
@@ -253,20 +310,11 @@ def solve(
     stats["source"] = source
     if picked is None:
         if status == "infeasible":
-            return _finish_infeasible(stats, t0, report)
+            return _finish_infeasible(stats, run.t0, run.report)
         # Unknown and the heuristic found nothing that fits: return its best effort.
         picked = best.choices
-    return _finish(
-        problem,
-        reduction,
-        picked,
-        status,
-        result if source == "cpsat" else None,
-        lower,
-        stats,
-        t0,
-        report,
-    )
+    cpsat = result if source == "cpsat" else None
+    return _finish(run.problem, reduction, picked, status, cpsat, lower, stats, run.t0, run.report)
 
 
 def _heuristic(

@@ -20,6 +20,8 @@ its backward op: the saved activation).  The memory row is one device's peak.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from autopar_solver.problem import MemoryRow, Problem
@@ -43,15 +45,61 @@ def synthetic_problem(
     and the most memory any assignment could use (None: no memory rows)."""
     if shape not in ("chain", "ladder"):
         raise ValueError(f"shape must be 'chain' or 'ladder', got {shape!r}")
+    # one generator, drawn from in this order: layouts, nodes, edges
     rng = np.random.default_rng(seed)
+    shard, boxing = _layouts(rng, layouts)
+    forward = n_nodes if shape == "chain" else (n_nodes + 1) // 2
+    nodes = _nodes(rng, n_nodes, forward, choices, layouts, shard, weight_fraction, forbidden_prob)
+    edges = []
+    for u, v in _pairs(rng, n_nodes, forward, shape, skip_prob):
+        boxes = boxing[np.ix_(nodes.out_layout[u], nodes.in_layout[v])]
+        edges.append((u, v, boxes * nodes.act_bytes[u] / 20e9))
+    rows, budget = _memory_row(nodes, shard, forward, budget_fraction)
+    return Problem(
+        node_names=[f"op{i}" for i in range(n_nodes)],
+        node_costs=nodes.costs,
+        edges=edges,
+        memory_rows=rows,
+        budget_bytes=budget,
+        labels=[
+            [f"L{a}->L{b}" for a, b in zip(nodes.in_layout[i], nodes.out_layout[i], strict=True)]
+            for i in range(n_nodes)
+        ],
+    )
+
+
+def _layouts(rng: np.random.Generator, layouts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each abstract layout's shard factor, and the boxing cost factor between two layouts
+    (free towards a finer layout half the time, and to itself)."""
     shard = rng.choice([1, 2, 4, 8], size=layouts)
     boxing = rng.uniform(0.5, 2.0, size=(layouts, layouts))
     finer = shard[None, :] > shard[:, None]
     boxing[finer & (rng.random((layouts, layouts)) < 0.5)] = 0.0
     np.fill_diagonal(boxing, 0.0)
+    return shard, boxing
 
-    n = n_nodes
-    forward = n if shape == "chain" else (n + 1) // 2
+
+@dataclass
+class _Nodes:
+    in_layout: list[np.ndarray]
+    out_layout: list[np.ndarray]
+    act_bytes: np.ndarray
+    costs: list[np.ndarray]
+    weight_terms: dict[int, np.ndarray]
+    """Forward node -> bytes of its weight per choice."""
+
+
+def _nodes(
+    rng: np.random.Generator,
+    n: int,
+    forward: int,
+    choices: int,
+    layouts: int,
+    shard: np.ndarray,
+    weight_fraction: float,
+    forbidden_prob: float,
+) -> _Nodes:
+    """Each node's choices (input and output layouts), activation bytes and costs."""
     k = [int(rng.integers(max(1, choices // 2), choices + 1)) for _ in range(n)]
     out_layout = [rng.integers(0, layouts, size=ki) for ki in k]
     in_layout = [
@@ -74,7 +122,14 @@ def synthetic_problem(
         if not np.isfinite(cost).any():
             cost[0] = flops[i] / 100e12
         node_costs.append(cost)
+    return _Nodes(in_layout, out_layout, act_bytes, node_costs, weight_terms)
 
+
+def _pairs(
+    rng: np.random.Generator, n: int, forward: int, shape: str, skip_prob: float
+) -> list[tuple[int, int]]:
+    """Edges: a forward chain with skips; a ladder adds the backward chain, each backward
+    op fed by its forward mirror."""
     pairs: list[tuple[int, int]] = [(i, i + 1) for i in range(forward - 1)]
     for i in range(forward - 3):
         if rng.random() < skip_prob:
@@ -90,31 +145,23 @@ def synthetic_problem(
                 pairs.append((forward - 1, j))
             if 0 <= mirror < forward:
                 pairs.append((mirror, j))
-    edges = []
-    for u, v in pairs:
-        boxes = boxing[np.ix_(out_layout[u], in_layout[v])]
-        edges.append((u, v, boxes * act_bytes[u] / 20e9))
+    return pairs
 
-    rows: list[MemoryRow] = []
-    if budget_fraction is not None:
-        terms = {}
-        for i in range(forward):
-            t = act_bytes[i] / shard[out_layout[i]]
-            if i in weight_terms:
-                t = t + weight_terms[i]
-            terms[i] = np.floor(t)
-        constant = float(np.floor(act_bytes.sum() * 0.05))
-        low = constant + sum(float(t.min()) for t in terms.values())
-        high = constant + sum(float(t.max()) for t in terms.values())
-        budget = low + budget_fraction * (high - low)
-        rows.append(MemoryRow("peak", constant, terms))
-    else:
-        budget = None
-    return Problem(
-        node_names=[f"op{i}" for i in range(n)],
-        node_costs=node_costs,
-        edges=edges,
-        memory_rows=rows,
-        budget_bytes=budget,
-        labels=[[f"L{a}->L{b}" for a, b in zip(in_layout[i], out_layout[i], strict=True)] for i in range(n)],
-    )
+
+def _memory_row(
+    nodes: _Nodes, shard: np.ndarray, forward: int, budget_fraction: float | None
+) -> tuple[list[MemoryRow], float | None]:
+    """One row, the forward activations and weights, and its budget (None: no row)."""
+    if budget_fraction is None:
+        return [], None
+    terms: dict[int, np.ndarray] = {}
+    for i in range(forward):
+        t = nodes.act_bytes[i] / shard[nodes.out_layout[i]]
+        if i in nodes.weight_terms:
+            t = t + nodes.weight_terms[i]
+        terms[i] = np.floor(t)
+    constant = float(np.floor(nodes.act_bytes.sum() * 0.05))
+    low = constant + sum(float(t.min()) for t in terms.values())
+    high = constant + sum(float(t.max()) for t in terms.values())
+    budget = low + budget_fraction * (high - low)
+    return [MemoryRow("peak", constant, terms)], budget

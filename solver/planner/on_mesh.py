@@ -32,6 +32,7 @@ from autopar_solver.planner.recall import MemoRecall, Verified
 from autopar_solver.planner.request import TIE_THRESHOLD_OPS
 from autopar_solver.planner.rounds import MeshJob, Rounds, run_rounds
 from autopar_solver.planner.verify import verify, with_bound
+from autopar_solver.problem import Solution
 
 __all__ = ["solve_mesh", "solve_on_mesh"]
 
@@ -175,7 +176,7 @@ def _chosen(job: MeshJob, state: Rounds, memo: MemoRecall, ctx: PlanContext, t_t
 
 
 def _solver_report(
-    solution: Any, state: Rounds, memo: MemoRecall, tables: CostTables, t0: float, t_tables: float
+    solution: Solution, state: Rounds, memo: MemoRecall, tables: CostTables, t0: float, t_tables: float
 ) -> SolverReport:
     """``plan.solver``: the objective, bound, gap and the stats of every stage."""
     stats = dict(solution.stats)
