@@ -40,11 +40,16 @@ from autopar.costs import COST_MODEL_VERSION
 from autopar.errors import ConfigError, InfeasibleError, TimeLimitError, VerificationError
 from autopar.evaluate import attach_evaluation, evaluate
 from autopar.graph import DTYPE_BYTES, Graph
+from autopar.iteration import (  # the iteration
+    activation_spans,
+    table_costs,
+    training_of,
+    variable_memory_bytes,
+    with_training,
+)
 from autopar.memory import (
-    activation_intervals,
     boxed_copy_bytes,
     graph_state_bytes,
-    variable_state_bytes,
     zero3_gather_buffer_bytes,
 )
 from autopar.plan import Plan
@@ -183,6 +188,8 @@ class PlanRequest:
                 "seed": opts.seed,
                 "deterministic": opts.deterministic,
                 "workers": opts.workers if opts.deterministic else None,
+                # the iteration priced (autopar.iteration); absent at K = 1 without checkpointing
+                **({} if opts.training.is_default else {"training": opts.training.to_dict()}),
             },
             "versions": {
                 "autopar": autopar_version,
@@ -226,7 +233,10 @@ def build_problem(
     graph = tables.graph
     order = graph.topological_order
     index = {op.name: i for i, op in enumerate(order)}
-    node_costs = [tables.ops[op.name].compute_s for op in order]
+    # the iteration (autopar.iteration): K x per-micro-batch + once-per-step costs, recompute
+    # twice; the tables' own arrays at K = 1 without checkpointing
+    training = training_of(tables)
+    node_costs, edges = table_costs(tables, training)
     # identical layers share op tables: label each table once
     label_memo: dict[int, list[str]] = {}
     labels = []
@@ -236,11 +246,10 @@ def build_problem(
         if lab is None:
             lab = label_memo[id(table)] = [str(s) for s in table.signatures]
         labels.append(lab)
-    edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
     rows: list[MemoryRow] = []
     if positions:
         state_terms = _state_terms(tables, index)
-        intervals = activation_intervals(graph)
+        spans = activation_spans(graph, training)  # checkpointing: a recomputed tensor lives twice
         by_consumer: dict[int, list[int]] = {}
         for e_index, e in enumerate(tables.edges):
             by_consumer.setdefault(index[e.consumer], []).append(e_index)
@@ -274,7 +283,7 @@ def build_problem(
                     ],
                     dtype=np.float64,
                 )
-            for tname, (start, end) in intervals.items():
+            for tname, start, end in spans:
                 if start <= pos <= end:
                     pname, out_port = graph.producer[tname]
                     pop = graph.op_by_name[pname]
@@ -312,13 +321,15 @@ def _state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndar
             found = priced[key] = np.array(
                 [
                     sum(
-                        variable_state_bytes(
+                        variable_memory_bytes(  # model states + accumulation buffer (K > 1)
                             spec.shape,
                             s.outputs[out_index],
                             tables.mesh.shape,
                             tables.zero_stage,
                             per_element,
                             tables.runtime.zero_sharding.value,
+                            training_of(tables),
+                            tables.runtime,
                         )
                     )
                     for s in table.signatures
@@ -373,6 +384,7 @@ def solve_on_mesh(
             progress=relay if progress else None,
             deadline=deadline,
         )
+    tables = with_training(tables, options.training)  # the iteration priced (autopar.iteration)
     t_tables = time.perf_counter() - t0
     reserve = max(EVALUATE_RESERVE_S, EVALUATE_S_PER_OP * len(graph.ops))
     if tie_layers is None:
@@ -486,6 +498,7 @@ def solve_on_mesh(
             _assignment(built, solution.choices),
             memory_budget_bytes=memory_budget_bytes,
             runtime=tables.runtime.name,
+            training=training_of(tables),  # the iteration it was solved for
         )
         relay.report("evaluate", objective=solution.objective, bound=solution.bound)
         ev = evaluate(graph, candidate)
@@ -617,6 +630,8 @@ class _MemoRecall:
                 "use_hint": options.use_hint,
                 "reductions": options.reductions,
                 "max_model_vars": options.max_model_vars,
+                # the iteration priced: absent at K = 1 without checkpointing (keys unchanged)
+                **({} if options.training.is_default else {"training": options.training.to_dict()}),
             }
             out.key, out.free_key = memo_keys(tables, budget, how)
             found = store.get_many([out.key, out.free_key])
@@ -695,6 +710,7 @@ def _recalled(
         _assignment(built, choices),
         memory_budget_bytes=budget,
         runtime=tables.runtime.name,
+        training=training_of(tables),  # the iteration it was solved for
     )
     ev = evaluate(graph, candidate)
     try:
@@ -917,10 +933,11 @@ def _verify(ev: Any, solution: Solution | _SolvedObjective, budget: int | None) 
             f"the evaluator rejected the solver's plan: {ev.errors[:3]}",
             errors=ev.errors[:20],
         )
-    if not math.isclose(ev.step_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+    # the objective is the iteration (K x micro-batch + once per step; the step at K = 1)
+    if not math.isclose(ev.iteration_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
         raise VerificationError(
             "cost_mismatch",
-            f"evaluator step time {ev.step_time_s!r} s != solver objective {solution.objective!r} s",
+            f"evaluator iteration {ev.iteration_time_s!r} s != solver objective {solution.objective!r} s",
         )
     if budget is not None and ev.memory.total > budget:
         raise VerificationError(
@@ -979,13 +996,13 @@ def memory_floors(tables: CostTables, deadline: Deadline | None = None) -> np.nd
         )
     change = np.zeros(len(order) + 1)
     _check_floors(deadline, "model states")
-    intervals = activation_intervals(graph)
+    spans = activation_spans(graph, training_of(tables))  # checkpointing: recomputed tensors twice
     # identical layers share op tables: the largest split of an output port, once per table
     most_split: dict[tuple[int, int], int] = {}
     mesh_shape = tables.mesh.shape
-    for n, (tname, (start, end)) in enumerate(intervals.items()):
+    for n, (tname, start, end) in enumerate(spans):
         if n % 4096 == 4095:
-            _check_floors(deadline, f"{n} of {len(intervals)} activations")
+            _check_floors(deadline, f"{n} of {len(spans)} activations")
         pname, out_port = graph.producer[tname]
         k = list(graph.op_by_name[pname].outputs).index(out_port)
         table = tables.ops[pname]
@@ -1169,6 +1186,7 @@ def _unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None
         signatures,
         memory_budget_bytes=solved.memory_budget_bytes,
         runtime=solved.runtime,
+        training=solved.training,
     )
     solver = SolverReport(**(solved.solver or {}))
     left = math.inf if deadline is None else deadline.left()
