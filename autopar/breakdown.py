@@ -46,6 +46,7 @@ __all__ = [
     "per_collective",
 ]
 
+
 def module_of(variable_op: str) -> str:
     """The module that owns a variable: its name without the last component (``...q.weight`` -> ``...q``)."""
     return variable_op.rsplit(".", 1)[0] if "." in variable_op else variable_op

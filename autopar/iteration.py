@@ -42,6 +42,7 @@ from autopar.sbp import NdSbp
 
 __all__ = [
     "ACCUMULATION",
+    "BASELINE_CHECKPOINTING",
     "CHECKPOINTING_MODES",
     "TOP_LEVEL",
     "Accumulation",
@@ -49,6 +50,7 @@ __all__ = [
     "TrainingConfig",
     "accumulation_buffer_bytes",
     "activation_spans",
+    "baseline_training",
     "checkpoint_blocks",
     "layer_of",
     "once_per_step_ops",
@@ -129,6 +131,20 @@ ACCUMULATION: dict[str, Accumulation] = {
     # micro-batch into the partitioned gradient; ZeRO-3 gathers before every use.
     "ideal": Accumulation(2, 3, False),
 }
+
+
+BASELINE_CHECKPOINTING = {"megatron": "full", "inferred": "full"}
+"""Checkpointing each reference system runs with: Megatron-LM's ``--recompute-activations``
+and LiBai's ``activation_checkpoint`` (the seed's ``actrue``) recompute every block."""
+
+
+def baseline_training(kind: str, training: TrainingConfig) -> TrainingConfig:
+    """``training`` for baseline ``kind``: the same K, with the checkpointing the real
+    system uses (:data:`BASELINE_CHECKPOINTING`) when ``training`` has it ``off``."""
+    mode = (
+        BASELINE_CHECKPOINTING.get(kind, "off") if training.checkpointing == "off" else training.checkpointing
+    )
+    return TrainingConfig(training.micro_batches, mode)
 
 
 def accumulation_of(runtime: RuntimeProfile) -> Accumulation:
