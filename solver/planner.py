@@ -233,10 +233,8 @@ def build_problem(
     graph = tables.graph
     order = graph.topological_order
     index = {op.name: i for i, op in enumerate(order)}
-    # the iteration (autopar.iteration): K x per-micro-batch + once-per-step costs, recompute
-    # twice; the tables' own arrays at K = 1 without checkpointing
-    training = training_of(tables)
-    node_costs, edges = table_costs(tables, training)
+    training = training_of(tables)  # the iteration: K x per-micro-batch + once per step
+    node_costs, edges = table_costs(tables, training)  # the tables' arrays at K = 1, off
     # identical layers share op tables: label each table once
     label_memo: dict[int, list[str]] = {}
     labels = []
