@@ -67,6 +67,12 @@ class SolverOptions:
 
     def __post_init__(self) -> None:
         TrainingConfig(self.micro_batches, self.checkpointing)  # validates (ConfigError)
+        if self.checkpointing == "auto":  # refused before any work, not after the cost tables
+            raise ConfigError(
+                "checkpointing_auto_unavailable",
+                "checkpointing 'auto' (a per-block choice in the solver) is not available yet: "
+                "use 'full' or 'off'",
+            )
         if self.runtime not in RUNTIMES:
             raise _bad(f"runtime must be one of {sorted(RUNTIMES)}, got {self.runtime!r}")
         if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):

@@ -61,3 +61,8 @@ def test_plan_minimises_the_iteration_it_is_asked_for(tmp_path: Path) -> None:
     assert (plan["micro_batches"], plan["checkpointing"]) == (4, "full")
     assert plan["solver"]["objective"] == pytest.approx(plan["predicted"]["iteration_time_s"], rel=1e-6)
     assert "iteration" in result.stdout
+
+
+def test_auto_checkpointing_is_refused_at_once(tmp_path: Path) -> None:
+    result = run_cli("plan", "tiny-gpt", "--checkpointing", "auto", "--out", "p.json", cwd=tmp_path)
+    assert "full" in assert_user_error(result, "checkpointing_auto_unavailable")
