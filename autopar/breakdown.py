@@ -24,8 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from autopar.evaluate import EdgeCost, Evaluation, OpCost, PricingMemo, evaluate
-from autopar.graph import Graph, Role
-from autopar.optimizer import weight_gradient_path
+from autopar.graph import Graph
+from autopar.iteration import TOP_LEVEL as TOP_LEVEL
+from autopar.iteration import layer_of, once_per_step_ops
 from autopar.plan import Plan
 from autopar.rules.registry import RuleSet
 
@@ -44,26 +45,6 @@ __all__ = [
     "once_per_step_ops",
     "per_collective",
 ]
-
-TOP_LEVEL = "(top level)"
-"""Layer of ops whose name has no dot (graph inputs such as ``input_ids``)."""
-
-
-def layer_of(op_name: str) -> str:
-    """The layer (module scope) of an op, from its dotted name.
-
-    Up to the first numeric component when there is one (``decoder.layers.1.mlp.wo``
-    -> ``decoder.layers.1``); else the first component (``encoder.final_norm.weight.cast``
-    -> ``encoder``, ``shared.weight`` -> ``shared``); ``(top level)`` for a name
-    without dots (graph inputs such as ``input_ids``).
-    """
-    parts = op_name.split(".")
-    if len(parts) == 1:
-        return TOP_LEVEL
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return parts[0]
 
 
 def module_of(variable_op: str) -> str:
@@ -217,48 +198,31 @@ class MicroBatchTime:
         return part / self.total_s if self.total_s > 0 else 0.0
 
 
-def once_per_step_ops(graph: Graph) -> frozenset[str]:
-    """Ops that run once per optimizer step under gradient accumulation, on the accumulated
-    gradients: the optimizer ops, and every backward op whose inputs are all weight
-    gradients (:func:`autopar.optimizer.weight_gradient_path`), outputs of such ops, or
-    constants (ops without inputs) -- gradient clipping's norms and scaling, the casts and
-    sums of a parameter's gradients.  The weight-gradient matmul reads activations: it runs
-    once per micro-batch."""
-    gradients = weight_gradient_path(graph)
-    producer = graph.producer
-    once: set[str] = set()
-    per_step: set[str] = set()
-    for op in graph.topological_order:
-        inputs = list(op.inputs.values())
-        if op.role is not Role.OPTIMIZER:
-            if op.role is not Role.BACKWARD:
-                continue
-            derived = [t for t in inputs if t in gradients or t in per_step]
-            constant = [t for t in inputs if t in producer and not graph.op_by_name[producer[t][0]].inputs]
-            if not derived or len(derived) + len(constant) != len(inputs):
-                continue
-        once.add(op.name)
-        per_step.update(op.outputs.values())
-    return frozenset(once)
-
-
 def micro_batch_time(graph: Graph, evaluation: Evaluation) -> MicroBatchTime:
-    """The part of a modelled step that runs once per micro-batch under gradient accumulation.
+    """The part of a modelled iteration that runs once per micro-batch: a view of the records.
 
-    Formula (seconds): ``sum(OpCost.compute_s)`` over ops not in
-    :func:`once_per_step_ops` (the update and gradient clipping run once per
-    optimizer step, on the accumulated gradients) plus the step times of every
-    boxing edge that leads into none of those ops and is neither a data-parallel
-    gradient reduction (``EdgeCost.gradient``: reduced once, after the gradients
-    of all micro-batches are accumulated) nor a ZeRO parameter gather
-    (``EdgeCost.zero_gather``: once per optimizer step under ZeRO-1/2).  What
-    is left is the forward and backward of one micro-batch, the span a
-    profiler's per-iteration trace shows (the LiBai MT5 report's 357 ms and
-    1000 ms are such spans: 8 micro-batches per 512-sample step,
-    ``../shared/seed/mt5-throughput-issue.txt``).  The evaluation's
-    ``step_time_s`` is one micro-batch per step (no accumulation).
+    Formula (seconds): ``sum(OpCost.compute_s x OpCost.per_micro_batch)`` plus, per
+    (collective, axis), ``sum(step time x EdgeCost.per_micro_batch)``: each record's runs
+    per micro-batch (:class:`autopar.iteration.RunCounts`): 0 for what runs once per
+    optimizer step (the ops of :func:`once_per_step_ops`, the reduction of accumulated
+    gradients, a ZeRO gather after the update), 2 for a recomputed block's forward compute
+    and boxing, else 1.  What runtime puts the reduction and gather where is
+    :data:`autopar.iteration.ACCUMULATION` (OneFlow 0.9 gathers ZeRO parameters after
+    the repeat op, so every micro-batch).  This is the span a profiler's per-iteration
+    trace shows (the LiBai MT5 report's 357 ms and 1000 ms are such spans: 8
+    micro-batches per 512-sample step, ``../shared/seed/mt5-throughput-issue.txt``).
+    ``graph`` is unused (kept for callers); the evaluation already classified each record.
     """
-    once = once_per_step_ops(graph)
-    compute = sum(o.compute_s for o in evaluation.ops if o.name not in once)
-    per_micro_batch = [e for e in evaluation.edges if not (e.gradient or e.zero_gather or e.consumer in once)]
-    return MicroBatchTime(compute, per_collective(per_micro_batch, "time_s"))
+    del graph
+    compute = sum(o.compute_s * o.per_micro_batch for o in evaluation.ops)
+    comm: dict[tuple[str, int], float] = {}
+    for e in evaluation.edges:
+        for s in e.steps:
+            key = (s.collective.value, s.axis)
+            comm[key] = comm.get(key, 0.0) + s.time_s * e.per_micro_batch
+    return MicroBatchTime(compute, {k: v for k, v in comm.items() if v or k in _keys(evaluation)})
+
+
+def _keys(evaluation: Evaluation) -> set[tuple[str, int]]:
+    """(collective, axis) pairs of the records that run per micro-batch."""
+    return {(s.collective.value, s.axis) for e in evaluation.edges if e.per_micro_batch for s in e.steps}

@@ -40,6 +40,7 @@ from autopar.cli_args import (
     BASELINE_KINDS,
     Command,
     add_mesh_args,
+    add_training_args,
     check_writable,
     graph_arg_help,
     graph_from_arg,
@@ -47,10 +48,12 @@ from autopar.cli_args import (
     model_names,
     plan_from_arg,
     require_extra,
+    training_from_args,
     wrote,
 )
 from autopar.cluster import Mesh, load_cluster_profile
 from autopar.errors import AutoparError
+from autopar.iteration import TrainingConfig, baseline_training
 
 __all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
 
@@ -131,6 +134,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     graph = _load_graph(args.graph)
     mesh = mesh_from_args(args)
     plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
+    # the iteration the real system runs: K as asked, checkpointing as it uses it by default
+    plan.training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
     attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
@@ -147,6 +152,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         old = plan.mesh.cluster
         cluster = load_cluster_profile(args.cluster_profile).cluster(old.nodes, old.devices_per_node)
         plan.mesh = Mesh(cluster, plan.mesh.shape)
+    plan.training = training_from_args(args, plan.training)  # any plan at another K
     ev = evaluate(graph, plan)
     if args.json:
         sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
@@ -156,6 +162,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{args.plan}: {'valid' if ev.valid else 'INVALID'} ({plan.source})\n"
             f"  step time  {ev.step_time_s * 1e3:10.2f} ms  (compute {ev.compute_time_s * 1e3:.2f} ms, "
             f"comm {ev.comm_time_s * 1e3:.2f} ms)\n"
+            f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  ({ev.training.micro_batches} x "
+            f"{ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
+            f"once per step; checkpointing {ev.training.checkpointing})\n"
             f"  comm/axis  "
             + ", ".join(
                 f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"
@@ -194,6 +203,7 @@ def _baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=BASELINE_KINDS, metavar="KIND", help="one of: %(choices)s")
     p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p)
+    add_training_args(p, defaults_from="1; checkpointing full for megatron and inferred, else off")
     p.add_argument("--out", required=True, help="plan JSON to write")
 
 
@@ -202,6 +212,7 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="autopar.plan/v1 JSON file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cluster-profile", metavar="FILE", help="price on this cluster profile, not the plan's")
+    add_training_args(p, defaults_from="the plan's")
 
 
 def _oneflow_command() -> Command:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from autopar.cluster import PRESETS, Cluster, Mesh, load_cluster_profile, parse_mesh_shape
 from autopar.errors import ConfigError
+from autopar.iteration import CHECKPOINTING_MODES, TrainingConfig
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 
 if TYPE_CHECKING:
@@ -184,6 +185,35 @@ def add_mesh_args(
         choices=sorted(RUNTIMES),
         help="runtime profile that prices boxing (default: %(default)s; docs/runtime-profiles.md)",
     )
+
+
+def add_training_args(p: argparse.ArgumentParser, defaults_from: str | None = None) -> None:
+    """``--micro-batches K`` and ``--checkpointing``: the iteration priced (:mod:`autopar.iteration`).
+
+    ``defaults_from``: what an omitted option means (e.g. "the plan's"); None: K = 1, ``off``."""
+    default = defaults_from or "%(default)s"
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None if defaults_from else 1,
+        metavar="K",
+        help=f"micro-batches per optimizer step (gradient accumulation; default: {default})",
+    )
+    p.add_argument(
+        "--checkpointing",
+        choices=list(CHECKPOINTING_MODES),
+        default=None if defaults_from else "off",
+        help=f"activation checkpointing: off, full (every transformer block) or auto (default: {default})",
+    )
+
+
+def training_from_args(args: argparse.Namespace, base: TrainingConfig | None = None) -> TrainingConfig:
+    """The :class:`TrainingConfig` of ``--micro-batches`` and ``--checkpointing``; an omitted
+    one (None) keeps ``base``'s.  Raises :class:`ConfigError` on a bad value."""
+    base = base or TrainingConfig()
+    k = base.micro_batches if args.micro_batches is None else args.micro_batches
+    mode = base.checkpointing if args.checkpointing is None else args.checkpointing
+    return TrainingConfig(k, mode)
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:

@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.boxing import BoxingStep
+from autopar.boxing import BoxingPlan, BoxingStep
 from autopar.cluster import Mesh
 from autopar.costs import (
     EdgeKind,
@@ -47,7 +47,14 @@ from autopar.costs import (
     rule_context,
     zero_gathers_per_step,
 )
-from autopar.graph import Graph, Role
+from autopar.graph import Graph, Op, Role
+from autopar.iteration import (
+    RunCounts,
+    TrainingConfig,
+    accumulation_buffer_bytes,
+    activation_spans,
+    run_counts,
+)
 from autopar.memory import (
     MemoryBreakdown,
     Precision,
@@ -60,7 +67,7 @@ from autopar.memory import (
 from autopar.optimizer import model_port_index, weight_gradient_path
 from autopar.plan import Plan
 from autopar.rules.registry import RuleContext, RuleSet, default_rules
-from autopar.runtime import runtime_profile
+from autopar.runtime import RuntimeProfile, runtime_profile
 from autopar.sbp import NdSbp, Signature
 
 __all__ = ["EdgeCost", "Evaluation", "OpCost", "PricingMemo", "attach_evaluation", "evaluate"]
@@ -75,6 +82,14 @@ class OpCost:
     signature: str
     compute_s: float
     """Seconds: :func:`autopar.costs.op_compute_time` less the op's ZeRO parameter gathers."""
+    per_micro_batch: int = 1
+    """Runs per micro-batch (2: recomputed in backward; 0: once per optimizer step)."""
+    per_step: int = 0
+    """Runs per optimizer step outside the micro-batches (1 for the update and clipping)."""
+
+    @property
+    def cost_s(self) -> float:
+        return self.compute_s
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,15 @@ class EdgeCost:
     """True for the ZeRO parameter all-gather of an optimizer op (not a graph edge)."""
     gradient: bool = False
     """True for a data-parallel gradient reduction (overlappable with the backward pass)."""
+    per_micro_batch: int = 1
+    """Runs per micro-batch (2: recomputed forward boxing; 0: once per optimizer step)."""
+    per_step: int = 0
+    """Runs per optimizer step outside the micro-batches (the reduction of accumulated
+    gradients, a ZeRO gather after the update)."""
+
+    @property
+    def cost_s(self) -> float:
+        return self.time_s
 
     @property
     def bytes_per_device(self) -> float:
@@ -164,6 +188,22 @@ class Evaluation:
     activation_profile: list[float] = field(default_factory=list)
     """Live activation bytes per device at each position of the topological order, with
     boxed copies and ZeRO-3's gathered parameters (empty when the plan lacks ops)."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """The micro-batches per step and checkpointing the iteration is priced for."""
+    iteration_time_s: float = math.nan
+    """Seconds of one optimizer step: ``K x micro_batch_time_s + once_per_step_time_s``
+    (what the solver minimises; equal to ``step_time_s`` at K = 1 without checkpointing)."""
+    iteration_time_overlapped_s: float = math.nan
+    """The iteration less the gradient reduction hidden behind the backward it follows."""
+    micro_batch_time_s: float = 0.0
+    """Seconds of one micro-batch's forward, recompute and backward with their boxing."""
+    once_per_step_time_s: float = 0.0
+    """Seconds of what runs once per optimizer step (update, clipping, reductions after
+    accumulation, ZeRO gathers after the update)."""
+    recompute_time_s: float = 0.0
+    """Seconds per step of recomputed forward compute and boxing (included above)."""
+    accumulation_bytes: float = 0.0
+    """Bytes per device of gradient-accumulation buffers (included in ``memory.grads``)."""
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -191,6 +231,14 @@ class Evaluation:
                 "optimizer_bytes": self.memory.optimizer,
                 "activation_peak_bytes": self.memory.activations,
             },
+            "micro_batches": self.training.micro_batches,
+            "checkpointing": self.training.checkpointing,
+            "iteration_time_s": self.iteration_time_s,
+            "iteration_time_overlapped_s": self.iteration_time_overlapped_s,
+            "micro_batch_time_s": self.micro_batch_time_s,
+            "once_per_step_time_s": self.once_per_step_time_s,
+            "recompute_time_s": self.recompute_time_s,
+            "accumulation_bytes": self.accumulation_bytes,
             "boxed_edges": self.boxed_edges,
             "fallback_ops": self.fallback_ops,
             "fallback_op_types": self.fallback_op_types,
@@ -206,13 +254,16 @@ def evaluate(
     check_signatures: bool = True,
     memo: PricingMemo | None = None,
     group_boxing: bool = False,
+    training: TrainingConfig | None = None,
 ) -> Evaluation:
-    """Recompute validity, step time, communication and memory of ``plan`` on ``graph``.
+    """Recompute validity, step and iteration time, communication and memory of ``plan`` on ``graph``.
 
     ``precision`` None takes model-state bytes from the graph's dtypes
     (:func:`autopar.memory.graph_state_bytes`); a :class:`Precision` imposes
     that policy instead.  ``memo`` shares the rules' answers between plans of
-    one graph.
+    one graph.  ``training`` (default: the plan's) sets the micro-batches per
+    optimizer step and checkpointing the iteration is priced for
+    (:mod:`autopar.iteration`): any plan can be re-evaluated at another ``K``.
 
     ``group_boxing``: price the boxing of a producer's tensor once per distinct
     destination N-D SBP, shared by every consumer that takes it in that layout,
@@ -223,124 +274,166 @@ def evaluate(
     arithmetic with it off; reports of OneFlow plans (``benchmarks/fidelity.py``)
     turn it on.  Grouping never prices more than per edge.
     """
-    rules = rules or default_rules()
-    memo = memo or PricingMemo()
-    mesh = plan.mesh
-    runtime = runtime_profile(plan.runtime)
-    lowering = runtime.lowering.value
-    order_pos = {op.name: i for i, op in enumerate(graph.topological_order)}
-    copies: list[tuple[int, float]] = []
-    gradients = weight_gradient_path(graph)
-    errors: list[str] = []
-    ops: list[OpCost] = []
-    edges: list[EdgeCost] = []
-    backward = 0.0
-    fallback_ops: list[str] = []
-    fallback_types: set[str] = set()
-    tensor_sbp: dict[str, NdSbp] = {}
+    pricing = _Pricing(
+        graph,
+        plan,
+        rules or default_rules(),
+        memo or PricingMemo(),
+        runtime_profile(plan.runtime),
+        training or plan.training,
+    )
+    _price_ops(pricing, check_signatures)
+    _price_edges(pricing, group_boxing)
+    memory = _price_memory(pricing, precision)
+    return _summarise(pricing, memory)
 
+
+@dataclass
+class _Pricing:
+    """What the three pricing steps of :func:`evaluate` share and fill in."""
+
+    graph: Graph
+    plan: Plan
+    rules: RuleSet
+    memo: PricingMemo
+    runtime: RuntimeProfile
+    training: TrainingConfig
+    errors: list[str] = field(default_factory=list)
+    ops: list[OpCost] = field(default_factory=list)
+    edges: list[EdgeCost] = field(default_factory=list)
+    copies: list[tuple[int, float]] = field(default_factory=list)
+    tensor_sbp: dict[str, NdSbp] = field(default_factory=dict)
+    backward_s: float = 0.0
+    fallback_ops: list[str] = field(default_factory=list)
+    fallback_types: set[str] = field(default_factory=set)
+    counts: RunCounts | None = None
+
+    def __post_init__(self) -> None:
+        self.counts = run_counts(self.graph, self.training, self.runtime, self.plan.zero_stage)
+
+
+def _price_ops(p: _Pricing, check_signatures: bool) -> None:
+    """Op pricing: each op's signature checked against its rule, its compute time, and its
+    ZeRO parameter gathers (as :class:`EdgeCost` records with ``zero_gather``)."""
+    graph, plan, mesh = p.graph, p.plan, p.plan.mesh
+    assert p.counts is not None
+    lowering = p.runtime.lowering.value
     for op in graph.ops:
-        sig = plan.signatures.get(op.name)
+        sig = _checked_signature(p, op)
         if sig is None:
-            errors.append(f"op {op.name!r}: no signature in the plan")
             continue
-        ins, outs = plan.ports.get(op.name, ([], []))
-        if ins != list(op.inputs) or outs != list(op.outputs):
-            errors.append(
-                f"op {op.name!r}: plan ports {ins} -> {outs} differ from the graph's "
-                f"{list(op.inputs)} -> {list(op.outputs)}"
-            )
-            continue
-        if any(len(s) != mesh.ndim for s in (*sig.inputs, *sig.outputs)):
-            errors.append(f"op {op.name!r}: signature {sig} does not have {mesh.ndim} mesh axes")
-            continue
-        ctx = rule_context(graph, op, mesh.shape, plan.zero_stage, runtime.zero_sharding.value)
-        rule = rules.get(op.type)
+        ctx = rule_context(graph, op, mesh.shape, plan.zero_stage, p.runtime.zero_sharding.value)
         if check_signatures:
-            valid_sigs, fallback = memo.valid_signatures(rules, ctx, mesh, plan.zero_stage)
+            valid_sigs, fallback = p.memo.valid_signatures(p.rules, ctx, mesh, plan.zero_stage)
             if fallback:
-                fallback_ops.append(op.name)
-                fallback_types.add(op.type)
+                p.fallback_ops.append(op.name)
+                p.fallback_types.add(op.type)
             if sig not in valid_sigs:
-                errors.append(f"op {op.name!r} ({op.type}): signature {sig} is not one its rule offers")
-        t = op_compute_time(rule, ctx, sig, mesh, lowering)
+                p.errors.append(f"op {op.name!r} ({op.type}): signature {sig} is not one its rule offers")
+        t = op_compute_time(p.rules.get(op.type), ctx, sig, mesh, lowering)
         gather = optimizer_gather_plan(ctx, sig, mesh, lowering)
         if gather is not None:
             # the ZeRO parameter all-gathers count as communication on the dp axes
             times = zero_gathers_per_step(plan.zero_stage)
             t -= gather.time_s * times
-            model_index = model_port_index(op)
-            assert model_index is not None  # a gather needs the parameter port
-            model_port = list(op.inputs)[model_index]
-            tensor = op.inputs[model_port]
-            spec = graph.tensors[tensor]
-            for _ in range(times):  # ZeRO-3 gathers before forward and again before backward
-                edges.append(
-                    EdgeCost(
-                        op.name,
-                        op.name,
-                        model_port,
-                        tensor,
-                        tuple(spec.shape),
-                        spec.dtype,  # the parameter, in its own dtype (optimizer_gather_plan)
-                        gather.src,
-                        gather.dst,
-                        tuple(gather.steps),
-                        gather.time_s,
-                        zero_gather=True,
-                    )
-                )
-        ops.append(OpCost(op.name, op.type, str(sig), t))
+            p.edges.extend([_gather_cost(graph, op, gather, p.counts.gather())] * times)
+        p.ops.append(OpCost(op.name, op.type, str(sig), t, *p.counts.op(op.name)))
         if op.role is Role.BACKWARD:
-            backward += t
-        for port, sbp in zip(outs, sig.outputs):
-            tensor_sbp[op.outputs[port]] = sbp
+            p.backward_s += t
+        for port, sbp in zip(op.outputs, sig.outputs):
+            p.tensor_sbp[op.outputs[port]] = sbp
 
+
+def _checked_signature(p: _Pricing, op: Op) -> Signature | None:
+    """The plan's signature of ``op``, or None (with the error recorded) when the plan lacks
+    it or it does not match the op's ports or the mesh."""
+    sig = p.plan.signatures.get(op.name)
+    if sig is None:
+        p.errors.append(f"op {op.name!r}: no signature in the plan")
+        return None
+    ins, outs = p.plan.ports.get(op.name, ([], []))
+    if ins != list(op.inputs) or outs != list(op.outputs):
+        p.errors.append(
+            f"op {op.name!r}: plan ports {ins} -> {outs} differ from the graph's "
+            f"{list(op.inputs)} -> {list(op.outputs)}"
+        )
+        return None
+    if any(len(s) != p.plan.mesh.ndim for s in (*sig.inputs, *sig.outputs)):
+        p.errors.append(f"op {op.name!r}: signature {sig} does not have {p.plan.mesh.ndim} mesh axes")
+        return None
+    return sig
+
+
+def _gather_cost(graph: Graph, op: Op, gather: BoxingPlan, runs: tuple[int, int]) -> EdgeCost:
+    """The record of one ZeRO parameter gather of optimizer op ``op``."""
+    model_index = model_port_index(op)
+    assert model_index is not None  # a gather needs the parameter port
+    model_port = list(op.inputs)[model_index]
+    tensor = op.inputs[model_port]
+    spec = graph.tensors[tensor]
+    return EdgeCost(
+        op.name,
+        op.name,
+        model_port,
+        tensor,
+        tuple(spec.shape),
+        spec.dtype,  # the parameter, in its own dtype (optimizer_gather_plan)
+        gather.src,
+        gather.dst,
+        tuple(gather.steps),
+        gather.time_s,
+        zero_gather=True,
+        per_micro_batch=runs[0],
+        per_step=runs[1],
+    )
+
+
+def _price_edges(p: _Pricing, group_boxing: bool) -> None:
+    """Edge pricing: every producer -> consumer port whose layouts differ, priced by
+    :func:`autopar.costs.edge_time`, with the boxed copy each consumer receives."""
+    graph, plan, mesh = p.graph, p.plan, p.plan.mesh
+    assert p.counts is not None
+    order_pos = {op.name: i for i, op in enumerate(graph.topological_order)}
+    gradients = weight_gradient_path(graph)
     boxed: set[tuple[str, NdSbp]] = set()
     for op in graph.ops:
         sig = plan.signatures.get(op.name)
-        if sig is None or op.name not in plan.ports:
+        if sig is None or op.name not in plan.ports or plan.ports[op.name][0] != list(op.inputs):
             continue
-        ins, _ = plan.ports[op.name]
-        if ins != list(op.inputs):
-            continue
-        for port, dst in zip(ins, sig.inputs):
+        for port, dst in zip(op.inputs, sig.inputs):
             tensor = op.inputs[port]
-            src = tensor_sbp.get(tensor)
-            if src is None:
-                continue
-            if src == dst:
+            src = p.tensor_sbp.get(tensor)
+            if src is None or src == dst:
                 continue
             kind = edge_kind(op, port, tensor in gradients)
             if kind is EdgeKind.SHAPE_ONLY:
                 continue
             if kind is EdgeKind.IN_PLACE:
-                errors.append(
+                p.errors.append(
                     f"op {op.name!r} port {port!r} updates {tensor!r} in place: it must take the "
                     f"producer's layout {src}, not {dst}"
                 )
                 continue
             spec = graph.tensors[tensor]
+            copy = (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape))
             if group_boxing:
                 if (tensor, dst) in boxed:
-                    # the boxed copy is shared with an earlier consumer of the same layout
-                    copies.append(
-                        (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape))
-                    )
+                    p.copies.append(copy)  # the boxed copy is shared with an earlier consumer
                     continue
                 boxed.add((tensor, dst))
-            t_edge, bp = edge_time(spec, src, dst, mesh, kind, runtime)
+            t_edge, bp = edge_time(spec, src, dst, mesh, kind, p.runtime)
             if bp is None or not math.isfinite(t_edge):
-                errors.append(
+                p.errors.append(
                     f"edge {graph.producer[tensor][0]!r} -> {op.name!r} port {port!r}: "
                     f"cannot box {src} into {dst} for shape {list(spec.shape)}"
                 )
                 continue
-            copies.append((order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape)))
+            p.copies.append(copy)
+            gradient = kind is EdgeKind.GRADIENT
             # the plan's steps carry the unbucketed time; a bucketed gradient edge
             # spreads its saving over its steps in proportion
             scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
-            edges.append(
+            p.edges.append(
                 EdgeCost(
                     graph.producer[tensor][0],
                     op.name,
@@ -352,43 +445,66 @@ def evaluate(
                     dst,
                     tuple(dataclasses.replace(step, time_s=step.time_s * scale) for step in bp.steps),
                     t_edge,
-                    gradient=kind is EdgeKind.GRADIENT,
+                    gradient=gradient,
+                    per_micro_batch=p.counts.edge(op.name, gradient)[0],
+                    per_step=p.counts.edge(op.name, gradient)[1],
                 )
             )
 
-    params = grads = opt = 0.0
+
+@dataclass(frozen=True)
+class _Memory:
+    breakdown: MemoryBreakdown
+    profile: list[float]
+    peak_position: int
+    accumulation_bytes: float
+
+
+def _price_memory(p: _Pricing, precision: Precision | None) -> _Memory:
+    """Memory: model states (ZeRO stage, with the accumulation buffer of
+    :func:`autopar.iteration.accumulation_buffer_bytes`) + the activation peak along the
+    topological order (checkpointing's spans, boxed copies, ZeRO-3's gathered parameters)."""
+    graph, plan, mesh = p.graph, p.plan, p.plan.mesh
+    params = grads = opt = acc = 0.0
     variable_sbp: dict[str, NdSbp] = {}
     for v in graph.variables:
-        var_sbp = tensor_sbp.get(v.tensor)
+        var_sbp = p.tensor_sbp.get(v.tensor)
         if var_sbp is None:
             continue
         variable_sbp[v.op] = var_sbp
         states = precision.state_bytes if precision is not None else graph_state_bytes(graph, v)
-        p, g, o = variable_state_bytes(
-            graph.tensors[v.tensor].shape,
-            var_sbp,
-            mesh.shape,
-            plan.zero_stage,
-            states,
-            runtime.zero_sharding.value,
+        shape, sharding = graph.tensors[v.tensor].shape, p.runtime.zero_sharding.value
+        got = variable_state_bytes(shape, var_sbp, mesh.shape, plan.zero_stage, states, sharding)
+        buffer = accumulation_buffer_bytes(
+            shape, var_sbp, mesh.shape, plan.zero_stage, states, sharding, p.training, p.runtime
         )
-        params += p
-        grads += g
-        opt += o
+        params += got[0]
+        grads += got[1] + buffer
+        opt += got[2]
+        acc += buffer
     profile: list[float] = []
-    if len(tensor_sbp) == len(graph.tensors):
+    if len(p.tensor_sbp) == len(graph.tensors):
+        working = precision is Precision.MIXED
         profile = activation_profile(
             graph,
-            tensor_sbp,
+            p.tensor_sbp,
             mesh.shape,
-            consumer_copies=copies,
-            working_copy_is_state=precision is Precision.MIXED,
+            consumer_copies=p.copies,
+            working_copy_is_state=working,
+            spans=None if p.training.checkpointing == "off" else activation_spans(graph, p.training, working),
         )
     peak_position = max(range(len(profile)), key=profile.__getitem__) if profile else 0
     gathered = zero3_gather_buffer_bytes(graph, variable_sbp, mesh.shape) if plan.zero_stage >= 3 else 0.0
     profile = [a + gathered for a in profile]
     activations = max(profile) if profile else gathered
+    return _Memory(MemoryBreakdown(params, grads, opt, activations), profile, peak_position, acc)
 
+
+def _summarise(p: _Pricing, memory: _Memory) -> Evaluation:
+    """Totals of the records: the step (one micro-batch per step, as priced before
+    iterations), the iteration (``K x micro-batch + once-per-step``) and communication per
+    axis and per collective."""
+    ops, edges, k = p.ops, p.edges, p.training.micro_batches
     compute = sum(o.compute_s for o in ops)
     comm_axis: dict[int, float] = defaultdict(float)
     bytes_axis: dict[int, float] = defaultdict(float)
@@ -401,27 +517,42 @@ def evaluate(
     grad_comm = sum(e.time_s for e in edges if e.gradient)
     comm = sum(comm_axis.values())
     serial = compute + comm
+    overlap = min(grad_comm, p.backward_s)
+    records: list[OpCost | EdgeCost] = [*ops, *edges]
+    micro = sum(r.cost_s * r.per_micro_batch for r in records)
+    once = sum(r.cost_s * r.per_step for r in records)
+    iteration = serial if p.training.is_default else k * micro + once
+    # bucketed gradient reduction hides behind the backward of the micro-batch it follows:
+    # the last one when it runs once per step, each one when it runs every micro-batch
+    reductions = k if p.counts is not None and p.counts.gradient_per_micro_batch else 1
     return Evaluation(
-        valid=not errors,
-        errors=errors,
+        valid=not p.errors,
+        errors=p.errors,
         step_time_s=serial,
-        step_time_overlapped_s=serial - min(grad_comm, backward),
+        step_time_overlapped_s=serial - overlap,
         grad_comm_time_s=grad_comm,
-        backward_compute_time_s=backward,
-        runtime=runtime.name,
-        activation_peak_position=peak_position,
+        backward_compute_time_s=p.backward_s,
+        runtime=p.runtime.name,
+        activation_peak_position=memory.peak_position,
         compute_time_s=compute,
         comm_time_s=comm,
-        comm_time_s_per_axis={a: comm_axis.get(a, 0.0) for a in range(mesh.ndim)},
-        comm_bytes_per_axis={a: bytes_axis.get(a, 0.0) for a in range(mesh.ndim)},
+        comm_time_s_per_axis={a: comm_axis.get(a, 0.0) for a in range(p.plan.mesh.ndim)},
+        comm_bytes_per_axis={a: bytes_axis.get(a, 0.0) for a in range(p.plan.mesh.ndim)},
         comm_time_s_per_collective=dict(comm_kind),
-        memory=MemoryBreakdown(params, grads, opt, activations),
-        fallback_ops=fallback_ops,
-        fallback_op_types=sorted(fallback_types),
+        memory=memory.breakdown,
+        fallback_ops=p.fallback_ops,
+        fallback_op_types=sorted(p.fallback_types),
         boxed_edges=sum(1 for e in edges if not e.zero_gather),
         ops=ops,
         edges=edges,
-        activation_profile=profile,
+        activation_profile=memory.profile,
+        training=p.training,
+        iteration_time_s=iteration,
+        iteration_time_overlapped_s=iteration - reductions * overlap,
+        micro_batch_time_s=micro,
+        once_per_step_time_s=once,
+        recompute_time_s=sum(r.cost_s for r in records if r.per_micro_batch > 1) * k,
+        accumulation_bytes=memory.accumulation_bytes,
     )
 
 
@@ -439,6 +570,13 @@ def attach_evaluation(plan: Plan, ev: Evaluation) -> Plan:
         "comm_time_s_per_axis": d["comm_time_s_per_axis"],
         "comm_bytes_per_axis": d["comm_bytes_per_axis"],
         "comm_time_s_per_collective": d["comm_time_s_per_collective"],
+        "micro_batches": ev.training.micro_batches,
+        "checkpointing": ev.training.checkpointing,
+        "iteration_time_s": ev.iteration_time_s,
+        "iteration_time_overlapped_s": ev.iteration_time_overlapped_s,
+        "micro_batch_time_s": ev.micro_batch_time_s,
+        "once_per_step_time_s": ev.once_per_step_time_s,
+        "recompute_time_s": ev.recompute_time_s,
     }
     plan.memory = {
         "per_device_bytes": ev.memory.total,

@@ -278,6 +278,7 @@ def activation_profile(
     *,
     consumer_copies: Sequence[tuple[int, float]] = (),
     working_copy_is_state: bool = False,
+    spans: Sequence[tuple[str, int, int]] | None = None,
 ) -> list[float]:
     """Live activation bytes per device at each position of the topological order.
 
@@ -285,13 +286,18 @@ def activation_profile(
     Per tensor: ``nbytes / split_factor`` (``P`` and ``B`` hold the full size).
     ``consumer_copies`` are ``(position, bytes)`` of boxed input copies
     (:func:`boxed_copy_bytes`), live at their consumer's position only.
+    ``spans``: (tensor, first, last) live spans to use instead of
+    :func:`activation_intervals` (a recomputed tensor lives twice:
+    :func:`autopar.iteration.activation_spans`).
     """
     n = len(graph.ops)
     delta = [0.0] * (n + 1)
     for pos, size in consumer_copies:
         delta[pos] += size
         delta[pos + 1] -= size
-    for tname, (start, end) in activation_intervals(graph, working_copy_is_state).items():
+    if spans is None:
+        spans = [(t, s, e) for t, (s, e) in activation_intervals(graph, working_copy_is_state).items()]
+    for tname, start, end in spans:
         spec = graph.tensors[tname]
         size = spec.numel * DTYPE_BYTES[spec.dtype] / tensor_sbp[tname].split_factor(mesh_shape)
         delta[start] += size

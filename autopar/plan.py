@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from autopar.cluster import Mesh
 from autopar.errors import PlanError
 from autopar.graph import Graph
+from autopar.iteration import TrainingConfig
 from autopar.memory import data_parallel_axes
 from autopar.runtime import DEFAULT_RUNTIME
 from autopar.sbp import NdSbp, Signature, parse_nd_sbp
@@ -56,6 +57,9 @@ class Plan:
     memory_budget_bytes: int | None = None
     runtime: str = DEFAULT_RUNTIME
     """Name of the runtime profile (:mod:`autopar.runtime`) the plan is priced with."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Micro-batches per optimizer step and checkpointing the plan is priced for
+    (:mod:`autopar.iteration`)."""
 
     # ------------------------------------------------------------ building
 
@@ -70,6 +74,7 @@ class Plan:
         source: str = "autopar",
         memory_budget_bytes: int | None = None,
         runtime: str = DEFAULT_RUNTIME,
+        training: TrainingConfig | None = None,
     ) -> Plan:
         """Plan of ``signatures`` (op name -> signature) for ``graph``; fills the variable layouts."""
         missing = [op.name for op in graph.ops if op.name not in signatures]
@@ -86,6 +91,7 @@ class Plan:
             source=source,
             memory_budget_bytes=memory_budget_bytes,
             runtime=runtime,
+            training=training or TrainingConfig(),
         )
         plan.variables = plan.variable_layouts(graph)
         return plan
@@ -141,6 +147,8 @@ class Plan:
             "mesh": self.mesh.to_dict(),
             "zero_stage": self.zero_stage,
             "runtime": self.runtime,
+            "micro_batches": self.training.micro_batches,
+            "checkpointing": self.training.checkpointing,
             "memory_budget_bytes": self.memory_budget_bytes,
             "predicted": self.predicted,
             "memory": self.memory,
@@ -218,6 +226,7 @@ class Plan:
             source=model.source,
             memory_budget_bytes=model.memory_budget_bytes,
             runtime=model.runtime,
+            training=_training(model.micro_batches, model.checkpointing),
         )
 
     @classmethod
@@ -251,6 +260,11 @@ class Plan:
             f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; "
             f"{pred.get('step_time_overlapped_s', float('nan')) * 1e3:.2f} ms with gradient "
             f"reduction overlapping backward; runtime {self.runtime})",
+            f"  iteration   {pred.get('iteration_time_s', float('nan')) * 1e3:10.2f} ms "
+            f"({self.training.micro_batches} micro-batches per step, checkpointing "
+            f"{self.training.checkpointing}; "
+            f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each, "
+            f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step)",
             f"  memory/dev  {mem.get('per_device_bytes', float('nan')) / gib:10.2f} GiB "
             f"(params {mem.get('params_bytes', 0) / gib:.2f}, grads {mem.get('grads_bytes', 0) / gib:.2f}, "
             f"optimizer {mem.get('optimizer_bytes', 0) / gib:.2f}, "
@@ -269,3 +283,10 @@ class Plan:
                 f"{sorted(set(self.diagnostics.get('fallback_op_types', [])))}"
             )
         return "\n".join(lines)
+
+
+def _training(micro_batches: int, checkpointing: str) -> TrainingConfig:
+    try:
+        return TrainingConfig(micro_batches, checkpointing)
+    except ValueError as exc:
+        raise PlanError("bad_format", f"plan field micro_batches/checkpointing: {exc}") from None

@@ -289,6 +289,15 @@ class Predicted(TypedDict, total=False):
     comm_time_s_per_axis: PerKey
     comm_bytes_per_axis: PerKey
     comm_time_s_per_collective: PerKey
+    micro_batches: int
+    checkpointing: str
+    iteration_time_s: Annotated[
+        float, Field(description="one optimizer step: K x micro-batch + once-per-step (what is minimised)")
+    ]
+    iteration_time_overlapped_s: float
+    micro_batch_time_s: float
+    once_per_step_time_s: float
+    recompute_time_s: float
 
 
 @with_config(_SECTION)
@@ -364,6 +373,10 @@ class PlanModel(_Strict):
         default=DEFAULT_RUNTIME,
         max_length=MAX_NAME_CHARS,
         description="runtime profile the plan is priced for",
+    )
+    micro_batches: int = Field(default=1, ge=1, description="micro-batches per optimizer step priced")
+    checkpointing: Literal["off", "full", "auto"] = Field(
+        default="off", description="activation checkpointing priced: off, full (every block) or auto"
     )
     predicted: Predicted = Field(default_factory=lambda: Predicted())
     memory: MemoryReport = Field(default_factory=lambda: MemoryReport())

@@ -62,6 +62,17 @@ class SolverOptionsBody(BaseModel):
     runtime: Literal["oneflow-0.9", "ideal"] | None = Field(
         default=None, description="Runtime profile that prices boxing (docs/runtime-profiles.md)."
     )
+    micro_batches: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Micro-batches per optimizer step (gradient accumulation): the plan minimises "
+        "K x micro-batch + once-per-step work (default 1).",
+    )
+    checkpointing: Literal["off", "full", "auto"] | None = Field(
+        default=None,
+        description="Activation checkpointing: off, full (every transformer block) or auto (default off).",
+    )
 
 
 class ClusterFields(BaseModel):
@@ -185,6 +196,9 @@ def key_dict_of(request: PlanRequest) -> dict[str, Any]:
     options = {k: v for k, v in asdict(request.options).items() if k not in RESULT_NEUTRAL_OPTIONS}
     if not request.options.deterministic:
         options["workers"] = None
+    if request.options.training.is_default:  # keys of K = 1 without checkpointing stay as they were
+        options.pop("micro_batches", None)
+        options.pop("checkpointing", None)
     key["options"] = options
     return key
 

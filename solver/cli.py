@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from autopar.cli_args import Command, add_memory_arg, add_mesh_args, graph_arg_help, wrote
+from autopar.cli_args import Command, add_memory_arg, add_mesh_args, add_training_args, graph_arg_help, wrote
 from autopar.cluster import Mesh, parse_mesh_shape
 from autopar.graph import Graph
+from autopar.iteration import TrainingConfig, baseline_training
 from autopar.plan import Plan
 from autopar.progress import Progress
 
@@ -90,15 +91,25 @@ class ProgressLine:
             self.status = None
 
 
+def _iteration_s(p: Plan) -> float:
+    """The plan's modelled iteration (K micro-batches and the once-per-step work; its step
+    time when it was priced before iterations)."""
+    return float(p.predicted.get("iteration_time_s", p.step_time_s))
+
+
 def summary_table(rows: list[tuple[str, Plan]]) -> str:
-    """Plain-text table: step time, memory per device, gap, ratio to the last row."""
-    base = rows[-1][1].step_time_s if rows else 1.0
+    """Plain-text table: iteration time (K, checkpointing), memory per device, gap, ratio to the last row."""
+    base = _iteration_s(rows[-1][1]) if rows else 1.0
     last = rows[-1][0] if rows else ""
-    lines = [f"{'plan':<22}{'step ms':>11}{'vs ' + last:>16}{'mem GiB':>10}{'gap':>8}"]
+    lines = [
+        f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}{'mem GiB':>10}{'gap':>8}"
+    ]
     for name, p in rows:
         gap = p.solver.get("gap") if p.solver else None
         lines.append(
-            f"{name:<22}{p.step_time_s * 1e3:>11.2f}{p.step_time_s / base:>15.3f}x"
+            f"{name:<22}{_iteration_s(p) * 1e3:>13.2f}"
+            f"{p.training.micro_batches:>4}{p.training.checkpointing:>6}"
+            f"{_iteration_s(p) / base:>15.3f}x"
             f"{p.memory_per_device_bytes / GIB:>10.2f}{'' if gap is None else f'{100 * gap:.2f}%':>8}"
         )
     return "\n".join(lines)
@@ -110,11 +121,20 @@ def _cache_dir() -> Path:
 
 
 def baseline_evaluated(
-    kind: str, graph: Graph, mesh: Mesh, zero_stage: int, cache: Path | None, runtime: str
+    kind: str,
+    graph: Graph,
+    mesh: Mesh,
+    zero_stage: int,
+    cache: Path | None,
+    runtime: str,
+    training: TrainingConfig | None = None,
 ) -> Plan:
     """The ``kind`` baseline of ``graph`` on ``mesh``, evaluated; kept in ``cache`` (a folder)
     under a key of the graph's content, the mesh and cluster, the ZeRO stage, the runtime
-    profile and the versions of autopar and its cost model, so it is evaluated once."""
+    profile, the iteration priced and the versions of autopar and its cost model, so it is
+    evaluated once.  ``training``: the plan's K, with the checkpointing the real system
+    uses (:func:`autopar.iteration.baseline_training`)."""
+    training = baseline_training(kind, training or TrainingConfig())
     from autopar import __version__ as autopar_version
     from autopar.baselines import baseline_plan
     from autopar.content_key import content_key
@@ -128,6 +148,7 @@ def baseline_evaluated(
             "mesh": mesh.key(),
             "zero_stage": zero_stage,
             "runtime": runtime,
+            **({} if training.is_default else {"training": training.to_dict()}),
             "versions": {
                 "autopar": autopar_version,
                 "cost_model": COST_MODEL_VERSION,
@@ -142,6 +163,7 @@ def baseline_evaluated(
         except Exception:  # a damaged entry is recomputed
             path.unlink(missing_ok=True)
     b = baseline_plan(kind, graph, mesh, zero_stage, runtime=runtime)
+    b.training = training
     attach_evaluation(b, evaluate(graph, b))
     if path is not None:
         try:
@@ -167,6 +189,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         relative_gap=args.gap,
         runtime=args.runtime,
+        micro_batches=args.micro_batches,  # the iteration to minimise (autopar.iteration)
+        checkpointing=args.checkpointing,
         **({"workers": args.workers} if args.workers else {}),
     )
     deadline = Deadline(options.time_limit_s)  # the limit covers loading the graph too
@@ -191,7 +215,14 @@ def run_plan_command(args: argparse.Namespace) -> int:
         for kind in BASELINES:
             if progress:  # after the plan: outside the time limit
                 progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed()))
-            rows.append((kind, baseline_evaluated(kind, graph, mesh, args.zero, _cache_dir(), args.runtime)))
+            rows.append(
+                (
+                    kind,
+                    baseline_evaluated(
+                        kind, graph, mesh, args.zero, _cache_dir(), args.runtime, options.training
+                    ),
+                )
+            )
         sys.stdout.write(summary_table(rows) + "\n")
     if result.diagnostics.get("mesh_search"):
         sys.stdout.write("mesh search:\n")
@@ -215,6 +246,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
     add_memory_arg(p)
+    add_training_args(p)
     p.add_argument(
         "--time-limit",
         type=float,

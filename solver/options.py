@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
+from autopar.iteration import TrainingConfig
 from autopar.progress import Progress, ProgressFn
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
 
@@ -49,13 +50,29 @@ class SolverOptions:
     """Apply the exact reductions of :mod:`autopar_solver.reductions` before CP-SAT."""
     runtime: str = DEFAULT_RUNTIME
     """Runtime profile the plan is priced for (:mod:`autopar.runtime`): ``oneflow-0.9`` or ``ideal``."""
+    micro_batches: int = 1
+    """Micro-batches per optimizer step: the objective is the iteration (:mod:`autopar.iteration`)."""
+    checkpointing: str = "off"
+    """Activation checkpointing priced: ``off`` or ``full`` (``auto``: not available yet)."""
     max_model_vars: int = 100_000
     """Largest reduced problem (Booleans: choices + grouped edge pairs) given to CP-SAT
     as one model; above it CP-SAT improves the heuristic plan window by window
     (:mod:`autopar_solver.lns`) and the bound comes from :mod:`autopar_solver.bounds`.  Measured on
     2 workers: one model wins below ~60k Booleans, windows above ~150k."""
 
+    @property
+    def training(self) -> TrainingConfig:
+        """The job's training configuration the plan is priced for."""
+        return TrainingConfig(self.micro_batches, self.checkpointing)
+
     def __post_init__(self) -> None:
+        TrainingConfig(self.micro_batches, self.checkpointing)  # validates (ConfigError)
+        if self.checkpointing == "auto":  # refused before any work, not after the cost tables
+            raise ConfigError(
+                "checkpointing_auto_unavailable",
+                "checkpointing 'auto' (a per-block choice in the solver) is not available yet: "
+                "use 'full' or 'off'",
+            )
         if self.runtime not in RUNTIMES:
             raise _bad(f"runtime must be one of {sorted(RUNTIMES)}, got {self.runtime!r}")
         if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):

@@ -18,7 +18,7 @@ from autopar.cluster import Mesh
 from autopar.cost_tables import CostTables
 from autopar.errors import InfeasibleError, TimeLimitError
 from autopar.graph import DTYPE_BYTES
-from autopar.memory import activation_intervals
+from autopar.iteration import activation_spans, training_of
 from autopar.progress import Deadline
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import build_problem, state_terms, zero3_buffer_bytes
@@ -96,13 +96,13 @@ def _add_least_activations(tables: CostTables, change: np.ndarray, deadline: Dea
     """Each activation at its least bytes (its output's largest split), added to ``change``
     where it becomes live and taken off after its last use."""
     graph = tables.graph
-    intervals = activation_intervals(graph)
+    spans = activation_spans(graph, training_of(tables))  # checkpointing: recomputed tensors twice
     # identical layers share op tables: the largest split of an output port, once per table
     most_split: dict[tuple[int, int], int] = {}
     mesh_shape = tables.mesh.shape
-    for n, (tname, (start, end)) in enumerate(intervals.items()):
+    for n, (tname, start, end) in enumerate(spans):
         if n % 4096 == 4095:
-            _check_floors(deadline, f"{n} of {len(intervals)} activations")
+            _check_floors(deadline, f"{n} of {len(spans)} activations")
         pname, out_port = graph.producer[tname]
         k = list(graph.op_by_name[pname].outputs).index(out_port)
         table = tables.ops[pname]

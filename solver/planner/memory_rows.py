@@ -21,11 +21,10 @@ import numpy as np
 
 from autopar.cost_tables import CostTables
 from autopar.graph import DTYPE_BYTES
+from autopar.iteration import activation_spans, table_costs, training_of, variable_memory_bytes
 from autopar.memory import (
-    activation_intervals,
     boxed_copy_bytes,
     graph_state_bytes,
-    variable_state_bytes,
     zero3_gather_buffer_bytes,
 )
 from autopar.sbp import B, NdSbp, Signature
@@ -55,11 +54,12 @@ def build_problem(
     """
     order = tables.graph.topological_order
     index = {op.name: i for i, op in enumerate(order)}
-    edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
+    # the iteration: K x per-micro-batch + once per step (the tables' own arrays at K = 1, off)
+    node_costs, edges = table_costs(tables, training_of(tables))
     rows = _memory_rows(tables, index, positions) if positions else []
     problem = Problem(
         node_names=[op.name for op in order],
-        node_costs=[tables.ops[op.name].compute_s for op in order],
+        node_costs=node_costs,
         edges=edges,
         memory_rows=rows,
         budget_bytes=budget_bytes if rows else None,
@@ -87,7 +87,8 @@ def _memory_rows(tables: CostTables, index: dict[str, int], positions: list[int]
     graph = tables.graph
     order = graph.topological_order
     states = state_terms(tables, index)
-    intervals = activation_intervals(graph)
+    # checkpointing: a recomputed tensor is live twice (autopar.iteration.activation_spans)
+    spans = activation_spans(graph, training_of(tables))
     by_consumer: dict[int, list[int]] = {}
     for e_index, e in enumerate(tables.edges):
         by_consumer.setdefault(index[e.consumer], []).append(e_index)
@@ -99,7 +100,7 @@ def _memory_rows(tables: CostTables, index: dict[str, int], positions: list[int]
         terms = {i: t.copy() for i, t in states.items()}
         # the boxed copy a consumer receives is live while it runs
         edge_terms = {e_index: _boxed_copy_terms(tables, e_index) for e_index in by_consumer.get(pos, [])}
-        for tname, (start, end) in intervals.items():
+        for tname, start, end in spans:
             if start <= pos <= end:
                 _add_activation(tables, index, tname, terms)
         rows.append(MemoryRow(f"live@{pos}:{order[pos].name}", zero3, terms, edge_terms))
@@ -159,6 +160,7 @@ def state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndarr
     graph = tables.graph
     terms: dict[int, np.ndarray] = {}
     priced: dict[tuple[Any, ...], np.ndarray] = {}
+    training = training_of(tables)
     for v in graph.variables:
         spec = graph.tensors[v.tensor]
         table = tables.ops[v.op]
@@ -170,13 +172,15 @@ def state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndarr
             found = priced[key] = np.array(
                 [
                     sum(
-                        variable_state_bytes(
+                        variable_memory_bytes(  # model states + accumulation buffer (K > 1)
                             spec.shape,
                             s.outputs[out_index],
                             tables.mesh.shape,
                             tables.zero_stage,
                             per_element,
                             tables.runtime.zero_sharding.value,
+                            training,
+                            tables.runtime,
                         )
                     )
                     for s in table.signatures

@@ -25,6 +25,7 @@ from autopar.plan import Plan
 from autopar.progress import Deadline, ProgressFn
 from autopar.store import KeyValueStore
 from autopar.wire import SolverReport
+from autopar.iteration import with_training
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext, evaluate_reserve
 from autopar_solver.planner.floors import MemorySeed, memory_seed, raise_infeasible
@@ -82,6 +83,7 @@ def solve_mesh(
     """:func:`solve_on_mesh` with its clock and channels in ``ctx``: the stages, in order."""
     t0 = time.perf_counter()
     tables = tables if tables is not None else _cost_tables(graph, mesh, zero_stage, options, ctx)
+    tables = with_training(tables, options.training)  # the iteration priced (autopar.iteration)
     t_tables = time.perf_counter() - t0
     tied = tie_layers if tie_layers is not None else len(graph.ops) > TIE_THRESHOLD_OPS
     seed: MemorySeed = memory_seed(tables, budget, mesh, ctx.deadline)

@@ -21,6 +21,7 @@ from autopar.evaluate import evaluate
 from autopar.graph import Graph
 from autopar.plan import Plan
 from autopar.store import KeyValueStore
+from autopar.iteration import training_of
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import assignment, build_problem
 from autopar_solver.planner.verify import VERIFY_RTOL, SolvedObjective, verify
@@ -79,6 +80,8 @@ class MemoRecall:
                 "use_hint": options.use_hint,
                 "reductions": options.reductions,
                 "max_model_vars": options.max_model_vars,
+                # the iteration priced: absent at K = 1 without checkpointing (keys unchanged)
+                **({} if options.training.is_default else {"training": options.training.to_dict()}),
             }
             out.key, out.free_key = memo_keys(tables, budget, how)
             found = store.get_many([out.key, out.free_key])
@@ -152,6 +155,7 @@ def recalled(
         assignment(built, choices),
         memory_budget_bytes=budget,
         runtime=tables.runtime.name,
+        training=training_of(tables),  # the iteration it was solved for
     )
     ev = evaluate(graph, candidate)
     try:

@@ -70,6 +70,8 @@ class PlanRequest:
                 "seed": opts.seed,
                 "deterministic": opts.deterministic,
                 "workers": opts.workers if opts.deterministic else None,
+                # the iteration priced (autopar.iteration); absent at K = 1 without checkpointing
+                **({} if opts.training.is_default else {"training": opts.training.to_dict()}),
             },
             "versions": {
                 "autopar": autopar_version,

@@ -26,6 +26,7 @@ from autopar.errors import VerificationError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph
 from autopar.plan import Plan
+from autopar.iteration import training_of
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import EVALUATE_PER_BUILD, MAX_MEMORY_ROUNDS, MIN_SOLVE_S, PlanContext
 from autopar_solver.planner.memory_rows import BuiltProblem, assignment, build_problem
@@ -181,6 +182,7 @@ def _next_round(
         assignment(built, solution.choices),
         memory_budget_bytes=job.budget,
         runtime=job.tables.runtime.name,
+        training=training_of(job.tables),  # the iteration it was solved for
     )
     ctx.relay().report("evaluate", objective=solution.objective, bound=solution.bound)
     ev = evaluate(job.graph, candidate)

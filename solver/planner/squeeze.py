@@ -98,6 +98,7 @@ def _lifted(graph: Graph, solved: Plan, mesh: Mesh, kept: list[int]) -> Plan:
         signatures,
         memory_budget_bytes=solved.memory_budget_bytes,
         runtime=solved.runtime,
+        training=solved.training,
     )
 
 

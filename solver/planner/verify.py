@@ -28,7 +28,7 @@ class SolvedObjective:
 
 
 def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None) -> None:
-    """Raise :class:`VerificationError` unless evaluation ``ev`` is valid, its step time is
+    """Raise :class:`VerificationError` unless evaluation ``ev`` is valid, its iteration time is
     ``solution.objective`` (within :data:`VERIFY_RTOL`) and its memory is within ``budget``."""
     if not ev.valid:
         raise VerificationError(
@@ -36,10 +36,11 @@ def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None) ->
             f"the evaluator rejected the solver's plan: {ev.errors[:3]}",
             errors=ev.errors[:20],
         )
-    if not math.isclose(ev.step_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+    # the objective is the iteration (K x micro-batch + once per step; the step at K = 1)
+    if not math.isclose(ev.iteration_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
         raise VerificationError(
             "cost_mismatch",
-            f"evaluator step time {ev.step_time_s!r} s != solver objective {solution.objective!r} s",
+            f"evaluator iteration {ev.iteration_time_s!r} s != solver objective {solution.objective!r} s",
         )
     if budget is not None and ev.memory.total > budget:
         raise VerificationError(

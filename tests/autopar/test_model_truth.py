@@ -424,11 +424,22 @@ def test_micro_batch_time_is_the_step_less_what_runs_once_per_optimizer_step():
     assert all(op.name in per_step for op in g.ops if op.name.startswith("clip_grad."))
     assert not any(g.op_by_name[name].role is Role.FORWARD for name in per_step)
     once = sum(o.compute_s for o in ev.ops if o.name in per_step)
-    once += sum(e.time_s for e in ev.edges if e.gradient or e.zero_gather or e.consumer in per_step)
+    once += sum(e.time_s for e in ev.edges if not e.zero_gather and (e.gradient or e.consumer in per_step))
     assert once > 0
+    # OneFlow 0.9 gathers ZeRO parameters after the gradient-accumulation repeat op: every
+    # micro-batch (autopar.iteration.ACCUMULATION)
+    gathers = sum(e.time_s for e in ev.edges if e.zero_gather)
+    assert gathers > 0
     assert micro.total_s == pytest.approx(ev.step_time_s - once)
-    # data parallelism moves nothing inside a micro-batch: gradients and gathers are per step
-    assert sum(micro.comm_s.values()) == pytest.approx(0.0, abs=1e-9)
+    assert ev.micro_batch_time_s == pytest.approx(micro.total_s)
+    assert ev.once_per_step_time_s == pytest.approx(once)
+    # data parallelism moves nothing inside a micro-batch but the ZeRO gathers
+    assert sum(micro.comm_s.values()) == pytest.approx(gathers)
+    # the ideal runtime (Megatron's distributed optimizer) gathers once per step
+    ideal = baseline_plan("data-parallel", g, MESH, 2)
+    ideal.runtime = "ideal"
+    ideal_gathers = [e for e in evaluate(g, ideal).edges if e.zero_gather]
+    assert ideal_gathers and all((e.per_micro_batch, e.per_step) == (0, 1) for e in ideal_gathers)
     meg = micro_batch_time(g, evaluate(g, baseline_plan("megatron", g, MESH, 2)))
     assert meg.share("all-reduce") > 0 and meg.share("no-such-collective") == 0
 
@@ -451,11 +462,13 @@ def test_the_seed_fit_reproduces_the_figures_it_was_fitted_on():
 def test_the_seed_replay_ranks_oneflow_inference_as_the_report_measured():
     """Fitted on Megatron's and one GPU's figures only, the model predicts LiBai's plan (never
     fitted) at least 2x slower than Megatron's per micro-batch (measured 2.8x), each plan's
-    time within 25 % of the measured 357 ms and 1000 ms."""
+    time within 25 % of the measured 357 ms and 1000 ms (LiBai's on the runtime it ran,
+    ``oneflow-0.9``: under ``ideal`` its ZeRO-2 gradient reduction runs every micro-batch, as
+    DeepSpeed's does, which LiBai's job does not)."""
     from benchmarks.seed_replay import SEED, replay
 
     r = replay()
     for runtime, row in r["runtimes"].items():
         assert row["ratio"] >= 2.0, runtime
         assert row["megatron_ms"] == pytest.approx(SEED.megatron_s * 1e3, rel=0.25), runtime
-        assert row["inferred_ms"] == pytest.approx(SEED.libai_s * 1e3, rel=0.25), runtime
+    assert r["runtimes"]["oneflow-0.9"]["inferred_ms"] == pytest.approx(SEED.libai_s * 1e3, rel=0.25)

@@ -1,0 +1,450 @@
+"""The training iteration a job runs: K micro-batches per optimizer step, and recomputation.
+
+A graph is the graph of one micro-batch.  A job's optimizer step runs its
+forward and backward ``K`` times (gradient accumulation) and the update once;
+with activation checkpointing a recomputed transformer block runs its forward
+a second time inside its backward.  This module says how many times each op
+and each boxing edge runs per optimizer step, so that the evaluator and the
+solver's cost tables price the same iteration (formulas and sources:
+docs/runtime-profiles.md, "The iteration"):
+
+``iteration = K x micro-batch + once-per-step`` (seconds), where
+
+* once per step: the ops of :func:`once_per_step_ops` (the update, gradient
+  clipping, the casts and sums of accumulated gradients) and the edges into
+  them; the data-parallel gradient reduction and the ZeRO parameter gather run
+  once per step or once per micro-batch as the runtime places them
+  (:data:`ACCUMULATION`);
+* per micro-batch: everything else, a recomputed block's forward ops and the
+  edges into them twice.
+
+Run counts are ``runs = K x per_micro_batch + per_step``; with ``K = 1`` and no
+checkpointing every count is 1, the iteration is today's step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.cost_tables import CostTables
+from autopar.costs import EdgeKind, edge_kind, optimizer_gather_time, rule_context
+from autopar.errors import ConfigError
+from autopar.graph import Graph, Role
+from autopar.memory import StateBytes, activation_intervals, variable_state_bytes
+from autopar.optimizer import model_port_index, weight_gradient_path
+from autopar.runtime import RuntimeProfile
+from autopar.sbp import NdSbp
+
+__all__ = [
+    "ACCUMULATION",
+    "BASELINE_CHECKPOINTING",
+    "CHECKPOINTING_MODES",
+    "TOP_LEVEL",
+    "Accumulation",
+    "RunCounts",
+    "TrainingConfig",
+    "accumulation_buffer_bytes",
+    "activation_spans",
+    "baseline_training",
+    "checkpoint_blocks",
+    "layer_of",
+    "once_per_step_ops",
+    "run_counts",
+    "table_costs",
+    "training_of",
+    "variable_memory_bytes",
+    "weighted_costs",
+    "with_training",
+]
+
+CHECKPOINTING_MODES = ("off", "full", "auto")
+"""``off``: keep every activation; ``full``: recompute every transformer block (Megatron's
+and LiBai's ``actrue``); ``auto``: the solver chooses per block (not available yet)."""
+
+TOP_LEVEL = "(top level)"
+"""Layer of ops whose name has no dot (graph inputs such as ``input_ids``)."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The job's training configuration: micro-batches per optimizer step and checkpointing.
+
+    Raises :class:`ConfigError` (a ``ValueError``; codes ``bad_micro_batches``,
+    ``bad_checkpointing``) naming the value."""
+
+    micro_batches: int = 1
+    checkpointing: str = "off"
+
+    def __post_init__(self) -> None:
+        k = self.micro_batches
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(
+                "bad_micro_batches",
+                f"micro-batches per optimizer step must be an integer >= 1, got {k!r}",
+            )
+        if self.checkpointing not in CHECKPOINTING_MODES:
+            raise ConfigError(
+                "bad_checkpointing",
+                f"checkpointing must be one of {', '.join(CHECKPOINTING_MODES)}, got {self.checkpointing!r}",
+            )
+
+    @property
+    def is_default(self) -> bool:
+        """One micro-batch per step, nothing recomputed: the step priced before iterations."""
+        return self.micro_batches == 1 and self.checkpointing == "off"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"micro_batches": self.micro_batches, "checkpointing": self.checkpointing}
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Where a runtime puts the gradient reduction and the ZeRO gather under accumulation.
+
+    ``reduce_per_micro_batch_from``: the least ZeRO stage whose data-parallel gradient
+    reduction runs every micro-batch (None: always once per step, after accumulation);
+    ``gather_per_micro_batch_from``: the least ZeRO stage whose parameter gather runs
+    every micro-batch; ``full_size_buffer``: accumulation keeps the full-size gradient in
+    its pre-reduction layout across micro-batches (a buffer beyond the ZeRO stage's
+    sharded gradient)."""
+
+    reduce_per_micro_batch_from: int | None
+    gather_per_micro_batch_from: int | None
+    full_size_buffer: bool
+
+
+ACCUMULATION: dict[str, Accumulation] = {
+    # OneFlow 0.9: a repeat op follows each variable (GradAccTryInsertRepeatAfterVar, lazy
+    # op interpreter); ZeRO's node sequence runs through it, so System-ZeRO-ParallelCast
+    # (the gather) is after the repeat: once per micro-batch
+    # (optimizer_placement_optimization_pass.cpp: GetDataParallelVariableAndNaiveSuccNode,
+    # SetNdSbp4Consumers).  The repeat's gradient is an acc op that accumulates the partial
+    # gradient locally; it is reduced into model_diff's layout once per step.
+    "oneflow-0.9": Accumulation(None, 1, True),
+    # Megatron DDP / distributed optimizer: grads accumulate in the main_grad buffer, one
+    # reduction at the last micro-batch; DeepSpeed ZeRO-2/3 reduce-scatter every
+    # micro-batch into the partitioned gradient; ZeRO-3 gathers before every use.
+    "ideal": Accumulation(2, 3, False),
+}
+
+
+BASELINE_CHECKPOINTING = {"megatron": "full", "inferred": "full"}
+"""Checkpointing each reference system runs with: Megatron-LM's ``--recompute-activations``
+and LiBai's ``activation_checkpoint`` (the seed's ``actrue``) recompute every block."""
+
+
+def baseline_training(kind: str, training: TrainingConfig) -> TrainingConfig:
+    """``training`` for baseline ``kind``: the same K, with the checkpointing the real
+    system uses (:data:`BASELINE_CHECKPOINTING`) when ``training`` has it ``off``."""
+    mode = (
+        BASELINE_CHECKPOINTING.get(kind, "off") if training.checkpointing == "off" else training.checkpointing
+    )
+    return TrainingConfig(training.micro_batches, mode)
+
+
+def accumulation_of(runtime: RuntimeProfile) -> Accumulation:
+    return ACCUMULATION.get(runtime.name, ACCUMULATION["ideal"])
+
+
+def layer_of(op_name: str) -> str:
+    """The layer (module scope) of an op, from its dotted name.
+
+    Up to the first numeric component when there is one (``decoder.layers.1.mlp.wo``
+    -> ``decoder.layers.1``); else the first component (``encoder.final_norm.weight.cast``
+    -> ``encoder``, ``shared.weight`` -> ``shared``); ``(top level)`` for a name
+    without dots (graph inputs such as ``input_ids``).
+    """
+    parts = op_name.split(".")
+    if len(parts) == 1:
+        return TOP_LEVEL
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+def once_per_step_ops(graph: Graph) -> frozenset[str]:
+    """Ops that run once per optimizer step under gradient accumulation, on the accumulated
+    gradients: the optimizer ops, and every backward op whose inputs are all weight
+    gradients (:func:`autopar.optimizer.weight_gradient_path`), outputs of such ops, or
+    constants (ops without inputs) -- gradient clipping's norms and scaling, the casts and
+    sums of a parameter's gradients.  The weight-gradient matmul reads activations: it runs
+    once per micro-batch."""
+    gradients = weight_gradient_path(graph)
+    producer = graph.producer
+    once: set[str] = set()
+    per_step: set[str] = set()
+    for op in graph.topological_order:
+        inputs = list(op.inputs.values())
+        if op.role is not Role.OPTIMIZER:
+            if op.role is not Role.BACKWARD:
+                continue
+            derived = [t for t in inputs if t in gradients or t in per_step]
+            constant = [t for t in inputs if t in producer and not graph.op_by_name[producer[t][0]].inputs]
+            if not derived or len(derived) + len(constant) != len(inputs):
+                continue
+        once.add(op.name)
+        per_step.update(op.outputs.values())
+    return frozenset(once)
+
+
+def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
+    """Layer scopes (:func:`layer_of`) whose forward is recomputed in backward.
+
+    ``full``: every scope with a numeric component (``encoder.layers.3``: a transformer
+    block) that has forward ops, as Megatron-LM's ``--recompute-granularity full
+    --recompute-method uniform`` and LiBai's ``activation_checkpoint`` on each block do.
+    Raises ``checkpointing_auto_unavailable`` for ``auto``."""
+    if training.checkpointing == "off":
+        return frozenset()
+    if training.checkpointing == "auto":
+        raise ConfigError(
+            "checkpointing_auto_unavailable",
+            "checkpointing 'auto' (a per-block choice in the solver) is not available yet: "
+            "use 'full' or 'off'",
+        )
+    blocks = {layer_of(op.name) for op in graph.ops if op.role is Role.FORWARD}
+    return frozenset(b for b in blocks if any(p.isdigit() for p in b.split(".")))
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """How many times per optimizer step each op, edge and gather runs:
+    ``K x per_micro_batch + per_step``."""
+
+    micro_batches: int
+    once: frozenset[str]
+    """Ops run once per step (:func:`once_per_step_ops`)."""
+    recomputed: frozenset[str]
+    """Forward ops of recomputed blocks: twice per micro-batch."""
+    gradient_per_micro_batch: bool
+    """The data-parallel gradient reduction runs every micro-batch (else once per step)."""
+    gather_per_micro_batch: bool
+    """The ZeRO parameter gather runs every micro-batch (else once per step)."""
+
+    def op(self, name: str) -> tuple[int, int]:
+        """(per micro-batch, per step) runs of op ``name``'s compute."""
+        if name in self.once:
+            return 0, 1
+        return (2 if name in self.recomputed else 1), 0
+
+    def edge(self, consumer: str, gradient: bool) -> tuple[int, int]:
+        """(per micro-batch, per step) runs of the boxing into ``consumer``; ``gradient``: a
+        data-parallel gradient reduction (:class:`autopar.costs.EdgeKind` ``GRADIENT``)."""
+        if gradient:
+            return (1, 0) if self.gradient_per_micro_batch else (0, 1)
+        return self.op(consumer)
+
+    def gather(self) -> tuple[int, int]:
+        """(per micro-batch, per step) runs of each ZeRO parameter gather."""
+        return (1, 0) if self.gather_per_micro_batch else (0, 1)
+
+    def total(self, runs: tuple[int, int]) -> int:
+        """Runs per optimizer step: ``K x per_micro_batch + per_step``."""
+        return self.micro_batches * runs[0] + runs[1]
+
+
+def run_counts(graph: Graph, training: TrainingConfig, runtime: RuntimeProfile, zero_stage: int) -> RunCounts:
+    """The run counts of ``graph``'s ops and edges under ``training`` on ``runtime``."""
+    acc = accumulation_of(runtime)
+    blocks = checkpoint_blocks(graph, training)
+    recomputed = frozenset(
+        op.name for op in graph.ops if op.role is Role.FORWARD and layer_of(op.name) in blocks
+    )
+    reduce_from, gather_from = acc.reduce_per_micro_batch_from, acc.gather_per_micro_batch_from
+    return RunCounts(
+        training.micro_batches,
+        once_per_step_ops(graph),
+        recomputed,
+        reduce_from is not None and zero_stage >= reduce_from,
+        gather_from is not None and zero_stage >= gather_from,
+    )
+
+
+def accumulation_buffer_bytes(
+    shape: Sequence[int],
+    sbp: NdSbp,
+    mesh_shape: Sequence[int],
+    zero_stage: int,
+    states: StateBytes,
+    zero_sharding: str,
+    training: TrainingConfig,
+    runtime: RuntimeProfile,
+) -> float:
+    """Bytes per device of a variable's gradient-accumulation buffer beyond its ZeRO gradient.
+
+    With ``K > 1`` on a runtime that accumulates before reducing into a full-size buffer
+    (OneFlow 0.9's acc op, in the partial gradient's layout = the parameter's forward
+    layout): ``K_g x Psi - grad_ZeRO`` where ``Psi`` is the variable's elements per device
+    after its splits and ``grad_ZeRO`` the gradient bytes its ZeRO stage keeps
+    (:func:`autopar.memory.model_state_bytes`): 0 under ZeRO-0/1 (the gradient is
+    full-size anyway), ``K_g Psi (1 - 1/Nd)`` under ZeRO-2/3.  0 with ``K = 1`` and on
+    ``ideal`` (DeepSpeed ZeRO-2 reduces every micro-batch into its shard).  Units: bytes.
+    """
+    if training.micro_batches <= 1 or not accumulation_of(runtime).full_size_buffer:
+        return 0.0
+    local = math.prod(shape) / sbp.split_factor(mesh_shape)
+    _, grad, _ = variable_state_bytes(shape, sbp, mesh_shape, zero_stage, states, zero_sharding)
+    return max(0.0, states.grad * local - grad)
+
+
+def variable_memory_bytes(
+    shape: Sequence[int],
+    sbp: NdSbp,
+    mesh_shape: Sequence[int],
+    zero_stage: int,
+    states: StateBytes,
+    zero_sharding: str,
+    training: TrainingConfig,
+    runtime: RuntimeProfile,
+) -> tuple[float, float, float]:
+    """(param, grad + accumulation buffer, optimizer) bytes per device of one variable:
+    :func:`autopar.memory.variable_state_bytes` plus :func:`accumulation_buffer_bytes`."""
+    p, g, o = variable_state_bytes(shape, sbp, mesh_shape, zero_stage, states, zero_sharding)
+    acc = accumulation_buffer_bytes(
+        shape, sbp, mesh_shape, zero_stage, states, zero_sharding, training, runtime
+    )
+    return p, g + acc, o
+
+
+def activation_spans(
+    graph: Graph, training: TrainingConfig, working_copy_is_state: bool = False
+) -> list[tuple[str, int, int]]:
+    """(tensor, first, last) positions of the topological order where each activation is live.
+
+    Without checkpointing: :func:`autopar.memory.activation_intervals`, one span per tensor.
+    With it, a tensor produced by a forward op of a recomputed block lives from its
+    producer to its last forward use (a use by a later recomputed block's forward keeps it
+    until that block's recompute: it is that block's input), and again from the start of
+    its block's backward (the recompute) to its last backward use.  A tensor a recomputed
+    block reads from outside stays live until that block's backward starts.  Source:
+    Chen et al. 2016 (checkpointing), Megatron-LM ``checkpointed_forward``."""
+    intervals = activation_intervals(graph, working_copy_is_state)
+    blocks = checkpoint_blocks(graph, training)
+    if not blocks:
+        return [(t, s, e) for t, (s, e) in intervals.items()]
+    order = graph.topological_order
+    pos = {op.name: i for i, op in enumerate(order)}
+    backward_start: dict[str, int] = {}
+    for i, op in enumerate(order):
+        if op.role is Role.BACKWARD:
+            backward_start.setdefault(layer_of(op.name), i)
+    spans: list[tuple[str, int, int]] = []
+    for tname, (start, end) in intervals.items():
+        spans.extend(_spans_of(graph, tname, start, end, blocks, pos, backward_start))
+    return spans
+
+
+def _spans_of(
+    graph: Graph,
+    tname: str,
+    start: int,
+    end: int,
+    blocks: frozenset[str],
+    pos: dict[str, int],
+    backward_start: dict[str, int],
+) -> Iterable[tuple[str, int, int]]:
+    """The live spans of one activation under checkpointing (see :func:`activation_spans`)."""
+    pname = graph.producer[tname][0]
+    producer = graph.op_by_name[pname]
+    home = layer_of(pname) if producer.role is Role.FORWARD else None
+    forward_end, backward_uses = start, []
+    for cname, _ in graph.consumers.get(tname, []):
+        consumer = graph.op_by_name[cname]
+        if consumer.role is Role.FORWARD:
+            forward_end = max(forward_end, pos[cname])
+            scope = layer_of(cname)
+            if scope in blocks and scope != home:  # an input of a recomputed block
+                forward_end = max(forward_end, backward_start.get(scope, pos[cname]))
+        else:
+            backward_uses.append(pos[cname])
+    if home not in blocks:
+        return [(tname, start, max(end, forward_end))]
+    spans = [(tname, start, forward_end)]
+    if backward_uses:
+        again = min(backward_start.get(home, min(backward_uses)), min(backward_uses))
+        spans.append((tname, max(again, forward_end + 1), max(backward_uses)))
+    return spans
+
+
+def weighted_costs(
+    node_costs: Sequence[np.ndarray],
+    op_names: Sequence[str],
+    gather_s: Sequence[np.ndarray | None],
+    edges: Sequence[tuple[int, int, np.ndarray]],
+    edge_runs: Sequence[tuple[int, int]],
+    counts: RunCounts,
+) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]]:
+    """The solver's node and edge costs of one iteration.
+
+    ``node_costs[i]`` are op ``i``'s seconds per choice with its ZeRO gathers
+    (``gather_s[i]`` per choice, None when it has none); each op's compute is weighted by
+    its runs, its gathers by theirs; each edge matrix by its runs (``edge_runs``, as
+    :meth:`RunCounts.edge`).  Formula: ``runs = K x per_micro_batch + per_step``."""
+    gather_runs = counts.total(counts.gather())
+    nodes: list[np.ndarray] = []
+    for name, cost, gather in zip(op_names, node_costs, gather_s):
+        runs = counts.total(counts.op(name))
+        weighted = cost * runs
+        if gather is not None and gather_runs != runs:
+            weighted = weighted + gather * (gather_runs - runs)
+        nodes.append(weighted)
+    out_edges = [(u, v, m * counts.total(r)) for (u, v, m), r in zip(edges, edge_runs)]
+    return nodes, out_edges
+
+
+def table_costs(
+    tables: CostTables, training: TrainingConfig
+) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]]:
+    """Node costs and edge matrices of ``tables`` (topological op order) for one iteration.
+
+    The tables price one micro-batch per step; with ``training`` at its default they are
+    returned as they are (the same arrays), else weighted by :func:`weighted_costs`, the
+    ZeRO gathers taken apart with :func:`autopar.costs.optimizer_gather_time` per choice.
+    """
+    graph = tables.graph
+    order = graph.topological_order
+    index = {op.name: i for i, op in enumerate(order)}
+    nodes = [tables.ops[op.name].compute_s for op in order]
+    edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
+    if training.is_default:
+        return nodes, edges
+    counts = run_counts(graph, training, tables.runtime, tables.zero_stage)
+    mesh, lowering = tables.mesh, tables.runtime.lowering.value
+    gathers: list[np.ndarray | None] = []
+    for op in order:
+        if model_port_index(op) is None or tables.zero_stage == 0:
+            gathers.append(None)
+            continue
+        ctx = rule_context(graph, op, mesh.shape, tables.zero_stage, tables.runtime.zero_sharding.value)
+        sigs = tables.ops[op.name].signatures
+        gathers.append(
+            np.array([optimizer_gather_time(ctx, s, mesh, lowering) for s in sigs], dtype=np.float64)
+        )
+    gradients = weight_gradient_path(graph)
+    runs = []
+    for e in tables.edges:
+        kind = edge_kind(graph.op_by_name[e.consumer], e.in_port, e.tensor in gradients)
+        runs.append(counts.edge(e.consumer, kind is EdgeKind.GRADIENT))
+    return weighted_costs(nodes, [op.name for op in order], gathers, edges, runs, counts)
+
+
+def with_training(tables: CostTables, training: TrainingConfig) -> CostTables:
+    """``tables`` priced for ``training``: the same tables (at the default) or a shallow copy
+    that records it (``stats["training"]``; the cost arrays are shared, never changed)."""
+    if training.is_default:
+        return tables
+    return dataclasses.replace(tables, stats={**tables.stats, "training": training.to_dict()})
+
+
+def training_of(tables: CostTables) -> TrainingConfig:
+    """The training configuration :func:`with_training` recorded on ``tables`` (default: none)."""
+    found = tables.stats.get("training")
+    if not isinstance(found, dict):
+        return TrainingConfig()
+    return TrainingConfig(int(found["micro_batches"]), str(found["checkpointing"]))

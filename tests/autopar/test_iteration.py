@@ -1,0 +1,128 @@
+"""The training iteration: K micro-batches per step and activation checkpointing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autopar.baselines import baseline_plan
+from autopar.cluster import Cluster, Mesh
+from autopar.cost_tables import build_cost_tables
+from autopar.errors import ConfigError
+from autopar.evaluate import evaluate
+from autopar.graph import Role
+from autopar.iteration import (
+    TrainingConfig,
+    activation_spans,
+    checkpoint_blocks,
+    table_costs,
+    with_training,
+)
+from autopar.memory import activation_intervals
+from autopar.models import build
+from autopar.plan import Plan
+
+MESH = Mesh(Cluster.parse("1x4"), (2, 2))
+
+
+@pytest.mark.parametrize(
+    ("k", "mode", "code"),
+    [
+        (0, "off", "bad_micro_batches"),
+        (True, "off", "bad_micro_batches"),
+        (2.0, "off", "bad_micro_batches"),
+        (1, "some", "bad_checkpointing"),
+    ],
+)
+def test_bad_configurations_name_the_value(k: object, mode: str, code: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainingConfig(k, mode)  # type: ignore[arg-type]
+    assert err.value.code == code and repr(k if code == "bad_micro_batches" else mode) in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_iteration_is_k_micro_batches_plus_what_runs_once_per_step() -> None:
+    g = build("tiny-mt5")
+    plan = baseline_plan("data-parallel", g, MESH, 2)
+    one = evaluate(g, plan)
+    assert one.iteration_time_s == one.step_time_s  # K = 1, off: today's step, exactly
+    assert one.micro_batch_time_s + one.once_per_step_time_s == pytest.approx(one.step_time_s)
+    for k in (8, 32):
+        ev = evaluate(g, plan, training=TrainingConfig(k))
+        assert ev.step_time_s == one.step_time_s
+        assert ev.micro_batch_time_s == pytest.approx(one.micro_batch_time_s)
+        assert ev.iteration_time_s == pytest.approx(k * one.micro_batch_time_s + one.once_per_step_time_s)
+        # the reduction overlaps the last micro-batch's backward only
+        assert ev.iteration_time_s - ev.iteration_time_overlapped_s == pytest.approx(
+            one.step_time_s - one.step_time_overlapped_s
+        )
+
+
+def test_oneflow_keeps_a_full_size_accumulation_buffer_under_zero_2_and_ideal_does_not() -> None:
+    g = build("tiny-mt5")
+    plan = baseline_plan("data-parallel", g, MESH, 2)
+    one = evaluate(g, plan)
+    eight = evaluate(g, plan, training=TrainingConfig(8))
+    # the acc op holds the partial gradient, full size over the data-parallel axes
+    assert eight.accumulation_bytes > 0
+    assert eight.memory.grads == pytest.approx(one.memory.grads + eight.accumulation_bytes)
+    stage0 = evaluate(g, baseline_plan("data-parallel", g, MESH, 0), training=TrainingConfig(8))
+    assert stage0.accumulation_bytes == 0  # ZeRO-0 keeps the full gradient anyway
+    ideal = dataclasses.replace(plan, runtime="ideal")
+    assert evaluate(g, ideal, training=TrainingConfig(8)).accumulation_bytes == 0
+
+
+def test_full_checkpointing_recomputes_every_block_and_keeps_less_alive() -> None:
+    g = build("tiny-gpt")
+    blocks = checkpoint_blocks(g, TrainingConfig(1, "full"))
+    assert blocks and all(any(part.isdigit() for part in b.split(".")) for b in blocks)
+    plan = baseline_plan("megatron", g, MESH, 2)
+    off = evaluate(g, plan)
+    full = evaluate(g, plan, training=TrainingConfig(1, "full"))
+    assert full.recompute_time_s > 0
+    forward = sum(o.compute_s for o in off.ops if g.op_by_name[o.name].role is Role.FORWARD)
+    assert full.recompute_time_s < forward + off.comm_time_s
+    assert full.iteration_time_s == pytest.approx(off.iteration_time_s + full.recompute_time_s)
+    assert full.memory.activations < off.memory.activations
+    # every span lies within the tensor's unchecked liveness
+    intervals = activation_intervals(g)
+    for tensor, start, end in activation_spans(g, TrainingConfig(1, "full")):
+        assert intervals[tensor][0] <= start <= end
+
+
+def test_auto_is_refused_until_the_solver_chooses_per_block() -> None:
+    with pytest.raises(ConfigError, match="auto"):
+        checkpoint_blocks(build("tiny-gpt"), TrainingConfig(1, "auto"))
+
+
+def test_the_tables_price_the_same_iteration_as_the_evaluator() -> None:
+    g = build("tiny-mt5")
+    plan = baseline_plan("megatron", g, MESH, 2)
+    tables = build_cost_tables(g, MESH, 2)
+    training = TrainingConfig(8, "full")
+    nodes, edges = table_costs(with_training(tables, training), training)
+    order = g.topological_order
+    index = {op.name: i for i, op in enumerate(order)}
+    choice = [tables.ops[op.name].signatures.index(plan.signatures[op.name]) for op in order]
+    total = sum(float(n[c]) for n, c in zip(nodes, choice))
+    total += sum(float(m[choice[u], choice[v]]) for u, v, m in edges)
+    ev = evaluate(g, plan, training=training)
+    assert total == pytest.approx(ev.iteration_time_s, rel=1e-9)
+    # the default returns the tables' own arrays
+    same_nodes, _ = table_costs(tables, TrainingConfig())
+    assert all(a is tables.ops[op.name].compute_s for a, op in zip(same_nodes, order))
+    assert index  # the order is the tables' topological order
+
+
+def test_the_plan_records_its_training_configuration() -> None:
+    g = build("tiny-gpt")
+    plan = Plan.from_assignment(
+        g, MESH, 2, baseline_plan("megatron", g, MESH, 2).signatures, training=TrainingConfig(8, "full")
+    )
+    data = plan.to_dict()
+    assert (data["micro_batches"], data["checkpointing"]) == (8, "full")
+    back = Plan.from_dict(data)
+    assert back.training == TrainingConfig(8, "full")
+    assert np.isfinite(evaluate(g, back).iteration_time_s)

@@ -1,0 +1,68 @@
+"""``--micro-batches`` and ``--checkpointing`` on ``baseline``, ``evaluate`` and ``plan``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.helpers import assert_user_error, run_cli
+
+
+def test_evaluate_re_prices_a_plan_at_another_k(tmp_path: Path) -> None:
+    made = run_cli("baseline", "megatron", "tiny-gpt", "--cluster", "1x4", "--out", "m.json", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    saved = json.loads((tmp_path / "m.json").read_text())
+    # Megatron runs with every block recomputed: its baseline is priced so
+    assert (saved["micro_batches"], saved["checkpointing"]) == (1, "full")
+    one = json.loads(run_cli("evaluate", "tiny-gpt", "m.json", "--json", cwd=tmp_path).stdout)
+    eight = run_cli("evaluate", "tiny-gpt", "m.json", "--json", "--micro-batches", "8", cwd=tmp_path)
+    assert eight.returncode == 0, eight.stderr
+    ev = json.loads(eight.stdout)
+    assert ev["micro_batches"] == 8 and ev["checkpointing"] == "full"
+    assert ev["iteration_time_s"] == pytest.approx(8 * ev["micro_batch_time_s"] + ev["once_per_step_time_s"])
+    assert ev["step_time_s"] == pytest.approx(one["step_time_s"])
+    off = run_cli("evaluate", "tiny-gpt", "m.json", "--json", "--checkpointing", "off", cwd=tmp_path)
+    assert json.loads(off.stdout)["iteration_time_s"] < one["iteration_time_s"]
+
+
+@pytest.mark.parametrize("k", ["0", "-3"])
+def test_a_bad_micro_batch_count_is_one_line(tmp_path: Path, k: str) -> None:
+    result = run_cli(
+        "baseline", "data-parallel", "tiny-gpt", "--micro-batches", k, "--out", "x.json", cwd=tmp_path
+    )
+    message = assert_user_error(result, "bad_micro_batches")
+    assert k in message
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_plan_minimises_the_iteration_it_is_asked_for(tmp_path: Path) -> None:
+    result = run_cli(
+        "plan",
+        "tiny-gpt",
+        "--cluster",
+        "1x4",
+        "--mesh-shape",
+        "2,2",
+        "--micro-batches",
+        "4",
+        "--checkpointing",
+        "full",
+        "--time-limit",
+        "20",
+        "--no-progress",
+        "--out",
+        "p.json",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert (plan["micro_batches"], plan["checkpointing"]) == (4, "full")
+    assert plan["solver"]["objective"] == pytest.approx(plan["predicted"]["iteration_time_s"], rel=1e-6)
+    assert "iteration" in result.stdout
+
+
+def test_auto_checkpointing_is_refused_at_once(tmp_path: Path) -> None:
+    result = run_cli("plan", "tiny-gpt", "--checkpointing", "auto", "--out", "p.json", cwd=tmp_path)
+    assert "full" in assert_user_error(result, "checkpointing_auto_unavailable")
