@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autopar.collector import collector_paused
+from autopar.content_key import canonical_numbers
 from autopar.errors import GraphError
 from autopar.wire import DTYPES, GRAPH_DOCUMENT, GraphModel, error_path
 
@@ -150,6 +151,7 @@ class Graph:
         self.ops: list[Op] = list(ops)
         self.variables: list[Variable] = list(variables)
         self.meta: dict[str, Any] = dict(meta or {})
+        self._rules_checked = False  # set by validate(): every op's rule read it once
 
     # ------------------------------------------------------------ lookups
 
@@ -308,6 +310,11 @@ class Graph:
                     "bad_variable", f"variable {v.op!r} names unknown optimizer op {v.optimizer!r}", op=v.op
                 )
         _ = self.topological_order
+        _check_variables_once(self.variables)
+        if not self._rules_checked:
+            _check_dim_attrs(self)
+            _check_rules(self)
+            self._rules_checked = True
         return self
 
     # ------------------------------------------------------------ wire format
@@ -400,12 +407,18 @@ class Graph:
             fh.write(self.to_json())
 
     def content_hash(self) -> str:
-        """Hash of the canonical graph: independent of op order and JSON whitespace."""
+        """SHA-256 hex of the canonical graph: what the plan key and the memo keys see of it.
+
+        It covers every tensor (name, shape, dtype), every op (name, type, role, ports in
+        order, attrs) and every variable.  It ignores the graph's ``name`` and ``meta``, the
+        order of ops, tensors and variables, the order of keys in a JSON object, JSON
+        whitespace, and how a number is written: an integer-valued float equals the int
+        (``1.0`` and ``1``; ``0.0`` and ``0``), and ``0.01`` equals ``1e-2``
+        (:func:`~autopar.content_key.canonical_numbers`).
+        """
         canonical = {
             "tensors": sorted((n, list(t.shape), t.dtype) for n, t in self.tensors.items()),
-            "ops": sorted(
-                (json.dumps(op.to_dict(), sort_keys=True) for op in self.ops),
-            ),
+            "ops": sorted(json.dumps(_canonical_op(op), sort_keys=True) for op in self.ops),
             "variables": sorted(json.dumps(v.to_dict(), sort_keys=True) for v in self.variables),
         }
         return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
@@ -415,6 +428,131 @@ class Graph:
             f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)}, "
             f"variables={len(self.variables)})"
         )
+
+
+DIM_ATTRS = frozenset({"axis", "dim", "begin_norm_axis", "begin_params_axis", "perm", "broadcast_axes"})
+"""Attrs that name tensor dims (one, or a list): :meth:`Graph.validate` checks each is an
+integer (an integer-valued float such as ``0.0`` counts) within the rank of the op's tensors."""
+
+_PROBE_MESH = (2,)
+"""Mesh the rules are tried on by :meth:`Graph.validate`: the smallest one on which a rule splits."""
+
+
+def _check_variables_once(variables: list[Variable]) -> None:
+    """Each parameter (its op, and its tensor) is listed once: a second entry would count it twice."""
+    seen_ops: set[str] = set()
+    seen_tensors: set[str] = set()
+    for i, v in enumerate(variables):
+        if v.op in seen_ops or v.tensor in seen_tensors:
+            what = f"op {v.op!r}" if v.op in seen_ops else f"tensor {v.tensor!r}"
+            raise GraphError(
+                "duplicate_variable",
+                f"variables[{i}] lists the parameter {what} a second time; list each variable once",
+                op=v.op,
+            )
+        seen_ops.add(v.op)
+        seen_tensors.add(v.tensor)
+
+
+def _dim_values(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _is_dim(d: Any, rank: int) -> bool:
+    """``d`` is an integer (or an integer-valued float) from ``-rank`` to ``rank - 1``."""
+    if isinstance(d, bool) or not isinstance(d, int | float):
+        return False
+    if isinstance(d, float) and not (math.isfinite(d) and d.is_integer()):
+        return False
+    return -rank <= d < rank
+
+
+def _check_dim_attrs(graph: Graph) -> None:
+    """Every :data:`DIM_ATTRS` value is an integer ``d`` with ``-rank <= d < rank``, where rank is
+    the largest rank among the op's tensors (at least 1); ``null`` means "every dim"."""
+    for op in graph.ops:
+        if not op.attrs or DIM_ATTRS.isdisjoint(op.attrs):
+            continue
+        ranks = [len(graph.tensors[t].shape) for t in (*op.inputs.values(), *op.outputs.values())]
+        rank = max([1, *ranks])
+        for name in DIM_ATTRS.intersection(op.attrs):
+            for d in _dim_values(op.attrs[name]):
+                if d is not None and not _is_dim(d, rank):
+                    shown = repr(d) if len(repr(d)) <= 40 else repr(d)[:37] + "..."
+                    raise GraphError(
+                        "bad_attr",
+                        f"op {op.name!r} ({op.type}): attr {name!r} = {shown} is not a dim of its "
+                        f"tensors; give an integer from {-rank} to {rank - 1}",
+                        op=op.name,
+                    )
+
+
+def _check_not_empty(op: Op, specs: Iterable[TensorSpec], what: str) -> None:
+    """Refuse a zero-size tensor (a 0 in its shape) where ``what`` cannot have one."""
+    for spec in specs:
+        if 0 in spec.shape:
+            raise GraphError(
+                "bad_shape",
+                f"op {op.name!r} ({op.type}): tensor {spec.name!r} has shape {list(spec.shape)}, with no "
+                f"elements, which {what} cannot have; check the exported shapes",
+                op=op.name,
+                tensor=spec.name,
+            )
+
+
+def _op_signature_key(graph: Graph, op: Op) -> tuple[Any, ...]:
+    """What a rule's outcome depends on: type, ports with their tensors' shapes and dtypes, attrs."""
+    ports = tuple(
+        (port, graph.tensors[t].shape, graph.tensors[t].dtype)
+        for port, t in (*op.inputs.items(), ("->", ""), *op.outputs.items())
+        if t
+    )
+    return op.type, ports, json.dumps(op.attrs, sort_keys=True, default=repr)
+
+
+def _check_rules(graph: Graph) -> None:
+    """Run every op's sharding rule once on a two-device mesh: an op its rule cannot read (a
+    rank-0 tensor where it needs dims, a renamed port, an attr of the wrong type) is refused
+    here with ``op_unsupported`` instead of failing inside a solve.  Ops alike (every layer
+    of a transformer) are tried once; op types without a rule are replicated, which works."""
+    from autopar.rules.registry import CostKind, RuleContext, default_rules, nd_signatures
+
+    for v in graph.variables:
+        _check_not_empty(graph.op_by_name[v.op], (graph.tensors[v.tensor],), "a parameter")
+    rules = default_rules()
+    seen: set[tuple[Any, ...]] = set()
+    for op in graph.ops:
+        rule = rules.get(op.type)
+        if rule is None:
+            continue
+        key = _op_signature_key(graph, op)
+        if key in seen:
+            continue
+        seen.add(key)
+        ctx = RuleContext(op, tuple(graph.input_specs(op)), tuple(graph.output_specs(op)), _PROBE_MESH)
+        if rule.cost is CostKind.MATMUL:
+            _check_not_empty(op, (*ctx.inputs, *ctx.outputs), "a matmul-like op")
+        try:
+            nd_signatures(rule, ctx)
+            if rule.flops is not None:
+                rule.flops(ctx)
+        except Exception as exc:  # any failure of a rule on this op is a property of the graph
+            text = f"{type(exc).__name__}: {exc}"
+            raise GraphError(
+                "op_unsupported",
+                f"op {op.name!r} ({op.type}): its sharding rule cannot read it "
+                f"({text if len(text) <= 200 else text[:197] + '...'}); "
+                "check its ports, shapes and attributes against the graph format",
+                op=op.name,
+            ) from None
+
+
+def _canonical_op(op: Op) -> dict[str, Any]:
+    """``op.to_dict()`` with its attrs' numbers canonical (an integer-valued float as the int)."""
+    d = op.to_dict()
+    if op.attrs:
+        d["attrs"] = canonical_numbers(op.attrs)
+    return d
 
 
 def _graph_error(exc: ValidationError) -> GraphError:

@@ -18,8 +18,25 @@ def test_every_bundled_model_passes_the_request_checks(name: str, tmp_path) -> N
     if len(graph.ops) < 1000:
         check_rules(graph)
     shared = shared_graph_data(data, graph.content_hash())
-    assert "meta" not in shared and shared["name"].startswith("graph-")
+    assert "meta" not in shared and shared["name"] == name  # the plan keeps the display name
     assert parse_graph(shared, Settings(cache_dir=tmp_path)).content_hash() == graph.content_hash()
+
+
+def test_a_graph_without_a_name_is_stored_under_its_hash(tmp_path) -> None:
+    data = build("tiny-gpt").to_dict()
+    del data["name"]
+    graph = parse_graph(data, Settings(cache_dir=tmp_path))
+    assert shared_graph_data(data, graph.content_hash())["name"] == f"graph-{graph.content_hash()[:12]}"
+
+
+def test_a_bundled_model_name_is_its_graph(tmp_path) -> None:
+    settings = Settings(cache_dir=tmp_path)
+    graph = parse_graph("tiny-gpt", settings)
+    assert graph.content_hash() == build("tiny-gpt").content_hash()
+    assert shared_graph_data("tiny-gpt", graph.content_hash())["name"] == "tiny-gpt"
+    with pytest.raises(GraphError) as err:
+        parse_graph("tiny-gtp", settings)
+    assert err.value.code == "unknown_model" and "did you mean 'tiny-gpt'" in err.value.message
 
 
 def test_wire_types_are_strict(tmp_path) -> None:
