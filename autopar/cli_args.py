@@ -33,10 +33,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BASELINE_KINDS",
+    "DEFAULT_TIME_LIMIT_S",
     "MEMORY_FORMS",
+    "TIME_LIMIT_MEANING",
     "Command",
     "add_memory_arg",
     "add_mesh_args",
+    "add_time_limit_arg",
     "check_writable",
     "graph_arg_help",
     "graph_from_arg",
@@ -46,6 +49,7 @@ __all__ = [
     "model_names",
     "parse_bytes",
     "plan_from_arg",
+    "positive_seconds",
     "require_extra",
     "wrote",
 ]
@@ -89,6 +93,39 @@ def parse_bytes(text: str) -> int:
     if value < 1:
         raise ConfigError("bad_memory", f"memory size must be at least 1 byte, got {text!r}")
     return int(value)
+
+
+DEFAULT_TIME_LIMIT_S = 30.0
+"""The time limit of one plan request, seconds: ``autopar plan``, ``autopar submit``, the
+API's ``options.time_limit_s`` (``AUTOPAR_DEFAULT_TIME_LIMIT_S``) and the explorer page."""
+
+TIME_LIMIT_MEANING = (
+    "seconds for the whole request: cost tables, reductions, heuristic, CP-SAT, memory rounds "
+    "and verification, every mesh shape together"
+)
+"""What a time limit bounds, the same everywhere (help texts, the API, the page)."""
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of ``--time-limit``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def add_time_limit_arg(p: argparse.ArgumentParser, extra: str = "") -> None:
+    """``--time-limit``: one meaning and one default (:data:`DEFAULT_TIME_LIMIT_S`) for every command."""
+    p.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="SECONDS",
+        help=f"{TIME_LIMIT_MEANING}{extra} (default: %(default)s)",
+    )
 
 
 # ------------------------------------------------------------------ commands

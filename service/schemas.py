@@ -168,7 +168,7 @@ class SweepRow(BaseModel):
     memory_per_device_bytes: float | None
     chosen_mesh_shape: list[int] | None
     gap: float | None
-    min_feasible_bytes: float | None
+    min_feasible_bytes: int | None
     error: str | None
     links: dict[str, str]
 

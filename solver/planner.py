@@ -536,7 +536,8 @@ def solve_on_mesh(
             _raise_infeasible(tables, memory_budget_bytes, positions, mesh, deadline)
         raise TimeLimitError(
             "time_limit",
-            f"the time limit ({deadline.limit_s:g} s) ran out before a plan on mesh {list(mesh.shape)} "
+            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before a plan on mesh "
+            f"{list(mesh.shape)} "
             f"fitting the budget was verified: cost tables took {t_tables:.1f} s, "
             f"{len(rounds)} memory round(s) solved ({len(positions)} memory rows added); "
             "raise the time limit",
@@ -1005,7 +1006,7 @@ def _check_floors(deadline: Deadline | None, done: str) -> None:
     if deadline is not None and deadline.expired():
         raise TimeLimitError(
             "time_limit",
-            f"the time limit ({deadline.limit_s:g} s) ran out while computing the memory floors "
+            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out while computing the memory floors "
             f"after the cost tables ({done} done); raise the time limit",
             phase="memory_floors",
         )
@@ -1044,7 +1045,7 @@ def _raise_infeasible(
         f"no plan on mesh {list(mesh.shape)} fits {_human_bytes(budget or 0)} per device; "
         f"the smallest memory found feasible is {_human_bytes(min_bytes)} {how}"
         ": raise the budget, use a higher ZeRO stage, or add devices",
-        min_feasible_bytes=min_bytes,
+        min_feasible_bytes=math.ceil(min_bytes) if math.isfinite(min_bytes) else None,
         proven=proven,
         mesh_shape=list(mesh.shape),
     )
@@ -1092,7 +1093,7 @@ def _plan(
         # not even time to check the graph (the caller spent it loading it)
         raise TimeLimitError(
             "time_limit",
-            f"the time limit ({deadline.limit_s:g} s) ran out while loading and checking the graph "
+            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out while loading and checking the graph "
             f"({len(request.graph.ops)} ops, {deadline.elapsed():.1f} s); raise the time limit",
             phase="load",
         )
@@ -1100,7 +1101,7 @@ def _plan(
     if deadline.expired():
         raise TimeLimitError(
             "time_limit",
-            f"the time limit ({deadline.limit_s:g} s) ran out while loading and checking the graph "
+            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out while loading and checking the graph "
             f"({len(graph.ops)} ops, {deadline.elapsed():.1f} s); raise the time limit",
             phase="load",
         )
@@ -1313,7 +1314,8 @@ def _mesh_search(
         if all(r["error"].get("code") == "time_limit" for r in results):
             raise TimeLimitError(
                 "time_limit",
-                f"the time limit ({deadline.limit_s:g} s) ran out before any mesh shape had a verified plan: "
+                f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before any mesh shape "
+                "had a verified plan: "
                 + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
             )
         infeasible = [r["error"] for r in results if r["error"].get("code") != "time_limit"]
