@@ -296,12 +296,14 @@ def graph_json_from_arg(spec: str) -> bytes:
 
 
 def graph_from_arg(spec: str) -> Graph:
-    """The validated graph of a graph file or of a bundled model name."""
+    """The validated graph of a graph file or of a bundled model name (every op's rule read it:
+    :func:`autopar.rules.check.check_graph_rules`)."""
     from autopar.graph import Graph
+    from autopar.rules.check import check_graph_rules
 
     path = Path(spec)
     if path.exists():
-        return Graph.from_json(_read(path, "graph file")).validate()
+        return check_graph_rules(Graph.from_json(_read(path, "graph file")).validate())
     if spec in model_names():
         from autopar.models import build
 

@@ -19,7 +19,7 @@ import hashlib
 import heapq
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -40,6 +40,7 @@ __all__ = [
     "Role",
     "TensorSpec",
     "Variable",
+    "register_validator",
 ]
 
 FORMAT = "autopar.graph/v1"
@@ -151,7 +152,8 @@ class Graph:
         self.ops: list[Op] = list(ops)
         self.variables: list[Variable] = list(variables)
         self.meta: dict[str, Any] = dict(meta or {})
-        self._rules_checked = False  # set by validate(): every op's rule read it once
+        self.rules_checked = False
+        """Set by :func:`autopar.rules.check.check_graph_rules` once every op's rule read the graph."""
 
     # ------------------------------------------------------------ lookups
 
@@ -311,10 +313,9 @@ class Graph:
                 )
         _ = self.topological_order
         _check_variables_once(self.variables)
-        if not self._rules_checked:
-            _check_dim_attrs(self)
-            _check_rules(self)
-            self._rules_checked = True
+        _check_dim_attrs(self)
+        for check in _VALIDATORS:
+            check(self)
         return self
 
     # ------------------------------------------------------------ wire format
@@ -430,12 +431,21 @@ class Graph:
         )
 
 
+_VALIDATORS: list[Callable[[Graph], object]] = []
+"""Checks :meth:`Graph.validate` runs last, registered by modules the graph cannot import
+(:func:`register_validator`): :mod:`autopar.rules` registers its rule probe
+(:func:`autopar.rules.check.check_graph_rules`) when imported, as its families register rules."""
+
+
+def register_validator(check: Callable[[Graph], object]) -> None:
+    """Have :meth:`Graph.validate` call ``check(graph)`` (once registered, idempotent)."""
+    if check not in _VALIDATORS:
+        _VALIDATORS.append(check)
+
+
 DIM_ATTRS = frozenset({"axis", "dim", "begin_norm_axis", "begin_params_axis", "perm", "broadcast_axes"})
 """Attrs that name tensor dims (one, or a list): :meth:`Graph.validate` checks each is an
 integer (an integer-valued float such as ``0.0`` counts) within the rank of the op's tensors."""
-
-_PROBE_MESH = (2,)
-"""Mesh the rules are tried on by :meth:`Graph.validate`: the smallest one on which a rule splits."""
 
 
 def _check_variables_once(variables: list[Variable]) -> None:
@@ -485,66 +495,6 @@ def _check_dim_attrs(graph: Graph) -> None:
                         f"tensors; give an integer from {-rank} to {rank - 1}",
                         op=op.name,
                     )
-
-
-def _check_not_empty(op: Op, specs: Iterable[TensorSpec], what: str) -> None:
-    """Refuse a zero-size tensor (a 0 in its shape) where ``what`` cannot have one."""
-    for spec in specs:
-        if 0 in spec.shape:
-            raise GraphError(
-                "bad_shape",
-                f"op {op.name!r} ({op.type}): tensor {spec.name!r} has shape {list(spec.shape)}, with no "
-                f"elements, which {what} cannot have; check the exported shapes",
-                op=op.name,
-                tensor=spec.name,
-            )
-
-
-def _op_signature_key(graph: Graph, op: Op) -> tuple[Any, ...]:
-    """What a rule's outcome depends on: type, ports with their tensors' shapes and dtypes, attrs."""
-    ports = tuple(
-        (port, graph.tensors[t].shape, graph.tensors[t].dtype)
-        for port, t in (*op.inputs.items(), ("->", ""), *op.outputs.items())
-        if t
-    )
-    return op.type, ports, json.dumps(op.attrs, sort_keys=True, default=repr)
-
-
-def _check_rules(graph: Graph) -> None:
-    """Run every op's sharding rule once on a two-device mesh: an op its rule cannot read (a
-    rank-0 tensor where it needs dims, a renamed port, an attr of the wrong type) is refused
-    here with ``op_unsupported`` instead of failing inside a solve.  Ops alike (every layer
-    of a transformer) are tried once; op types without a rule are replicated, which works."""
-    from autopar.rules.registry import CostKind, RuleContext, default_rules, nd_signatures
-
-    for v in graph.variables:
-        _check_not_empty(graph.op_by_name[v.op], (graph.tensors[v.tensor],), "a parameter")
-    rules = default_rules()
-    seen: set[tuple[Any, ...]] = set()
-    for op in graph.ops:
-        rule = rules.get(op.type)
-        if rule is None:
-            continue
-        key = _op_signature_key(graph, op)
-        if key in seen:
-            continue
-        seen.add(key)
-        ctx = RuleContext(op, tuple(graph.input_specs(op)), tuple(graph.output_specs(op)), _PROBE_MESH)
-        if rule.cost is CostKind.MATMUL:
-            _check_not_empty(op, (*ctx.inputs, *ctx.outputs), "a matmul-like op")
-        try:
-            nd_signatures(rule, ctx)
-            if rule.flops is not None:
-                rule.flops(ctx)
-        except Exception as exc:  # any failure of a rule on this op is a property of the graph
-            text = f"{type(exc).__name__}: {exc}"
-            raise GraphError(
-                "op_unsupported",
-                f"op {op.name!r} ({op.type}): its sharding rule cannot read it "
-                f"({text if len(text) <= 200 else text[:197] + '...'}); "
-                "check its ports, shapes and attributes against the graph format",
-                op=op.name,
-            ) from None
 
 
 def _canonical_op(op: Op) -> dict[str, Any]:

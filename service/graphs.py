@@ -2,8 +2,9 @@
 
 :func:`parse_graph` turns *any* failure of the graph reader into a
 :class:`GraphError` (422), caps the graph's size (413), refuses tensor sizes
-that would overflow the cost model; :meth:`Graph.validate` (the core's checks: every op's
-sharding rule tried once on a two-device mesh, dim attrs, variables listed once) refuses a
+that would overflow the cost model; the core's checks (:meth:`Graph.validate`: dim attrs,
+variables listed once; :func:`autopar.rules.check.check_graph_rules`: every op's sharding
+rule tried once on a two-device mesh) refuse a
 graph a solve could not use before a job exists.  A request's ``graph`` may also name a
 bundled model (:func:`graph_data`).  :func:`shared_graph_data` is the graph as stored for
 the workers: its metadata belongs to the request, not to the content-addressed record; its
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from autopar.errors import AutoparError, GraphError
 from autopar.graph import Graph
+from autopar.rules.check import check_graph_rules
 from autopar_service.problems import ApiError
 from autopar_service.schemas import GraphDoc
 from autopar_service.settings import Settings
@@ -76,10 +78,10 @@ def _check_sizes(graph: Graph) -> None:
 def check_rules(graph: Graph) -> None:
     """Every op's sharding rule reads the graph; 422 naming the first op it fails on.
 
-    :meth:`Graph.validate` (which :func:`parse_graph` ran) does this check once per graph
-    (:func:`autopar.graph._check_rules`); this call is then free.
+    :func:`parse_graph` ran it already (:func:`autopar.rules.check.check_graph_rules`, once
+    per graph), so this call is then free.
     """
-    graph.validate()
+    check_graph_rules(graph)
 
 
 def _check_types(data: dict[str, Any]) -> None:
@@ -126,7 +128,7 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
     _check_counts(data, settings)
     _check_types(data)
     try:
-        graph = Graph.from_dict(data).validate()
+        graph = check_graph_rules(Graph.from_dict(data).validate())
     except AutoparError:
         raise
     except Exception as exc:  # the reader's own checks missed it: still the client's graph

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+import autopar.rules  # noqa: F401  (every planning path loads the rules, which registers their check)
+from autopar.cli import main
 from autopar.content_key import canonical_numbers
 from autopar.errors import GraphError
 from autopar.graph import Graph
@@ -95,6 +97,19 @@ def test_a_zero_size_matmul_input_or_parameter_is_refused(tiny: dict[str, Any]) 
     data["tensors"][v["grad"]]["shape"][0] = 0
     err = _refused(data)
     assert err.code == "bad_shape" and "parameter" in err.message
+
+
+def test_the_command_line_refuses_it_in_one_line(
+    tiny: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _copy(tiny)
+    data["tensors"][_first(data, "broadcast_matmul")["inputs"]["a_0"]]["shape"] = []
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(data))
+    argv = ["plan", str(path), "--cluster", "1x4", "--mesh-shape", "2,2", "--out", str(tmp_path / "p.json")]
+    assert main(argv) == 2  # was a traceback from a cost-table worker process
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autopar: error: [op_unsupported] op "), err
 
 
 def test_every_bundled_model_still_validates() -> None:
