@@ -7,8 +7,9 @@ variables listed once; :func:`autopar.rules.check.check_graph_rules`: every op's
 rule tried once on a two-device mesh) refuse a
 graph a solve could not use before a job exists.  A request's ``graph`` may also name a
 bundled model (:func:`graph_data`).  :func:`shared_graph_data` is the graph as stored for
-the workers: its metadata belongs to the request, not to the content-addressed record; its
-display name travels with it, so the plan says ``mt5-base`` (the plan key ignores names).
+the workers: its metadata and a private name belong to the request, not to the
+content-addressed record; a bundled model's name travels with it, so the plan says
+``mt5-base`` (the plan key ignores names).
 """
 
 from __future__ import annotations
@@ -145,12 +146,17 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
 
 
 def shared_graph_data(data: dict[str, Any] | str, content_hash: str) -> dict[str, Any]:
-    """The graph as stored under its content hash for the workers: no metadata, and the
-    request's display name (``mt5-base``), which the plan keeps (not its key), or
-    ``graph-{hash[:12]}`` when the request names none."""
+    """The graph as stored under its content hash for the workers: no metadata, and a name.
+
+    A bundled model's name (``mt5-base``: public) is kept, so the plan, its summary and its
+    report say it; any other name belongs to the request (another client sending the same
+    content must not read it) and the graph is named ``graph-{hash[:12]}``.  Names are not
+    part of the plan key.
+    """
+    from autopar.models import MODEL_NAMES
+
     document = graph_data(data)
     shared = {k: v for k, v in document.items() if k != "meta"}
     name = document.get("name")
-    named = isinstance(name, str) and name not in ("", "graph")
-    shared["name"] = name if named else f"graph-{content_hash[:12]}"
+    shared["name"] = name if name in MODEL_NAMES else f"graph-{content_hash[:12]}"
     return shared

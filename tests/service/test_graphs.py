@@ -22,9 +22,13 @@ def test_every_bundled_model_passes_the_request_checks(name: str, tmp_path) -> N
     assert parse_graph(shared, Settings(cache_dir=tmp_path)).content_hash() == graph.content_hash()
 
 
-def test_a_graph_without_a_name_is_stored_under_its_hash(tmp_path) -> None:
+@pytest.mark.parametrize("name", [None, "graph", "client-a-private-model"])
+def test_a_graph_not_named_after_a_bundled_model_is_stored_under_its_hash(tmp_path, name) -> None:
     data = build("tiny-gpt").to_dict()
-    del data["name"]
+    if name is None:
+        del data["name"]
+    else:
+        data["name"] = name
     graph = parse_graph(data, Settings(cache_dir=tmp_path))
     assert shared_graph_data(data, graph.content_hash())["name"] == f"graph-{graph.content_hash()[:12]}"
 
