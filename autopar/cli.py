@@ -52,8 +52,13 @@ from autopar.cli_args import (
     wrote,
 )
 from autopar.cluster import Mesh, load_cluster_profile
+<<<<<<< HEAD
 from autopar.errors import AutoparError
 from autopar.iteration import TrainingConfig, baseline_training
+=======
+from autopar.errors import AutoparError, PlanError
+from autopar.plan import format_bytes
+>>>>>>> firstuse
 
 __all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
 
@@ -143,11 +148,52 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_ERRORS_SHOWN = 20
+"""``autopar evaluate`` prints this many of a plan's errors, then how many it left out."""
+
+
+def check_plan_graph(graph: Any, plan: Any) -> None:
+    """Raise ``[plan_graph_mismatch]`` when ``plan`` records the hash of another graph than ``graph``
+    (a plan without a recorded hash, hand-written, is not checked)."""
+    if plan.graph_hash and plan.graph_hash != graph.content_hash():
+        raise PlanError(
+            "plan_graph_mismatch",
+            f"the plan was made for graph {plan.graph_name!r} (content hash {plan.graph_hash[:12]}), "
+            f"not for this graph {graph.name!r} ({graph.content_hash()[:12]}); give the graph the plan "
+            "was made for, or plan this one: autopar plan GRAPH ...",
+            plan_graph_hash=plan.graph_hash,
+        )
+
+
+def _evaluation_text(name: str, plan: Any, ev: Any) -> str:
+    """What ``autopar evaluate`` prints without ``--json``."""
+    mem = ev.memory
+    lines = [
+        f"{name}: {'valid' if ev.valid else 'INVALID'} ({plan.source})",
+        f"  step time  {ev.step_time_s * 1e3:10.2f} ms  (compute {ev.compute_time_s * 1e3:.2f} ms, "
+        f"comm {ev.comm_time_s * 1e3:.2f} ms)",
+        "  comm/axis  "
+        + ", ".join(
+            f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"
+            for a, t in ev.comm_time_s_per_axis.items()
+        ),
+        f"  memory     {format_bytes(mem.total):>13} per device (params {format_bytes(mem.params)}, "
+        f"grads {format_bytes(mem.grads)}, optimizer {format_bytes(mem.optimizer)}, "
+        f"activations {format_bytes(mem.activations)})",
+    ]
+    lines += [f"  error: {e}" for e in ev.errors[:MAX_ERRORS_SHOWN]]
+    left_out = len(ev.errors) - MAX_ERRORS_SHOWN
+    if left_out > 0:
+        lines.append(f"  ... {left_out} more error(s) left out ({len(ev.errors)} in all)")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from autopar.evaluate import evaluate
 
     graph = _load_graph(args.graph)
     plan = plan_from_arg(args.plan)
+    check_plan_graph(graph, plan)
     if args.cluster_profile:  # re-price the plan's mesh on the profile
         old = plan.mesh.cluster
         cluster = load_cluster_profile(args.cluster_profile).cluster(old.nodes, old.devices_per_node)
@@ -157,6 +203,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
     else:
+<<<<<<< HEAD
         gib = 1024**3
         sys.stdout.write(
             f"{args.plan}: {'valid' if ev.valid else 'INVALID'} ({plan.source})\n"
@@ -178,6 +225,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         )
         for e in ev.errors[:20]:
             sys.stdout.write(f"  error: {e}\n")
+=======
+        sys.stdout.write(_evaluation_text(args.plan, plan, ev))
+>>>>>>> firstuse
     return 0 if ev.valid else 1
 
 

@@ -34,10 +34,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BASELINE_KINDS",
+    "DEFAULT_TIME_LIMIT_S",
     "MEMORY_FORMS",
+    "TIME_LIMIT_MEANING",
     "Command",
     "add_memory_arg",
     "add_mesh_args",
+    "add_time_limit_arg",
     "check_writable",
     "graph_arg_help",
     "graph_from_arg",
@@ -47,6 +50,7 @@ __all__ = [
     "model_names",
     "parse_bytes",
     "plan_from_arg",
+    "positive_seconds",
     "require_extra",
     "wrote",
 ]
@@ -90,6 +94,39 @@ def parse_bytes(text: str) -> int:
     if value < 1:
         raise ConfigError("bad_memory", f"memory size must be at least 1 byte, got {text!r}")
     return int(value)
+
+
+DEFAULT_TIME_LIMIT_S = 30.0
+"""The time limit of one plan request, seconds: ``autopar plan``, ``autopar submit``, the
+API's ``options.time_limit_s`` (``AUTOPAR_DEFAULT_TIME_LIMIT_S``) and the explorer page."""
+
+TIME_LIMIT_MEANING = (
+    "seconds for the whole request: cost tables, reductions, heuristic, CP-SAT, memory rounds "
+    "and verification, every mesh shape together"
+)
+"""What a time limit bounds, the same everywhere (help texts, the API, the page)."""
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of ``--time-limit``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def add_time_limit_arg(p: argparse.ArgumentParser, extra: str = "") -> None:
+    """``--time-limit``: one meaning and one default (:data:`DEFAULT_TIME_LIMIT_S`) for every command."""
+    p.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="SECONDS",
+        help=f"{TIME_LIMIT_MEANING}{extra} (default: %(default)s)",
+    )
 
 
 # ------------------------------------------------------------------ commands
@@ -289,12 +326,14 @@ def graph_json_from_arg(spec: str) -> bytes:
 
 
 def graph_from_arg(spec: str) -> Graph:
-    """The validated graph of a graph file or of a bundled model name."""
+    """The validated graph of a graph file or of a bundled model name (every op's rule read it:
+    :func:`autopar.rules.check.check_graph_rules`)."""
     from autopar.graph import Graph
+    from autopar.rules.check import check_graph_rules
 
     path = Path(spec)
     if path.exists():
-        return Graph.from_json(_read(path, "graph file")).validate()
+        return check_graph_rules(Graph.from_json(_read(path, "graph file")).validate())
     if spec in model_names():
         from autopar.models import build
 

@@ -6,6 +6,9 @@ code* answered it, never by when or by whom:
 
 * :func:`canonical_json` -- the bytes of a JSON value with sorted keys and no
   whitespace, so equal values give equal bytes;
+* :func:`canonical_numbers` -- a JSON value with every integer-valued float written
+  as the int (``1.0`` -> ``1``, ``-0.0`` -> ``0``), so a document re-encoded by a
+  client that drops the ``.0`` (JavaScript's ``JSON.stringify``) keys the same;
 * :func:`source_digest` -- a hash of source files (relative path + contents), so
   a changed rule or formula misses entries written by older code;
 * :func:`content_key` -- SHA-256 hex of the canonical JSON of a payload.
@@ -19,12 +22,29 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["canonical_json", "content_key", "python_sources", "source_digest"]
+__all__ = ["canonical_json", "canonical_numbers", "content_key", "python_sources", "source_digest"]
 
 
 def canonical_json(obj: Any) -> bytes:
     """Sorted-key, whitespace-free ASCII JSON: equal values give equal bytes."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def canonical_numbers(value: Any) -> Any:
+    """``value`` with each integer-valued float replaced by the equal int, in lists and dicts too.
+
+    JSON has one number type: ``1``, ``1.0`` and ``1e0`` are the same number, and so are
+    ``0.01`` and ``1e-2`` (Python reads both as the same float).  Python keeps ``1.0`` a
+    float, JavaScript prints it as ``1``; this makes both the int.  Booleans stay booleans;
+    ``inf`` and ``nan`` stay floats.  Values without such floats come back as they are.
+    """
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: canonical_numbers(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [canonical_numbers(v) for v in value]
+    return value
 
 
 def content_key(payload: Mapping[str, Any]) -> str:

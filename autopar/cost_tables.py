@@ -561,9 +561,10 @@ def _run_batches(
 def _out_of_time(deadline: Deadline, name: str, what: str, done: int, total: int) -> TimeLimitError:
     return TimeLimitError(
         "time_limit",
-        f"the time limit ({deadline.limit_s:g} s) ran out while building cost tables: "
-        f"{done} of {total} {what} done (computed entries are kept in the memo, so a rerun "
-        "starts from there); raise the time limit",
+        f"the time limit ({round(deadline.limit_s, 2):g} s) ran out while building cost tables: "
+        f"{done} of {total} {what} done; raise the time limit (the entries computed so far are kept "
+        "only where the memo persists: with `autopar plan --memo DIR` or in the service a rerun "
+        "starts from them, otherwise it starts over)",
         phase=name,
         done=done,
         total=total,

@@ -19,7 +19,7 @@ import hashlib
 import heapq
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autopar.collector import collector_paused
+from autopar.content_key import canonical_numbers
 from autopar.errors import GraphError
 from autopar.wire import DTYPES, GRAPH_DOCUMENT, GraphModel, error_path
 
@@ -39,6 +40,7 @@ __all__ = [
     "Role",
     "TensorSpec",
     "Variable",
+    "register_validator",
 ]
 
 FORMAT = "autopar.graph/v1"
@@ -150,6 +152,8 @@ class Graph:
         self.ops: list[Op] = list(ops)
         self.variables: list[Variable] = list(variables)
         self.meta: dict[str, Any] = dict(meta or {})
+        self.rules_checked = False
+        """Set by :func:`autopar.rules.check.check_graph_rules` once every op's rule read the graph."""
 
     # ------------------------------------------------------------ lookups
 
@@ -308,6 +312,10 @@ class Graph:
                     "bad_variable", f"variable {v.op!r} names unknown optimizer op {v.optimizer!r}", op=v.op
                 )
         _ = self.topological_order
+        _check_variables_once(self.variables)
+        _check_dim_attrs(self)
+        for check in _VALIDATORS:
+            check(self)
         return self
 
     # ------------------------------------------------------------ wire format
@@ -400,12 +408,18 @@ class Graph:
             fh.write(self.to_json())
 
     def content_hash(self) -> str:
-        """Hash of the canonical graph: independent of op order and JSON whitespace."""
+        """SHA-256 hex of the canonical graph: what the plan key and the memo keys see of it.
+
+        It covers every tensor (name, shape, dtype), every op (name, type, role, ports in
+        order, attrs) and every variable.  It ignores the graph's ``name`` and ``meta``, the
+        order of ops, tensors and variables, the order of keys in a JSON object, JSON
+        whitespace, and how a number is written: an integer-valued float equals the int
+        (``1.0`` and ``1``; ``0.0`` and ``0``), and ``0.01`` equals ``1e-2``
+        (:func:`~autopar.content_key.canonical_numbers`).
+        """
         canonical = {
             "tensors": sorted((n, list(t.shape), t.dtype) for n, t in self.tensors.items()),
-            "ops": sorted(
-                (json.dumps(op.to_dict(), sort_keys=True) for op in self.ops),
-            ),
+            "ops": sorted(json.dumps(_canonical_op(op), sort_keys=True) for op in self.ops),
             "variables": sorted(json.dumps(v.to_dict(), sort_keys=True) for v in self.variables),
         }
         return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
@@ -415,6 +429,80 @@ class Graph:
             f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)}, "
             f"variables={len(self.variables)})"
         )
+
+
+_VALIDATORS: list[Callable[[Graph], object]] = []
+"""Checks :meth:`Graph.validate` runs last, registered by modules the graph cannot import
+(:func:`register_validator`): :mod:`autopar.rules` registers its rule probe
+(:func:`autopar.rules.check.check_graph_rules`) when imported, as its families register rules."""
+
+
+def register_validator(check: Callable[[Graph], object]) -> None:
+    """Have :meth:`Graph.validate` call ``check(graph)`` (once registered, idempotent)."""
+    if check not in _VALIDATORS:
+        _VALIDATORS.append(check)
+
+
+DIM_ATTRS = frozenset({"axis", "dim", "begin_norm_axis", "begin_params_axis", "perm", "broadcast_axes"})
+"""Attrs that name tensor dims (one, or a list): :meth:`Graph.validate` checks each is an
+integer (an integer-valued float such as ``0.0`` counts) within the rank of the op's tensors."""
+
+
+def _check_variables_once(variables: list[Variable]) -> None:
+    """Each parameter (its op, and its tensor) is listed once: a second entry would count it twice."""
+    seen_ops: set[str] = set()
+    seen_tensors: set[str] = set()
+    for i, v in enumerate(variables):
+        if v.op in seen_ops or v.tensor in seen_tensors:
+            what = f"op {v.op!r}" if v.op in seen_ops else f"tensor {v.tensor!r}"
+            raise GraphError(
+                "duplicate_variable",
+                f"variables[{i}] lists the parameter {what} a second time; list each variable once",
+                op=v.op,
+            )
+        seen_ops.add(v.op)
+        seen_tensors.add(v.tensor)
+
+
+def _dim_values(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _is_dim(d: Any, rank: int) -> bool:
+    """``d`` is an integer (or an integer-valued float) from ``-rank`` to ``rank - 1``."""
+    if isinstance(d, bool) or not isinstance(d, int | float):
+        return False
+    if isinstance(d, float) and not (math.isfinite(d) and d.is_integer()):
+        return False
+    return -rank <= d < rank
+
+
+def _check_dim_attrs(graph: Graph) -> None:
+    """Every :data:`DIM_ATTRS` value is an integer ``d`` with ``-rank <= d < rank``, where rank is
+    the largest rank among the op's tensors (at least 1); ``null`` means "every dim"."""
+    for op in graph.ops:
+        if not op.attrs or DIM_ATTRS.isdisjoint(op.attrs):
+            continue
+        ranks = [len(graph.tensors[t].shape) for t in (*op.inputs.values(), *op.outputs.values())]
+        rank = max([1, *ranks])
+        for name in DIM_ATTRS.intersection(op.attrs):
+            for d in _dim_values(op.attrs[name]):
+                if d is not None and not _is_dim(d, rank):
+                    shown = repr(d) if len(repr(d)) <= 40 else repr(d)[:37] + "..."
+                    raise GraphError(
+                        "bad_attr",
+                        f"op {op.name!r} ({op.type}): attr {name!r} = {shown} is not a dim of its "
+                        f"tensors; give an integer from {-rank} to {rank - 1}",
+                        op=op.name,
+                    )
+
+
+def _canonical_op(op: Op) -> dict[str, Any]:
+    """``op.to_dict()`` with its attrs' numbers canonical (an integer-valued float as the int)."""
+    d = op.to_dict()
+    if op.attrs:
+        d["attrs"] = canonical_numbers(op.attrs)
+    return d
 
 
 def _graph_error(exc: ValidationError) -> GraphError:

@@ -32,9 +32,22 @@ from autopar.wire import (
     error_path,
 )
 
-__all__ = ["FORMAT", "Plan"]
+__all__ = ["FORMAT", "Plan", "format_bytes"]
 
 FORMAT = "autopar.plan/v1"
+
+_BINARY_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def format_bytes(n: float | None) -> str:
+    """``4563402752`` -> ``4.25 GiB``; under 0.01 GiB in MiB, under 0.01 MiB in KiB, so a small
+    figure never prints as ``0.00 GiB``; under 0.01 KiB in bytes; None or NaN -> ``n/a``."""
+    if n is None or n != n:
+        return "n/a"
+    for unit, size in _BINARY_UNITS:
+        if abs(n) >= 0.01 * size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 @dataclass
@@ -250,7 +263,6 @@ class Plan:
 
     def summary(self) -> str:
         """A few human-readable lines."""
-        gib = 1024**3
         pred, mem = self.predicted, self.memory
         lines = [
             f"plan for {self.graph_name} ({self.source}) on mesh {list(self.mesh.shape)} "
@@ -260,6 +272,7 @@ class Plan:
             f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; "
             f"{pred.get('step_time_overlapped_s', float('nan')) * 1e3:.2f} ms with gradient "
             f"reduction overlapping backward; runtime {self.runtime})",
+<<<<<<< HEAD
             f"  iteration   {pred.get('iteration_time_s', float('nan')) * 1e3:10.2f} ms "
             f"({self.training.micro_batches} micro-batches per step, checkpointing "
             f"{self.training.checkpointing}; "
@@ -269,11 +282,18 @@ class Plan:
             f"(params {mem.get('params_bytes', 0) / gib:.2f}, grads {mem.get('grads_bytes', 0) / gib:.2f}, "
             f"optimizer {mem.get('optimizer_bytes', 0) / gib:.2f}, "
             f"activations {mem.get('activation_peak_bytes', 0) / gib:.2f})",
+=======
+            f"  memory/dev  {format_bytes(mem.get('per_device_bytes', float('nan'))):>13} "
+            f"(params {format_bytes(mem.get('params_bytes', 0))}, "
+            f"grads {format_bytes(mem.get('grads_bytes', 0))}, "
+            f"optimizer {format_bytes(mem.get('optimizer_bytes', 0))}, "
+            f"activations {format_bytes(mem.get('activation_peak_bytes', 0))})",
+>>>>>>> firstuse
         ]
         if self.solver:
             s = self.solver
             lines.append(
-                f"  solver      {s.get('status')} gap {100 * float(s.get('gap') or 0):.2f}% "
+                f"  solver      {s.get('status')}, proven gap {100 * float(s.get('gap') or 0):.2f}% "
                 f"in {float(s.get('wall_s') or 0):.1f} s"
             )
         fb = self.diagnostics.get("fallback_ops") or []

@@ -5,7 +5,7 @@
     autopar serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--workers N]
     autopar worker --redis-url URL [--name NAME] [--burst]
     autopar submit GRAPH --server URL [--cluster 2x4] [--mesh-shape 4,2] [--memory 30GiB]
-                   [--zero 2] [--time-limit 60] [--wait] [--out plan.json]
+                   [--zero 2] [--time-limit 30] [--wait] [--out plan.json]
     autopar submit mt5-base --serve --wait --out plan.json     # one-shot local server
 
 ``GRAPH`` is a graph JSON file or the name of a bundled model (``mt5-base``,
@@ -35,6 +35,7 @@ from autopar.cli_args import (
     Command,
     add_memory_arg,
     add_mesh_args,
+    add_time_limit_arg,
     graph_arg_help,
     graph_json_from_arg,
     parse_bytes,
@@ -186,8 +187,7 @@ def submit(args: argparse.Namespace) -> int:
     """Send a plan request; with ``--wait`` follow it and write the plan."""
     graph = graph_json_from_arg(args.graph)
     options: dict[str, Any] = {}
-    if args.time_limit is not None:
-        options["time_limit_s"] = args.time_limit
+    options["time_limit_s"] = args.time_limit
     if args.gap is not None:
         options["relative_gap"] = args.gap
     if args.seed is not None:
@@ -287,13 +287,7 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--api-key", default=None, help="X-API-Key (default: AUTOPAR_API_KEY)")
     add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
     add_memory_arg(s)
-    s.add_argument(
-        "--time-limit",
-        type=float,
-        default=None,
-        help="seconds of search per mesh shape, cost tables not included "
-        "(default: the server's AUTOPAR_DEFAULT_TIME_LIMIT_S, 60)",
-    )
+    add_time_limit_arg(s, ", on the server; waiting in its queue is not counted")
     s.add_argument(
         "--gap", type=float, default=None, help="relative gap to stop at (default: the server's, 0.01)"
     )
@@ -350,9 +344,29 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="HTML file to write (checked before any work)")
 
 
+def check_compare_args(specs: list[str]) -> None:
+    """Refuse a ``--compare`` that names neither a baseline nor a plan file, with a "did you mean"."""
+    import difflib
+    from pathlib import Path
+
+    from autopar.baselines import BASELINES
+
+    for spec in specs:
+        if "=" in spec or spec in BASELINES or Path(spec).exists():
+            continue
+        close = difflib.get_close_matches(spec, list(BASELINES), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            "bad_compare",
+            f"--compare {spec!r} is neither a baseline nor a plan file; {hint}"
+            f"baselines: {', '.join(BASELINES)}; or give PATH or LABEL=PATH",
+        )
+
+
 def _report(args: argparse.Namespace) -> int:
     from autopar_service.report import cmd_report
 
+    check_compare_args(args.compare)
     return cmd_report(args)
 
 

@@ -2,35 +2,37 @@
 
 :func:`parse_graph` turns *any* failure of the graph reader into a
 :class:`GraphError` (422), caps the graph's size (413), refuses tensor sizes
-that would overflow the cost model; :func:`check_rules` runs every op's sharding rule once on
-a two-device mesh before a solve starts, so an op whose rule cannot read it (a renamed port, an
-attribute of the wrong type) is refused up front instead of failing inside a
-solve.  :func:`shared_graph_data` is the graph as stored for the workers: its
-name and metadata belong to the request, not to the content-addressed record.
+that would overflow the cost model; the core's checks (:meth:`Graph.validate`: dim attrs,
+variables listed once; :func:`autopar.rules.check.check_graph_rules`: every op's sharding
+rule tried once on a two-device mesh) refuse a
+graph a solve could not use before a job exists.  A request's ``graph`` may also name a
+bundled model (:func:`graph_data`).  :func:`shared_graph_data` is the graph as stored for
+the workers: its metadata and a private name belong to the request, not to the
+content-addressed record; a bundled model's name travels with it, so the plan says
+``mt5-base`` (the plan key ignores names).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 from typing import Any
 
 from pydantic import ValidationError
 
 from autopar.errors import AutoparError, GraphError
-from autopar.graph import Graph, Op
-from autopar.rules.registry import RuleContext, default_rules, nd_signatures
+from autopar.graph import Graph
+from autopar.rules.check import check_graph_rules
 from autopar_service.problems import ApiError
 from autopar_service.schemas import GraphDoc
 from autopar_service.settings import Settings
 
-__all__ = ["MAX_TENSOR_BYTES", "check_rules", "parse_graph", "shared_graph_data"]
+__all__ = ["MAX_TENSOR_BYTES", "check_rules", "graph_data", "parse_graph", "shared_graph_data"]
 
 MAX_TENSOR_BYTES = 2**50
 """Largest logical tensor, bytes (1 PiB): far above any real model's tensor, far below
 where float64 byte and FLOP counts lose integer precision (2**53)."""
-
-_PROBE_MESH = (2,)
-"""Mesh the rules are tried on: the smallest mesh on which a rule must split something."""
 
 
 def _short(exc: BaseException) -> str:
@@ -40,7 +42,7 @@ def _short(exc: BaseException) -> str:
 
 def _check_counts(data: Any, settings: Settings) -> None:
     if not isinstance(data, dict):
-        raise GraphError("bad_format", "the graph must be a JSON object")
+        raise GraphError("bad_format", "the graph must be a JSON object or a bundled model's name")
     ops, tensors = data.get("ops"), data.get("tensors")
     if isinstance(ops, list) and len(ops) > settings.max_graph_ops:
         raise ApiError(
@@ -74,49 +76,13 @@ def _check_sizes(graph: Graph) -> None:
             )
 
 
-def _op_shape(graph: Graph, op: Op) -> tuple[Any, ...]:
-    """What a rule's outcome depends on: type, ports with their tensors' shapes and dtypes, attrs."""
-    ports = tuple(
-        (port, graph.tensors[t].shape, graph.tensors[t].dtype)
-        for port, t in (*op.inputs.items(), ("->", ""), *op.outputs.items())
-        if t
-    )
-    return op.type, ports, json.dumps(op.attrs, sort_keys=True, default=repr)
-
-
 def check_rules(graph: Graph) -> None:
-    """Run every op's sharding rule once on a two-device mesh; 422 naming the first op it fails on.
+    """Every op's sharding rule reads the graph; 422 naming the first op it fails on.
 
-    Ops alike (same type, ports, shapes and attributes: every layer of a transformer)
-    are checked once.
+    :func:`parse_graph` ran it already (:func:`autopar.rules.check.check_graph_rules`, once
+    per graph), so this call is then free.
     """
-    rules = default_rules()
-    seen: set[tuple[Any, ...]] = set()
-    for op in graph.ops:
-        rule = rules.get(op.type)
-        if rule is None:
-            continue  # unknown op types are replicated, which always works
-        shape = _op_shape(graph, op)
-        if shape in seen:
-            continue
-        seen.add(shape)
-        ctx = RuleContext(
-            op=op,
-            inputs=tuple(graph.tensors[t] for t in op.inputs.values()),
-            outputs=tuple(graph.tensors[t] for t in op.outputs.values()),
-            mesh_shape=_PROBE_MESH,
-        )
-        try:
-            nd_signatures(rule, ctx)
-            if rule.flops is not None:
-                rule.flops(ctx)
-        except Exception as exc:  # any failure of a rule on this op is a property of the graph
-            raise GraphError(
-                "op_unsupported",
-                f"op {op.name!r} ({op.type}): its sharding rule cannot read it ({_short(exc)}); "
-                "check its ports and attributes against the graph format",
-                op=op.name,
-            ) from None
+    check_graph_rules(graph)
 
 
 def _check_types(data: dict[str, Any]) -> None:
@@ -131,15 +97,39 @@ def _check_types(data: dict[str, Any]) -> None:
         ) from None
 
 
-def parse_graph(data: Any, settings: Settings) -> Graph:
-    """The validated graph of a request body; 413 when too large, 422 naming the first problem.
+@functools.lru_cache(maxsize=4)
+def _model_json(name: str) -> bytes:
+    from autopar.models import build
 
-    Call :func:`check_rules` as well before a solve is started for it.
-    """
+    return build(name).to_json().encode()
+
+
+def graph_data(data: Any) -> Any:
+    """A request's ``graph`` as a document: a bundled model's name (``"tiny-gpt"``) is its graph."""
+    if not isinstance(data, str):
+        return data
+    from autopar.models import MODEL_NAMES
+
+    if data not in MODEL_NAMES:
+        close = difflib.get_close_matches(data, MODEL_NAMES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise GraphError(
+            "unknown_model",
+            f"graph {data[:80]!r} is not a bundled model; {hint}send a graph object or one of "
+            f"{', '.join(MODEL_NAMES)}",
+        )
+    return json.loads(_model_json(data))
+
+
+def parse_graph(data: Any, settings: Settings) -> Graph:
+    """The validated graph of a request body's ``graph`` (a document, or a bundled model's name);
+    413 when too large, 422 naming the first problem (every op's rule is tried on it too:
+    :meth:`Graph.validate`)."""
+    data = graph_data(data)
     _check_counts(data, settings)
     _check_types(data)
     try:
-        graph = Graph.from_dict(data).validate()
+        graph = check_graph_rules(Graph.from_dict(data).validate())
     except AutoparError:
         raise
     except Exception as exc:  # the reader's own checks missed it: still the client's graph
@@ -155,8 +145,18 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
     return graph
 
 
-def shared_graph_data(data: dict[str, Any], content_hash: str) -> dict[str, Any]:
-    """The graph as stored under its content hash: a neutral name, no metadata."""
-    shared = {k: v for k, v in data.items() if k != "meta"}
-    shared["name"] = f"graph-{content_hash[:12]}"
+def shared_graph_data(data: dict[str, Any] | str, content_hash: str) -> dict[str, Any]:
+    """The graph as stored under its content hash for the workers: no metadata, and a name.
+
+    A bundled model's name (``mt5-base``: public) is kept, so the plan, its summary and its
+    report say it; any other name belongs to the request (another client sending the same
+    content must not read it) and the graph is named ``graph-{hash[:12]}``.  Names are not
+    part of the plan key.
+    """
+    from autopar.models import MODEL_NAMES
+
+    document = graph_data(data)
+    shared = {k: v for k, v in document.items() if k != "meta"}
+    name = document.get("name")
+    shared["name"] = name if name in MODEL_NAMES else f"graph-{content_hash[:12]}"
     return shared

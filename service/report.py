@@ -580,7 +580,7 @@ def build_report(
     }
     rendered = {k: _figure_html(fig, k) for k, fig in charts.items()}
     mesh = plan.mesh
-    heading = title or f"autopar plan report: {graph.name}"
+    heading = title or f"autopar plan report: {plan.graph_name or graph.name}"
     compared = ", ".join(_esc(v.label) for v in views[1:]) or "nothing"
     peak = main.timeline.peak_position
     peak_op = order_names[peak] if peak < len(order_names) else "n/a"

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autopar.cli_args import DEFAULT_TIME_LIMIT_S, TIME_LIMIT_MEANING
 from autopar.cluster import PRESETS, Cluster, DeviceSpec, Mesh
 from autopar.errors import ConfigError
 from autopar.graph import Graph
@@ -50,7 +51,11 @@ class SolverOptionsBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     time_limit_s: float | None = Field(
-        default=None, gt=0, description="Wall-clock limit of the solve, seconds."
+        default=None,
+        gt=0,
+        description=f"{TIME_LIMIT_MEANING[0].upper()}{TIME_LIMIT_MEANING[1:]}, as `autopar plan "
+        "--time-limit`; waiting in the queue is not counted (default: the server's "
+        f"AUTOPAR_DEFAULT_TIME_LIMIT_S, {DEFAULT_TIME_LIMIT_S:g}).",
     )
     relative_gap: float | None = Field(
         default=None, ge=0, lt=1, description="Stop within this relative optimality gap."

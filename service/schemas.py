@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from autopar.models import MODEL_NAMES
+
 __all__ = [
     "GRAPH_DEFS",
     "GRAPH_SCHEMA",
@@ -70,9 +72,20 @@ def _graph_schema() -> tuple[dict[str, Any], dict[str, Any]]:
 GRAPH_SCHEMA, GRAPH_DEFS = _graph_schema()
 """The graph's JSON Schema (inline) and the schemas it refers to (``components/schemas``)."""
 
-GraphField = Annotated[dict[str, Any], WithJsonSchema(GRAPH_SCHEMA)]
-"""The type of a request's ``graph``: parsed by :func:`autopar_service.graphs.parse_graph`, documented as
-:class:`GraphDoc`.  The one place to point at shared wire models when they exist."""
+GraphField = Annotated[
+    dict[str, Any] | str,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                GRAPH_SCHEMA,
+                {"type": "string", "enum": list(MODEL_NAMES), "description": "a bundled model's name"},
+            ]
+        }
+    ),
+]
+"""The type of a request's ``graph``: an ``autopar.graph/v1`` document (documented as
+:class:`GraphDoc`) or a bundled model's name, parsed by :func:`autopar_service.graphs.parse_graph`.
+The one place to point at shared wire models when they exist."""
 
 
 # ------------------------------------------------------------------ responses
@@ -155,7 +168,7 @@ class SweepRow(BaseModel):
     memory_per_device_bytes: float | None
     chosen_mesh_shape: list[int] | None
     gap: float | None
-    min_feasible_bytes: float | None
+    min_feasible_bytes: int | None
     error: str | None
     links: dict[str, str]
 

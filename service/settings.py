@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from autopar.cli_args import DEFAULT_TIME_LIMIT_S
 from autopar.errors import ConfigError
 
 __all__ = ["Settings", "check_exposure", "load_settings"]
@@ -73,8 +74,9 @@ class Settings(BaseSettings):
     job_ttl_s: float = Field(default=86400, gt=0)
     """How long job records, uploaded graphs and sweep records are kept, seconds."""
 
-    default_time_limit_s: float = Field(default=60.0, gt=0)
-    """Solver time limit when the request gives none, seconds."""
+    default_time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0)
+    """Time limit of a request that gives none, seconds: the whole solve (cost tables, every
+    mesh shape, verification), as ``autopar plan --time-limit`` (same default)."""
     max_time_limit_s: float = Field(default=900.0, gt=0)
     """Largest solver time limit a request may ask for, seconds (422 beyond)."""
     job_timeout_margin_s: float = Field(default=120.0, ge=0)

@@ -15,11 +15,19 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from autopar.cli_args import Command, add_memory_arg, add_mesh_args, add_training_args, graph_arg_help, wrote
+from autopar.cli_args import (
+    Command,
+    add_memory_arg,
+    add_mesh_args,
+    add_time_limit_arg,
+    add_training_args,
+    graph_arg_help,
+    wrote,
+)
 from autopar.cluster import Mesh, parse_mesh_shape
 from autopar.graph import Graph
 from autopar.iteration import TrainingConfig, baseline_training
-from autopar.plan import Plan
+from autopar.plan import Plan, format_bytes
 from autopar.progress import Progress
 
 __all__ = [
@@ -27,11 +35,11 @@ __all__ = [
     "ProgressLine",
     "add_plan_arguments",
     "baseline_evaluated",
+    "mesh_search_text",
     "run_plan_command",
     "summary_table",
 ]
 
-GIB = 1024**3
 BASELINES = ("data-parallel", "inferred", "megatron")
 
 
@@ -98,11 +106,12 @@ def _iteration_s(p: Plan) -> float:
 
 
 def summary_table(rows: list[tuple[str, Plan]]) -> str:
-    """Plain-text table: iteration time (K, checkpointing), memory per device, gap, ratio to the last row."""
+    """Plain-text table: iteration time (K, checkpointing), memory per device, proven gap,
+    ratio to the last row."""
     base = _iteration_s(rows[-1][1]) if rows else 1.0
     last = rows[-1][0] if rows else ""
     lines = [
-        f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}{'mem GiB':>10}{'gap':>8}"
+        f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}{'memory/dev':>13}{'proven gap':>12}"
     ]
     for name, p in rows:
         gap = p.solver.get("gap") if p.solver else None
@@ -110,9 +119,25 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
             f"{name:<22}{_iteration_s(p) * 1e3:>13.2f}"
             f"{p.training.micro_batches:>4}{p.training.checkpointing:>6}"
             f"{_iteration_s(p) / base:>15.3f}x"
-            f"{p.memory_per_device_bytes / GIB:>10.2f}{'' if gap is None else f'{100 * gap:.2f}%':>8}"
+            f"{format_bytes(p.memory_per_device_bytes):>13}{'' if gap is None else f'{100 * gap:.2f}%':>12}"
         )
     return "\n".join(lines)
+
+
+def mesh_search_text(entries: list[Any]) -> str:
+    """The ``mesh search:`` lines: each shape's step time, memory, proven gap and wall time, or
+    why it has no plan."""
+    lines = ["mesh search:"]
+    for r in entries:
+        t, gap = r.get("step_time_s"), r.get("gap")
+        what = (
+            f"{t * 1e3:.2f} ms, {format_bytes(r.get('memory_per_device_bytes'))}, "
+            f"proven gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
+            if t
+            else str(r.get("error"))
+        )
+        lines.append(f"  {r['shape']!s:<10} {what}")
+    return "\n".join(lines) + "\n"
 
 
 def _cache_dir() -> Path:
@@ -225,19 +250,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
             )
         sys.stdout.write(summary_table(rows) + "\n")
     if result.diagnostics.get("mesh_search"):
-        sys.stdout.write("mesh search:\n")
-        for r in result.diagnostics["mesh_search"]:
-            t, mem, gap = r["step_time_s"], r["memory_per_device_bytes"] or 0.0, r.get("gap")
-            sys.stdout.write(
-                f"  {r['shape']!s:<10} "
-                + (
-                    f"{t * 1e3:.2f} ms, {mem / GIB:.2f} GiB, "
-                    f"gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
-                    if t
-                    else str(r["error"])
-                )
-                + "\n"
-            )
+        sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
     wrote("plan", args.out)
     return 0
 
@@ -247,14 +260,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
     add_memory_arg(p)
     add_training_args(p)
-    p.add_argument(
-        "--time-limit",
-        type=float,
-        default=30.0,
-        help="seconds for the whole command: loading the graph, cost tables, reductions, heuristic, "
-        "CP-SAT, memory rounds and verification, every mesh shape together; --compare comes on top "
-        "(default: %(default)s)",
-    )
+    add_time_limit_arg(p, ", and loading the graph; --compare comes on top")
     p.add_argument("--workers", type=int, default=None, help="CP-SAT threads (default: min(8, CPUs))")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: %(default)s)")
     p.add_argument(

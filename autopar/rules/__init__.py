@@ -6,7 +6,7 @@ Importing this package (which importing any of its modules does first) imports
 so the modules form no import cycle.
 """
 
-from autopar.rules import families  # noqa: F401  (registers the default rules)
+from autopar.rules import check, families  # noqa: F401  (registers the default rules and the graph check)
 from autopar.rules.registry import (
     CostKind,
     Rule,

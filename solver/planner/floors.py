@@ -121,7 +121,7 @@ def _check_floors(deadline: Deadline | None, done: str) -> None:
     if deadline is not None and deadline.expired():
         raise TimeLimitError(
             "time_limit",
-            f"the time limit ({deadline.limit_s:g} s) ran out while computing the memory floors "
+            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out while computing the memory floors "
             f"after the cost tables ({done} done); raise the time limit",
             phase="memory_floors",
         )
@@ -160,7 +160,7 @@ def raise_infeasible(
         f"no plan on mesh {list(mesh.shape)} fits {human_bytes(budget or 0)} per device; "
         f"the smallest memory found feasible is {human_bytes(min_bytes)} {how}"
         ": raise the budget, use a higher ZeRO stage, or add devices",
-        min_feasible_bytes=min_bytes,
+        min_feasible_bytes=math.ceil(min_bytes) if math.isfinite(min_bytes) else None,
         proven=proven,
         mesh_shape=list(mesh.shape),
     )

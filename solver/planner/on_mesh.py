@@ -167,7 +167,7 @@ def _chosen(job: MeshJob, state: Rounds, memo: MemoRecall, ctx: PlanContext, t_t
         raise_infeasible(job.tables, job.budget, state.positions, job.mesh, ctx.deadline)
     raise TimeLimitError(
         "time_limit",
-        f"the time limit ({ctx.deadline.limit_s:g} s) ran out before a plan on mesh {list(job.mesh.shape)} "
+        f"the time limit ({round(ctx.deadline.limit_s, 2):g} s) ran out before a plan on mesh {list(job.mesh.shape)} "
         f"fitting the budget was verified: cost tables took {t_tables:.1f} s, "
         f"{len(state.log)} memory round(s) solved ({len(state.positions)} memory rows added); "
         "raise the time limit",

@@ -99,7 +99,7 @@ def checked_graph(request: PlanRequest, deadline: Deadline) -> Graph:
 def _raise_no_time_to_load(deadline: Deadline, num_ops: int) -> None:
     raise TimeLimitError(
         "time_limit",
-        f"the time limit ({deadline.limit_s:g} s) ran out while loading and checking the graph "
+        f"the time limit ({round(deadline.limit_s, 2):g} s) ran out while loading and checking the graph "
         f"({num_ops} ops, {deadline.elapsed():.1f} s); raise the time limit",
         phase="load",
     )

@@ -123,8 +123,8 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
 
     until(driver, "the solve to finish", finished)
     assert seen & {"queued", "running"}, f"no progress event was shown: {seen}"
-    # the service names graphs by content
-    assert "plan for graph-" in driver.find_element(by_id, "summary").text
+    # the plan keeps the model's display name (issue 24, item 10)
+    assert "plan for tiny-gpt" in driver.find_element(by_id, "summary").text
     assert svg_count(driver, "#progress-chart svg.main-svg") > 0
     driver.save_screenshot(str(shots / "explorer-solved.png"))
 

@@ -18,8 +18,29 @@ def test_every_bundled_model_passes_the_request_checks(name: str, tmp_path) -> N
     if len(graph.ops) < 1000:
         check_rules(graph)
     shared = shared_graph_data(data, graph.content_hash())
-    assert "meta" not in shared and shared["name"].startswith("graph-")
+    assert "meta" not in shared and shared["name"] == name  # the plan keeps the display name
     assert parse_graph(shared, Settings(cache_dir=tmp_path)).content_hash() == graph.content_hash()
+
+
+@pytest.mark.parametrize("name", [None, "graph", "client-a-private-model"])
+def test_a_graph_not_named_after_a_bundled_model_is_stored_under_its_hash(tmp_path, name) -> None:
+    data = build("tiny-gpt").to_dict()
+    if name is None:
+        del data["name"]
+    else:
+        data["name"] = name
+    graph = parse_graph(data, Settings(cache_dir=tmp_path))
+    assert shared_graph_data(data, graph.content_hash())["name"] == f"graph-{graph.content_hash()[:12]}"
+
+
+def test_a_bundled_model_name_is_its_graph(tmp_path) -> None:
+    settings = Settings(cache_dir=tmp_path)
+    graph = parse_graph("tiny-gpt", settings)
+    assert graph.content_hash() == build("tiny-gpt").content_hash()
+    assert shared_graph_data("tiny-gpt", graph.content_hash())["name"] == "tiny-gpt"
+    with pytest.raises(GraphError) as err:
+        parse_graph("tiny-gtp", settings)
+    assert err.value.code == "unknown_model" and "did you mean 'tiny-gpt'" in err.value.message
 
 
 def test_wire_types_are_strict(tmp_path) -> None:

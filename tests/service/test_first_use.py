@@ -1,0 +1,122 @@
+"""Issue 24, items 8, 9, 10 and 14 against a real server (embedded cache, local solver processes).
+
+* invalid graphs are 422 before any job (duplicate variables, ``axis: 1e308``, a zero-size or
+  rank-0 tensor where the op's rule cannot take it);
+* a graph re-encoded as JavaScript writes it (``1.0`` -> ``1``) has the same plan key, so the
+  second request is a cache hit;
+* the plan keeps the model's display name (record, summary, report title), not in the key;
+* ``{"graph": "tiny-gpt"}`` names a bundled model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.helpers import live_server, make_settings, plan_body, wait_job
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    with live_server(make_settings(tmp_path_factory.mktemp("first-use"))) as server, server.client() as c:
+        yield c
+
+
+def _as_javascript(text: str) -> str:
+    """``JSON.stringify(JSON.parse(text))``: an integer-valued float loses its ``.0``."""
+    return re.sub(r"(?<=[:\[,])(-?\d+)\.0(?=[,\]}])", r"\1", text)
+
+
+def _post(client: httpx.Client, body: dict[str, Any] | str) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
+    return client.post("/v1/plans", content=content, headers={"Content-Type": "application/json"})
+
+
+def _solved(client: httpx.Client, response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code in (200, 202), response.text
+    if response.status_code == 200:
+        return dict(response.json())
+    job = wait_job(client, response.json()["id"], timeout_s=300)
+    assert job["status"] == "succeeded", job
+    return dict(client.get(f"/v1/plans/{job['id']}").json())
+
+
+def _copy(data: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(data))
+
+
+def _first(data: dict[str, Any], op_type: str) -> dict[str, Any]:
+    return next(op for op in data["ops"] if op["type"] == op_type)
+
+
+def _duplicate_variable(g: dict[str, Any]) -> None:
+    g["variables"].append(dict(g["variables"][0]))
+
+
+def _huge_axis(g: dict[str, Any]) -> None:
+    _first(g, "gather")["attrs"]["axis"] = 1e308
+
+
+def _zero_size(g: dict[str, Any]) -> None:
+    g["tensors"][_first(g, "broadcast_matmul")["inputs"]["a_0"]]["shape"] = [0, 0, 0]
+
+
+def _rank_0(g: dict[str, Any]) -> None:
+    g["tensors"][_first(g, "broadcast_matmul")["inputs"]["a_0"]]["shape"] = []
+
+
+@pytest.mark.parametrize(
+    ("spoil", "code"),
+    [
+        (_duplicate_variable, "duplicate_variable"),
+        (_huge_axis, "bad_attr"),
+        (_zero_size, "bad_shape"),
+        (_rank_0, "op_unsupported"),
+    ],
+)
+def test_invalid_graphs_are_422_before_any_job(
+    client: httpx.Client, tiny_graph: dict[str, Any], spoil: Any, code: str
+) -> None:
+    graph = _copy(tiny_graph)
+    spoil(graph)
+    r = _post(client, plan_body(graph))
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == code, r.json()
+    assert r.headers["content-type"].startswith("application/problem+json")
+
+
+def test_one_key_for_every_number_spelling_and_the_model_name(
+    client: httpx.Client, tiny_graph: dict[str, Any]
+) -> None:
+    python_text = json.dumps(plan_body(tiny_graph), separators=(",", ":"))
+    js_text = _as_javascript(python_text)
+    assert ":1.0," in python_text and ":1.0," not in js_text
+    first = _solved(client, _post(client, js_text))  # the page's encoding first
+    again = _post(client, python_text)  # then the command line's / curl's
+    assert again.status_code == 200, again.text  # a cache hit, no second solve
+    assert again.json()["key"] == first["key"]
+    by_name = _post(client, plan_body("tiny-gpt"))
+    assert by_name.status_code == 200 and by_name.json()["key"] == first["key"]
+
+
+def test_the_plan_keeps_the_models_display_name(client: httpx.Client, tiny_graph: dict[str, Any]) -> None:
+    record = _solved(client, _post(client, plan_body("tiny-gpt", zero_stage=1)))
+    assert record["graph"]["name"] == "tiny-gpt" and record["plan"]["graph"]["name"] == "tiny-gpt"
+    assert record["summary"].startswith("plan for tiny-gpt ")
+    report = client.get(f"/v1/plans/{record['key']}/report")
+    assert report.status_code == 200, report.text[:300]
+    assert "<title>autopar plan report: tiny-gpt</title>" in report.text
+    unnamed = _copy(tiny_graph)
+    del unnamed["name"]  # named by content when the request names none ... and not part of the key
+    assert _post(client, plan_body(unnamed, zero_stage=1)).json()["key"] == record["key"]
+
+
+def test_an_unknown_model_name_is_422_with_a_suggestion(client: httpx.Client) -> None:
+    r = _post(client, plan_body("tiny-gtp"))
+    assert r.status_code == 422 and r.json()["code"] == "unknown_model"
+    assert "did you mean 'tiny-gpt'" in r.json()["detail"]
