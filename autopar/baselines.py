@@ -43,7 +43,7 @@ from autopar.optimizer import model_port_index, parameter_sources, weight_gradie
 from autopar.plan import Plan
 from autopar.rules.registry import RuleContext, RuleSet, default_rules
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
-from autopar.sbp import B, NdSbp, Partial, S, Signature, Split
+from autopar.sbp import B, Broadcast, NdSbp, Partial, S, Signature, Split
 
 __all__ = ["BASELINES", "BaselineKind", "baseline_plan", "megatron_parameter_layout"]
 
@@ -666,12 +666,26 @@ class _GreedyWalk:
         # QKV does; the input gradients of different linears (a T5 encoder output read
         # by every decoder layer's key/value) are each all-reduced at their producer, as
         # Megatron's copy_to_tensor_model_parallel_region does per linear
-        return (
-            op.type in SUM_OPS
-            and all(isinstance(s[axis], Partial) for s in sig.inputs)
-            and all(isinstance(self.tensor_sbp[i][axis], Partial) for i in op.inputs.values())
-            and len(set().union(*(self.linears.get(i, ()) for i in op.inputs.values()))) <= 1
-        )
+        if op.type not in SUM_OPS or not all(isinstance(s[axis], Partial) for s in sig.inputs):
+            return False
+        if all(isinstance(self.tensor_sbp[i][axis], Partial) for i in op.inputs.values()):
+            return len(set().union(*(self.linears.get(i, ()) for i in op.inputs.values()))) <= 1
+        return self._joins_input_gradient(op, axis)
+
+    def _joins_input_gradient(self, op: Op, axis: int) -> bool:
+        """Whether backward sum ``op`` adds whole tensors to the partial input gradient of one
+        Megatron linear: OneFlow's autograd sums every gradient of a tensor in one ``add_n``
+        (the residual's with q's, k's and v's input gradients), where Megatron sums the
+        linear's partial input gradients, all-reduces once and adds the residual.  Taking the
+        whole inputs as partial sums (``B -> P`` is local: zeros on all but one rank) and
+        reducing the sum once moves the same bytes as Megatron's one all-reduce."""
+        if op.role is not Role.BACKWARD:
+            return False
+        partial = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Partial)]
+        whole = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Broadcast)]
+        if not partial or len(partial) + len(whole) != len(op.inputs):
+            return False
+        return len(set().union(*(self.linears.get(i, ()) for i in partial))) == 1
 
     def _keeps_gradient_layout(self, op: Op, sig: Signature) -> bool:
         """A weight gradient is not split on the tensor-parallel axis unless its parameter
@@ -691,7 +705,8 @@ class _GreedyWalk:
 
     def _resolves_partial(self, op: Op, sig: Signature) -> bool:
         """Megatron all-reduces a tensor-parallel partial sum to ``B`` (never scatters it)
-        and never turns a whole or split tensor into a partial sum."""
+        and never turns a whole or split tensor into a partial sum, except a whole one that
+        joins a linear's partial input gradient (:meth:`_joins_input_gradient`)."""
         tp = self.tp_axis
         if tp is None:
             return True
@@ -699,7 +714,11 @@ class _GreedyWalk:
             src = self.tensor_sbp[op.inputs[port]]
             if isinstance(src[tp], Partial) and not isinstance(dst[tp], (Partial, type(B))):
                 return False
-            if isinstance(dst[tp], Partial) and not isinstance(src[tp], Partial):
+            if (
+                isinstance(dst[tp], Partial)
+                and not isinstance(src[tp], Partial)
+                and not (isinstance(src[tp], Broadcast) and self._joins_input_gradient(op, tp))
+            ):
                 return False
         return True
 
