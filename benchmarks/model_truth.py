@@ -182,7 +182,8 @@ def megatron_parameter_elements(family: str, cfg: Mapping[str, Any], tp: int) ->
     vocab-split bias (Megatron's ``BertLMHead``); Megatron T5 (``style="t5"``) an encoder
     and a decoder stack, a tied head with a vocab-split bias; MT5 (``style="mt5"``, HF T5
     v1.1) a relative-position table of ``buckets x heads`` in each stack's first block
-    split by heads, and an untied head split by vocab; LLaMA an untied head split by vocab.
+    (in every self-attention with ``relative_bias_every_layer``) split by heads, and an
+    untied head split by vocab; LLaMA an untied head split by vocab.
     Sources: Megatron-LM ``megatron/core/tensor_parallel/layers.py`` and the model
     definitions under ``megatron/legacy/model``; HF ``modeling_t5.py``, ``modeling_llama.py``.
     """
@@ -199,7 +200,9 @@ def megatron_parameter_elements(family: str, cfg: Mapping[str, Any], tp: int) ->
         blocks = cfg["encoder_layers"] * _block_elements(cfg, tp, cross=False)
         blocks += cfg["decoder_layers"] * _block_elements(cfg, tp, cross=True)
         if style == "mt5":
-            relative = 2 * cfg["relative_attention_buckets"] * cfg["heads"] / tp
+            every = cfg.get("relative_bias_every_layer")
+            tables = cfg["encoder_layers"] + cfg["decoder_layers"] if every else 2
+            relative = tables * cfg["relative_attention_buckets"] * cfg["heads"] / tp
             return table + blocks + 2 * norm + relative + table  # untied lm_head
         return table + positions + blocks + 2 * norm + vocab / tp  # tied head, its bias
     body = (
