@@ -78,6 +78,11 @@ SUM_OPS = frozenset({"add_n", "add", "broadcast_add"})
 """Ops that sum their inputs: partial sums in, partial sum out (no reduction needed yet)."""
 PASS_THROUGH_OPS = frozenset({"cast", "identity", "amp_white_identity"})
 """Ops that hand their input on unchanged (a gradient keeps the linears it sums)."""
+GRADIENT_CARRIERS = SUM_OPS | {"identity", "amp_white_identity"}
+"""Ops a weight gradient's partial sum over the batch may pass before its one reduction: sums
+(a table read twice adds its gradients first) and same-dtype identities (a job that reads its
+parameters through ``identity`` ops, OneFlow's CPU workaround); not casts, which would move
+the reduction to another dtype."""
 VOCAB_PARALLEL_RATIO = 8
 """An embedding table with at least this many rows per column is a vocabulary (vocab-parallel)."""
 
@@ -752,7 +757,7 @@ class _GreedyWalk:
         was made in (Megatron-LM reduces ``main_grad`` in the parameters' dtype unless
         ``--accumulate-allreduce-grads-in-fp32``), never through another split to fix
         later; a sum of such partial sums (a table read twice) adds them first, as the one
-        gradient buffer does."""
+        gradient buffer does, and an ``identity`` hands it on (:data:`GRADIENT_CARRIERS`)."""
         for port, dst in zip(op.inputs, sig.inputs):
             t = op.inputs[port]
             owner = self.grad_owner.get(t)
@@ -762,7 +767,7 @@ class _GreedyWalk:
             for axis, v in enumerate(self.tensor_sbp[t]):
                 if axis == self.tp_axis or not isinstance(v, Partial):
                     continue
-                if op.type in SUM_OPS and isinstance(dst[axis], Partial):
+                if op.type in GRADIENT_CARRIERS and isinstance(dst[axis], Partial):
                     continue
                 if dst[axis] != target[axis]:
                     return False

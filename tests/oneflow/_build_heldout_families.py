@@ -4,7 +4,8 @@ Run as ``python -m oneflow.distributed.launch --nproc_per_node 8 _build_heldout_
 [FAMILY ...]``.
 A FAMILY of ``examples/oneflow/zoo.py`` (``mt5-tiny``, ``gpt-tiny``, ``bert-tiny``: the
 development jobs) is built the same way, laid out by ``benchmarks/fidelity.py``'s
-``libai_layout``, for the development rows beside the evaluation ones.
+``libai_layout``, for the development rows beside the evaluation ones; with a
+``+identity`` suffix its parameters are read through ``identity`` ops.
 Parameters get LiBai's layout (:func:`families.place_libai`), data ``(S(0), B)``,
 AdamW with OneFlow's default ZeRO-2 (``shard_min_size`` 1024).  Rank 0 writes
 ``{family}_zero2.pb`` (the job as OneFlow's SBP inference built it) into OUT.
@@ -33,8 +34,10 @@ broadcast = [flow.sbp.broadcast] * 2
 for family in chosen:
     t0 = time.perf_counter()
     flow.manual_seed(0)
-    if family in zoo.NAMES:
-        module, arrays = zoo.build(family, seed=0, fused=True)
+    if family.removesuffix("+identity") in zoo.NAMES:
+        # "+identity": parameters read through identity ops (examples/oneflow/oflayers.py)
+        name = family.removesuffix("+identity")
+        module, arrays = zoo.build(name, seed=0, fused=True, identity_reads=family.endswith("+identity"))
         module = module.to_global(placement, broadcast)
         for pname, param in module.named_parameters():
             sbp = [

@@ -99,3 +99,30 @@ def test_both_byte_formulas_count_the_same_total(heldout_jobs: Path, family: str
 
     counted = count_job_traffic(heldout_jobs / f"{family}_zero2.pb")
     assert sum(counted.kernel_bytes_per_axis.values()) == pytest.approx(sum(counted.bytes_per_axis.values()))
+
+
+def test_megatron_reduces_a_tied_table_read_through_identities_once(
+    tmp_path_factory: pytest.TempPathFactory, flow: Any
+) -> None:
+    """A job that reads its parameters through ``identity`` ops (OneFlow's CPU workaround;
+    the tied GPT table is read twice): each gradient is reduced over the data-parallel
+    axis once, its two uses summed first, so the bytes are Megatron-LM's DDP count from
+    the configuration (they were 1.2x on an HF GPT-2 job before identities could carry
+    the partial sum)."""
+    from benchmarks.heldout_truth import family_config
+    from benchmarks.model_truth import hand_count_dp_bytes_config
+    from tests.oneflow.conftest import launch
+
+    cached = os.environ.get("AUTOPAR_ONEFLOW_JOBS")
+    out = Path(cached) / "heldout" if cached else tmp_path_factory.mktemp("identity")
+    job = out / "gpt-tiny+identity_zero2.pb"
+    if not job.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        launch(8, Path(__file__).with_name("_build_heldout_families.py"), str(out), "gpt-tiny+identity")
+    graph, ev = _megatron(job)
+    assert any(op.type == "identity" for op in graph.ops)
+    family, cfg = family_config("gpt-tiny")
+    from autopar.oneflow import import_plan
+
+    mesh = import_plan(job, graph=graph, zero_stage=2).mesh
+    assert ev.comm_bytes_per_axis[0] == pytest.approx(hand_count_dp_bytes_config(family, cfg, mesh), rel=0.01)
