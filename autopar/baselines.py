@@ -27,9 +27,11 @@ the others are data-parallel.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import ClassVar
 
 from autopar.boxing import boxing_time
 from autopar.cluster import Mesh
@@ -41,7 +43,7 @@ from autopar.optimizer import model_port_index, parameter_sources, weight_gradie
 from autopar.plan import Plan
 from autopar.rules.registry import RuleContext, RuleSet, default_rules
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
-from autopar.sbp import B, NdSbp, Partial, S, Signature, Split
+from autopar.sbp import B, Broadcast, NdSbp, Partial, S, Signature, Split
 
 __all__ = ["BASELINES", "BaselineKind", "baseline_plan", "megatron_parameter_layout"]
 
@@ -76,6 +78,11 @@ SUM_OPS = frozenset({"add_n", "add", "broadcast_add"})
 """Ops that sum their inputs: partial sums in, partial sum out (no reduction needed yet)."""
 PASS_THROUGH_OPS = frozenset({"cast", "identity", "amp_white_identity"})
 """Ops that hand their input on unchanged (a gradient keeps the linears it sums)."""
+GRADIENT_CARRIERS = SUM_OPS | {"identity", "amp_white_identity"}
+"""Ops a weight gradient's partial sum over the batch may pass before its one reduction: sums
+(a table read twice adds its gradients first) and same-dtype identities (a job that reads its
+parameters through ``identity`` ops, OneFlow's CPU workaround); not casts, which would move
+the reduction to another dtype."""
 VOCAB_PARALLEL_RATIO = 8
 """An embedding table with at least this many rows per column is a vocabulary (vocab-parallel)."""
 
@@ -209,84 +216,114 @@ def _megatron_layout(graph: Graph, mesh: Mesh) -> tuple[dict[str, NdSbp], dict[s
     Megatron-LM all-reduces the input gradient once per such linear
     (``copy_to_tensor_model_parallel_region``, megatron/core/tensor_parallel/mappings.py).
     """
-    ndim = mesh.ndim
-    replicated = NdSbp(tuple(B for _ in range(ndim)))
+    replicated = NdSbp(tuple(B for _ in range(mesh.ndim)))
     layout: dict[str, NdSbp] = {v.op: replicated for v in graph.variables}
-    if ndim < 2 or mesh.shape[-1] == 1:
+    if mesh.ndim < 2 or mesh.shape[-1] == 1:
         return layout, {}
-    st = _structure(graph)
-    tp = ndim - 1
+    walk = _TensorParallelWalk(graph, mesh, _structure(graph), layout)
+    walk.lay_out_weights()
+    walk.split_head_tables()
+    walk.split_column_biases()
+    return layout, _fused_linears(walk.columns)
 
-    def tp_split(dim: int) -> NdSbp:
-        return replicated.replace(tp, S(dim))
 
-    column_outputs: set[str] = set()
-    region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
-    columns: list[tuple[str, str, set[str]]] = []  # (variable, activation read, forward region)
-    tables: list[tuple[str, str, tuple[int, ...]]] = []  # (variable, gathered tensor, table shape)
-    for op in graph.topological_order:
-        if op.role is not Role.FORWARD:
-            continue
-        wport = _weight_input(op, st)
-        if wport is None:
-            continue
-        var = st.param_source[op.inputs[wport]]
-        wshape = graph.tensors[op.inputs[wport]].shape
-        if op.type in EMBEDDING_OPS and len(wshape) == 2:
-            # vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated
-            if wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] and wshape[0] % mesh.shape[tp] == 0:
-                layout[var] = tp_split(0)
-            tables.append((var, next(iter(op.outputs.values())), wshape))
-            continue
-        if op.type not in MATMUL_OPS or len(wshape) != 2:
-            continue
+class _TensorParallelWalk:
+    """The steps of :func:`_megatron_layout`; fills ``layout`` in place."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, st: _Structure, layout: dict[str, NdSbp]) -> None:
+        self.graph, self.mesh, self.st, self.layout = graph, mesh, st, layout
+        self.tp = mesh.ndim - 1
+        self.replicated = NdSbp(tuple(B for _ in range(mesh.ndim)))
+        self.column_outputs: set[str] = set()
+        self.region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
+        self.columns: list[tuple[str, str, set[str]]] = []  # (variable, activation read, forward region)
+        self.tables: list[tuple[str, str, tuple[int, ...]]] = []  # (variable, gathered tensor, table shape)
+
+    def tp_split(self, dim: int) -> NdSbp:
+        return self.replicated.replace(self.tp, S(dim))
+
+    def lay_out_weights(self) -> None:
+        """Embedding tables vocab-parallel, weight matmuls column- or row-parallel, in topological order."""
+        for op in self.graph.topological_order:
+            if op.role is not Role.FORWARD:
+                continue
+            wport = _weight_input(op, self.st)
+            if wport is None:
+                continue
+            wshape = self.graph.tensors[op.inputs[wport]].shape
+            if op.type in EMBEDDING_OPS and len(wshape) == 2:
+                self._embedding(op, wport, wshape)
+            elif op.type in MATMUL_OPS and len(wshape) == 2:
+                self._matmul(op, wport, wshape)
+
+    def _embedding(self, op: Op, wport: str, wshape: tuple[int, ...]) -> None:
+        """Vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated."""
+        var = self.st.param_source[op.inputs[wport]]
+        if wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] and wshape[0] % self.mesh.shape[self.tp] == 0:
+            self.layout[var] = self.tp_split(0)
+        self.tables.append((var, next(iter(op.outputs.values())), wshape))
+
+    def _matmul(self, op: Op, wport: str, wshape: tuple[int, ...]) -> None:
+        """A weight matmul: column-parallel if its output reaches another weight matmul or the
+        loss before a norm (and it is not the second of a pair), else row-parallel."""
+        var = self.st.param_source[op.inputs[wport]]
         (out,) = list(op.outputs.values())[:1]
         activation = [t for p, t in op.inputs.items() if p != wport]
-        if any(t in region for t in activation):
+        if any(t in self.region for t in activation):
             column = False  # the second matmul of a Megatron pair
         else:
-            hit_matmul, hit_loss = _forward_reach(graph, out, st)
+            hit_matmul, hit_loss = _forward_reach(self.graph, out, self.st)
             column = hit_matmul or hit_loss
-        weight_is_b = wport.startswith("b")
-        transposed = bool(op.attrs.get("transpose_b" if weight_is_b else "transpose_a", False))
-        # weight as b: [in, out] unless transposed ([out, in]); as a: [out, in] unless transposed
-        if weight_is_b:
-            out_dim, in_dim = (0, 1) if transposed else (1, 0)
-        else:
-            out_dim, in_dim = (1, 0) if transposed else (0, 1)
+        out_dim, in_dim = _weight_dims(op, wport)
         dim = out_dim if column else in_dim
-        if wshape[dim] % mesh.shape[tp] != 0:
-            continue
-        if layout[var] != replicated and layout[var] != tp_split(dim):
-            continue  # tied weight already laid out (vocab-parallel embedding)
-        layout[var] = tp_split(dim)
+        if wshape[dim] % self.mesh.shape[self.tp] != 0:
+            return
+        if self.layout[var] != self.replicated and self.layout[var] != self.tp_split(dim):
+            return  # tied weight already laid out (vocab-parallel embedding)
+        self.layout[var] = self.tp_split(dim)
         if column:
-            column_outputs.add(out)
-            reach = _forward_region(graph, out, st)
-            region |= reach
-            columns.extend((var, t, reach) for t in activation)
-    # a per-head table (T5's relative position bias [buckets, heads]) whose gathered
-    # values are added to head-split attention scores is split by heads, as each
-    # tensor-parallel rank adds only its heads' slice of the bias (NeMo's Megatron T5,
-    # CoreAttention.forward: relative_position_bias[:, offset : offset + heads_per_partition])
-    for var, gathered, wshape in tables:
-        if wshape[1] % mesh.shape[tp] != 0:
-            continue
-        if _meets_region(graph, gathered, region, st):
-            layout[var] = tp_split(1)
-    # biases added to column-parallel outputs are split with them
-    for op in graph.ops:
-        if op.role is not Role.FORWARD or op.type not in ("bias_add", "broadcast_add", "fused_matmul_bias"):
-            continue
-        ins = list(op.inputs.values())
-        if not any(t in column_outputs for t in ins):
-            continue
-        for t in ins:
-            if t in st.param_source and len(graph.tensors[t].shape) == 1:
-                n = graph.tensors[t].shape[0]
-                if n % mesh.shape[tp] == 0:
-                    layout[st.param_source[t]] = tp_split(0)
-    return layout, _fused_linears(columns)
+            self.column_outputs.add(out)
+            reach = _forward_region(self.graph, out, self.st)
+            self.region |= reach
+            self.columns.extend((var, t, reach) for t in activation)
+
+    def split_head_tables(self) -> None:
+        """A per-head table (T5's relative position bias [buckets, heads]) whose gathered
+        values are added to head-split attention scores is split by heads, as each
+        tensor-parallel rank adds only its heads' slice of the bias (NeMo's Megatron T5,
+        CoreAttention.forward: relative_position_bias[:, offset : offset + heads_per_partition])."""
+        for var, gathered, wshape in self.tables:
+            if wshape[1] % self.mesh.shape[self.tp] != 0:
+                continue
+            if _meets_region(self.graph, gathered, self.region, self.st):
+                self.layout[var] = self.tp_split(1)
+
+    def split_column_biases(self) -> None:
+        """Biases added to column-parallel outputs are split with them."""
+        for op in self.graph.ops:
+            if op.role is not Role.FORWARD or op.type not in (
+                "bias_add",
+                "broadcast_add",
+                "fused_matmul_bias",
+            ):
+                continue
+            ins = list(op.inputs.values())
+            if not any(t in self.column_outputs for t in ins):
+                continue
+            for t in ins:
+                shape = self.graph.tensors[t].shape
+                if t in self.st.param_source and len(shape) == 1 and shape[0] % self.mesh.shape[self.tp] == 0:
+                    self.layout[self.st.param_source[t]] = self.tp_split(0)
+
+
+def _weight_dims(op: Op, wport: str) -> tuple[int, int]:
+    """(output dim, input dim) of the weight read at ``wport`` of matmul ``op``: as ``b``
+    ``[in, out]`` unless transposed (``[out, in]``); as ``a`` ``[out, in]`` unless transposed."""
+    weight_is_b = wport.startswith("b")
+    transposed = bool(op.attrs.get("transpose_b" if weight_is_b else "transpose_a", False))
+    if weight_is_b:
+        return (0, 1) if transposed else (1, 0)
+    return (1, 0) if transposed else (0, 1)
 
 
 def _fused_linears(columns: list[tuple[str, str, set[str]]]) -> dict[str, int]:
@@ -328,6 +365,161 @@ def _closest(sigs: list[Signature], out_target: NdSbp) -> Signature:
     return min(sigs, key=score)
 
 
+@dataclass
+class _Problem:
+    """What every baseline strategy reads: the graph, the mesh and how to price it."""
+
+    graph: Graph
+    mesh: Mesh
+    zero_stage: int
+    rules: RuleSet
+    runtime: str
+    _contexts: dict[str, tuple[RuleContext, list[Signature]]] = field(default_factory=dict)
+    _batch: list[int | None] = field(default_factory=list)
+
+    @property
+    def batch(self) -> int | None:
+        """The batch size (:func:`_batch_size`), found once."""
+        if not self._batch:
+            self._batch.append(_batch_size(self.graph))
+        return self._batch[0]
+
+    @property
+    def replicated(self) -> NdSbp:
+        return NdSbp(tuple(B for _ in range(self.mesh.ndim)))
+
+    @property
+    def tp_axis(self) -> int | None:
+        """The tensor-parallel axis: the last one of a mesh with two or more axes."""
+        return self.mesh.ndim - 1 if self.mesh.ndim >= 2 else None
+
+    def signatures_of(self, op: Op) -> tuple[RuleContext, list[Signature]]:
+        """The op's rule context and valid signatures (one rule evaluation per op)."""
+        found = self._contexts.get(op.name)
+        if found is None:
+            sharding = runtime_profile(self.runtime).zero_sharding.value
+            ctx = rule_context(self.graph, op, self.mesh.shape, self.zero_stage, sharding)
+            found = self._contexts[op.name] = (ctx, op_signatures(self.rules, ctx)[0])
+        return found
+
+    def source_signature(self, op: Op, layout: _Layout) -> Signature:
+        """A source op's signature: the closest to :func:`_source_layout` of ``layout``."""
+        _, sigs = self.signatures_of(op)
+        target = _source_layout(self.graph, op, layout.variables, layout.data, self.batch, self.replicated)
+        return _closest(sigs, target)
+
+    def to_plan(self, kind: BaselineKind, chosen: dict[str, Signature]) -> Plan:
+        return Plan.from_assignment(
+            self.graph,
+            self.mesh,
+            self.zero_stage,
+            chosen,
+            source=f"baseline:{kind.value}",
+            runtime=runtime_profile(self.runtime).name,
+        )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a baseline puts its sources: parameters, batch inputs, and Megatron's linears."""
+
+    variables: dict[str, NdSbp]
+    data: NdSbp
+    fused: dict[str, int] = field(default_factory=dict)  # column-parallel variable -> linear id
+
+
+class Baseline(ABC):
+    """One reference plan: a parameter layout and a rule for every other op's signature."""
+
+    kind: ClassVar[BaselineKind]
+
+    @abstractmethod
+    def signatures(self, problem: _Problem) -> dict[str, Signature]:
+        """Op name -> the signature this baseline gives it."""
+
+    def plan(self, problem: _Problem) -> Plan:
+        return problem.to_plan(self.kind, self.signatures(problem))
+
+
+class SingleDeviceBaseline(Baseline):
+    """Every op replicated (all ``B``): each device does the work of one."""
+
+    kind = BaselineKind.SINGLE_DEVICE
+
+    def signatures(self, problem: _Problem) -> dict[str, Signature]:
+        layout = _Layout({v.op: problem.replicated for v in problem.graph.variables}, problem.replicated)
+        chosen: dict[str, Signature] = {}
+        for op in problem.graph.topological_order:
+            if op.name in layout.variables or op.type in ("variable", "input"):
+                chosen[op.name] = problem.source_signature(op, layout)
+            else:
+                _, sigs = problem.signatures_of(op)
+                chosen[op.name] = min(
+                    sigs, key=lambda s: sum(v != B for p in (*s.inputs, *s.outputs) for v in p)
+                )
+        return chosen
+
+
+class DataParallelBaseline(Baseline):
+    """Parameters ``B``, data ``S(0)`` on every axis, the rest greedy under Megatron's discipline."""
+
+    kind = BaselineKind.DATA_PARALLEL
+
+    def signatures(self, problem: _Problem) -> dict[str, Signature]:
+        graph, ndim = problem.graph, problem.mesh.ndim
+        layout = _Layout(
+            {v.op: problem.replicated for v in graph.variables}, NdSbp(tuple(S(0) for _ in range(ndim)))
+        )
+        return _GreedyWalk(problem, layout, _structure(graph), megatron=False).run()
+
+
+class MegatronBaseline(Baseline):
+    """Megatron-LM's dp x tp layout; every other op greedy under its discipline (module docstring)."""
+
+    kind = BaselineKind.MEGATRON
+
+    def signatures(self, problem: _Problem) -> dict[str, Signature]:
+        return _GreedyWalk(problem, _libai_layout(problem), _structure(problem.graph), megatron=True).run()
+
+
+class InferredBaseline(Baseline):
+    """OneFlow's SBP inference from LiBai's layout (:func:`_inferred_plan`)."""
+
+    kind = BaselineKind.INFERRED
+
+    def signatures(self, problem: _Problem) -> dict[str, Signature]:
+        layout = _libai_layout(problem)
+        sharding = runtime_profile(problem.runtime).zero_sharding.value
+        sources = {
+            op.name: problem.source_signature(op, layout)
+            for op in problem.graph.ops
+            if op.type in SOURCE_TYPES
+        }
+        return infer_like_oneflow(
+            problem.graph,
+            tuple(problem.mesh.shape),
+            sources,
+            zero_stage=problem.zero_stage,
+            rules=problem.rules,
+            zero_sharding=sharding,
+        )
+
+
+def _libai_layout(problem: _Problem) -> _Layout:
+    """Megatron's (and LiBai's) parameter layout, data ``S(0)`` on the data-parallel axes."""
+    variables, fused = _megatron_layout(problem.graph, problem.mesh)
+    tp = problem.tp_axis
+    data = NdSbp(tuple(B if a == tp else S(0) for a in range(problem.mesh.ndim)))
+    return _Layout(variables, data, fused)
+
+
+STRATEGIES: dict[BaselineKind, Baseline] = {
+    s.kind: s
+    for s in (MegatronBaseline(), InferredBaseline(), DataParallelBaseline(), SingleDeviceBaseline())
+}
+"""Each baseline's strategy, by kind."""
+
+
 def baseline_plan(
     kind: str | BaselineKind,
     graph: Graph,
@@ -347,136 +539,201 @@ def baseline_plan(
         raise ConfigError(
             "unknown_baseline", f"unknown baseline {kind!r}; choose one of {BASELINES}"
         ) from None
-    rules = rules or default_rules()
-    ndim = mesh.ndim
-    replicated = NdSbp(tuple(B for _ in range(ndim)))
-    st = _structure(graph)
-    tp_axis = ndim - 1 if ndim >= 2 else None
-    batch = _batch_size(graph)
+    problem = _Problem(graph, mesh, zero_stage, rules or default_rules(), runtime)
+    return STRATEGIES[kind].plan(problem)
 
-    fused: dict[str, int] = {}
-    if kind is BaselineKind.SINGLE_DEVICE:
-        var_layout = {v.op: replicated for v in graph.variables}
-        data = replicated
-    elif kind is BaselineKind.DATA_PARALLEL:
-        var_layout = {v.op: replicated for v in graph.variables}
-        data = NdSbp(tuple(S(0) for _ in range(ndim)))
-    else:
-        var_layout, fused = _megatron_layout(graph, mesh)
-        data = NdSbp(tuple(B if a == tp_axis else S(0) for a in range(ndim)))
 
-    lowering = runtime_profile(runtime).lowering.value
-    box_memo: dict[tuple[tuple[int, ...], int, NdSbp, NdSbp], float] = {}
+class _GreedyWalk:
+    """The ``megatron`` and ``data-parallel`` walk: every op in topological order takes the
+    signature with the least (input boxing, inputs whose layout changes, compute) among
+    those Megatron's discipline allows (:meth:`_disciplined`).  ``megatron``: constants
+    are computed whole on every rank and weight gradients keep their parameter's layout."""
 
-    def box(shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp) -> float:
+    def __init__(self, problem: _Problem, layout: _Layout, st: _Structure, *, megatron: bool) -> None:
+        self.p, self.graph, self.layout, self.st, self.megatron = problem, problem.graph, layout, st, megatron
+        self.tp_axis = problem.tp_axis
+        self.lowering = runtime_profile(problem.runtime).lowering.value
+        self.grad_owner = _gradient_owners(self.graph, layout.variables, st) if megatron else {}
+        self.grad_layout = {t: layout.variables[v.op] for t, v in self.grad_owner.items()}
+        self.diff_targets: dict[str, NdSbp | None] = {}
+        self.box_memo: dict[tuple[tuple[int, ...], int, NdSbp, NdSbp], float] = {}
+        self.chosen: dict[str, Signature] = {}
+        self.tensor_sbp: dict[str, NdSbp] = {}
+        self.linears: dict[
+            str, frozenset[int]
+        ] = {}  # backward tensor -> linears whose input gradient it sums
+
+    def run(self) -> dict[str, Signature]:
+        for op in self.graph.topological_order:
+            self.linears.update(_input_gradient_linears(op, self.st, self.layout.fused, self.linears))
+            sig = self._pick(op)
+            self.chosen[op.name] = sig
+            for port, out in zip(op.outputs, sig.outputs):
+                self.tensor_sbp[op.outputs[port]] = out
+        return self.chosen
+
+    def _pick(self, op: Op) -> Signature:
+        if (
+            op.name in self.layout.variables
+            or op.type in ("variable", "input")
+            or (self.megatron and not op.inputs)
+        ):
+            # Megatron computes constants (position ids, causal masks) whole on every rank
+            return self.p.source_signature(op, self.layout)
+        ctx, sigs = self.p.signatures_of(op)
+        candidates = self._candidates(op, sigs)
+        rule = self.p.rules.get(op.type)
+        # Megatron keeps every layout it receives unless it must change it: score by
+        # (boxing time, inputs whose layout changes, compute)
+        best: tuple[float, ...] = (math.inf,)
+        sig: Signature | None = None
+        for cand in candidates:
+            boxing, changed = self._boxing(op, cand, best[0])
+            score = (boxing, changed, op_compute_time(rule, ctx, cand, self.p.mesh))
+            if score < best:
+                best, sig = score, cand
+        return candidates[0] if sig is None else sig
+
+    def _candidates(self, op: Op, sigs: list[Signature]) -> list[Signature]:
+        if op.role is Role.OPTIMIZER:
+            # the optimizer takes the parameter as laid out
+            i = model_port_index(op)
+            if i is None:
+                return sigs
+            want = self.tensor_sbp.get(list(op.inputs.values())[i])
+            return [s for s in sigs if s.inputs[i] == want] or sigs
+        return [s for s in sigs if self._disciplined(op, s)] or sigs
+
+    def _boxing(self, op: Op, cand: Signature, bound: float) -> tuple[float, int]:
+        """(Seconds of input boxing, inputs whose layout changes) of ``cand``; stops
+        summing once over ``bound`` (the candidate then loses anyway)."""
+        boxing = 0.0
+        changed = 0
+        for port, dst in zip(op.inputs, cand.inputs):
+            t = op.inputs[port]
+            src = self.tensor_sbp[t]
+            if src != dst:
+                changed += 1
+                spec = self.graph.tensors[t]
+                boxing += self._box(spec.shape, DTYPE_BYTES[spec.dtype], src, dst)
+            if boxing > bound:
+                break
+        return boxing, changed
+
+    def _box(self, shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp) -> float:
         key = (shape, itemsize, src, dst)
-        hit = box_memo.get(key)
+        hit = self.box_memo.get(key)
         if hit is None:
-            hit = boxing_time(shape, itemsize, src, dst, mesh, lowering)
-            box_memo[key] = hit
+            hit = self.box_memo[key] = boxing_time(shape, itemsize, src, dst, self.p.mesh, self.lowering)
         return hit
 
-    def allowed_partial(op: Op, sig: Signature) -> bool:
+    def _disciplined(self, op: Op, sig: Signature) -> bool:
+        return (
+            self._allowed_partial(op, sig)
+            and self._resolves_partial(op, sig)
+            and self._keeps_gradient_layout(op, sig)
+            and self._reduces_gradients(op, sig)
+        )
+
+    def _allowed_partial(self, op: Op, sig: Signature) -> bool:
         """Megatron discipline: partial sums only out of tp matmuls / towards weight grads."""
         for port, out in zip(op.outputs, sig.outputs):
             t = op.outputs[port]
             for axis, v in enumerate(out):
-                if not isinstance(v, Partial):
-                    continue
-                if graph.tensors[t].numel <= 1:
-                    continue
-                if t in st.grad_path:
-                    # gradients are reduced once (ZeRO reduce-scatter) before clipping reads them
-                    if len(graph.consumers.get(t, [])) > 1:
-                        return False
-                    continue
-                if t in st.grad_feeds and axis != tp_axis:
-                    continue  # partial over the batch until the gradient's reduction
-                if axis == tp_axis and (
-                    (op.type in MATMUL_OPS or op.type in EMBEDDING_OPS) and _weight_input(op, st) is not None
-                ):
-                    continue
-                if (
-                    axis == tp_axis
-                    and op.role is Role.FORWARD
-                    and op.type in VOCAB_PARALLEL_LOSS_OPS
-                    and any(isinstance(tensor_sbp[i][axis], Split) for i in op.inputs.values())
-                ):
-                    # vocab-parallel cross-entropy: each rank reduces its slice of the
-                    # vocabulary, the partial sums are all-reduced (Megatron's
-                    # _VocabParallelCrossEntropy: all-reduce of the [b, s] sums and targets)
-                    continue
-                if (
-                    axis == tp_axis
-                    and op.type in SUM_OPS
-                    and all(isinstance(s[axis], Partial) for s in sig.inputs)
-                    and all(isinstance(tensor_sbp[i][axis], Partial) for i in op.inputs.values())
-                    and len(set().union(*(linears.get(i, ()) for i in op.inputs.values()))) <= 1
-                ):
-                    # summing tp partial sums of one Megatron linear (the input gradients
-                    # of separate Q, K, V projections) before its one all-reduce, as
-                    # Megatron's fused QKV does; the input gradients of different linears
-                    # (a T5 encoder output read by every decoder layer's key/value) are
-                    # each all-reduced at their producer, as Megatron's
-                    # copy_to_tensor_model_parallel_region does per linear
-                    continue
-                return False
+                if isinstance(v, Partial) and not self._partial_ok(op, sig, t, axis):
+                    return False
         return True
 
-    def keeps_gradient_layout(op: Op, sig: Signature) -> bool:
+    def _partial_ok(self, op: Op, sig: Signature, t: str, axis: int) -> bool:
+        """Whether output ``t`` of ``op`` may be a partial sum on ``axis``."""
+        if self.graph.tensors[t].numel <= 1:
+            return True
+        if t in self.st.grad_path:
+            # gradients are reduced once (ZeRO reduce-scatter) before clipping reads them
+            return len(self.graph.consumers.get(t, [])) <= 1
+        if t in self.st.grad_feeds and axis != self.tp_axis:
+            return True  # partial over the batch until the gradient's reduction
+        if axis != self.tp_axis:
+            return False
+        if (op.type in MATMUL_OPS or op.type in EMBEDDING_OPS) and _weight_input(op, self.st) is not None:
+            return True
+        if (
+            op.role is Role.FORWARD
+            and op.type in VOCAB_PARALLEL_LOSS_OPS
+            and any(isinstance(self.tensor_sbp[i][axis], Split) for i in op.inputs.values())
+        ):
+            # vocab-parallel cross-entropy: each rank reduces its slice of the
+            # vocabulary, the partial sums are all-reduced (Megatron's
+            # _VocabParallelCrossEntropy: all-reduce of the [b, s] sums and targets)
+            return True
+        # summing tp partial sums of one Megatron linear (the input gradients of
+        # separate Q, K, V projections) before its one all-reduce, as Megatron's fused
+        # QKV does; the input gradients of different linears (a T5 encoder output read
+        # by every decoder layer's key/value) are each all-reduced at their producer, as
+        # Megatron's copy_to_tensor_model_parallel_region does per linear
+        if op.type not in SUM_OPS or not all(isinstance(s[axis], Partial) for s in sig.inputs):
+            return False
+        if all(isinstance(self.tensor_sbp[i][axis], Partial) for i in op.inputs.values()):
+            return len(set().union(*(self.linears.get(i, ()) for i in op.inputs.values()))) <= 1
+        return self._joins_input_gradient(op, axis)
+
+    def _joins_input_gradient(self, op: Op, axis: int) -> bool:
+        """Whether backward sum ``op`` adds whole tensors to the partial input gradient of one
+        Megatron linear: OneFlow's autograd sums every gradient of a tensor in one ``add_n``
+        (the residual's with q's, k's and v's input gradients), where Megatron sums the
+        linear's partial input gradients, all-reduces once and adds the residual.  Taking the
+        whole inputs as partial sums (``B -> P`` is local: zeros on all but one rank) and
+        reducing the sum once moves the same bytes as Megatron's one all-reduce."""
+        if op.role is not Role.BACKWARD:
+            return False
+        partial = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Partial)]
+        whole = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Broadcast)]
+        if not partial or len(partial) + len(whole) != len(op.inputs):
+            return False
+        return len(set().union(*(self.linears.get(i, ()) for i in partial))) == 1
+
+    def _keeps_gradient_layout(self, op: Op, sig: Signature) -> bool:
         """A weight gradient is not split on the tensor-parallel axis unless its parameter
         is, and then as the parameter: Megatron computes a replicated norm or position
         table's gradient whole on every tensor-parallel rank, never a slice to gather
         again before the update.  (A partial sum may still flow into a norm's weight
-        gradient, :func:`allowed_partial`: it reads the activation gradient before its
+        gradient, :meth:`_allowed_partial`: it reads the activation gradient before its
         all-reduce, which per-edge pricing would otherwise charge twice.)"""
-        if tp_axis is None:
+        tp = self.tp_axis
+        if tp is None:
             return True
         for t, out in zip(op.outputs.values(), sig.outputs):
-            want = grad_layout.get(t)
-            if want is not None and isinstance(out[tp_axis], Split) and out[tp_axis] != want[tp_axis]:
+            want = self.grad_layout.get(t)
+            if want is not None and isinstance(out[tp], Split) and out[tp] != want[tp]:
                 return False
         return True
 
-    def resolves_partial(op: Op, sig: Signature) -> bool:
+    def _resolves_partial(self, op: Op, sig: Signature) -> bool:
         """Megatron all-reduces a tensor-parallel partial sum to ``B`` (never scatters it)
-        and never turns a whole or split tensor into a partial sum."""
-        if tp_axis is None:
+        and never turns a whole or split tensor into a partial sum, except a whole one that
+        joins a linear's partial input gradient (:meth:`_joins_input_gradient`)."""
+        tp = self.tp_axis
+        if tp is None:
             return True
         for port, dst in zip(op.inputs, sig.inputs):
-            src = tensor_sbp[op.inputs[port]]
-            if isinstance(src[tp_axis], Partial) and not isinstance(dst[tp_axis], (Partial, type(B))):
+            src = self.tensor_sbp[op.inputs[port]]
+            if isinstance(src[tp], Partial) and not isinstance(dst[tp], (Partial, type(B))):
                 return False
-            if isinstance(dst[tp_axis], Partial) and not isinstance(src[tp_axis], Partial):
+            if (
+                isinstance(dst[tp], Partial)
+                and not isinstance(src[tp], Partial)
+                and not (isinstance(src[tp], Broadcast) and self._joins_input_gradient(op, tp))
+            ):
                 return False
         return True
 
-    if kind is BaselineKind.INFERRED:
-        return _inferred_plan(graph, mesh, zero_stage, var_layout, data, batch, rules, runtime)
-
-    grad_owner = _gradient_owners(graph, var_layout, st) if kind is BaselineKind.MEGATRON else {}
-    grad_layout = {t: var_layout[v.op] for t, v in grad_owner.items()}
-    diff_targets: dict[str, NdSbp | None] = {}
-    contexts: dict[str, tuple[RuleContext, list[Signature]]] = {}
-
-    def signatures_of(op: Op) -> tuple[RuleContext, list[Signature]]:
-        """The op's rule context and valid signatures (one rule evaluation per op, shared by
-        the walk and :func:`diff_target`)."""
-        found = contexts.get(op.name)
-        if found is None:
-            ctx = rule_context(
-                graph, op, mesh.shape, zero_stage, runtime_profile(runtime).zero_sharding.value
-            )
-            found = contexts[op.name] = (ctx, op_signatures(rules, ctx)[0])
-        return found
-
-    def diff_target(v: Variable) -> NdSbp | None:
+    def _diff_target(self, v: Variable) -> NdSbp | None:
         """The layout the optimizer takes ``v``'s gradient in (``model_diff``), given the
         parameter as laid out: replicated on the data-parallel axes without ZeRO, split as
         the optimizer's shard with it."""
-        if v.op not in diff_targets:
-            diff_targets[v.op] = None
-            opt = graph.op_by_name.get(v.optimizer or "")
+        if v.op not in self.diff_targets:
+            self.diff_targets[v.op] = None
+            opt = self.graph.op_by_name.get(v.optimizer or "")
             model_index = None if opt is None else model_port_index(opt)
             if (
                 opt is not None
@@ -485,14 +742,14 @@ def baseline_plan(
                 and v.grad in opt.inputs.values()
             ):
                 diff_index = list(opt.inputs.values()).index(v.grad)
-                _, osigs = signatures_of(opt)
-                model = tensor_sbp.get(v.tensor)
+                _, osigs = self.p.signatures_of(opt)
+                model = self.tensor_sbp.get(v.tensor)
                 matching = [g for g in osigs if g.inputs[model_index] == model]
                 if matching:
-                    diff_targets[v.op] = matching[0].inputs[diff_index]
-        return diff_targets[v.op]
+                    self.diff_targets[v.op] = matching[0].inputs[diff_index]
+        return self.diff_targets[v.op]
 
-    def reduces_gradients(op: Op, sig: Signature) -> bool:
+    def _reduces_gradients(self, op: Op, sig: Signature) -> bool:
         """Megatron reduces a weight gradient over the data-parallel axes once, where it is
         made (DDP's all-reduce of the gradient buffer; with the distributed optimizer, a
         reduce-scatter to the optimizer's shard): a partial sum over the batch goes, at its
@@ -500,97 +757,21 @@ def baseline_plan(
         was made in (Megatron-LM reduces ``main_grad`` in the parameters' dtype unless
         ``--accumulate-allreduce-grads-in-fp32``), never through another split to fix
         later; a sum of such partial sums (a table read twice) adds them first, as the one
-        gradient buffer does."""
+        gradient buffer does, and an ``identity`` hands it on (:data:`GRADIENT_CARRIERS`)."""
         for port, dst in zip(op.inputs, sig.inputs):
             t = op.inputs[port]
-            owner = grad_owner.get(t)
-            if owner is None:
-                continue
-            target = diff_target(owner)
+            owner = self.grad_owner.get(t)
+            target = None if owner is None else self._diff_target(owner)
             if target is None:
                 continue
-            src = tensor_sbp[t]
-            for axis, v in enumerate(src):
-                if axis == tp_axis or not isinstance(v, Partial):
+            for axis, v in enumerate(self.tensor_sbp[t]):
+                if axis == self.tp_axis or not isinstance(v, Partial):
                     continue
-                if op.type in SUM_OPS and isinstance(dst[axis], Partial):
+                if op.type in GRADIENT_CARRIERS and isinstance(dst[axis], Partial):
                     continue
                 if dst[axis] != target[axis]:
                     return False
         return True
-
-    chosen: dict[str, Signature] = {}
-    tensor_sbp: dict[str, NdSbp] = {}
-    linears: dict[str, frozenset[int]] = {}  # backward tensor -> the linears whose input gradient it sums
-    for op in graph.topological_order:
-        linears.update(_input_gradient_linears(op, st, fused, linears))
-        ctx, sigs = signatures_of(op)
-        sig: Signature | None = None
-        if (
-            op.name in var_layout
-            or op.type in ("variable", "input")
-            or (kind is BaselineKind.MEGATRON and not op.inputs)
-        ):
-            # Megatron computes constants (position ids, causal masks) whole on every rank
-            sig = _closest(sigs, _source_layout(graph, op, var_layout, data, batch, replicated))
-        elif kind is BaselineKind.SINGLE_DEVICE:
-            sig = min(sigs, key=lambda s: sum(v != B for p in (*s.inputs, *s.outputs) for v in p))
-        else:
-            candidates = sigs
-            if op.role is Role.OPTIMIZER:
-                # the optimizer takes the parameter as laid out
-                model_index = model_port_index(op)
-                if model_index is not None:
-                    i = model_index
-                    want = tensor_sbp.get(list(op.inputs.values())[i])
-                    matching = [s for s in sigs if s.inputs[i] == want]
-                    candidates = matching or sigs
-            elif kind is not BaselineKind.INFERRED:
-                filtered = [
-                    s
-                    for s in candidates
-                    if allowed_partial(op, s)
-                    and resolves_partial(op, s)
-                    and keeps_gradient_layout(op, s)
-                    and reduces_gradients(op, s)
-                ]
-                candidates = filtered or candidates
-            rule = rules.get(op.type)
-            # Megatron keeps every layout it receives unless it must change it: score by
-            # (boxing time, inputs whose layout changes, compute); OneFlow's inference by
-            # boxing time alone, first signature on ties.
-            best: tuple[float, ...] = (math.inf,)
-            for cand in candidates:
-                boxing = 0.0
-                changed = 0
-                for port, dst in zip(op.inputs, cand.inputs):
-                    t = op.inputs[port]
-                    src = tensor_sbp[t]
-                    if src != dst:
-                        changed += 1
-                        spec = graph.tensors[t]
-                        boxing += box(spec.shape, DTYPE_BYTES[spec.dtype], src, dst)
-                    if boxing > best[0]:
-                        break
-                if kind is BaselineKind.INFERRED:
-                    score: tuple[float, ...] = (boxing,)
-                else:
-                    score = (boxing, changed, op_compute_time(rule, ctx, cand, mesh))
-                if score < best:
-                    best, sig = score, cand
-            if sig is None:
-                sig = candidates[0]
-        chosen[op.name] = sig
-        for port, out in zip(op.outputs, sig.outputs):
-            tensor_sbp[op.outputs[port]] = out
-    return Plan.from_assignment(
-        graph,
-        mesh,
-        zero_stage,
-        chosen,
-        source=f"baseline:{kind.value}",
-        runtime=runtime_profile(runtime).name,
-    )
 
 
 def _gradient_owners(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure) -> dict[str, Variable]:
@@ -644,38 +825,3 @@ def _source_layout(
         spec = graph.tensors[next(iter(op.outputs.values()))]
         return data if spec.shape[:1] == (batch,) else replicated
     return replicated
-
-
-def _inferred_plan(
-    graph: Graph,
-    mesh: Mesh,
-    zero_stage: int,
-    var_layout: dict[str, NdSbp],
-    data: NdSbp,
-    batch: int | None,
-    rules: RuleSet,
-    runtime: str,
-) -> Plan:
-    """OneFlow's SBP inference from LiBai's layout: the sources laid out as LiBai does
-    (parameters by :func:`megatron_parameter_layout`, batch inputs ``data``, the rest
-    ``B``), every other op as OneFlow 0.9's greedy inference picks
-    (:func:`autopar.oneflow_inference.infer_like_oneflow`, its own copy cost, not the runtime's)."""
-    replicated = NdSbp(tuple(B for _ in range(mesh.ndim)))
-    sharding = runtime_profile(runtime).zero_sharding.value
-    sources: dict[str, Signature] = {}
-    for op in graph.ops:
-        if op.type not in SOURCE_TYPES:
-            continue
-        sigs, _ = op_signatures(rules, rule_context(graph, op, mesh.shape, zero_stage, sharding))
-        sources[op.name] = _closest(sigs, _source_layout(graph, op, var_layout, data, batch, replicated))
-    chosen = infer_like_oneflow(
-        graph, tuple(mesh.shape), sources, zero_stage=zero_stage, rules=rules, zero_sharding=sharding
-    )
-    return Plan.from_assignment(
-        graph,
-        mesh,
-        zero_stage,
-        chosen,
-        source=f"baseline:{BaselineKind.INFERRED.value}",
-        runtime=runtime_profile(runtime).name,
-    )

@@ -24,7 +24,10 @@ row-parallel ``o`` / ``wo`` / ``dense`` ``(B, S(1))``, the rest ``B``; data ``(S
    ``import_plan``, autopar's re-scored on the graph it was solved for, not the
    prediction stored when it was solved), *counted* = :func:`autopar.oneflow.traffic.count_job_traffic`
    on the compiled job (every edge's own N-D SBP, priced as OneFlow 0.9 lowers
-   it, ZeRO casts, optimizer inputs and dropped ops included).  Prints one table
+   it, ZeRO casts, optimizer inputs and dropped ops included: the same per-hop
+   formula, ``lower_hop``, as the ``oneflow-0.9`` prediction, so it checks the SBPs,
+   not the formula) and again with the counter's formula of its own
+   (``kernel_bytes_per_axis``, :mod:`autopar.oneflow.kernel_bytes`).  Prints one table
    and writes ``fidelity.json`` / ``fidelity.md`` in ``--out``.
 
 CPU jobs are fp32 (AMP is a no-op on CPU); the norms are OneFlow's CPU
@@ -205,6 +208,9 @@ def _row(label: str, predicted: dict[str, float], counted: Any, ndim: int) -> di
         row[f"predicted_{a}"] = p
         row[f"counted_{a}"] = c
         row[f"error_{a}"] = (p - c) / c if c else (0.0 if p == 0 else float("inf"))
+        k = counted.kernel_bytes_per_axis.get(a, 0.0)
+        row[f"counted_kernel_{a}"] = k
+        row[f"error_kernel_{a}"] = (p - k) / k if k else (0.0 if p == 0 else float("inf"))
     row["counted_by_category"] = {k: v for k, v in counted.to_dict()["bytes_per_category"].items()}
     row["counted_by_kind"] = counted.bytes_per_kind
     return row
@@ -260,14 +266,19 @@ def table(rows: list[dict[str, Any]]) -> str:
     mib = 2**20
     lines = [
         "| model | mesh | plan | valid | ZeRO | job | axis 0 predicted / counted (MiB) | error | "
-        "axis 1 predicted / counted (MiB) | error | plan ops compiled as planned |",
-        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|",
+        "own formula: counted, error | axis 1 predicted / counted (MiB) | error | "
+        "own formula: counted, error | plan ops compiled as planned |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         cells = []
         for a in (0, 1):
             cells.append(f"{r[f'predicted_{a}'] / mib:.3f} / {r[f'counted_{a}'] / mib:.3f}")
             cells.append(f"{100 * r[f'error_{a}']:+.1f} %")
+            if f"counted_kernel_{a}" in r:
+                cells.append(f"{r[f'counted_kernel_{a}'] / mib:.3f}, {100 * r[f'error_kernel_{a}']:+.1f} %")
+            else:
+                cells.append("-")
         pin = r.get("pinned")
         kept = (
             f"{100 * pin['op_share']:.1f} % ({pin['mismatched_ops']} ports differ)"

@@ -81,6 +81,7 @@ from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.graph import DTYPE_BYTES, Graph
 from autopar.models import build
+from autopar.models.config import padded_vocab
 from autopar.sbp import Split
 from benchmarks.seed_replay import print_replay, replay
 
@@ -137,20 +138,120 @@ def hand_count(
     return per_all_reduce * (cfg["layers"] * 4 * act + act + act)
 
 
-def hand_count_dp_bytes(graph: Graph, mesh: Mesh) -> float:
-    """Megatron-LM's data-parallel bytes per device for one step without ZeRO (DDP).
+def _linear(out: int, inp: int, *, bias: bool, style: str, tp: int) -> float:
+    """Elements one tensor-parallel rank holds of an ``[out, in]`` linear (and its bias):
+    Megatron-LM's ``ColumnParallelLinear`` splits weight and bias by ``out``
+    (``style="col"``), ``RowParallelLinear`` the weight by ``in`` and keeps the bias whole
+    (``"row"``); ``"none"`` is a replicated linear (BERT's LM-head transform)."""
+    weight = out * inp / (tp if style in ("col", "row") else 1)
+    if not bias:
+        return weight
+    return weight + (out / tp if style == "col" else out)
 
-    Each trainable parameter's gradient is all-reduced once over the data-parallel
-    axes (all but the last): ring, ``2 (dp-1)/dp`` x its bytes; its tensor-parallel
-    shard (Megatron's parameter layout, :func:`autopar.baselines.megatron_parameter_layout`,
-    whose tensor-parallel traffic :func:`hand_count` checks); in the dtype the model
-    computes in (Megatron-LM's DDP reduces the ``main_grad`` buffer in the parameters'
-    dtype unless ``--accumulate-allreduce-grads-in-fp32``; ``megatron/core/distributed``).
-    A parameter whose graph casts it to the compute dtype counts in that dtype (the
-    built-in graphs cast each parameter once, as OneFlow AMP does, so a shared or tied
-    table's uses sum their gradients in that dtype before the one reduction, as
-    Megatron-LM's one gradient buffer does).
+
+def _block_elements(cfg: Mapping[str, Any], tp: int, *, cross: bool) -> float:
+    """One transformer block's elements per tensor-parallel rank (see :func:`megatron_parameter_elements`)."""
+    h = cfg["hidden"]
+    style = cfg.get("style", "gpt")
+    gated = style in ("mt5", "llama")
+    bias = style not in ("mt5", "llama")
+    norm = h if style in ("mt5", "llama") else 2 * h  # RMSNorm: weight only; LayerNorm: weight and bias
+    inner = cfg["heads"] * (cfg.get("d_kv") or h // cfg["heads"])
+    ffn = cfg.get("ffn") or 4 * h
+    attention = _linear(3 * inner, h, bias=bias, style="col", tp=tp) + _linear(
+        h, inner, bias=bias, style="row", tp=tp
+    )
+    mlp = _linear((2 if gated else 1) * ffn, h, bias=bias, style="col", tp=tp)
+    mlp += _linear(h, ffn, bias=bias, style="row", tp=tp)
+    return (3 if cross else 2) * norm + (2 if cross else 1) * attention + mlp
+
+
+def megatron_parameter_elements(family: str, cfg: Mapping[str, Any], tp: int) -> float:
+    """Trainable elements one tensor-parallel rank holds under Megatron-LM's layout, from the
+    model's configuration alone (not from any graph or baseline layout).
+
+    Blocks (:func:`_block_elements`): q, k, v (``3 x heads x d_kv`` outputs; ``d_kv`` =
+    ``hidden / heads`` unless given) and fc1 (two ``ffn``-wide halves when gated: T5 v1.1's
+    ``wi_0`` / ``wi_1``, LLaMA's gate / up) column-parallel; o and fc2 row-parallel; biases
+    except in ``mt5`` / ``llama`` style; norms whole (two per block, three with
+    cross-attention).  Around them: the vocabulary table split by rows (``padded_vocab``,
+    Megatron's ``VocabParallelEmbedding``); learned positions whole (``max_position`` rows;
+    ``seq`` rows when unset; none for T5 v1.1 and LLaMA); final norms whole.  Per family: GPT ties
+    the head to the
+    table; BERT adds token types, the LM head's replicated transform and norm and its
+    vocab-split bias (Megatron's ``BertLMHead``); Megatron T5 (``style="t5"``) an encoder
+    and a decoder stack, a tied head with a vocab-split bias; MT5 (``style="mt5"``, HF T5
+    v1.1) a relative-position table of ``buckets x heads`` in each stack's first block
+    (in every self-attention with ``relative_bias_every_layer``) split by heads, and an
+    untied head split by vocab; LLaMA an untied head split by vocab.
+    Sources: Megatron-LM ``megatron/core/tensor_parallel/layers.py`` and the model
+    definitions under ``megatron/legacy/model``; HF ``modeling_t5.py``, ``modeling_llama.py``.
     """
+    if family == "vit":
+        return _vit_elements(cfg, tp)
+    h = cfg["hidden"]
+    vocab = padded_vocab(cfg["vocab"], cfg.get("make_vocab_size_divisible_by", 1))
+    table = vocab * h / tp
+    style = cfg.get("style", family)
+    norm = h if style in ("mt5", "llama") else 2 * h
+    rows = cfg.get("max_position") or cfg.get("seq") or cfg.get("encoder_seq") or 0  # GPT: seq when unset
+    positions = rows * h if style not in ("mt5", "llama") else 0
+    if family == "t5":
+        blocks = cfg["encoder_layers"] * _block_elements(cfg, tp, cross=False)
+        blocks += cfg["decoder_layers"] * _block_elements(cfg, tp, cross=True)
+        if style == "mt5":
+            every = cfg.get("relative_bias_every_layer")
+            tables = cfg["encoder_layers"] + cfg["decoder_layers"] if every else 2
+            relative = tables * cfg["relative_attention_buckets"] * cfg["heads"] / tp
+            return table + blocks + 2 * norm + relative + table  # untied lm_head
+        return table + positions + blocks + 2 * norm + vocab / tp  # tied head, its bias
+    body = (
+        table + positions + cfg["layers"] * _block_elements({**cfg, "style": style}, tp, cross=False) + norm
+    )
+    if family == "bert" and cfg.get("nsp"):  # + pooler and the 2-class next-sentence head, replicated
+        body += (h * h + h) + (2 * h + 2)
+    if family == "bert":
+        return body + cfg.get("type_vocab", 2) * h + (h * h + h) + 2 * h + vocab / tp
+    if family == "llama":
+        return body + table  # untied head
+    return body  # GPT: tied head
+
+
+def _vit_elements(cfg: Mapping[str, Any], tp: int) -> float:
+    """ViT (Dosovitskiy et al. 2021): the patch projection (a ``Conv2d``, ``hidden x channels x
+    patch^2`` and a bias), class token and learned positions (``patches + 1`` rows), pre-LN
+    blocks (biased, GELU MLP), a final LayerNorm and the classifier head, all replicated but
+    the blocks' linears (LiBai's ``VisionTransformer``)."""
+    h = cfg["hidden"]
+    tokens = (cfg["image_size"] // cfg["patch_size"]) ** 2 + 1
+    patch = h * cfg["in_chans"] * cfg["patch_size"] ** 2 + h
+    head = h * cfg["num_classes"] + cfg["num_classes"]
+    blocks = cfg["layers"] * _block_elements({**cfg, "style": "vit"}, tp, cross=False)
+    return patch + h + tokens * h + blocks + 2 * h + head
+
+
+def hand_count_dp_bytes_config(family: str, cfg: Mapping[str, Any], mesh: Mesh) -> float:
+    """Megatron-LM's data-parallel bytes per device for one step without ZeRO (DDP), from the
+    configuration: each gradient all-reduced once over the data-parallel axes (all but the
+    last), ring ``2 (dp-1)/dp`` x (:func:`megatron_parameter_elements` x the compute dtype's
+    bytes: Megatron-LM's DDP reduces the ``main_grad`` buffer in the parameters' dtype
+    unless ``--accumulate-allreduce-grads-in-fp32``; ``megatron/core/distributed``)."""
+    dp = math.prod(mesh.shape[:-1])
+    elements = megatron_parameter_elements(family, cfg, mesh.shape[-1])
+    return 2 * (dp - 1) / dp * elements * DTYPE_BYTES[cfg.get("dtype", "float16")]
+
+
+def hand_count_dp_bytes(graph: Graph, mesh: Mesh) -> float:
+    """:func:`hand_count_dp_bytes_config` of a built-in model graph (its ``meta``: family and config)."""
+    meta = graph.meta or {}
+    return hand_count_dp_bytes_config(meta["family"], meta["config"], mesh)
+
+
+def hand_count_dp_bytes_from_layout(graph: Graph, mesh: Mesh) -> float:
+    """The former count, kept beside the configuration's as a cross-check: each trainable
+    variable's gradient, its tensor-parallel shard under
+    :func:`autopar.baselines.megatron_parameter_layout` (the baseline's own layout, so
+    agreement with the baseline here is circular), in the dtype the graph casts it to."""
     layout = megatron_parameter_layout(graph, mesh)
     dp = math.prod(mesh.shape[:-1])
     tp = mesh.shape[-1]

@@ -1,9 +1,11 @@
 """How OneFlow 0.9 lowers one boxing hop, and the bytes each device moves for it.
 
-This is a second, separate account of communication, written from OneFlow's
-source rather than from autopar's cost model (:mod:`autopar.boxing`), so that
-:func:`autopar.oneflow.traffic.count_job_traffic` can count what a compiled
-OneFlow job moves independently of what autopar predicts.
+Written from OneFlow's source rather than from autopar's ideal cost model
+(:mod:`autopar.boxing`).  The ``oneflow-0.9`` runtime profile prices predicted
+boxing with :func:`lower_hop` and :func:`autopar.oneflow.traffic.count_job_traffic`
+prices counted hops with it too, so a count made with it is not independent of
+the prediction: it checks the SBPs on each edge, not this formula.  The counter's
+formula of its own is :mod:`autopar.oneflow.kernel_bytes`.
 
 A *hop* is one producer -> consumer edge of a compiled job whose N-D SBPs
 differ.  OneFlow first splits a multi-step transition into hops by inserting

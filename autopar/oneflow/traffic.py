@@ -4,10 +4,19 @@
 of ``job.net.op``: the ZeRO casts, the optimizer's ``model`` / ``model_diff``
 inputs, the ops autopar's import drops, OneFlow's ``System-Boxing-Middle-Identity``
 hops), reads the producer's output N-D SBP and the consumer's input N-D SBP
-from ``job_parallel_view_conf`` and, where they differ, prices the hop as
-OneFlow 0.9 lowers it (:func:`autopar.oneflow.lowering.lower_hop`, written from
-OneFlow's source).  Nothing here calls autopar's cost model, rules or
-evaluator: the count is a check on them.
+from ``job_parallel_view_conf`` and, where they differ, prices the hop twice:
+
+* ``bytes_per_axis``: as OneFlow 0.9 lowers it, with
+  :func:`autopar.oneflow.lowering.lower_hop`.  That is the same per-hop formula the
+  ``oneflow-0.9`` runtime profile prices predicted boxing with, so this count is
+  not independent of the model's bytes: it checks the SBPs each edge carries
+  (which the compiled job, not autopar, decides), not the formula;
+* ``kernel_bytes_per_axis``: with :func:`autopar.oneflow.kernel_bytes.kernel_hop_bytes`,
+  a formula of its own written from OneFlow's boxing kernels and NCCL's collective
+  definitions, shared with nothing autopar predicts with.  Where the two differ,
+  one of them is wrong about OneFlow; that is a finding to report.
+
+Nothing here calls autopar's cost model, rules or evaluator.
 
 Use the *compiled* job (``nn.Graph._compiled_job_proto`` after
 ``finish_complie_and_init_runtime``): it holds the middle nodes OneFlow's
@@ -36,6 +45,7 @@ from typing import Any
 from autopar.graph import DTYPE_BYTES
 from autopar.oneflow.convert import dtype_name, nd_sbp_from_proto, parallel_size
 from autopar.oneflow.jobs import load_job
+from autopar.oneflow.kernel_bytes import kernel_hop_bytes
 from autopar.oneflow.lowering import lower_hop
 from autopar.sbp import NdSbp
 
@@ -65,12 +75,17 @@ class JobTraffic:
     cross_placement_edges: int
     edges: list[dict[str, Any]] = field(default_factory=list)
     """the largest hops (``keep_edges`` of them): producer, consumer, port, src, dst, kind, bytes"""
+    kernel_bytes_per_axis: dict[int, float] = field(default_factory=dict)
+    """the same hops counted with :func:`autopar.oneflow.kernel_bytes.kernel_hop_bytes`, the
+    formula of its own (OneFlow's kernels, NCCL's collective definitions); a difference
+    from ``bytes_per_axis`` is a finding about one of the two formulas"""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "hierarchy": list(self.hierarchy),
             "compiled": self.compiled,
             "bytes_per_axis": {str(a): b for a, b in sorted(self.bytes_per_axis.items())},
+            "kernel_bytes_per_axis": {str(a): b for a, b in sorted(self.kernel_bytes_per_axis.items())},
             "bytes_per_category": {
                 c: {str(a): b for a, b in sorted(v.items())}
                 for c, v in sorted(self.bytes_per_category.items())
@@ -139,47 +154,84 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None, keep_edges: 
 
         meta = import_job(job).meta["oneflow"]
         dropped = {n for names in meta["dropped"].values() for n in names}
-    hierarchy = job_mesh_shape(job)
-    ndim = len(hierarchy)
-    blob_desc = job.helper.lbn2logical_blob_desc
-    conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
-    placement = _placements(job)
+    tally = _Tally(tuple(job_mesh_shape(job)), dropped)
+    view = _JobView(job, tally.hierarchy)
+    for op in job.net.op:
+        if op.name.startswith(_MIDDLE_PREFIX):
+            tally.middle += 1
+        if view.on_main(op.name) and op.name in view.conf:
+            _count_op(op, view, tally)
+    return tally.result(any(op.name.startswith(_COMPILED_MARK) for op in job.net.op), keep_edges)
 
-    def sbp_of(op_name: str, bn: str) -> NdSbp | None:
-        sig = conf.get(op_name) if op_name in conf else None
+
+class _JobView:
+    """What the counter reads of a job: blob shapes, each op's N-D SBP and placement."""
+
+    def __init__(self, job: Any, hierarchy: tuple[int, ...]) -> None:
+        self.ndim = len(hierarchy)
+        self.blob_desc = job.helper.lbn2logical_blob_desc
+        self.conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+        self.placement = _placements(job)
+        self.main = next((pl for pl in self.placement.values() if pl[:-1] == tuple(hierarchy)), None)
+
+    def sbp_of(self, op_name: str, bn: str) -> NdSbp | None:
+        sig = self.conf.get(op_name) if op_name in self.conf else None
         if sig is None or bn not in sig.bn_in_op2nd_sbp:
             return None
-        return nd_sbp_from_proto(sig.bn_in_op2nd_sbp[bn], ndim)
+        return nd_sbp_from_proto(sig.bn_in_op2nd_sbp[bn], self.ndim)
 
-    per_axis: dict[int, float] = defaultdict(float)
-    per_cat: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    per_kind: dict[str, float] = defaultdict(float)
-    hops = middle = cross = 0
-    edges: list[dict[str, Any]] = []
-    main = next((pl for pl in placement.values() if pl[:-1] == tuple(hierarchy)), None)
-
-    def on_main(pl: tuple[int, ...] | None) -> bool:
-        """The main placement, or the same devices as a 1-D hierarchy (OneFlow places the
+    def on_main(self, op_name: str) -> bool:
+        """On the main placement, or the same devices as a 1-D hierarchy (OneFlow places the
         ``Sys-Boxing-GroupIdentity`` of a boxing so): its 1-D SBP is that value on every axis."""
+        pl, main = self.placement.get(op_name), self.main
         if pl is None or main is None:
             return False
         return pl == main or (pl[-1] == main[-1] and len(pl) == 2 and pl[0] == math.prod(main[:-1]))
 
-    def add(producer: str, consumer: str, port: str, lbn: str, src: NdSbp, dst: NdSbp, update: bool) -> None:
-        nonlocal hops
-        desc = blob_desc[lbn]
+    def blob(self, lbn: str) -> tuple[list[int], int]:
+        """Shape and bytes per element of logical blob ``lbn``."""
+        desc = self.blob_desc[lbn]
         enum = desc.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[desc.data_type].name
-        shape = [int(d) for d in desc.shape.dim]
-        hop = lower_hop(shape, DTYPE_BYTES[dtype_name(enum, f"blob {lbn!r}")], src, dst, hierarchy)
+        return [int(d) for d in desc.shape.dim], DTYPE_BYTES[dtype_name(enum, f"blob {lbn!r}")]
+
+
+@dataclass
+class _Tally:
+    """Running sums of :func:`count_job_traffic`."""
+
+    hierarchy: tuple[int, ...]
+    dropped: set[str]
+    per_axis: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    per_axis_kernel: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    per_cat: dict[str, dict[int, float]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(float))
+    )
+    per_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    hops: int = 0
+    middle: int = 0
+    cross: int = 0
+    edges: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(
+        self, edge: tuple[str, str, str], view: _JobView, lbn: str, src: NdSbp, dst: NdSbp, update: bool
+    ) -> None:
+        """Count the hop ``src -> dst`` of blob ``lbn`` on ``edge`` (producer, consumer, port)
+        with both byte formulas (``lower_hop`` and :func:`kernel_hop_bytes`)."""
+        producer, consumer, port = edge
+        shape, itemsize = view.blob(lbn)
+        hop = lower_hop(shape, itemsize, src, dst, self.hierarchy)
+        kernel = kernel_hop_bytes(shape, itemsize, src, dst, self.hierarchy)
+        for a, b in kernel.items():
+            self.per_axis_kernel[a] += b
         if hop.total_bytes <= 0:
             return
-        hops += 1
-        cat = edge_category(producer, consumer, update, dropped)
+        self.hops += 1
+        cat = edge_category(producer, consumer, update, self.dropped)
         for a, b in hop.bytes_per_axis.items():
-            per_axis[a] += b
-            per_cat[cat][a] += b
-        per_kind[hop.kind] += hop.total_bytes
-        edges.append(
+            self.per_axis[a] += b
+            self.per_cat[cat][a] += b
+        self.per_kind[hop.kind] += hop.total_bytes
+        self.edges.append(
             {
                 "producer": producer,
                 "consumer": consumer,
@@ -191,47 +243,47 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None, keep_edges: 
                 "category": cat,
                 "bytes": hop.total_bytes,
                 "bytes_per_axis": {str(a): b for a, b in sorted(hop.bytes_per_axis.items())},
+                "kernel_bytes_per_axis": {str(a): b for a, b in sorted(kernel.items())},
             }
         )
 
-    for op in job.net.op:
-        if op.name.startswith(_MIDDLE_PREFIX):
-            middle += 1
-        if not on_main(placement.get(op.name)) or op.name not in conf:
-            continue
-        if op.name.startswith(_NCCL_PREFIX):  # the op itself does the transition
-            src = sbp_of(op.name, "in_0")
-            dst = sbp_of(op.name, "out_0")
-            (lbn,) = op.user_conf.input["in"].s
-            if src is not None and dst is not None and src != dst:
-                add(op.name, op.name, "in_0", lbn, src, dst, False)
-            continue
-        inputs = _input_bns(op, blob_desc)
-        update = (
-            op.WhichOneof("op_type") == "user_conf"
-            and "model" in op.user_conf.input
-            and "model_diff" in op.user_conf.input
+    def result(self, compiled: bool, keep_edges: int) -> JobTraffic:
+        ndim = len(self.hierarchy)
+        self.edges.sort(key=lambda e: -e["bytes"])
+        return JobTraffic(
+            tuple(self.hierarchy),
+            compiled,
+            {a: self.per_axis.get(a, 0.0) for a in range(ndim)},
+            {c: {a: v.get(a, 0.0) for a in range(ndim)} for c, v in self.per_cat.items()},
+            dict(self.per_kind),
+            self.hops,
+            self.middle,
+            self.cross,
+            self.edges[:keep_edges],
+            {a: self.per_axis_kernel.get(a, 0.0) for a in range(ndim)},
         )
-        for bn, lbn in inputs:
-            producer, out_bn = lbn.split("/", 1)
-            if not on_main(placement.get(producer)):
-                cross += placement.get(producer) is not None
-                continue
-            src = sbp_of(producer, out_bn)
-            dst = sbp_of(op.name, bn)
-            if src is None or dst is None or src == dst:
-                continue
-            add(producer, op.name, bn, lbn, src, dst, update)
-    edges.sort(key=lambda e: -e["bytes"])
-    compiled = any(op.name.startswith(_COMPILED_MARK) for op in job.net.op)
-    return JobTraffic(
-        tuple(hierarchy),
-        compiled,
-        {a: per_axis.get(a, 0.0) for a in range(ndim)},
-        {c: {a: v.get(a, 0.0) for a in range(ndim)} for c, v in per_cat.items()},
-        dict(per_kind),
-        hops,
-        middle,
-        cross,
-        edges[:keep_edges],
+
+
+def _count_op(op: Any, view: _JobView, tally: _Tally) -> None:
+    """Count the hops into ``op``: its data inputs, or its own transition for a
+    ``System-NCCL-Logical-*`` op (the op itself does it)."""
+    if op.name.startswith(_NCCL_PREFIX):
+        src, dst = view.sbp_of(op.name, "in_0"), view.sbp_of(op.name, "out_0")
+        (lbn,) = op.user_conf.input["in"].s
+        if src is not None and dst is not None and src != dst:
+            tally.add((op.name, op.name, "in_0"), view, lbn, src, dst, False)
+        return
+    update = (
+        op.WhichOneof("op_type") == "user_conf"
+        and "model" in op.user_conf.input
+        and "model_diff" in op.user_conf.input
     )
+    for bn, lbn in _input_bns(op, view.blob_desc):
+        producer, out_bn = lbn.split("/", 1)
+        if not view.on_main(producer):
+            tally.cross += view.placement.get(producer) is not None
+            continue
+        src, dst = view.sbp_of(producer, out_bn), view.sbp_of(op.name, bn)
+        if src is None or dst is None or src == dst:
+            continue
+        tally.add((producer, op.name, bn), view, lbn, src, dst, update)

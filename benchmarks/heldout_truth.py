@@ -1,0 +1,226 @@
+"""Truth figures on development and held-out (evaluation) OneFlow jobs, side by side (issue 26).
+
+Run in the OneFlow venv, on the jobs ``tests/oneflow/_build_heldout_families.py`` builds
+(8 CPU ranks as ``[4, 2]``, LiBai's parameter layout, OneFlow's default ZeRO-2)::
+
+    python -m oneflow.distributed.launch --nproc_per_node 8 tests/oneflow/_build_heldout_families.py OUT \\
+        llama bert vit mt5-tiny gpt-tiny bert-tiny
+    python -m benchmarks.heldout_truth OUT [--json out.json]
+
+Per job (``OUT/{family}_zero2.pb``), as built by OneFlow's own SBP inference:
+
+* OneFlow's plan imported (``import_plan``) and evaluated: evaluator errors, and the
+  (op type, signature) pairs the rules do not offer;
+* ``inferred`` agreement with OneFlow's choice (:func:`autopar.oneflow_inference.agreement`),
+  cascaded and per op;
+* the ``megatron`` baseline (ZeRO-0, boxed as OneFlow groups) on the imported graph:
+  tensor-parallel bytes against Megatron-LM's hand count (:func:`hand_count_family`),
+  data-parallel bytes against the DDP count from the configuration
+  (:func:`benchmarks.model_truth.hand_count_dp_bytes_config`);
+* fidelity of OneFlow's plan: predicted (``evaluate(..., group_boxing=True)``) against
+  counted (:func:`autopar.oneflow.traffic.count_job_traffic` on the built job, so
+  multi-step transitions count as one hop) with ``lower_hop`` and with the formula of
+  its own (``kernel_bytes_per_axis``), per mesh axis.
+
+Development jobs are ``examples/oneflow/zoo.py``'s tiny MT5, GPT and BERT; evaluation
+jobs those of ``examples/oneflow/heldout/families.py``.  CPU jobs are fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from autopar.cluster import Mesh
+from autopar.graph import DTYPE_BYTES
+from benchmarks.model_truth import MT5_TINY, hand_count, hand_count_dp_bytes_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVELOPMENT = ("mt5-tiny", "gpt-tiny", "bert-tiny")
+EVALUATION = ("llama", "bert", "vit")
+BATCH, SEQ = 8, 32
+"""The batch and sequence every tiny job is built with (``build()`` defaults; zoo's tiny jobs)."""
+
+
+def family_config(family: str) -> tuple[str, dict[str, Any]]:
+    """(hand-count family, configuration) of a job, read from the model's own config class."""
+    sys.path.insert(0, str(ROOT / "examples" / "oneflow"))
+    common = {"batch": BATCH, "seq": SEQ, "dtype": "float32"}
+    if family == "mt5-tiny":
+        import mt5
+
+        c = mt5.MT5Config.tiny()
+        cfg = {**MT5_TINY, "style": "mt5", "heads": c.num_heads, "d_kv": c.d_kv, "ffn": c.d_ff}
+        return "t5", {
+            **cfg,
+            "vocab": c.vocab_size,
+            "relative_attention_buckets": c.relative_attention_num_buckets,
+        }
+    if family in ("gpt-tiny", "bert-tiny"):
+        import bert
+        import gpt
+
+        g = gpt.GPTConfig.tiny() if family == "gpt-tiny" else bert.BertConfig.tiny()
+        cfg = {**common, "hidden": g.hidden, "heads": g.heads, "layers": g.layers, "vocab": g.vocab_size}
+        cfg.update(
+            ffn=getattr(g, "intermediate", None) or getattr(g, "ffn", None), max_position=g.max_positions
+        )
+        return family.split("-")[0], {**cfg, "type_vocab": getattr(g, "type_vocab_size", 2)}
+    from heldout import bert as hbert
+    from heldout import llama, vit
+
+    if family == "llama":
+        c = llama.LlamaConfig()
+        return "llama", {
+            **common,
+            "style": "llama",
+            "hidden": c.hidden_size,
+            "heads": c.num_attention_heads,
+            "layers": c.num_hidden_layers,
+            "ffn": c.intermediate_size,
+            "vocab": c.vocab_size,
+        }
+    if family == "bert":
+        b = hbert.BertConfig()
+        return "bert", {
+            **common,
+            "hidden": b.hidden_size,
+            "heads": b.num_attention_heads,
+            "nsp": True,
+            "layers": b.num_hidden_layers,
+            "ffn": b.intermediate_size,
+            "vocab": b.vocab_size,
+            "max_position": b.max_position_embeddings,
+            "type_vocab": b.type_vocab_size,
+        }
+    v = dataclasses.asdict(vit.ViTConfig())
+    return "vit", {
+        **common,
+        **v,
+        "hidden": v["embed_dim"],
+        "heads": v["num_heads"],
+        "layers": v["depth"],
+        "ffn": v["mlp_ratio"] * v["embed_dim"],
+        "batch": BATCH,
+    }
+
+
+def hand_count_family(family: str, cfg: dict[str, Any], mesh: Mesh) -> float:
+    """Megatron-LM's tensor-parallel bytes per device for one step (``model_truth.hand_count``'s
+    scheme): per block 2 forward all-reduces (after o and fc2) and 2 backward (the input
+    gradients of the q/k/v and fc1 linears, however split), ``b/dp x s x h``; a vocab-parallel
+    embedding 1 forward, a vocab-split head 1 backward (LLaMA, BERT's tied decoder).  A ViT has
+    neither (patch projection and classifier head replicated, LiBai); its sequence is the
+    patches plus the class token.  The parallel cross-entropy's ``[b, s]`` all-reduces are
+    left out (``s x h`` times smaller)."""
+    if family in ("t5", "gpt"):
+        return hand_count(family, cfg, mesh)
+    dp, tp = mesh.shape[0], mesh.shape[-1]
+    seq = (cfg["image_size"] // cfg["patch_size"]) ** 2 + 1 if family == "vit" else cfg["seq"]
+    act = cfg["batch"] // dp * seq * cfg["hidden"] * DTYPE_BYTES[cfg["dtype"]]
+    ends = 0 if family == "vit" else 2
+    return 2 * (tp - 1) / tp * act * (4 * cfg["layers"] + ends)
+
+
+def _missing_signatures(errors: list[str]) -> dict[str, int]:
+    """'op type: signature' -> how many ops the evaluator refused with it."""
+    found: collections.Counter[str] = collections.Counter()
+    for e in errors:
+        m = re.match(r"op '[^']*' \(([^)]*)\): signature (.*) is not one its rule offers", e)
+        found[f"{m.group(1)}: {m.group(2)}" if m else e[:120]] += 1
+    return dict(found.most_common())
+
+
+def measure(job: Path, family: str) -> dict[str, Any]:
+    from autopar.baselines import baseline_plan
+    from autopar.evaluate import evaluate
+    from autopar.oneflow import import_job, import_plan
+    from autopar.oneflow.traffic import count_job_traffic
+    from autopar.oneflow_inference import agreement
+
+    graph = import_job(job, zero_stage=2)
+    plan = import_plan(job, graph=graph, zero_stage=2)
+    ev = evaluate(graph, plan, group_boxing=True)
+    hand_family, cfg = family_config(family)
+    mesh = plan.mesh
+    meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    counted = count_job_traffic(job)
+    return {
+        "family": family,
+        "split": "evaluation" if family in EVALUATION else "development",
+        "ops": len(graph.ops),
+        "valid": ev.valid,
+        "errors": len(ev.errors),
+        "missing": _missing_signatures(ev.errors),
+        "agreement_cascaded": agreement(graph, plan).share,
+        "agreement_per_op": agreement(graph, plan, cascade=False).share,
+        "megatron_tp": meg.comm_bytes_per_axis[1],
+        "hand_tp": hand_count_family(hand_family, cfg, mesh),
+        "megatron_dp": meg.comm_bytes_per_axis[0],
+        "hand_dp": hand_count_dp_bytes_config(hand_family, cfg, mesh),
+        "predicted": [ev.comm_bytes_per_axis[a] for a in range(2)],
+        "counted": [counted.bytes_per_axis[a] for a in range(2)],
+        "counted_kernel": [counted.kernel_bytes_per_axis[a] for a in range(2)],
+    }
+
+
+def _pct(got: float, ref: float) -> str:
+    return f"{100 * (got - ref) / ref:+.1f} %" if ref else ("0" if got == 0 else "inf")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    kib = 1024
+    lines = [
+        "| job | split | ops | OneFlow plan errors | inferred agreement (cascaded / per op) | "
+        "megatron tp / hand (KiB) | megatron dp / hand (KiB) | "
+        "axis 0 predicted / counted lower_hop / counted kernel (KiB) | axis 1 same |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        axes = []
+        for a in (0, 1):
+            pred, lower, kernel = r["predicted"][a], r["counted"][a], r["counted_kernel"][a]
+            axes.append(
+                f"{pred / kib:.1f} / {lower / kib:.1f} ({_pct(pred, lower)}) / "
+                f"{kernel / kib:.1f} ({_pct(pred, kernel)})"
+            )
+        tp_ratio, dp_ratio = r["megatron_tp"] / r["hand_tp"], r["megatron_dp"] / r["hand_dp"]
+        lines.append(
+            f"| {r['family']} | {r['split']} | {r['ops']} | {r['errors']} | "
+            f"{100 * r['agreement_cascaded']:.1f} % / {100 * r['agreement_per_op']:.1f} % | "
+            f"{r['megatron_tp'] / kib:.1f} / {r['hand_tp'] / kib:.1f} ({tp_ratio:.3f}) | "
+            f"{r['megatron_dp'] / kib:.1f} / {r['hand_dp'] / kib:.1f} ({dp_ratio:.3f}) | "
+            + " | ".join(axes)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("jobs", type=Path, help="the OUT folder of _build_heldout_families.py")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    rows = []
+    for family in (*DEVELOPMENT, *EVALUATION):
+        job = args.jobs / f"{family}_zero2.pb"
+        if job.exists():
+            rows.append(measure(job, family))
+    print(table(rows))
+    for r in rows:
+        if r["missing"]:
+            print(f"\n{r['family']}: signatures the rules lack (ops refused):")
+            for sig, n in r["missing"].items():
+                print(f"  {n:3d} x {sig}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
