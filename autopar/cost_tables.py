@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import boxing_matrix
+from autopar.boxing import OneFlowBoxing, boxing_matrix, boxing_search
 from autopar.cluster import Mesh
 from autopar.costs import (
     COST_MODEL_VERSION,
@@ -319,10 +319,32 @@ def _edge_matrix(
             len(src), len(dst)
         )
     if kind is EdgeKind.GRADIENT:
+        fast = _gradient_matrix(spec, src, dst, mesh, runtime)
+        if fast is not None:
+            return fast
         return np.array(
             [[edge_time(spec, s, d, mesh, kind, runtime)[0] for d in dst] for s in src], dtype=np.float64
         ).reshape(len(src), len(dst))
     return boxing_matrix(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh, runtime.lowering.value)
+
+
+def _gradient_matrix(
+    spec: TensorSpec, src: list[NdSbp], dst: list[NdSbp], mesh: Mesh, runtime: RuntimeProfile
+) -> np.ndarray | None:
+    """:func:`~autopar.costs.edge_time` of a gradient edge for every pair at once, when the
+    boxing is priced from a shared :class:`~autopar.oneflow.hop_table.HopTable` (else None):
+    :func:`~autopar.costs.bucketed_time` on the boxing's seconds and latency, the same
+    operations in the same order."""
+    search = boxing_search(spec.shape, DTYPE_BYTES[spec.dtype], mesh, runtime.lowering.value)
+    table = search.shared_table() if isinstance(search, OneFlowBoxing) else None
+    if table is None or not isinstance(search, OneFlowBoxing):
+        return None
+    seconds, latency, stepped = search.matrices(src, dst, table)
+    if runtime.grad_bucket_bytes <= 0:
+        return seconds
+    share = min(1.0, spec.numel * DTYPE_BYTES[spec.dtype] / runtime.grad_bucket_bytes)
+    bucketed = seconds - latency * (1.0 - share)
+    return np.where(stepped & np.isfinite(seconds), bucketed, seconds)
 
 
 def _compute_edge_batch(
