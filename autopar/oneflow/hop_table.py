@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autopar.oneflow.lowering import SEND_RECV, hop_rule
-from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split
+from autopar.oneflow.lowering import SEND_RECV, SR, Term, _flat_terms
+from autopar.sbp import B, NdSbp, P, SbpValue, Split
 
 if TYPE_CHECKING:
     from autopar.cluster import AxisLink
 
-__all__ = ["HopTable", "hop_table", "send_recv_units"]
+__all__ = ["HopTable", "clear_tables", "hop_table"]
 
 _KIND = {
     "all_reduce": "all-reduce",
@@ -63,66 +63,6 @@ def _ring_coef(kind: str, n: int) -> float:
     return (n - 1) / n
 
 
-def send_recv_units(
-    pairs: Sequence[tuple[NdSbp, NdSbp]], hierarchy: tuple[int, ...], ndim: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per pair of layouts, the elements received over each mesh axis summed over the devices
-    (``[pairs, axes]``, int64) for the least tensor both ends cut evenly, and that tensor's
-    element count ``U`` (``[pairs]``): what :func:`autopar.oneflow.lowering._send_recv` scales
-    by ``numel // U``.  Counted by visiting every (sender, receiver) device pair (see that
-    function for what is counted), all pairs of layouts at once."""
-    k = len(hierarchy)
-    coords = np.array(list(itertools.product(*(range(n) for n in hierarchy))), dtype=np.int64).reshape(-1, k)
-    n_dev = coords.shape[0]
-    same = coords[:, None, :] == coords[None, :, :]  # [s, r, axis]
-    differ = ~same
-    first = np.where(differ.any(-1), differ.argmax(-1), k)  # first axis where s and r differ
-    onehot = (first[..., None] == np.arange(k)).astype(np.int64)  # [s, r, axis]
-    moved = np.zeros((len(pairs), k), dtype=np.int64)
-    units = np.ones(len(pairs), dtype=np.int64)
-    for start in range(0, len(pairs), 512):
-        chunk = pairs[start : start + 512]
-        lo_s, hi_s, lo_d, hi_d, unit = _unit_boxes(chunk, hierarchy, ndim, coords)
-        lo = np.maximum(lo_s[:, :, None, :], lo_d[:, None, :, :])
-        hi = np.minimum(hi_s[:, :, None, :], hi_d[:, None, :, :])
-        volume = np.prod(np.maximum(hi - lo, 0), axis=-1)  # [pair, s, r]
-        forced = np.array([[_forced(a, b) for a, b in zip(src, dst)] for src, dst in chunk], dtype=bool)
-        reads = ~np.any(forced[:, None, None, :] & differ[None], axis=-1)  # forced axes: own coordinate
-        moved[start : start + len(chunk)] = np.einsum("psr,sra->pa", volume * reads, onehot)
-        units[start : start + len(chunk)] = np.prod(unit, axis=-1)
-    assert n_dev == math.prod(hierarchy)
-    return moved, units
-
-
-def _forced(src: SbpValue, dst: SbpValue) -> bool:
-    """An axis on which a receiver reads its own coordinate only (a ``B`` source; a ``P`` kept)."""
-    return isinstance(src, Broadcast) or (isinstance(src, Partial) and isinstance(dst, Partial))
-
-
-def _unit_boxes(
-    pairs: Sequence[tuple[NdSbp, NdSbp]], hierarchy: tuple[int, ...], ndim: int, coords: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each device's ``[lo, hi)`` per dim under each end (``[pair, device, dim]``) on the least
-    tensor both ends cut evenly (``unit``, ``[pair, dim]``); nested even splits, mesh axis 0
-    outermost (:func:`autopar.oneflow.lowering.device_slices`)."""
-    n_pairs, n_dev = len(pairs), coords.shape[0]
-    block = np.zeros((2, n_pairs, n_dev, ndim), dtype=np.int64)
-    parts = np.ones((2, n_pairs, ndim), dtype=np.int64)
-    for p, ends in enumerate(pairs):
-        for side, sbp in enumerate(ends):
-            for axis, value in enumerate(sbp):
-                if isinstance(value, Split):
-                    block[side, p, :, value.dim] = (
-                        block[side, p, :, value.dim] * hierarchy[axis] + coords[:, axis]
-                    )
-                    parts[side, p, value.dim] *= hierarchy[axis]
-    unit = np.lcm(parts[0], parts[1])
-    size = unit[None] // parts  # [side, pair, dim]
-    lo = block * size[:, :, None, :]
-    hi = lo + size[:, :, None, :]
-    return lo[0], hi[0], lo[1], hi[1], unit
-
-
 class HopTable:
     """Shape-free terms of every direct hop between layouts of rank-``ndim`` tensors on the
     mesh axes ``hierarchy`` (sizes > 1) with links ``links``, filled as pairs are asked for."""
@@ -142,52 +82,117 @@ class HopTable:
         self.moved = np.zeros((n, n, k), dtype=np.int64)
         self.lat = np.zeros((n, n, k), dtype=np.float64)
         self.beta = np.ones((n, n, k), dtype=np.float64)
+        self._layout()
+
+    def _layout(self) -> None:
+        """Per state: value codes per axis (``B`` 0, ``P`` 1, ``S(d)`` 2 + d), the parts each dim is
+        cut in, and each device's block index per dim (nested even splits, mesh axis 0
+        outermost: :func:`autopar.oneflow.lowering.device_slices`); per device pair, where
+        they differ and the first axis they differ on (one-hot)."""
+        k, values = len(self.hierarchy), 2 + self.ndim
+        self.codes = np.array(list(itertools.product(range(values), repeat=k)), dtype=np.int64).reshape(-1, k)
+        self.radix = values ** np.arange(k - 1, -1, -1, dtype=np.int64)
+        coords = np.array(list(itertools.product(*(range(n) for n in self.hierarchy))), dtype=np.int64)
+        self.parts = np.ones((len(self.codes), self.ndim), dtype=np.int64)
+        self.block = np.zeros((len(self.codes), len(coords), self.ndim), dtype=np.int64)
+        for axis, n in enumerate(self.hierarchy):
+            for dim in range(self.ndim):
+                m = self.codes[:, axis] == 2 + dim
+                self.block[m, :, dim] = self.block[m, :, dim] * n + coords[None, :, axis]
+                self.parts[m, dim] *= n
+        self._differ = coords[:, None, :] != coords[None, :, :]  # [sender, receiver, axis]
+        first = np.where(self._differ.any(-1), self._differ.argmax(-1), k)
+        self._first = (first[..., None] == np.arange(k)).astype(np.int64)
 
     def fill(self, rows: np.ndarray, cols: np.ndarray) -> None:
-        """Work out the terms of the pairs ``rows x cols`` (state indices) not known yet."""
+        """Work out the terms of the pairs ``rows x cols`` (state indices) not known yet, all at
+        once: :func:`~autopar.oneflow.lowering.hop_rule` on three or more axes, where every
+        pair of layouts is a local zero-fill, a flat collective (both ends one value on all
+        axes) or a send/recv on every axis."""
         todo = np.argwhere(~self.filled[np.ix_(rows, cols)])
         if len(todo) == 0:
             return
-        pairs = [(int(rows[i]), int(cols[j])) for i, j in todo]
-        probe = (math.prod(self.hierarchy),) * self.ndim  # every split of a layout divides it
-        rules = [hop_rule(probe, self.states[i], self.states[j], self.hierarchy) for i, j in pairs]
-        sr_at = [t for t, r in enumerate(rules) if any(term[0] == "sr" for term in r.terms.values())]
-        moved, units = send_recv_units(
-            [
-                (self.states[pairs[t][0]], _moved_to(self.states[pairs[t][0]], self.states[pairs[t][1]]))
-                for t in sr_at
-            ],
-            self.hierarchy,
-            self.ndim,
-        )
-        sr_of = {t: n for n, t in enumerate(sr_at)}
-        for t, ((i, j), rule) in enumerate(zip(pairs, rules)):
-            kind = _KIND[SEND_RECV if rule.kind == "P kept" else rule.kind]
-            for axis, term in rule.terms.items():
-                self._set_term(
-                    i, j, axis, kind, term, moved[sr_of[t], axis] if t in sr_of else 0, units, sr_of.get(t)
-                )
-            self.filled[i, j] = True
+        i, j = rows[todo[:, 0]], cols[todo[:, 1]]
+        cs, cd = self.codes[i], self.codes[j]
+        kept = np.where((cd == 1) & (cs != 1), cs, cd)  # a consumer's P the source lacks: zero-fill
+        k_id = kept @ self.radix
+        moving = k_id != i
+        flat = moving & np.all(cs == cs[:, :1], axis=1) & np.all(kept == kept[:, :1], axis=1)
+        a, b = cs[:, 0], kept[:, 0]
+        kinds = {
+            "all_reduce": flat & (a == 1) & (b == 0),
+            "reduce_scatter": flat & (a == 1) & (b >= 2),
+            "all_gather": flat & (a >= 2) & (b == 0),
+            "all_to_all": flat & (a >= 2) & (b >= 2),
+        }
+        collective = np.zeros(len(i), dtype=bool)
+        for kind, mask in kinds.items():
+            collective |= mask
+            for axis, term in _flat_terms(kind, self.hierarchy).items():
+                self._set(i[mask], j[mask], axis, kind, term, None, None)
+        sr = moving & ~collective
+        moved, units = self.send_recv_units(i[sr], k_id[sr])
+        for axis in range(len(self.hierarchy)):
+            self._set(i[sr], j[sr], axis, SEND_RECV, SR, moved[:, axis], units)
+        self.filled[i, j] = True
 
-    def _set_term(
-        self, i: int, j: int, axis: int, kind: str, term: tuple, moved: int, units: np.ndarray, at: int | None
+    def _set(
+        self,
+        i: np.ndarray,
+        j: np.ndarray,
+        axis: int,
+        kind: str,
+        term: Term,
+        moved: np.ndarray | None,
+        units: np.ndarray | None,
     ) -> None:
+        """Store one axis's term for the pairs ``(i, j)``."""
         n = self.hierarchy[axis]
-        if term[0] == "ring" and term[2] > 1:
+        if term[0] == "ring":
+            if n <= 1:
+                return
             self.ftype[i, j, axis], self.coef[i, j, axis], self.den[i, j, axis] = (
                 _RING,
-                _ring_coef(term[1], term[2]),
+                _ring_coef(kind, n),
                 term[3],
             )
         elif term[0] == "a2a":
             self.ftype[i, j, axis], self.coef[i, j, axis], self.den[i, j, axis] = _A2A, term[1], term[2]
-        elif term[0] == "sr" and at is not None and moved > 0:
-            self.ftype[i, j, axis], self.moved[i, j, axis], self.den[i, j, axis] = _SR, moved, units[at]
         else:
-            return
-        alpha, beta = self.links[axis].alpha_beta(kind)
-        self.lat[i, j, axis] = _ring_steps(kind, n) * alpha
+            assert moved is not None and units is not None
+            self.ftype[i, j, axis] = np.where(moved > 0, _SR, _NONE)
+            self.moved[i, j, axis], self.den[i, j, axis] = moved, units
+        step_kind = _KIND[kind]
+        alpha, beta = self.links[axis].alpha_beta(step_kind)
+        self.lat[i, j, axis] = _ring_steps(step_kind, n) * alpha
         self.beta[i, j, axis] = beta
+
+    def send_recv_units(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair of states ``src[p] -> dst[p]``, the elements received over each mesh axis
+        summed over the devices (``[pairs, axes]``, int64) for the least tensor both ends cut
+        evenly, and that tensor's element count ``U``: what
+        :func:`autopar.oneflow.lowering._send_recv` scales by ``numel // U``.  Counted by
+        visiting every (sender, receiver) device pair (see that function for what is
+        counted), all pairs at once."""
+        k = len(self.hierarchy)
+        moved = np.zeros((len(src), k), dtype=np.int64)
+        units = np.ones(len(src), dtype=np.int64)
+        for start in range(0, len(src), 256):
+            s, d = src[start : start + 256], dst[start : start + 256]
+            unit = np.lcm(self.parts[s], self.parts[d])  # [pair, dim]
+            size_s, size_d = unit // self.parts[s], unit // self.parts[d]
+            lo_s, lo_d = self.block[s] * size_s[:, None, :], self.block[d] * size_d[:, None, :]
+            lo = np.maximum(lo_s[:, :, None, :], lo_d[:, None, :, :])
+            hi = np.minimum(
+                (lo_s + size_s[:, None, :])[:, :, None, :], (lo_d + size_d[:, None, :])[:, None, :, :]
+            )
+            volume = np.prod(np.maximum(hi - lo, 0), axis=-1)  # [pair, sender, receiver]
+            cs, cd = self.codes[s], self.codes[d]
+            forced = (cs == 0) | ((cs == 1) & (cd == 1))  # a receiver reads its own coordinate
+            reads = ~np.any(forced[:, None, None, :] & self._differ[None], axis=-1)
+            moved[start : start + len(s)] = np.einsum("psr,sra->pa", volume * reads, self._first)
+            units[start : start + len(s)] = np.prod(unit, axis=-1)
+        return moved, units
 
     def price(
         self, shape: Sequence[int], itemsize: int, rows: np.ndarray, cols: np.ndarray
@@ -214,13 +219,6 @@ class HopTable:
             time = time + np.where(live[..., axis], seconds[..., axis], 0.0)
             lat = lat + np.where(live[..., axis], latency[..., axis], 0.0)
         return time, lat, live.any(-1)
-
-
-def _moved_to(src: NdSbp, dst: NdSbp) -> NdSbp:
-    """What a hop moves data to: the source's value where the consumer takes a ``P`` it lacks."""
-    return NdSbp(
-        tuple(s if isinstance(d, Partial) and not isinstance(s, Partial) else d for s, d in zip(src, dst))
-    )
 
 
 _tables: dict[tuple[tuple[int, ...], tuple[AxisLink, ...], int], HopTable] = {}
