@@ -14,7 +14,7 @@ one table per (mesh axes, tensor rank) shared by every tensor of every graph, an
 prices a whole edge's pairs with numpy in the same floating-point operations, in
 the same order, as :func:`autopar.oneflow.pricing.hop_steps` (so the same
 seconds, bit for bit).  Send/recv counts are worked out for many pairs at once by
-visiting the device pairs (:func:`send_recv_units`).
+visiting the device pairs (:meth:`HopTable.send_recv_units`).
 """
 
 from __future__ import annotations
@@ -85,21 +85,12 @@ class HopTable:
         self._layout()
 
     def _layout(self) -> None:
-        """Per state: value codes per axis (``B`` 0, ``P`` 1, ``S(d)`` 2 + d), the parts each dim is
-        cut in, and each device's block index per dim (nested even splits, mesh axis 0
-        outermost: :func:`autopar.oneflow.lowering.device_slices`); per device pair, where
-        they differ and the first axis they differ on (one-hot)."""
+        """Per state: value codes per axis (``B`` 0, ``P`` 1, ``S(d)`` 2 + d); per device pair,
+        where they differ and the first axis they differ on (one-hot)."""
         k, values = len(self.hierarchy), 2 + self.ndim
         self.codes = np.array(list(itertools.product(range(values), repeat=k)), dtype=np.int64).reshape(-1, k)
         self.radix = values ** np.arange(k - 1, -1, -1, dtype=np.int64)
         coords = np.array(list(itertools.product(*(range(n) for n in self.hierarchy))), dtype=np.int64)
-        self.parts = np.ones((len(self.codes), self.ndim), dtype=np.int64)
-        self.block = np.zeros((len(self.codes), len(coords), self.ndim), dtype=np.int64)
-        for axis, n in enumerate(self.hierarchy):
-            for dim in range(self.ndim):
-                m = self.codes[:, axis] == 2 + dim
-                self.block[m, :, dim] = self.block[m, :, dim] * n + coords[None, :, axis]
-                self.parts[m, dim] *= n
         self._differ = coords[:, None, :] != coords[None, :, :]  # [sender, receiver, axis]
         first = np.where(self._differ.any(-1), self._differ.argmax(-1), k)
         self._first = (first[..., None] == np.arange(k)).astype(np.int64)
@@ -171,27 +162,48 @@ class HopTable:
         """Per pair of states ``src[p] -> dst[p]``, the elements received over each mesh axis
         summed over the devices (``[pairs, axes]``, int64) for the least tensor both ends cut
         evenly, and that tensor's element count ``U``: what
-        :func:`autopar.oneflow.lowering._send_recv` scales by ``numel // U``.  Counted by
-        visiting every (sender, receiver) device pair (see that function for what is
-        counted), all pairs at once."""
+        :func:`autopar.oneflow.lowering._send_recv` scales by ``numel // U``.  A count does
+        not change when the tensor dims are renamed, so pairs are counted once per naming
+        (dims numbered in order of first use), in a memo shared by every table of the
+        process; new ones by :meth:`_count`, all at once."""
         k = len(self.hierarchy)
-        moved = np.zeros((len(src), k), dtype=np.int64)
-        units = np.ones(len(src), dtype=np.int64)
-        for start in range(0, len(src), 256):
-            s, d = src[start : start + 256], dst[start : start + 256]
-            unit = np.lcm(self.parts[s], self.parts[d])  # [pair, dim]
-            size_s, size_d = unit // self.parts[s], unit // self.parts[d]
-            lo_s, lo_d = self.block[s] * size_s[:, None, :], self.block[d] * size_d[:, None, :]
+        rows = np.concatenate([self.codes[src], self.codes[dst]], axis=1).tolist()
+        keys = [_canonical(row) for row in rows]
+        memo = _units.setdefault(self.hierarchy, {})
+        new = list(dict.fromkeys(key for key in keys if key not in memo))
+        if new:
+            moved, units = self._count(np.array(new, dtype=np.int64).reshape(len(new), 2 * k))
+            for key, m, u in zip(new, moved.tolist(), units.tolist()):
+                memo[key] = (m, u)
+        out = np.array([memo[key][0] for key in keys], dtype=np.int64).reshape(len(keys), k)
+        return out, np.array([memo[key][1] for key in keys], dtype=np.int64)
+
+    def _count(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`send_recv_units` of the pairs ``codes`` (``[pair, source axes + target axes]``),
+        by visiting every (sender, receiver) device pair (see
+        :func:`autopar.oneflow.lowering._send_recv` for what is counted)."""
+        k = len(self.hierarchy)
+        ndim = max(1, int(codes.max(initial=1)) - 1)
+        coords = np.array(list(itertools.product(*(range(n) for n in self.hierarchy))), dtype=np.int64)
+        moved = np.zeros((len(codes), k), dtype=np.int64)
+        units = np.ones(len(codes), dtype=np.int64)
+        for start in range(0, len(codes), 256):
+            cs, cd = codes[start : start + 256, :k], codes[start : start + 256, k:]
+            (parts_s, block_s), (parts_d, block_d) = (
+                _blocks(c, self.hierarchy, coords, ndim) for c in (cs, cd)
+            )
+            unit = np.lcm(parts_s, parts_d)  # [pair, dim]
+            size_s, size_d = unit // parts_s, unit // parts_d
+            lo_s, lo_d = block_s * size_s[:, None, :], block_d * size_d[:, None, :]
             lo = np.maximum(lo_s[:, :, None, :], lo_d[:, None, :, :])
             hi = np.minimum(
                 (lo_s + size_s[:, None, :])[:, :, None, :], (lo_d + size_d[:, None, :])[:, None, :, :]
             )
             volume = np.prod(np.maximum(hi - lo, 0), axis=-1)  # [pair, sender, receiver]
-            cs, cd = self.codes[s], self.codes[d]
             forced = (cs == 0) | ((cs == 1) & (cd == 1))  # a receiver reads its own coordinate
             reads = ~np.any(forced[:, None, None, :] & self._differ[None], axis=-1)
-            moved[start : start + len(s)] = np.einsum("psr,sra->pa", volume * reads, self._first)
-            units[start : start + len(s)] = np.prod(unit, axis=-1)
+            moved[start : start + len(cs)] = np.einsum("psr,sra->pa", volume * reads, self._first)
+            units[start : start + len(cs)] = np.prod(unit, axis=-1)
         return moved, units
 
     def price(
@@ -221,6 +233,29 @@ class HopTable:
         return time, lat, live.any(-1)
 
 
+def _canonical(row: list[int]) -> tuple[int, ...]:
+    """Value codes with the tensor dims renumbered in order of first use."""
+    names: dict[int, int] = {}
+    return tuple(c if c < 2 else 2 + names.setdefault(c, len(names)) for c in row)
+
+
+def _blocks(
+    codes: np.ndarray, hierarchy: tuple[int, ...], coords: np.ndarray, ndim: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per layout (value codes ``[layout, axis]``): the parts each dim is cut in and each
+    device's block index per dim (nested even splits, mesh axis 0 outermost:
+    :func:`autopar.oneflow.lowering.device_slices`)."""
+    parts = np.ones((len(codes), ndim), dtype=np.int64)
+    block = np.zeros((len(codes), len(coords), ndim), dtype=np.int64)
+    for axis, n in enumerate(hierarchy):
+        for dim in range(ndim):
+            m = codes[:, axis] == 2 + dim
+            block[m, :, dim] = block[m, :, dim] * n + coords[None, :, axis]
+            parts[m, dim] *= n
+    return parts, block
+
+
+_units: dict[tuple[int, ...], dict[tuple[int, ...], tuple[list[int], int]]] = {}
 _tables: dict[tuple[tuple[int, ...], tuple[AxisLink, ...], int], HopTable] = {}
 
 
@@ -238,3 +273,4 @@ def hop_table(hierarchy: tuple[int, ...], links: tuple[AxisLink, ...], ndim: int
 def clear_tables() -> None:
     """Forget every table (e.g. to time a cold build)."""
     _tables.clear()
+    _units.clear()
