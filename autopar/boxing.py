@@ -59,6 +59,7 @@ __all__ = [
     "reduce_scatter_time",
     "send_recv_bytes",
     "send_recv_time",
+    "step_latency",
 ]
 
 INF = math.inf
@@ -643,6 +644,10 @@ class OneFlowBoxing:
             return None
         if not self._live or a == b:
             return ()
+        return self._squeezed_steps(a, b)
+
+    def _squeezed_steps(self, a: NdSbp, b: NdSbp) -> tuple[BoxingStep, ...] | None:
+        """:meth:`_steps` of two different squeezed layouts."""
         if (a, b) in self._pair_steps:
             return self._pair_steps[(a, b)]
         hierarchy = tuple(self.mesh.shape[x] for x in self._live)
@@ -750,7 +755,26 @@ class OneFlowBoxing:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         r = np.array([table.index[a] for a in rows], dtype=np.int64)
         c = np.array([table.index[b] for b in cols], dtype=np.int64)
-        return table.price(self.shape, self.itemsize, r, c)
+        seconds, latency, stepped, uneven = table.price(self.shape, self.itemsize, r, c)
+        for i, j in np.argwhere(uneven).tolist():  # the table does not apply: pair by pair
+            pair = (rows[i], cols[j])
+            if pair not in self._times:
+                self._price([pair])
+            steps = self._squeezed_steps(*pair)
+            found = () if steps is None else steps
+            seconds[i, j] = self._times[pair]
+            latency[i, j] = sum(step_latency(s, self.mesh) for s in found)
+            stepped[i, j] = bool(found)
+        return seconds, latency, stepped
+
+
+def step_latency(step: BoxingStep, mesh: Mesh) -> float:
+    """The latency part of a boxing step, seconds: its time less its bytes over the axis's
+    bandwidth for that collective (``alpha``-terms of the alpha-beta model)."""
+    if step.collective is Collective.LOCAL or step.bytes_per_device <= 0:
+        return max(0.0, step.time_s)
+    _, beta = mesh.axes[step.axis].alpha_beta(step.collective.value)
+    return max(0.0, step.time_s - step.bytes_per_device / beta)
 
 
 @functools.lru_cache(maxsize=1)

@@ -180,10 +180,10 @@ _fresh: dict[bytes, OpTable] = {}
 
 
 def clear_process_caches() -> None:
-    """Forget this process's memos (parsed signatures, signature lists, boxing searches),
+    """Forget this process's memos (parsed signatures, signature lists, boxing searches, hop tables),
     e.g. to time a cold build; the store is not touched."""
     from autopar import boxing, costs
-    from autopar.oneflow import pricing
+    from autopar.oneflow import hop_table, pricing
 
     _parsed.clear()
     _fresh.clear()
@@ -191,6 +191,7 @@ def clear_process_caches() -> None:
     boxing._searches.clear()
     boxing.send_recv_bytes.cache_clear()
     pricing.clear_caches()
+    hop_table.clear_tables()
 
 
 def _parse_signature(text: str, ndim: int) -> Signature:

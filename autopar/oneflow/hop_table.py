@@ -82,6 +82,10 @@ class HopTable:
         self.moved = np.zeros((n, n, k), dtype=np.int64)
         self.lat = np.zeros((n, n, k), dtype=np.float64)
         self.beta = np.ones((n, n, k), dtype=np.float64)
+        self.kept = np.tile(np.arange(n, dtype=np.int64)[:, None], (1, n))
+        """the state each hop moves data to (the source's value where the consumer takes a
+        ``P`` it lacks): when that is no even layout of a tensor, the hop's rule and bytes
+        depend on the tensor's shape, and :meth:`price` says so"""
         self._layout()
 
     def _layout(self) -> None:
@@ -90,6 +94,10 @@ class HopTable:
         k, values = len(self.hierarchy), 2 + self.ndim
         self.codes = np.array(list(itertools.product(range(values), repeat=k)), dtype=np.int64).reshape(-1, k)
         self.radix = values ** np.arange(k - 1, -1, -1, dtype=np.int64)
+        self.parts = np.ones((len(self.codes), self.ndim), dtype=np.int64)
+        for axis, n in enumerate(self.hierarchy):
+            for dim in range(self.ndim):
+                self.parts[self.codes[:, axis] == 2 + dim, dim] *= n
         coords = np.array(list(itertools.product(*(range(n) for n in self.hierarchy))), dtype=np.int64)
         self._differ = coords[:, None, :] != coords[None, :, :]  # [sender, receiver, axis]
         first = np.where(self._differ.any(-1), self._differ.argmax(-1), k)
@@ -107,6 +115,7 @@ class HopTable:
         cs, cd = self.codes[i], self.codes[j]
         kept = np.where((cd == 1) & (cs != 1), cs, cd)  # a consumer's P the source lacks: zero-fill
         k_id = kept @ self.radix
+        self.kept[i, j] = k_id
         moving = k_id != i
         flat = moving & np.all(cs == cs[:, :1], axis=1) & np.all(kept == kept[:, :1], axis=1)
         a, b = cs[:, 0], kept[:, 0]
@@ -208,9 +217,11 @@ class HopTable:
 
     def price(
         self, shape: Sequence[int], itemsize: int, rows: np.ndarray, cols: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Seconds, latency seconds (:func:`autopar.costs.step_latency` summed) and whether any
-        step moves bytes, for each pair ``rows x cols`` of state indices."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Seconds, latency seconds (:func:`autopar.boxing.step_latency` summed) and whether any
+        step moves bytes, for each pair ``rows x cols`` of state indices (valid layouts of
+        the tensor); and where the table does not apply (the hop moves data to a layout that
+        does not divide the tensor: priced pair by pair instead, entries left 0)."""
         self.fill(rows, cols)
         at = np.ix_(rows, cols)
         numel = math.prod(int(d) for d in shape)
@@ -230,7 +241,9 @@ class HopTable:
         for axis in range(len(self.hierarchy)):
             time = time + np.where(live[..., axis], seconds[..., axis], 0.0)
             lat = lat + np.where(live[..., axis], latency[..., axis], 0.0)
-        return time, lat, live.any(-1)
+        even = np.all(np.asarray(shape, dtype=np.int64) % self.parts == 0, axis=1)
+        uneven = ~even[self.kept[at]]
+        return time, lat, live.any(-1), uneven
 
 
 def _canonical(row: list[int]) -> tuple[int, ...]:

@@ -90,3 +90,20 @@ def test_gradient_edges_equal_edge_time_pair_by_pair(bucket: int) -> None:
         [[edge_time(spec, a, b, mesh, EdgeKind.GRADIENT, runtime)[0] for b in states] for a in states]
     )
     assert np.array_equal(got, want)
+
+
+def test_a_consumer_partial_that_leaves_an_uneven_layout_is_priced_pair_by_pair() -> None:
+    """``(S(2), S(0), S(0)) -> (S(0), S(0), P)`` on ``[2, 2, 8]`` with dim 0 of 16: the hop
+    moves data to ``(S(0), S(0), S(0))``, which cuts 16 rows in 32 (OneFlow's uneven
+    ``BalancedSplitter`` slices): the table's even-split count does not apply."""
+    clear_tables()
+    mesh = Mesh(Cluster.parse("4x8"), (2, 2, 8))
+    shape = (16, 12, 4)
+    src = NdSbp((Split(2), Split(0), Split(0)))
+    dst = NdSbp((Split(0), Split(0), P))
+    states = [src, dst, *_layouts(shape, mesh)[:40]]
+    search = OneFlowBoxing(shape, 2, mesh)
+    fast = search.matrices(states, states, search.shared_table())[0]
+    reference = OneFlowBoxing(shape, 2, mesh).matrices(states, states, None)[0]
+    assert fast[0, 1] == reference[0, 1]
+    assert np.array_equal(fast, reference)
