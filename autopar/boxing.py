@@ -756,10 +756,14 @@ class OneFlowBoxing:
         r = np.array([table.index[a] for a in rows], dtype=np.int64)
         c = np.array([table.index[b] for b in cols], dtype=np.int64)
         seconds, latency, stepped, uneven = table.price(self.shape, self.itemsize, r, c)
-        for i, j in np.argwhere(uneven).tolist():  # the table does not apply: pair by pair
+        odd = np.argwhere(uneven).tolist()  # the table does not apply: pair by pair
+        todo = list(
+            dict.fromkeys((rows[i], cols[j]) for i, j in odd if (rows[i], cols[j]) not in self._times)
+        )
+        if todo:
+            self._price(todo)
+        for i, j in odd:
             pair = (rows[i], cols[j])
-            if pair not in self._times:
-                self._price([pair])
             steps = self._squeezed_steps(*pair)
             found = () if steps is None else steps
             seconds[i, j] = self._times[pair]

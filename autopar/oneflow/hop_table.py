@@ -13,7 +13,11 @@ the axis (summed over the devices) for the least tensor ``U`` both ends cut even
 one table per (mesh axes, tensor rank) shared by every tensor of every graph, and
 prices a whole edge's pairs with numpy in the same floating-point operations, in
 the same order, as :func:`autopar.oneflow.pricing.hop_steps` (so the same
-seconds, bit for bit).  Send/recv counts are worked out for many pairs at once by
+seconds, bit for bit).  One exception is flagged, not priced: a consumer's ``P``
+that the source lacks is a local zero-fill, and the hop moves data to the source's
+value there, which need not divide the tensor (``(S(2), S(0), S(0)) -> (S(0), S(0), P)``
+moves to ``(S(0), S(0), S(0))``); OneFlow then cuts uneven slices, and
+:class:`autopar.boxing.OneFlowBoxing` prices such a pair on its own.  Send/recv counts are worked out for many pairs at once by
 visiting the device pairs (:meth:`HopTable.send_recv_units`).
 """
 
