@@ -17,8 +17,8 @@ seconds, bit for bit).  One exception is flagged, not priced: a consumer's ``P``
 that the source lacks is a local zero-fill, and the hop moves data to the source's
 value there, which need not divide the tensor (``(S(2), S(0), S(0)) -> (S(0), S(0), P)``
 moves to ``(S(0), S(0), S(0))``); OneFlow then cuts uneven slices, and
-:class:`autopar.boxing.OneFlowBoxing` prices such a pair on its own.  Send/recv counts are worked out for many pairs at once by
-visiting the device pairs (:meth:`HopTable.send_recv_units`).
+:class:`autopar.boxing.OneFlowBoxing` prices such a pair on its own.  Send/recv
+counts are worked out for many pairs at once by visiting the device pairs (:meth:`HopTable.send_recv_units`).
 """
 
 from __future__ import annotations
