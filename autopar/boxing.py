@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
-from autopar.oneflow.pricing import Step, chain_steps, oneflow_routes
+from autopar.oneflow.hop_table import HopTable, hop_table
+from autopar.oneflow.pricing import Step, chain_steps, observed_routes, oneflow_routes
 from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "reduce_scatter_time",
     "send_recv_bytes",
     "send_recv_time",
+    "step_latency",
 ]
 
 INF = math.inf
@@ -642,6 +644,10 @@ class OneFlowBoxing:
             return None
         if not self._live or a == b:
             return ()
+        return self._squeezed_steps(a, b)
+
+    def _squeezed_steps(self, a: NdSbp, b: NdSbp) -> tuple[BoxingStep, ...] | None:
+        """:meth:`_steps` of two different squeezed layouts."""
         if (a, b) in self._pair_steps:
             return self._pair_steps[(a, b)]
         hierarchy = tuple(self.mesh.shape[x] for x in self._live)
@@ -692,31 +698,90 @@ class OneFlowBoxing:
                 total += step[5]
             self._times[pair] = total
 
+    def shared_table(self) -> HopTable | None:
+        """The shared :class:`~autopar.oneflow.hop_table.HopTable` when every route is direct
+        (three or more axes of size > 1, none with observed routes), else None."""
+        hierarchy = tuple(self.mesh.shape[a] for a in self._live)
+        if len(hierarchy) < 3 or hierarchy in _observed_hierarchies():
+            return None
+        return hop_table(hierarchy, tuple(self.mesh.axes[a] for a in self._live), len(self.shape))
+
     def matrix(self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp]) -> np.ndarray:
         """Seconds from each of ``srcs`` (rows) to each of ``dsts`` (columns), equal to
         :meth:`time` entry by entry: each distinct squeezed pair priced once, the pairs
-        not priced yet routed together."""
+        not priced yet routed together (on three or more axes: all at once, from the
+        mesh's shared :class:`~autopar.oneflow.hop_table.HopTable`)."""
+        return self.matrices(srcs, dsts, self.shared_table())[0]
+
+    def matrices(
+        self, srcs: Sequence[NdSbp], dsts: Sequence[NdSbp], table: HopTable | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`matrix`, with (from ``table`` only; zeros otherwise) each pair's latency
+        seconds and whether it has a step that moves bytes."""
         ids: dict[NdSbp, int] = {}
         src_ids = np.fromiter((ids.setdefault(s, len(ids)) for s in srcs), dtype=np.int64, count=len(srcs))
         dst_ids = np.fromiter((ids.setdefault(d, len(ids)) for d in dsts), dtype=np.int64, count=len(dsts))
         squeezed = [self._squeeze(s) for s in ids]
         rows = list(dict.fromkeys(squeezed[i] for i in src_ids.tolist() if squeezed[i] is not None))
         cols = list(dict.fromkeys(squeezed[i] for i in dst_ids.tolist() if squeezed[i] is not None))
-        small = np.zeros((len(rows) + 1, len(cols) + 1), dtype=np.float64)
-        small[-1, :] = INF  # the last row and column: not a layout of the tensor
-        small[:, -1] = INF
-        if self._live:
-            times = self._times
-            todo = [(a, b) for a in rows for b in cols if a != b and (a, b) not in times]
-            if todo:
-                self._price(todo)
-            small[: len(rows), : len(cols)] = np.array(
-                [[0.0 if a == b else times[(a, b)] for b in cols] for a in rows], dtype=np.float64
-            ).reshape(len(rows), len(cols))
+        parts = [np.zeros((len(rows) + 1, len(cols) + 1), dtype=t) for t in (np.float64, np.float64, bool)]
+        parts[0][-1, :] = INF  # the last row and column: not a layout of the tensor
+        parts[0][:, -1] = INF
+        if self._live and rows and cols:
+            found = self._small_fast(table, rows, cols) if table is not None else (self._small(rows, cols),)
+            for part, small in zip(parts, found):
+                part[: len(rows), : len(cols)] = small
         row_at = {sbp: i for i, sbp in enumerate(rows)}
         col_at = {sbp: j for j, sbp in enumerate(cols)}
         r = np.array([len(rows) if q is None else row_at.get(q, len(rows)) for q in squeezed], dtype=np.int64)
         c = np.array([len(cols) if q is None else col_at.get(q, len(cols)) for q in squeezed], dtype=np.int64)
-        out = small[np.ix_(r[src_ids], c[dst_ids])]
-        out[src_ids[:, None] == dst_ids[None, :]] = 0.0  # no change: free, even for a non-layout
-        return out
+        same = src_ids[:, None] == dst_ids[None, :]
+        out = tuple(part[np.ix_(r[src_ids], c[dst_ids])] for part in parts)
+        out[0][same] = 0.0  # no change: free, even for a non-layout
+        out[2][same] = False
+        return out[0], out[1], out[2]
+
+    def _small(self, rows: list[NdSbp], cols: list[NdSbp]) -> np.ndarray:
+        times = self._times
+        todo = [(a, b) for a in rows for b in cols if a != b and (a, b) not in times]
+        if todo:
+            self._price(todo)
+        return np.array(
+            [[0.0 if a == b else times[(a, b)] for b in cols] for a in rows], dtype=np.float64
+        ).reshape(len(rows), len(cols))
+
+    def _small_fast(
+        self, table: HopTable, rows: list[NdSbp], cols: list[NdSbp]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        r = np.array([table.index[a] for a in rows], dtype=np.int64)
+        c = np.array([table.index[b] for b in cols], dtype=np.int64)
+        seconds, latency, stepped, uneven = table.price(self.shape, self.itemsize, r, c)
+        odd = np.argwhere(uneven).tolist()  # the table does not apply: pair by pair
+        todo = list(
+            dict.fromkeys((rows[i], cols[j]) for i, j in odd if (rows[i], cols[j]) not in self._times)
+        )
+        if todo:
+            self._price(todo)
+        for i, j in odd:
+            pair = (rows[i], cols[j])
+            steps = self._squeezed_steps(*pair)
+            found = () if steps is None else steps
+            seconds[i, j] = self._times[pair]
+            latency[i, j] = sum(step_latency(s, self.mesh) for s in found)
+            stepped[i, j] = bool(found)
+        return seconds, latency, stepped
+
+
+def step_latency(step: BoxingStep, mesh: Mesh) -> float:
+    """The latency part of a boxing step, seconds: its time less its bytes over the axis's
+    bandwidth for that collective (``alpha``-terms of the alpha-beta model)."""
+    if step.collective is Collective.LOCAL or step.bytes_per_device <= 0:
+        return max(0.0, step.time_s)
+    _, beta = mesh.axes[step.axis].alpha_beta(step.collective.value)
+    return max(0.0, step.time_s - step.bytes_per_device / beta)
+
+
+@functools.lru_cache(maxsize=1)
+def _observed_hierarchies() -> frozenset[tuple[int, ...]]:
+    """The hierarchies with observed OneFlow routes (:func:`autopar.oneflow.pricing.observed_routes`)."""
+    return frozenset(h for h, _, _ in observed_routes())

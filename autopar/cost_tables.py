@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.boxing import boxing_matrix
+from autopar.boxing import OneFlowBoxing, boxing_matrix, boxing_search
 from autopar.cluster import Mesh
 from autopar.costs import (
     COST_MODEL_VERSION,
@@ -180,10 +180,10 @@ _fresh: dict[bytes, OpTable] = {}
 
 
 def clear_process_caches() -> None:
-    """Forget this process's memos (parsed signatures, signature lists, boxing searches),
+    """Forget this process's memos (parsed signatures, signature lists, boxing searches, hop tables),
     e.g. to time a cold build; the store is not touched."""
     from autopar import boxing, costs
-    from autopar.oneflow import pricing
+    from autopar.oneflow import hop_table, pricing
 
     _parsed.clear()
     _fresh.clear()
@@ -191,6 +191,7 @@ def clear_process_caches() -> None:
     boxing._searches.clear()
     boxing.send_recv_bytes.cache_clear()
     pricing.clear_caches()
+    hop_table.clear_tables()
 
 
 def _parse_signature(text: str, ndim: int) -> Signature:
@@ -319,10 +320,32 @@ def _edge_matrix(
             len(src), len(dst)
         )
     if kind is EdgeKind.GRADIENT:
+        fast = _gradient_matrix(spec, src, dst, mesh, runtime)
+        if fast is not None:
+            return fast
         return np.array(
             [[edge_time(spec, s, d, mesh, kind, runtime)[0] for d in dst] for s in src], dtype=np.float64
         ).reshape(len(src), len(dst))
     return boxing_matrix(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh, runtime.lowering.value)
+
+
+def _gradient_matrix(
+    spec: TensorSpec, src: list[NdSbp], dst: list[NdSbp], mesh: Mesh, runtime: RuntimeProfile
+) -> np.ndarray | None:
+    """:func:`~autopar.costs.edge_time` of a gradient edge for every pair at once, when the
+    boxing is priced from a shared :class:`~autopar.oneflow.hop_table.HopTable` (else None):
+    :func:`~autopar.costs.bucketed_time` on the boxing's seconds and latency, the same
+    operations in the same order."""
+    search = boxing_search(spec.shape, DTYPE_BYTES[spec.dtype], mesh, runtime.lowering.value)
+    table = search.shared_table() if isinstance(search, OneFlowBoxing) else None
+    if table is None or not isinstance(search, OneFlowBoxing):
+        return None
+    seconds, latency, stepped = search.matrices(src, dst, table)
+    if runtime.grad_bucket_bytes <= 0:
+        return seconds
+    share = min(1.0, spec.numel * DTYPE_BYTES[spec.dtype] / runtime.grad_bucket_bytes)
+    bucketed = seconds - latency * (1.0 - share)
+    return np.where(stepped & np.isfinite(seconds), bucketed, seconds)
 
 
 def _compute_edge_batch(
@@ -362,21 +385,65 @@ def build_cost_tables(
     :data:`autopar.runtime.DEFAULT_RUNTIME`) prices boxing.
     """
     t0 = time.perf_counter()
-    profile = runtime_profile(runtime)
-    lowering = profile.lowering.value
-    runtime_key = json.dumps(profile.key(), sort_keys=True)
-    deadline = deadline if deadline is not None else Deadline()
-    store = store if store is not None else MemoryStore()
-    workers = workers or os.cpu_count() or 1
-    ndim = mesh.ndim
+    run = _Build(
+        graph,
+        mesh,
+        zero_stage,
+        runtime_profile(runtime),
+        store if store is not None else MemoryStore(),
+        workers or os.cpu_count() or 1,
+        progress,
+        parallel_threshold,
+        deadline if deadline is not None else Deadline(),
+    )
+    keys, tables, op_stats = _op_tables(run)
+    t_ops = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    edges, edge_stats = _edge_tables(run, tables)
+    stats = {
+        "ops": len(graph.ops),
+        **op_stats,
+        "edges": len(edges),
+        **edge_stats,
+        "fallback_ops": sorted(op.name for op in graph.ops if tables[op.name].fallback),
+        "time_ops_s": t_ops,
+        "time_edges_s": time.perf_counter() - t1,
+        "time_s": time.perf_counter() - t0,
+    }
+    return CostTables(graph, mesh, zero_stage, tables, edges, stats, keys, run.profile)
 
-    # ---- ops
+
+@dataclass(frozen=True)
+class _Build:
+    """What one :func:`build_cost_tables` call works with."""
+
+    graph: Graph
+    mesh: Mesh
+    zero_stage: int
+    profile: RuntimeProfile
+    store: KeyValueStore
+    workers: int
+    progress: ProgressFn | None
+    threshold: int
+    deadline: Deadline
+
+    def run(
+        self, fn: Callable[[list[Any]], list[bytes]], keys: list[str], jobs: list[Any], phase: str
+    ) -> dict[str, bytes]:
+        return _run_batches(
+            fn, keys, jobs, self.workers, self.threshold, self.progress, phase, self.store, self.deadline
+        )
+
+
+def _op_tables(run: _Build) -> tuple[dict[str, str], dict[str, OpTable], dict[str, int]]:
+    """Each op's content key and table (fetched, or computed and stored), and counts."""
+    graph, mesh, profile = run.graph, run.mesh, run.profile
     keys: dict[str, str] = {}
     first_op_for_key: dict[str, Op] = {}
     key_by_content: dict[tuple[Any, ...], str] = {}
     for n, op in enumerate(graph.ops):
         if n % 1024 == 1023:
-            _check(deadline, "op keys", n, len(graph.ops))
+            _check(run.deadline, "op keys", n, len(graph.ops))
         # identical layers: the same content is hashed once
         content: tuple[Any, ...] = (
             op.type,
@@ -387,11 +454,11 @@ def build_cost_tables(
         )
         k = key_by_content.get(content)
         if k is None:
-            k = key_by_content[content] = op_key(graph, op, mesh, zero_stage, profile)
+            k = key_by_content[content] = op_key(graph, op, mesh, run.zero_stage, profile)
         keys[op.name] = k
         first_op_for_key.setdefault(k, op)
     unique_op_keys = list(first_op_for_key)
-    found = store.get_many(unique_op_keys)
+    found = run.store.get_many(unique_op_keys)
     missing = [k for k in unique_op_keys if k not in found]
     jobs = [
         (
@@ -399,71 +466,46 @@ def build_cost_tables(
             tuple(graph.tensors[t] for t in first_op_for_key[k].inputs.values()),
             tuple(graph.tensors[t] for t in first_op_for_key[k].outputs.values()),
             mesh,
-            zero_stage,
-            lowering,
+            run.zero_stage,
+            profile.lowering.value,
             profile.zero_sharding.value,
         )
         for k in missing
     ]
-    new_entries = _run_batches(
-        _compute_op_batch, missing, jobs, workers, parallel_threshold, progress, "ops", store, deadline
-    )
-    raw_by_key = {**found, **new_entries}
-    decoded = {k: _read_op_table(raw_by_key[k], ndim) for k in unique_op_keys}
+    raw_by_key = {**found, **run.run(_compute_op_batch, missing, jobs, "ops")}
+    decoded = {k: _read_op_table(raw_by_key[k], mesh.ndim) for k in unique_op_keys}
     tables = {op.name: decoded[keys[op.name]] for op in graph.ops}
-    t_ops = time.perf_counter() - t0
+    return keys, tables, {"unique_op_entries": len(unique_op_keys), "op_entries_computed": len(missing)}
 
-    # ---- edges
-    t1 = time.perf_counter()
-    edge_specs: list[tuple[str, str, str, str, str]] = []
-    gradients = weight_gradient_path(graph)
+
+_EdgeSpec = tuple[str, str, str, str, str]
+"""(producer, its output port, consumer, its input port, tensor)"""
+
+
+def _edge_specs(graph: Graph) -> list[_EdgeSpec]:
+    """Every edge along which data flows (shape-only ports have none)."""
+    specs: list[_EdgeSpec] = []
     for op in graph.ops:
         for in_port, tensor in op.inputs.items():
             if edge_kind(op, in_port) is EdgeKind.SHAPE_ONLY:
                 continue  # no data flows: no boxing, no edge
             prod, out_port = graph.producer[tensor]
-            edge_specs.append((prod, out_port, op.name, in_port, tensor))
-    distinct: dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp], EdgeKind]] = {}
-    edge_index: list[tuple[str, np.ndarray, np.ndarray]] = []
-    # identical layers share op tables: the per-port SBPs and the keys are computed once
-    port_memo: dict[tuple[int, bool, int], _PortSbps] = {}
-    key_memo: dict[tuple[Any, ...], str] = {}
-    mesh_key = mesh.key()
+            specs.append((prod, out_port, op.name, in_port, tensor))
+    return specs
 
-    def port_sbps(table: OpTable, output: bool, index: int) -> _PortSbps:
-        memo_key = (id(table), output, index)
-        hit = port_memo.get(memo_key)
-        if hit is None:
-            values = [(s.outputs if output else s.inputs)[index] for s in table.signatures]
-            hit = port_memo[memo_key] = _PortSbps.of(values)
-        return hit
 
-    for n, (prod, out_port, cons, in_port, tensor) in enumerate(edge_specs):
-        if n % 1024 == 1023:
-            _check(deadline, "edge keys", n, len(edge_specs))
-        pop, cop = graph.op_by_name[prod], graph.op_by_name[cons]
-        src = port_sbps(tables[prod], True, list(pop.outputs).index(out_port))
-        dst = port_sbps(tables[cons], False, list(cop.inputs).index(in_port))
-        spec = graph.tensors[tensor]
-        kind = edge_kind(cop, in_port, tensor in gradients)
-        edge_content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
-        ekey = key_memo.get(edge_content)
-        if ekey is None:
-            ekey = key_memo[edge_content] = _edge_key(
-                tuple(spec.shape), spec.dtype, src.strings, dst.strings, mesh_key, kind, runtime_key
-            )
-        distinct.setdefault(ekey, (spec, src.unique, dst.unique, kind))
-        edge_index.append((ekey, src.positions, dst.positions))
+def _edge_tables(run: _Build, tables: dict[str, OpTable]) -> tuple[list[EdgeTable], dict[str, int]]:
+    """Each edge's matrix (its distinct entry fetched, or computed and stored), and counts."""
+    edge_specs = _edge_specs(run.graph)
+    distinct, edge_index = _edge_keys(run, tables, edge_specs)
     edge_keys = list(distinct)
-    found_e = store.get_many(edge_keys)
+    found_e = run.store.get_many(edge_keys)
     missing_e = [k for k in edge_keys if k not in found_e]
     ejobs = [
-        (distinct[k][0], distinct[k][1], distinct[k][2], mesh, distinct[k][3], profile) for k in missing_e
+        (distinct[k][0], distinct[k][1], distinct[k][2], run.mesh, distinct[k][3], run.profile)
+        for k in missing_e
     ]
-    new_e = _run_batches(
-        _compute_edge_batch, missing_e, ejobs, workers, parallel_threshold, progress, "edges", store, deadline
-    )
-    raw_e = {**found_e, **new_e}
+    raw_e = {**found_e, **run.run(_compute_edge_batch, missing_e, ejobs, "edges")}
     small: dict[str, np.ndarray] = {}
     for k in edge_keys:
         _, src_u, dst_u, _ = distinct[k]
@@ -478,20 +520,51 @@ def build_cost_tables(
             m.setflags(write=False)
             expanded[(k, id(ri), id(ci))] = m
         edges.append(EdgeTable(prod, out_port, cons, in_port, tensor, m))
-    t_edges = time.perf_counter() - t1
-    stats = {
-        "ops": len(graph.ops),
-        "unique_op_entries": len(unique_op_keys),
-        "op_entries_computed": len(missing),
-        "edges": len(edges),
-        "unique_edge_entries": len(edge_keys),
-        "edge_entries_computed": len(missing_e),
-        "fallback_ops": sorted(op.name for op in graph.ops if tables[op.name].fallback),
-        "time_ops_s": t_ops,
-        "time_edges_s": t_edges,
-        "time_s": time.perf_counter() - t0,
-    }
-    return CostTables(graph, mesh, zero_stage, tables, edges, stats, keys, profile)
+    return edges, {"unique_edge_entries": len(edge_keys), "edge_entries_computed": len(missing_e)}
+
+
+def _edge_keys(
+    run: _Build, tables: dict[str, OpTable], edge_specs: list[_EdgeSpec]
+) -> tuple[
+    dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp], EdgeKind]], list[tuple[str, np.ndarray, np.ndarray]]
+]:
+    """The distinct edge entries by key (tensor, distinct SBPs on each side, kind), and each
+    edge's key and the positions of its ends' signatures among those SBPs."""
+    graph = run.graph
+    runtime_key = json.dumps(run.profile.key(), sort_keys=True)
+    distinct: dict[str, tuple[TensorSpec, list[NdSbp], list[NdSbp], EdgeKind]] = {}
+    edge_index: list[tuple[str, np.ndarray, np.ndarray]] = []
+    gradients = weight_gradient_path(graph)
+    # identical layers share op tables: the per-port SBPs and the keys are computed once
+    port_memo: dict[tuple[int, bool, int], _PortSbps] = {}
+    key_memo: dict[tuple[Any, ...], str] = {}
+    mesh_key = run.mesh.key()
+
+    def port_sbps(table: OpTable, output: bool, index: int) -> _PortSbps:
+        memo_key = (id(table), output, index)
+        hit = port_memo.get(memo_key)
+        if hit is None:
+            values = [(s.outputs if output else s.inputs)[index] for s in table.signatures]
+            hit = port_memo[memo_key] = _PortSbps.of(values)
+        return hit
+
+    for n, (prod, out_port, cons, in_port, tensor) in enumerate(edge_specs):
+        if n % 1024 == 1023:
+            _check(run.deadline, "edge keys", n, len(edge_specs))
+        pop, cop = graph.op_by_name[prod], graph.op_by_name[cons]
+        src = port_sbps(tables[prod], True, list(pop.outputs).index(out_port))
+        dst = port_sbps(tables[cons], False, list(cop.inputs).index(in_port))
+        spec = graph.tensors[tensor]
+        kind = edge_kind(cop, in_port, tensor in gradients)
+        edge_content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
+        ekey = key_memo.get(edge_content)
+        if ekey is None:
+            ekey = key_memo[edge_content] = _edge_key(
+                tuple(spec.shape), spec.dtype, src.strings, dst.strings, mesh_key, kind, runtime_key
+            )
+        distinct.setdefault(ekey, (spec, src.unique, dst.unique, kind))
+        edge_index.append((ekey, src.positions, dst.positions))
+    return distinct, edge_index
 
 
 SERIAL_CHUNK = 32

@@ -36,7 +36,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from autopar.boxing import BoxingPlan, BoxingStep, Collective, boxing_plan
+from autopar.boxing import BoxingPlan, boxing_plan, step_latency
 from autopar.cluster import Mesh
 from autopar.content_key import python_sources, source_digest
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
@@ -259,15 +259,6 @@ def optimizer_gather_time(ctx: RuleContext, sig: Signature, mesh: Mesh, lowering
     """Seconds per step of :func:`optimizer_gather_plan` (0 when there is no gather)."""
     plan = optimizer_gather_plan(ctx, sig, mesh, lowering)
     return 0.0 if plan is None else plan.time_s * zero_gathers_per_step(ctx.zero_stage)
-
-
-def step_latency(step: BoxingStep, mesh: Mesh) -> float:
-    """The latency part of a boxing step, seconds: its time less its bytes over the axis's
-    bandwidth for that collective (``alpha``-terms of the alpha-beta model)."""
-    if step.collective is Collective.LOCAL or step.bytes_per_device <= 0:
-        return max(0.0, step.time_s)
-    _, beta = mesh.axes[step.axis].alpha_beta(step.collective.value)
-    return max(0.0, step.time_s - step.bytes_per_device / beta)
 
 
 def bucketed_time(plan: BoxingPlan, tensor_bytes: float, bucket_bytes: int, mesh: Mesh) -> float:

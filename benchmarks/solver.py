@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.solver [--cases mt5-base-4x2,...] [--time-limit 30]
     .venv/bin/python -m benchmarks.solver --promise [--time-limit 5]
     .venv/bin/python -m benchmarks.solver --warm [--time-limit 10]
+    .venv/bin/python -m benchmarks.solver --scale [--time-limit 30]
     .venv/bin/python -m benchmarks.solver --imported /tmp/of-mt5 [--cases oneflow-mt5-imported]
 
 Each case runs in its own process (so its peak RSS is its own): the model graph is
@@ -23,6 +24,10 @@ must stay within the limit + 2 s, with a verified plan or a ``time_limit`` error
 starts for the timed run: the same request again; a 30 GiB budget after 40 GiB (the
 first plan fits it: answered by the memo's entry without a budget); ZeRO 3 after ZeRO 2
 (another problem on the same graph: the optimizer ops' tables and the whole solve are new).
+
+``--scale`` runs the three-axis cases (mt5-base on ``[2,2,2]`` of 2x4, ``[4,2,4]`` and
+``[2,2,8]`` of 4x8) and the 100k-op graph on 4x8 ``a100-80g`` (meant for ``--time-limit 60``,
+``--cases gpt-100k-ops-4x8-80g``).
 
 ``--imported DIR`` adds the case ``oneflow-mt5-imported``: the graph of a real
 OneFlow MT5 job, built and imported by ``benchmarks/oneflow_mt5.py --out DIR``
@@ -66,6 +71,8 @@ class Case:
     same process and memo (cost tables and solve memo); then time the run."""
     warm_from_budget_gib: float | None = 40.0
     """The first run's budget in a warm case (None: no budget)."""
+    preset: str = "a100-40g"
+    """The cluster's device preset."""
 
 
 CASES: dict[str, Case] = {
@@ -101,6 +108,16 @@ PROMISE: dict[str, Case] = {
     "mt5-base-4,2,1": Case("mt5-base", "2x4", (4, 2, 1)),
     "mt5-base-2,2,2": Case("mt5-base", "2x4", (2, 2, 2)),
 }
+SCALE: dict[str, Case] = {
+    # three-axis meshes (issue 25): cold, 30 s
+    "mt5-base-2,2,2": Case("mt5-base", "2x4", (2, 2, 2)),
+    "mt5-base-4,2,4": Case("mt5-base", "4x8", (4, 2, 4)),
+    "mt5-base-2,2,8": Case("mt5-base", "4x8", (2, 2, 8)),
+    # the 100k-op graph where a plan fits (on 2x4 at 40 GiB its memory floor is 80.4 GiB); run at 60 s
+    "gpt-100k-ops-4x8-80g": Case(
+        "gpt2-medium", "4x8", (4, 8), {"layers": 580}, budget_gib=80.0, preset="a100-80g"
+    ),
+}
 
 
 def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
@@ -123,7 +140,7 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.json")
         graph.save(path)
-        cluster = Cluster.parse(case.cluster, "a100-40g")
+        cluster = Cluster.parse(case.cluster, case.preset)
         options = SolverOptions(time_limit_s=time_limit, workers=workers)
         budget = None if case.budget_gib is None else int(case.budget_gib * GIB)
         row: dict[str, Any] = {"ops": len(graph.ops), "graph_build_s": build_s}
@@ -191,6 +208,7 @@ def main() -> None:
     ap.add_argument("--cases", default=None, help="comma list (default: all of the chosen set)")
     ap.add_argument("--promise", action="store_true", help="the time-limit cases")
     ap.add_argument("--warm", action="store_true", help="the warm cases (memo filled by a first run)")
+    ap.add_argument("--scale", action="store_true", help="the three-axis and 4x8 cases")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds (default 30; 5 with --promise)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument(
@@ -201,7 +219,7 @@ def main() -> None:
     )
     ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    table = dict(PROMISE if args.promise else WARM if args.warm else CASES)
+    table = dict(PROMISE if args.promise else WARM if args.warm else SCALE if args.scale else CASES)
     if args.imported is not None:
         graph_file = str(args.imported / "graph.json")
         if args.warm:
@@ -212,9 +230,15 @@ def main() -> None:
             table[IMPORTED] = Case("(imported)", "2x4", (4, 2), graph_file=graph_file)
     limit = args.time_limit or (5.0 if args.promise else 30.0)
     if args.run_case:
-        print(json.dumps(run_case({**CASES, **PROMISE, **WARM, **table}[args.run_case], limit, args.workers)))
+        print(
+            json.dumps(
+                run_case({**CASES, **PROMISE, **WARM, **SCALE, **table}[args.run_case], limit, args.workers)
+            )
+        )
         return
-    names = _case_names(args.cases, {**CASES, **PROMISE, **WARM, **table}) if args.cases else list(table)
+    names = (
+        _case_names(args.cases, {**CASES, **PROMISE, **WARM, **SCALE, **table}) if args.cases else list(table)
+    )
     width = max(18, *(len(n) + 1 for n in names))
     print(f"time limit {limit:g} s, {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
     print(
@@ -223,13 +247,15 @@ def main() -> None:
         f"{'gap':>8}{'step ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
     )
     for name in names:
-        case = {**CASES, **PROMISE, **WARM, **table}[name]
+        case = {**CASES, **PROMISE, **WARM, **SCALE, **table}[name]
         cmd = [sys.executable, "-m", "benchmarks.solver", "--run-case", name]
         cmd += ["--time-limit", str(limit), "--workers", str(args.workers)]
         if args.imported is not None:
             cmd += ["--imported", str(args.imported)]
         if args.warm:
             cmd += ["--warm"]
+        if args.scale:
+            cmd += ["--scale"]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         try:
             row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -145,32 +145,6 @@ def _ring(kind: str, group_bytes: float, n: int) -> float:
     return (n - 1) / n * group_bytes
 
 
-def _flat_per_axis(kind: str, total: float, hierarchy: Sequence[int]) -> dict[int, float]:
-    """A collective over all devices of an N-D mesh, counted per axis.
-
-    Ring collectives as their hierarchical decomposition, innermost axis first:
-    an all-gather of ``T`` over ``[n0, n1]`` is an all-gather of the ``T/n0``
-    group piece on axis 1, then of ``T`` on axis 0; on axis ``a`` the group
-    holds ``T / prod(n[:a])`` and moves ``(n_a-1)/n_a`` of it.  The per-axis
-    bytes add up to the flat ring volume ``(N-1)/N * T`` (twice that for an
-    all-reduce).  All-to-all: every device sends ``T/N^2`` to each of the other
-    ``N-1`` devices; a message counts on the outermost axis where the two
-    devices' coordinates differ.
-    """
-    out: dict[int, float] = {}
-    n_all = math.prod(int(h) for h in hierarchy)
-    for axis in range(len(hierarchy)):
-        n = int(hierarchy[axis])
-        if kind == ALL_TO_ALL:
-            inner = math.prod(int(h) for h in hierarchy[axis + 1 :])
-            peers = (n - 1) * inner  # differ first on this axis
-            out[axis] = peers * total / (n_all * n_all)
-            continue
-        group = total / math.prod(int(h) for h in hierarchy[:axis])
-        out[axis] = _ring(kind, group, n)
-    return out
-
-
 def _send_recv(
     shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
 ) -> dict[int, float]:
@@ -307,64 +281,126 @@ def _divides(shape: Sequence[int], dim: int, n: int) -> bool:
     return dim < len(shape) and shape[dim] % n == 0
 
 
+Term = tuple[Any, ...]
+"""Bytes of one mesh axis of a hop, without the tensor: ``("ring", kind, n, d)`` =
+``_ring(kind, T / d, n)``; ``("a2a", peers, nn)`` = ``peers * T / nn``; ``("sr",)`` = the
+axis's send/recv bytes (:func:`_send_recv`); ``("zero",)`` = 0.  ``T`` = the tensor's bytes."""
+
+ZERO: Term = ("zero",)
+SR: Term = ("sr",)
+
+
+@dataclass(frozen=True)
+class HopRule:
+    """How OneFlow lowers one hop, before any byte is counted: what :func:`lower_hop` decides."""
+
+    kind: str
+    scope: str
+    rule: str
+    terms: dict[int, Term]
+    """per mesh axis (of the hop's hierarchy); ``kind`` is settled by :func:`lower_hop` for the
+    "P kept" rule (send/recv, or local when nothing moves)"""
+
+
 def lower_hop(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]) -> Hop:
     """How OneFlow 0.9 (``nccl_use_compute_stream``) runs the hop ``src -> dst`` (see the module doc)."""
     shape = [int(d) for d in shape]
-    total = float(math.prod(shape) * itemsize)
     if src == dst:
         return Hop(LOCAL, "-", "same SBP")
+    found = hop_rule(shape, src, dst, hierarchy)
+    total = float(math.prod(shape) * itemsize)
+    moved: dict[int, float] | None = None
+    if any(t[0] == "sr" for t in found.terms.values()):
+        moved = _send_recv(shape, itemsize, src, found_dst(src, dst), hierarchy)
+    out = {
+        a: moved[a] if t[0] == "sr" and moved is not None else term_bytes(t, total)
+        for a, t in found.terms.items()
+    }
+    kind = found.kind
+    if kind == "P kept":
+        kind = SEND_RECV if sum(out.values()) > 0 else LOCAL
+    return Hop(kind, found.scope, found.rule, out)
+
+
+def found_dst(src: NdSbp, dst: NdSbp) -> NdSbp:
+    """The hop's destination as lowered: the source's value where the consumer takes a ``P``
+    the source lacks (a local zero-fill, :func:`hop_rule`)."""
+    return NdSbp(
+        tuple(s if isinstance(d, Partial) and not isinstance(s, Partial) else d for s, d in zip(src, dst))
+    )
+
+
+def term_bytes(term: Term, total: float) -> float:
+    """Bytes per device of one non-send/recv :data:`Term` for a tensor of ``total`` bytes."""
+    if term[0] == "ring":
+        return _ring(term[1], total / term[3], term[2])
+    if term[0] == "a2a":
+        return term[1] * total / term[2]
+    return 0.0
+
+
+def hop_rule(shape: Sequence[int], src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]) -> HopRule:
+    """The rule OneFlow 0.9 picks for ``src -> dst`` (``src != dst``) and each axis's bytes as a
+    :data:`Term`.  ``shape`` is read only for divisibility, which every pair of valid
+    layouts passes: for those the rule is the same for every shape."""
     to_partial = [
         a for a, (s, d) in enumerate(zip(src, dst)) if isinstance(d, Partial) and not isinstance(s, Partial)
     ]
     if to_partial:
         # B -> P, S -> P on an axis is local (zero-fill, NaiveB2PSubTskGphBuilder); the other
         # axes still have to change: keep the source's value on those axes and lower the rest
-        kept = NdSbp(tuple(src[a] if a in to_partial else d for a, d in enumerate(dst)))
+        kept = found_dst(src, dst)
         if kept == src:
-            return Hop(
-                LOCAL, "-", "NaiveB2P / local slice (consumer takes P)", dict.fromkeys(range(len(src)), 0.0)
+            return HopRule(
+                LOCAL, "-", "NaiveB2P / local slice (consumer takes P)", dict.fromkeys(range(len(src)), ZERO)
             )
-        return lower_hop(shape, itemsize, src, kept, hierarchy)
+        return hop_rule(shape, src, kept, hierarchy)
     rsrc, rdst, rh = reduce_nd_sbp(src, dst, hierarchy)
     if len(rh) == 1:
-        a, b = rsrc[0], rdst[0]
-        n = rh[0]
-        rule = "TryBuildNcclBy1DHierarchy"
-        kind: str | None = None
-        if isinstance(a, Partial) and isinstance(b, Broadcast):
-            kind = ALL_REDUCE
-        elif isinstance(a, Partial) and isinstance(b, Split) and _divides(shape, b.dim, n):
-            kind = REDUCE_SCATTER
-        elif isinstance(a, Split) and isinstance(b, Broadcast) and _divides(shape, a.dim, n):
-            kind = ALL_GATHER
-        elif (
-            isinstance(a, Split)
-            and isinstance(b, Split)
-            and _divides(shape, a.dim, n)
-            and _divides(shape, b.dim, n)
-        ):
-            kind = ALL_TO_ALL
-        if kind is not None:
-            if len(hierarchy) == 1:
-                return Hop(kind, "flat", rule, {0: _ring(kind, total, n)})
-            return Hop(kind, "flat", rule, _flat_per_axis(kind, total, hierarchy))
-        return Hop(SEND_RECV, "flat", rule, _send_recv(shape, itemsize, src, dst, hierarchy))
+        return _flat_rule(shape, rsrc[0], rdst[0], rh[0], hierarchy)
     if len(rh) != 2:
-        return Hop(
-            SEND_RECV,
-            "N-D",
-            "NDNcclSendRecvBoxingSubTskGphBuilder",
-            _send_recv(shape, itemsize, src, dst, hierarchy),
-        )
+        return HopRule(SEND_RECV, "N-D", "NDNcclSendRecvBoxingSubTskGphBuilder", _all_sr(hierarchy))
+    return _two_d_rule(shape, src, dst, (rh[0], rh[1]))
+
+
+def _all_sr(hierarchy: Sequence[int]) -> dict[int, Term]:
+    return dict.fromkeys(range(len(hierarchy)), SR)
+
+
+def _flat_rule(shape: Sequence[int], a: SbpValue, b: SbpValue, n: int, hierarchy: Sequence[int]) -> HopRule:
+    """``TryBuildNcclBy1DHierarchy`` over all ``n`` devices."""
+    rule = "TryBuildNcclBy1DHierarchy"
+    kind: str | None = None
+    if isinstance(a, Partial) and isinstance(b, Broadcast):
+        kind = ALL_REDUCE
+    elif isinstance(a, Partial) and isinstance(b, Split) and _divides(shape, b.dim, n):
+        kind = REDUCE_SCATTER
+    elif isinstance(a, Split) and isinstance(b, Broadcast) and _divides(shape, a.dim, n):
+        kind = ALL_GATHER
+    elif (
+        isinstance(a, Split)
+        and isinstance(b, Split)
+        and _divides(shape, a.dim, n)
+        and _divides(shape, b.dim, n)
+    ):
+        kind = ALL_TO_ALL
+    if kind is None:
+        return HopRule(SEND_RECV, "flat", rule, _all_sr(hierarchy))
+    if len(hierarchy) == 1:
+        return HopRule(kind, "flat", rule, {0: ("ring", kind, n, 1)})
+    return HopRule(kind, "flat", rule, _flat_terms(kind, hierarchy))
+
+
+def _two_d_rule(shape: Sequence[int], src: NdSbp, dst: NdSbp, rh: tuple[int, int]) -> HopRule:
+    """The 2-D rules (``TryBuildNcclBy2DHierarchy*``), else send/recv (see the module doc)."""
     n0, n1 = rh
     if src[0] == dst[0]:
         a, b = src[1], dst[1]
-        group = total / n0 if isinstance(src[0], Split) else total
+        d = n0 if isinstance(src[0], Split) else 1
         piece = list(shape)
         if isinstance(src[0], Split):
             piece[src[0].dim] //= n0
-        rule = "TryBuildNcclBy2DHierarchySameDim0"
-        kind = None
+        kind: str | None = None
         if isinstance(a, Partial) and isinstance(b, Broadcast):
             kind = ALL_REDUCE
         elif isinstance(a, Split) and isinstance(b, Broadcast) and _divides(piece, a.dim, n1):
@@ -377,29 +413,49 @@ def lower_hop(shape: Sequence[int], itemsize: int, src: NdSbp, dst: NdSbp, hiera
         ):
             kind = ALL_TO_ALL
         if kind is not None:
-            return Hop(kind, "axis 1", rule, {0: 0.0, 1: _ring(kind, group, n1)})
+            return HopRule(
+                kind, "axis 1", "TryBuildNcclBy2DHierarchySameDim0", {0: ZERO, 1: ("ring", kind, n1, d)}
+            )
     elif (
         src[1] == dst[1]
         and not (_all_same_split(src) or _all_same_split(dst))
         and isinstance(src[0], Partial)
         and isinstance(dst[0], Broadcast)
     ):
-        group = total / n1 if isinstance(src[1], Split) else total
-        return Hop(
-            ALL_REDUCE,
-            "axis 0",
-            "TryBuildNcclBy2DHierarchySameDim1",
-            {0: _ring(ALL_REDUCE, group, n0), 1: 0.0},
-        )
+        d = n1 if isinstance(src[1], Split) else 1
+        terms = {0: ("ring", ALL_REDUCE, n0, d), 1: ZERO}
+        return HopRule(ALL_REDUCE, "axis 0", "TryBuildNcclBy2DHierarchySameDim1", terms)
     if any(isinstance(v, Partial) for v in dst):
         # P kept on an axis (the source has it too), the other changes: the task graph's
         # Intra/InterGroup builder moves slices within each addend's group (SliceBoxing)
-        moved = _send_recv(shape, itemsize, src, dst, hierarchy)
-        kind = SEND_RECV if sum(moved.values()) > 0 else LOCAL
-        return Hop(kind, "2-D", "Intra/InterGroupSubTskGphBuilder + SliceBoxing (P kept)", moved)
-    return Hop(
-        SEND_RECV, "2-D", "TryBuildNcclBy2DHierarchyOthers", _send_recv(shape, itemsize, src, dst, hierarchy)
-    )
+        return HopRule(
+            "P kept", "2-D", "Intra/InterGroupSubTskGphBuilder + SliceBoxing (P kept)", _all_sr(rh)
+        )
+    return HopRule(SEND_RECV, "2-D", "TryBuildNcclBy2DHierarchyOthers", _all_sr(rh))
+
+
+def _flat_terms(kind: str, hierarchy: Sequence[int]) -> dict[int, Term]:
+    """A collective over all devices of an N-D mesh, counted per axis.
+
+    Ring collectives as their hierarchical decomposition, innermost axis first:
+    an all-gather of ``T`` over ``[n0, n1]`` is an all-gather of the ``T/n0``
+    group piece on axis 1, then of ``T`` on axis 0; on axis ``a`` the group
+    holds ``T / prod(n[:a])`` and moves ``(n_a-1)/n_a`` of it.  The per-axis
+    bytes add up to the flat ring volume ``(N-1)/N * T`` (twice that for an
+    all-reduce).  All-to-all: every device sends ``T/N^2`` to each of the other
+    ``N-1`` devices; a message counts on the outermost axis where the two
+    devices' coordinates differ.
+    """
+    out: dict[int, Term] = {}
+    n_all = math.prod(int(h) for h in hierarchy)
+    for axis in range(len(hierarchy)):
+        n = int(hierarchy[axis])
+        if kind == ALL_TO_ALL:
+            inner = math.prod(int(h) for h in hierarchy[axis + 1 :])
+            out[axis] = ("a2a", (n - 1) * inner, n_all * n_all)
+        else:
+            out[axis] = ("ring", kind, n, math.prod(int(h) for h in hierarchy[:axis]))
+    return out
 
 
 def _all_same_split(sbp: NdSbp) -> bool:
