@@ -67,7 +67,8 @@ class Settings(BaseSettings):
     max_active_jobs: int = Field(default=64, ge=1)
     """Most unfinished jobs overall, queued or running (429 beyond)."""
     max_concurrent_parses: int = Field(default=4, ge=1)
-    """Request bodies read and parsed at once, whether or not they start a job (429 beyond)."""
+    """Request bodies parsed at once, whether or not they start a job; a body waits up to
+    ``max_parse_s`` for a slot (429 beyond)."""
     body_read_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait for the next part of a request body, seconds (408 beyond: a body shorter
     than its Content-Length, or a stalled upload)."""

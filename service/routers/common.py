@@ -61,19 +61,19 @@ def job_response(service: Service, info: JobInfo, status: int = 202) -> Response
 async def in_thread_bounded(service: Service, fn: Callable[[], T]) -> T:
     """``fn()`` in a worker thread, at most ``max_concurrent_parses`` at once.
 
-    429 when no slot frees within ``retry_after_s`` (admission for every body, whether
-    or not it starts a job); 503 when ``fn`` takes longer than ``max_parse_s``.  A slot
-    is held until the thread ends, even after the 503.
+    429 when no slot frees within ``max_parse_s`` (admission for every body, whether
+    or not it starts a job); 503 when ``fn`` then takes longer than ``max_parse_s``.
+    A slot is held until the thread ends, even after the 503.
     """
     settings = service.settings
     slots = service.parse_slots
     try:
-        await asyncio.wait_for(slots.acquire(), settings.retry_after_s)
+        await asyncio.wait_for(slots.acquire(), settings.max_parse_s)
     except asyncio.TimeoutError:
         raise ApiError(
             429,
             "server_busy",
-            f"the server is reading {settings.max_concurrent_parses} request bodies, its limit; retry later",
+            f"the server is parsing {settings.max_concurrent_parses} request bodies, its limit; retry later",
             headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
     work = asyncio.ensure_future(run_in_threadpool(fn))

@@ -190,7 +190,7 @@ def test_bodies_that_start_no_job_are_admitted_a_few_at_a_time(
         return {}
 
     monkeypatch.setattr(evaluate, "evaluate_body", held)
-    settings = make_settings(tmp_path, max_concurrent_parses=1)
+    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=1.0)
     body = {"graph": tiny_graph, "plan": {}}
     with live_server(settings) as server, server.client() as c:
         first = threading.Thread(target=lambda: c.post("/v1/evaluate", json=body))
