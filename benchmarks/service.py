@@ -415,8 +415,9 @@ def _jobs_lost(url: str, accepted: list[str], wait_s: float = 300) -> dict[str, 
         while job["status"] not in ("succeeded", "failed", "canceled") and time.monotonic() < deadline:
             time.sleep(0.5)
             job = client.job(key)
-        ends[job["status"]] = ends.get(job["status"], 0) + 1
         code = (job.get("error") or {}).get("code")
+        end = job["status"] + (f":{code}" if code else "")
+        ends[end] = ends.get(end, 0) + 1
         if job["status"] not in ("succeeded", "failed", "canceled") or code in ("job_lost", "worker_lost"):
             lost += 1
     return {"accepted": len(accepted), "ends": ends, "lost": lost}
