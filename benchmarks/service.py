@@ -21,6 +21,14 @@
    (the body is parsed before the job is known to be new).
 5. **Throughput with 2 workers** (Redis + 2 ``autopar worker`` processes, only
    without ``--skip-cold``): cold solves/minute of 6 distinct tiny-mt5 requests.
+6. **Load** (``--load SECONDS``, alone; ``--skip-redis`` for embedded only): 50 clients
+   POST distinct small plans (tiny-gpt, a new seed each) while 8 clients POST a cached
+   mt5-base plan, for SECONDS, embedded and Redis (+ 2 workers).  Reported: p50/p99 of
+   the hits, 429 and 5xx counts, jobs lost (accepted, then ``job_lost``/``worker_lost``
+   or never ending), and the API process's RSS before, at peak and after.  Then one
+   44 MB body of 1.5 million ops (refused, 413): the API's RSS before, at peak, after.
+
+   ``.venv/bin/python -m benchmarks.service --load 60``
 """
 
 from __future__ import annotations
@@ -83,6 +91,10 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+SERVER_PIDS: dict[str, int] = {}
+"""URL -> pid of the ``autopar serve`` process (the API: its RSS is what the load run samples)."""
+
+
 @contextmanager
 def serve(cache_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """``autopar serve`` in a subprocess; yields its URL once ready."""
@@ -118,6 +130,7 @@ def serve(cache_dir: Path, *extra: str, env: dict[str, str] | None = None) -> It
                 time.sleep(0.1)
         else:
             raise RuntimeError("server did not become ready")
+        SERVER_PIDS[url] = proc.pid
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -305,6 +318,194 @@ def cold_jobs(client: PlanClient) -> dict[str, Any]:
     }
 
 
+class RssSampler:
+    """Samples a process's resident set size (``/proc/PID/status`` VmRSS) every 0.1 s."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.before = self.read()
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def read(self) -> int:
+        with open(f"/proc/{self.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, self.read())
+
+    def stop(self, settle_s: float = 2.0) -> dict[str, float]:
+        """Before / peak / after (``settle_s`` after the load) in MiB."""
+        time.sleep(settle_s)
+        self._stop.set()
+        self._thread.join()
+        after = self.read()
+        self.peak = max(self.peak, after)
+        mib = 2**20
+        return {"before_mib": self.before / mib, "peak_mib": self.peak / mib, "after_mib": after / mib}
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
+    conn.request("POST", "/v1/plans", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+def _load_clients(url: str, hit_body: bytes, small: bytes, seconds: float) -> dict[str, Any]:
+    """50 posting clients (distinct small plans) and 8 hitting clients for ``seconds``."""
+    host, port = url.removeprefix("http://").split(":")
+    deadline = time.monotonic() + seconds
+    lock = threading.Lock()
+    hits: list[float] = []
+    counts: dict[str, int] = {}
+    accepted: list[str] = []
+    seeds = iter(range(10**9))
+
+    def count(status: int) -> None:
+        with lock:
+            counts[str(status)] = counts.get(str(status), 0) + 1
+
+    def poster() -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        while time.monotonic() < deadline:
+            with lock:
+                seed = next(seeds)
+            body = plan_body(small, options={"time_limit_s": 5, "seed": seed}, cluster="1x2", mesh_shape=[2])
+            status, data = _post(conn, body)
+            count(status)
+            if status == 202:
+                with lock:
+                    accepted.append(json.loads(data)["id"])
+            elif status == 429:
+                time.sleep(0.5)  # as a client honouring Retry-After (shortened) would
+
+    def hitter() -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            status, _ = _post(conn, hit_body)
+            count(status)
+            if status == 200:
+                with lock:
+                    hits.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=poster) for _ in range(50)]
+    threads += [threading.Thread(target=hitter) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"hits": hits, "counts": counts, "accepted": accepted}
+
+
+def _jobs_lost(url: str, accepted: list[str], wait_s: float = 300) -> dict[str, Any]:
+    """Follow every accepted job to its end; lost = ``job_lost``/``worker_lost`` or never ending."""
+    client = PlanClient(url, timeout_s=60)
+    ends: dict[str, int] = {}
+    lost = 0
+    deadline = time.monotonic() + wait_s
+    for key in accepted:
+        job = client.job(key)
+        while job["status"] not in ("succeeded", "failed", "canceled") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = client.job(key)
+        code = (job.get("error") or {}).get("code")
+        end = job["status"] + (f":{code}" if code else "")
+        ends[end] = ends.get(end, 0) + 1
+        if job["status"] not in ("succeeded", "failed", "canceled") or code in ("job_lost", "worker_lost"):
+            lost += 1
+    return {"accepted": len(accepted), "ends": ends, "lost": lost}
+
+
+def load_report(url: str, hit_body: bytes, seconds: float) -> dict[str, Any]:
+    """The load run against one server: hit latency, status counts, jobs lost, API RSS."""
+    small = build("tiny-gpt").to_json().encode()
+    rss = RssSampler(SERVER_PIDS[url])
+    run = _load_clients(url, hit_body, small, seconds)
+    memory = rss.stop()
+    counts = run["counts"]
+    return {
+        "seconds": seconds,
+        "hits": {"requests": len(run["hits"]), **(summary(run["hits"]) if run["hits"] else {})},
+        "status_counts": counts,
+        "429": counts.get("429", 0),
+        "5xx": sum(n for status, n in counts.items() if status.startswith("5")),
+        "jobs": _jobs_lost(url, run["accepted"]),
+        "api_rss": memory,
+    }
+
+
+def big_body_report(url: str, ops: int = 1_500_000) -> dict[str, Any]:
+    """One body of ``ops`` tiny ops (44 MB at 1.5 M): its status and the API's RSS around it."""
+    graph = {
+        "format": "autopar.graph/v1",
+        "tensors": {},
+        "ops": [{"name": f"o{i}", "type": "r"} for i in range(ops)],
+    }
+    body = json.dumps({"graph": graph, "cluster": "1x2", "mesh_shape": [2]}, separators=(",", ":")).encode()
+    del graph
+    host, port = url.removeprefix("http://").split(":")
+    rss = RssSampler(SERVER_PIDS[url])
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    t0 = time.perf_counter()
+    status, data = _post(conn, body)
+    elapsed = time.perf_counter() - t0
+    memory = rss.stop()
+    code = json.loads(data).get("code") if data else None
+    return {
+        "body_mb": len(body) / 1e6,
+        "ops": ops,
+        "status": status,
+        "code": code,
+        "seconds": elapsed,
+        "api_rss": memory,
+    }
+
+
+def load_main(args: argparse.Namespace, graph_json: bytes) -> dict[str, Any]:
+    """``--load SECONDS``: the load run, embedded then Redis, and the large body."""
+    results: dict[str, Any] = {"cpus": os.cpu_count()}
+    quick = {"time_limit_s": 120.0}  # the whole request, mt5-base's cost tables included
+    hit_body = plan_body(graph_json, options=quick)
+    with tempfile.TemporaryDirectory(prefix="autopar-bench-") as tmp:
+        with serve(Path(tmp) / "cache") as url:
+            PlanClient(url, timeout_s=300).plan(
+                graph_json,
+                cluster=CLUSTER,
+                mesh_shape=MESH,
+                memory_budget_bytes=BUDGET,
+                zero_stage=ZERO,
+                options=quick,
+            )
+            results["load_embedded"] = load_report(url, hit_body, args.load)
+            print("load embedded", json.dumps(results["load_embedded"], indent=1), flush=True)
+            results["big_body_embedded"] = big_body_report(url)
+            print("big body", json.dumps(results["big_body_embedded"], indent=1), flush=True)
+        if not args.skip_redis:
+            with (
+                RedisServer() as redis_server,
+                workers(redis_server.url, 2),
+                serve(Path(tmp) / "cache-redis", "--redis-url", redis_server.url) as url,
+            ):
+                PlanClient(url, timeout_s=300).plan(
+                    graph_json,
+                    cluster=CLUSTER,
+                    mesh_shape=MESH,
+                    memory_budget_bytes=BUDGET,
+                    zero_stage=ZERO,
+                    options=quick,
+                )
+                results["load_redis"] = load_report(url, hit_body, args.load)
+                print("load redis", json.dumps(results["load_redis"], indent=1), flush=True)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hits", type=int, default=200)
@@ -313,8 +514,22 @@ def main() -> int:
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument("--skip-429", action="store_true")
     parser.add_argument("--only-429", action="store_true", help="only the 429 measurement")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="only the load run (50 posting + 8 hitting clients for SECONDS) and the 44 MB body",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.load is not None:
+        results = load_main(args, build("mt5-base").to_json().encode())
+        text = json.dumps(results, indent=1)
+        if args.out:
+            Path(args.out).write_text(text)
+        print(text)
+        return 0
     results: dict[str, Any] = {"cpus": os.cpu_count(), "time_limit_s": args.time_limit}
 
     graph_json = build("mt5-base").to_json().encode()

@@ -26,15 +26,21 @@ def open_store(
     *,
     prefix: str = "autopar:",
     size_limit_bytes: int = 8 * 1024**3,
+    socket_timeout_s: float = 5.0,
+    max_connections: int = 16,
 ) -> Store:
     """Redis when ``redis_url`` is set, else the embedded store in ``cache_dir``.
 
-    ``cache_dir`` defaults to :func:`autopar_cache.embedded.default_cache_dir`.
+    ``cache_dir`` defaults to :func:`autopar_cache.embedded.default_cache_dir`;
+    ``socket_timeout_s`` and ``max_connections`` bound Redis calls
+    (:func:`autopar_cache.redis_store.connect`).
     """
     if redis_url:
         from autopar_cache.redis_store import RedisStore
 
-        return RedisStore(redis_url, prefix=prefix)
+        return RedisStore(
+            redis_url, prefix=prefix, socket_timeout_s=socket_timeout_s, max_connections=max_connections
+        )
     from autopar_cache.embedded import EmbeddedStore, default_cache_dir
 
     return EmbeddedStore(Path(cache_dir) if cache_dir else default_cache_dir(), size_limit_bytes)

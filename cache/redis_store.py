@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from autopar_cache.base import score_text
 from autopar_cache.errors import CacheUnavailable
@@ -75,15 +77,31 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{netloc}", parts.path, parts.query, parts.fragment))
 
 
-def connect(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
-    """A client for ``url`` with short timeouts and periodic health checks (bytes replies)."""
-    return redis.Redis.from_url(
+POOL_WAIT_S = 1.0
+"""Longest wait for a free connection of the bounded pool, seconds (then the call fails)."""
+
+
+def connect(url: str, *, socket_timeout_s: float = 5.0, max_connections: int = 16) -> redis.Redis:
+    """A client for ``url`` that fails within ``socket_timeout_s`` when Redis stalls (bytes replies).
+
+    No retries (a retried timeout is a multiple of it: 4 x 5 s under redis-py's default),
+    periodic health checks, and a bounded pool: a call that finds all ``max_connections``
+    busy (a stalled server holds each for ``socket_timeout_s``) fails after
+    :data:`POOL_WAIT_S`, so a stall never ties up more than that many threads.
+    """
+    pool = redis.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=min(2.0, socket_timeout_s),
         health_check_interval=30,
         retry_on_timeout=False,
+        retry=Retry(NoBackoff(), 0),
     )
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # as Redis.from_url: closing the client closes its pool
+    return client
 
 
 class RedisStore:
@@ -98,10 +116,15 @@ class RedisStore:
         prefix: str = "autopar:",
         client: redis.Redis | None = None,
         socket_timeout_s: float = 5.0,
+        max_connections: int = 16,
     ) -> None:
         self.url = url
         self.prefix = prefix
-        self.client = client if client is not None else connect(url, socket_timeout_s=socket_timeout_s)
+        self.client = (
+            client
+            if client is not None
+            else connect(url, socket_timeout_s=socket_timeout_s, max_connections=max_connections)
+        )
         self._put_if_lower = self.client.register_script(_PUT_IF_LOWER)
         self._compare_and_set = self.client.register_script(_COMPARE_AND_SET)
 

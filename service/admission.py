@@ -1,6 +1,6 @@
 """Admission control and job ownership.
 
-* A client (its API key, else its address) may have at most
+* A client (its API key when keys are configured, else its address) may have at most
   ``max_jobs_per_client`` unfinished jobs it started; the whole backend at most
   ``max_active_jobs``.  Beyond either: 429 with ``Retry-After``, decided
   *before* the body is parsed (:meth:`Admission.precheck`).  Below the bounds,
@@ -90,10 +90,16 @@ class Admission:
             )
 
     async def admit(self, client: str, job_id: str, jobs: JobManager, *, new: bool) -> None:
-        """Raise 429 when starting a ``new`` job would exceed a bound; record ``client`` as owner."""
+        """Raise 429 when starting a ``new`` job would exceed a bound; record ``client`` as owner.
+
+        The owners of an ended job are forgotten when a new job starts under its id; a job
+        still running keeps its owners (a ``refresh`` of it joins it, it does not take it over).
+        """
         if new:
             await self._check_bounds(client, jobs)
-            self.owners.pop(job_id, None)
+            current = await jobs.get(job_id)
+            if current is None or current.terminal:
+                self.owners.pop(job_id, None)
         self.owners.setdefault(job_id, set()).add(client)
         self.owners.move_to_end(job_id)
         while len(self.owners) > _OWNED_LIMIT:

@@ -85,7 +85,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         the_store = store or open_store(
-            settings.redis_url, settings.cache_dir, size_limit_bytes=settings.cache_size_limit_bytes
+            settings.redis_url,
+            settings.cache_dir,
+            size_limit_bytes=settings.cache_size_limit_bytes,
+            socket_timeout_s=settings.redis_timeout_s,
+            max_connections=settings.redis_max_connections,
         )
         service = await start_service(settings, the_store)
         holder["service"] = app.state.service = service

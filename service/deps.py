@@ -18,7 +18,7 @@ from autopar_service.admission import client_id
 from autopar_service.problems import ApiError
 from autopar_service.state import Service
 
-__all__ = ["Auth", "Client", "Key", "PlanReadAuth", "ServiceDep", "get_service"]
+__all__ = ["Auth", "Client", "Key", "PlanReadAuth", "ServiceDep", "client_address", "get_service"]
 
 KEY_PATTERN = r"^[0-9a-f]{64}$"
 
@@ -62,9 +62,28 @@ def require_plan_read(key: Annotated[str | None, Depends(api_key_header)], servi
         _check_key(service, key)
 
 
-def current_client(request: Request, key: Annotated[str | None, Depends(api_key_header)]) -> str:
-    """Who is asking: a digest of the API key, else the peer address."""
-    return client_id(key, request.client.host if request.client else None)
+def client_address(request: Request, header: str | None) -> str | None:
+    """The client's address: the last entry of the trusted proxy's ``header`` when configured,
+    else the peer address."""
+    if header:
+        forwarded = request.headers.get(header, "").split(",")[-1].strip()
+        if forwarded:
+            return forwarded
+    return request.client.host if request.client else None
+
+
+def current_client(
+    request: Request, key: Annotated[str | None, Depends(api_key_header)], service: ServiceDep
+) -> str:
+    """Who is asking: a digest of the API key when keys are configured, else the client's address.
+
+    Without configured keys an ``X-API-Key`` proves nothing (anyone can send a new one per
+    request), so it does not name the client: the per-client job cap holds per address.
+    """
+    settings = service.settings
+    if settings.api_keys and key:
+        return client_id(key, None)
+    return client_id(None, client_address(request, settings.client_address_header))
 
 
 Auth = Annotated[None, Depends(require_key)]

@@ -11,7 +11,9 @@
 The page is plain HTML and JavaScript (no build step).  It talks to the same
 API as any client: ``POST /v1/plans``, the job's server-sent events read with
 ``fetch`` (so the ``X-API-Key`` header travels with it), ``POST /v1/sweeps``.
-Reads are open like the other ``GET`` routes; the report needs the plan's graph,
+The report needs the API key like every ``/v1`` route (when keys are configured),
+is memoized per plan and canonical compare set, is rendered at most
+``max_report_renders`` at a time (429 beyond), and needs the plan's graph,
 which the service keeps for ``job_ttl_s`` after a solve.
 """
 
@@ -32,6 +34,7 @@ from autopar.cluster import PRESETS
 from autopar.graph import Graph
 from autopar.plan import Plan
 from autopar_cache import codec
+from autopar_service.deps import Auth
 from autopar_service.problems import PROBLEM_JSON, ApiError
 from autopar_service.report import build_report, plotly_js
 from autopar_service.tasks import graph_key
@@ -160,14 +163,17 @@ def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:
     summary="A cached plan's HTML report",
     response_class=HTMLResponse,
     responses=_problems(
+        _401="Missing or wrong X-API-Key (when the server has keys).",
         _404="Unknown plan, or its graph is no longer stored.",
         _422="Bad key or an unknown baseline in compare.",
+        _429="Too many reports are being rendered at once; retry after Retry-After.",
         _503="The service is starting, or the cache is unavailable.",
     ),
 )
 async def plan_report(
     request: Request,
     key: Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="64 hex digits")],
+    _auth: Auth,
     compare: Annotated[
         list[str] | None,
         Query(description=f"Baselines to show side by side: {', '.join(BASELINES)} (default megatron)."),
@@ -175,7 +181,8 @@ async def plan_report(
 ) -> Response:
     """A self-contained HTML page: headline, communication, memory timeline, per-layer layouts."""
     service = _service(request)
-    kinds = tuple(dict.fromkeys(compare if compare is not None else ["megatron"]))
+    # the canonical compare set: another order or a repeat is the same report (one memo entry)
+    kinds = tuple(sorted(set(compare if compare is not None else ["megatron"])))
     bad = [k for k in kinds if k not in BASELINES]
     if bad:
         raise ApiError(
@@ -188,8 +195,27 @@ async def plan_report(
         memo = request.app.state.report_memo = OrderedDict()
     body = memo.get((key, kinds))
     if body is None:
-        body = await run_in_threadpool(_render, service, key, kinds)
+        body = await _render_bounded(request, service, key, kinds)
         memo[(key, kinds)] = body
         while len(memo) > REPORT_MEMO_SIZE:
             memo.popitem(last=False)
     return HTMLResponse(body, headers={"Cache-Control": "private, max-age=3600"})
+
+
+async def _render_bounded(request: Request, service: Any, key: str, kinds: tuple[str, ...]) -> bytes:
+    """Render in a thread, at most ``max_report_renders`` at once (429 beyond: each costs seconds)."""
+    limit = service.settings.max_report_renders
+    state = request.app.state
+    rendering = getattr(state, "reports_rendering", 0)
+    if rendering >= limit:
+        raise ApiError(
+            429,
+            "too_many_reports",
+            f"the server is rendering {limit} reports, its limit; retry shortly",
+            headers={"Retry-After": str(service.settings.retry_after_s)},
+        )
+    state.reports_rendering = rendering + 1
+    try:
+        return await run_in_threadpool(_render, service, key, kinds)
+    finally:
+        state.reports_rendering -= 1

@@ -48,11 +48,13 @@ _TITLES = {
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    408: "Request timeout",
     409: "Conflict",
     413: "Content too large",
     415: "Unsupported media type",
     422: "Unprocessable content",
     429: "Too many requests",
+    499: "Client closed request",
     500: "Internal server error",
     503: "Service unavailable",
 }

@@ -45,12 +45,14 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.worker_registration import get_keys
+from starlette.concurrency import run_in_threadpool
 
 from autopar.errors import ConfigError
 from autopar_cache.errors import CacheUnavailable
 from autopar_cache.redis_store import RedisStore, connect, redact_url
 from autopar_service.jobs import JobInfo, JobStatus
 from autopar_service.settings import Settings
+from autopar_service.worker import alive_key
 
 __all__ = ["JobRecords", "RQJobManager", "solve_job"]
 
@@ -192,7 +194,7 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     if rq_job is not None:
         client = rq_job.connection  # the worker's own connection
     elif settings.redis_url is not None:
-        client = connect(settings.redis_url)
+        client = connect(settings.redis_url, socket_timeout_s=settings.redis_timeout_s)
     else:
         raise ConfigError("bad_settings", "solve_job runs outside RQ and AUTOPAR_REDIS_URL is unset")
     records = JobRecords(client, settings.job_ttl_s)
@@ -300,7 +302,7 @@ class RQJobManager:
 
     async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
-            return await asyncio.to_thread(fn)
+            return await run_in_threadpool(fn)
         except RedisError as exc:
             raise self._unavailable(what, exc) from None
 
@@ -323,9 +325,9 @@ class RQJobManager:
             await asyncio.sleep(self.settings.janitor_interval_s)
             try:
                 if time.monotonic() >= quiet_until:
-                    await asyncio.to_thread(self.reap_lost)
+                    await run_in_threadpool(self.reap_lost)
                 else:
-                    await asyncio.to_thread(self.client.ping)
+                    await run_in_threadpool(self.client.ping)
             except RedisError as exc:
                 log.warning("janitor: Redis unavailable: %s", exc)
                 quiet_until = time.monotonic() + self.settings.worker_lost_after_s
@@ -480,8 +482,10 @@ class RQJobManager:
 
     async def health(self) -> dict[str, Any]:
         def check() -> dict[str, Any]:
-            keys = sorted(get_keys(queue=self.queue))
-            alive = sum(1 for k in keys if self.client.exists(k))
+            # RQ's worker key outlives a SIGKILLed worker by a minute; the liveness key by seconds
+            names = sorted(k.decode() if isinstance(k, bytes) else k for k in get_keys(queue=self.queue))
+            alive_keys = [alive_key(k.rsplit(":", 1)[-1]) for k in names]
+            alive = self.client.exists(*alive_keys) if alive_keys else 0
             return {
                 "ok": alive > 0,
                 "kind": self.kind,
@@ -493,7 +497,7 @@ class RQJobManager:
             }
 
         try:
-            return await asyncio.to_thread(check)
+            return await run_in_threadpool(check)
         except RedisError as exc:
             log.warning("readiness: Redis unavailable: %s", exc)
             return {"ok": False, "kind": self.kind, "detail": "the queue (Redis) does not answer"}

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     """Let ``autopar serve`` bind a non-loopback address without API keys (open to anyone)."""
     public_plan_reads: bool = False
     """With keys configured, still let anyone ``GET /v1/plans/{key}`` (jobs, sweeps, metrics stay keyed)."""
+    client_address_header: str | None = None
+    """Header a trusted reverse proxy sets to the client's address (``X-Forwarded-For``: its last
+    entry is used); unset = the peer address.  Identifies clients only when no API keys are set."""
 
     max_body_bytes: int = Field(default=64 * MIB, gt=0)
     """Largest request body after decompression, bytes (413 beyond)."""
@@ -64,6 +67,14 @@ class Settings(BaseSettings):
     """Most unfinished jobs one client (API key, else address) may have started (429 beyond)."""
     max_active_jobs: int = Field(default=64, ge=1)
     """Most unfinished jobs overall, queued or running (429 beyond)."""
+    max_concurrent_parses: int = Field(default=4, ge=1)
+    """Request bodies parsed at once, whether or not they start a job; a body waits up to
+    ``max_parse_s`` for a slot (429 beyond)."""
+    body_read_timeout_s: float = Field(default=10.0, gt=0)
+    """Longest wait for the next part of a request body, seconds (408 beyond: a body shorter
+    than its Content-Length, or a stalled upload)."""
+    max_report_renders: int = Field(default=2, ge=1)
+    """Plan reports rendered at once (each takes seconds of CPU on a large model; 429 beyond)."""
     body_index_size: int = Field(default=10_000, ge=0)
     """Request-body digests remembered per API process for the cache-hit fast path (LRU)."""
 
@@ -88,6 +99,13 @@ class Settings(BaseSettings):
     """Concurrent solves in the API process's local pool (no Redis)."""
     solver_workers: int | None = Field(default=None, ge=1, le=256)
     """CP-SAT / cost-table worker threads per solve (None = the solver's default)."""
+    redis_timeout_s: float = Field(default=5.0, gt=0)
+    """Socket timeout of every Redis call, seconds, without retries: a stalled Redis gives 503 then."""
+    redis_max_connections: int = Field(default=16, ge=1)
+    """Redis connections per process; a call finding none free within a second gets 503, so a
+    stalled Redis holds at most this many threads."""
+    worker_alive_ttl_s: float = Field(default=10.0, gt=0)
+    """A worker that has not renewed its liveness key for this long is not counted by ``/readyz``, s."""
     queue_name: str = Field(default="autopar", min_length=1)
     """RQ queue the API enqueues to and ``autopar worker`` serves."""
     heartbeat_interval_s: float = Field(default=2.0, gt=0)

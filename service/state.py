@@ -6,6 +6,7 @@ The :class:`Service` is built in the app's lifespan and reached through the
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -63,6 +64,8 @@ class Service:
         self.versions = versions
         self.bodies = BodyIndex(settings.body_index_size)
         self.admission = Admission(settings)
+        self.parse_slots = asyncio.Semaphore(settings.max_concurrent_parses)
+        """Bodies parsed at once (:func:`autopar_service.routers.common.in_thread_bounded`)."""
 
     def cached_body(self, digest: str) -> PlanRecord | None:
         """The cached plan of a byte-identical earlier body, if any (sync: call from a thread)."""

@@ -11,6 +11,10 @@ reports no workers.  :class:`ResilientWorker` changes three things:
 * every heartbeat re-registers the worker (``SADD``, idempotent), and an idle
   worker heartbeats every :data:`IDLE_HEARTBEAT_S` s, so ``/readyz`` is right
   within seconds of Redis returning;
+* every heartbeat also renews a liveness key with a short TTL
+  (``worker_alive_ttl_s``, :func:`alive_key`): RQ's own registration lives for
+  about a minute after a SIGKILL, the liveness key for seconds, and ``/readyz``
+  counts only workers whose key is there;
 * reconnection backs off from 0.5 s to at most :data:`MAX_BACKOFF_S` s.
 
 :func:`run_worker` restarts the work loop (new registration) should it still
@@ -31,7 +35,7 @@ from rq.serializers import JSONSerializer
 from autopar_cache.redis_store import connect
 from autopar_service.settings import Settings
 
-__all__ = ["IDLE_HEARTBEAT_S", "MAX_BACKOFF_S", "ResilientWorker", "make_worker", "run_worker"]
+__all__ = ["IDLE_HEARTBEAT_S", "MAX_BACKOFF_S", "ResilientWorker", "alive_key", "make_worker", "run_worker"]
 
 log = logging.getLogger("autopar.service.worker")
 
@@ -41,10 +45,17 @@ MAX_BACKOFF_S = 4.0
 """Longest pause between two reconnection attempts, s."""
 
 
+def alive_key(worker_name: str) -> str:
+    """The liveness key a worker renews on every heartbeat (expires ``worker_alive_ttl_s`` after)."""
+    return f"autopar:worker-alive:{worker_name}"
+
+
 class ResilientWorker(Worker):
     """An RQ worker that rides out Redis outages (see the module docstring)."""
 
     max_connection_wait_time = MAX_BACKOFF_S
+    alive_ttl_s: float = 10.0
+    """TTL of the liveness key, seconds (``make_worker`` sets ``worker_alive_ttl_s``)."""
 
     @property
     def dequeue_timeout(self) -> int:
@@ -54,6 +65,8 @@ class ResilientWorker(Worker):
         try:
             super().heartbeat(timeout, pipeline)
             worker_registration.register(self, pipeline)
+            target = pipeline if pipeline is not None else self.connection
+            target.set(alive_key(self.name), b"1", px=max(1, int(self.alive_ttl_s * 1000)))
         except RedisError as exc:
             if pipeline is not None:
                 raise
@@ -73,9 +86,9 @@ def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
     import autopar_solver.planner
     import autopar_solver.solve  # noqa: F401
 
-    client = connect(str(settings.redis_url))
+    client = connect(str(settings.redis_url), socket_timeout_s=settings.redis_timeout_s)
     queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)
-    return ResilientWorker(
+    worker = ResilientWorker(
         [queue],
         connection=client,
         serializer=JSONSerializer,
@@ -83,6 +96,8 @@ def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
         worker_ttl=max(10, int(3 * settings.worker_lost_after_s)),
         job_monitoring_interval=max(1, int(settings.heartbeat_interval_s)),
     )
+    worker.alive_ttl_s = settings.worker_alive_ttl_s
+    return worker
 
 
 def _wait_for_redis(worker: Worker) -> None:

@@ -59,17 +59,40 @@ def job_response(service: Service, info: JobInfo, status: int = 202) -> Response
 
 
 async def in_thread_bounded(service: Service, fn: Callable[[], T]) -> T:
-    """``fn()`` in a worker thread; 503 when it takes longer than ``max_parse_s``."""
-    limit = service.settings.max_parse_s
+    """``fn()`` in a worker thread, at most ``max_concurrent_parses`` at once.
+
+    429 when no slot frees within ``max_parse_s`` (admission for every body, whether
+    or not it starts a job); 503 when ``fn`` then takes longer than ``max_parse_s``.
+    A slot is held until the thread ends, even after the 503.
+    """
+    settings = service.settings
+    slots = service.parse_slots
     try:
-        return await asyncio.wait_for(run_in_threadpool(fn), limit)
+        await asyncio.wait_for(slots.acquire(), settings.max_parse_s)
+    except asyncio.TimeoutError:
+        raise ApiError(
+            429,
+            "server_busy",
+            f"the server is parsing {settings.max_concurrent_parses} request bodies, its limit; retry later",
+            headers={"Retry-After": str(settings.retry_after_s)},
+        ) from None
+    work = asyncio.ensure_future(run_in_threadpool(fn))
+
+    def finished(done: asyncio.Future[T]) -> None:
+        slots.release()
+        if not done.cancelled():
+            done.exception()  # retrieved: a failure after a 503 is not "never retrieved"
+
+    work.add_done_callback(finished)
+    try:
+        return await asyncio.wait_for(asyncio.shield(work), settings.max_parse_s)
     except asyncio.TimeoutError:
         raise ApiError(
             503,
             "parse_timeout",
-            f"parsing and checking the body took more than {limit:.0f} s; "
+            f"parsing and checking the body took more than {settings.max_parse_s:.0f} s; "
             "send a smaller graph or retry later",
-            headers={"Retry-After": str(service.settings.retry_after_s)},
+            headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
 
 

@@ -11,7 +11,7 @@ from autopar.errors import AutoparError, PlanError
 from autopar.graph import Graph
 from autopar.plan import Plan
 from autopar_service import schemas
-from autopar_service.body import BodyRoute, parse_json_model
+from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
 from autopar_service.deps import Auth, ServiceDep
 from autopar_service.graphs import parse_graph
 from autopar_service.jobs import finite
@@ -54,7 +54,9 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     """Parse, check and evaluate (runs in a thread)."""
     from autopar.evaluate import evaluate
 
-    body = parse_json_model(EvaluateBody, raw, service.settings.max_json_depth)
+    body = parse_json_model(
+        EvaluateBody, raw, service.settings.max_json_depth, graph_object_budget(service.settings)
+    )
     graph = parse_graph(body.graph, service.settings)
     if body.plan is not None:
         plan = _plan_of(body.plan)

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from autopar.graph import Graph
 from autopar_cache.plans import PlanRecord, plan_key
-from autopar_service.body import BodyRoute, parse_json_model
+from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
 from autopar_service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
 from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
 from autopar_service.jobs import JobStatus
@@ -49,7 +49,7 @@ class Prepared:
 def prepare(service: Service, raw: bytes, refresh: bool) -> Prepared:
     """Parse and validate a plan body; its key, cached plan and job payload (runs in a thread)."""
     settings = service.settings
-    body = parse_json_model(PlanBody, raw, settings.max_json_depth)
+    body = parse_json_model(PlanBody, raw, settings.max_json_depth, graph_object_budget(settings))
     graph = parse_graph(body.graph, settings)
     cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
     request = build_request(
@@ -120,7 +120,7 @@ async def create_plan(
     if not refresh:
         await refuse_known_failure(service, key)
     existing = await service.jobs.get(key)
-    new = refresh or existing is None or existing.terminal
+    new = existing is None or existing.terminal  # a refresh of a running job joins it
     await service.admission.admit(client, key, service.jobs, new=new)
     service.metrics.cache(False)
     if new:

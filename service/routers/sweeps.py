@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from autopar_cache import codec
 from autopar_cache.plans import plan_key
 from autopar_service import schemas
-from autopar_service.body import BodyRoute, parse_json_model
+from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
 from autopar_service.deps import Auth, Client, Key, ServiceDep
 from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
 from autopar_service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
@@ -34,7 +34,7 @@ _NEVER = 1 << 62
 def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any]]]:
     """Parse the sweep, store its graph and record; its id and points (runs in a thread)."""
     settings = service.settings
-    body = parse_json_model(SweepBody, raw, settings.max_json_depth)
+    body = parse_json_model(SweepBody, raw, settings.max_json_depth, graph_object_budget(settings))
     graph = parse_graph(body.graph, settings)
     check_rules(graph)
     cluster = cluster_of(body.cluster, body.preset, settings.max_devices)

@@ -50,7 +50,11 @@ class LiveServer:
         self.app = create_app(settings)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        # proxy_headers=False: the peer is the client (uvicorn would trust X-Forwarded-For from
+        # loopback); the app reads a proxy header only when settings name one
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", proxy_headers=False
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -55,3 +55,52 @@ def test_json_depth_skips_strings_and_does_not_recurse() -> None:
     assert json_depth(b'{"a": [1, {"b": "[[[["}]}') == 3
     assert json_depth(b'"\\"[[["') == 0
     assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+
+
+def _reference_depth(raw: bytes) -> tuple[int, bool]:
+    """Deepest nesting by a plain character loop; True when a backslash outside a string ends it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in raw.decode("latin-1"):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == "\\":
+            return deepest, True
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest, False
+
+
+def test_json_shape_agrees_with_a_character_loop_across_chunk_boundaries(monkeypatch) -> None:
+    import random
+
+    from autopar_service import body
+
+    rng = random.Random(24)
+    for chunk in (1, 2, 3, 7, 64):
+        monkeypatch.setattr(body, "_SCAN_CHUNK", chunk)
+        for _ in range(500):
+            raw = bytes(rng.choice(b'[]{}"\\\\ab') for _ in range(rng.randint(1, 60)))
+            deepest, stopped = _reference_depth(raw)
+            got = body.json_shape(raw)[0]
+            # past a backslash outside a string the parser stops: the scan may only say more
+            assert got == deepest if not stopped else got >= deepest, (chunk, raw)
+
+
+def test_json_shape_counts_graph_items() -> None:
+    from autopar_service.body import json_shape
+
+    raw = (
+        b'{"graph": {"tensors": {"t": {"shape": [1]}}, "ops": [{"name": "{"}, {}], "variables": []}, "x": {}}'
+    )
+    assert json_shape(raw) == (5, 3)
