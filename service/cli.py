@@ -90,6 +90,8 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
+        # the client is its address (or AUTOPAR_CLIENT_ADDRESS_HEADER): never a forwarded header by default
+        proxy_headers=False,
     )
     return 0
 
