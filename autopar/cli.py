@@ -52,13 +52,9 @@ from autopar.cli_args import (
     wrote,
 )
 from autopar.cluster import Mesh, load_cluster_profile
-<<<<<<< HEAD
-from autopar.errors import AutoparError
-from autopar.iteration import TrainingConfig, baseline_training
-=======
 from autopar.errors import AutoparError, PlanError
+from autopar.iteration import TrainingConfig, baseline_training
 from autopar.plan import format_bytes
->>>>>>> firstuse
 
 __all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
 
@@ -172,6 +168,9 @@ def _evaluation_text(name: str, plan: Any, ev: Any) -> str:
         f"{name}: {'valid' if ev.valid else 'INVALID'} ({plan.source})",
         f"  step time  {ev.step_time_s * 1e3:10.2f} ms  (compute {ev.compute_time_s * 1e3:.2f} ms, "
         f"comm {ev.comm_time_s * 1e3:.2f} ms)",
+        f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  ({ev.training.micro_batches} x "
+        f"{ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
+        f"once per step; checkpointing {ev.training.checkpointing})",
         "  comm/axis  "
         + ", ".join(
             f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"
@@ -203,31 +202,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
     else:
-<<<<<<< HEAD
-        gib = 1024**3
-        sys.stdout.write(
-            f"{args.plan}: {'valid' if ev.valid else 'INVALID'} ({plan.source})\n"
-            f"  step time  {ev.step_time_s * 1e3:10.2f} ms  (compute {ev.compute_time_s * 1e3:.2f} ms, "
-            f"comm {ev.comm_time_s * 1e3:.2f} ms)\n"
-            f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  ({ev.training.micro_batches} x "
-            f"{ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
-            f"once per step; checkpointing {ev.training.checkpointing})\n"
-            f"  comm/axis  "
-            + ", ".join(
-                f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"
-                for a, t in ev.comm_time_s_per_axis.items()
-            )
-            + "\n"
-            f"  memory     {ev.memory.total / gib:10.2f} GiB per device "
-            f"(params {ev.memory.params / gib:.2f}, "
-            f"grads {ev.memory.grads / gib:.2f}, optimizer {ev.memory.optimizer / gib:.2f}, "
-            f"activations {ev.memory.activations / gib:.2f})\n"
-        )
-        for e in ev.errors[:20]:
-            sys.stdout.write(f"  error: {e}\n")
-=======
         sys.stdout.write(_evaluation_text(args.plan, plan, ev))
->>>>>>> firstuse
     return 0 if ev.valid else 1
 
 

@@ -272,23 +272,16 @@ class Plan:
             f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; "
             f"{pred.get('step_time_overlapped_s', float('nan')) * 1e3:.2f} ms with gradient "
             f"reduction overlapping backward; runtime {self.runtime})",
-<<<<<<< HEAD
             f"  iteration   {pred.get('iteration_time_s', float('nan')) * 1e3:10.2f} ms "
             f"({self.training.micro_batches} micro-batches per step, checkpointing "
             f"{self.training.checkpointing}; "
             f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each, "
             f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step)",
-            f"  memory/dev  {mem.get('per_device_bytes', float('nan')) / gib:10.2f} GiB "
-            f"(params {mem.get('params_bytes', 0) / gib:.2f}, grads {mem.get('grads_bytes', 0) / gib:.2f}, "
-            f"optimizer {mem.get('optimizer_bytes', 0) / gib:.2f}, "
-            f"activations {mem.get('activation_peak_bytes', 0) / gib:.2f})",
-=======
             f"  memory/dev  {format_bytes(mem.get('per_device_bytes', float('nan'))):>13} "
             f"(params {format_bytes(mem.get('params_bytes', 0))}, "
             f"grads {format_bytes(mem.get('grads_bytes', 0))}, "
             f"optimizer {format_bytes(mem.get('optimizer_bytes', 0))}, "
             f"activations {format_bytes(mem.get('activation_peak_bytes', 0))})",
->>>>>>> firstuse
         ]
         if self.solver:
             s = self.solver
