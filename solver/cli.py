@@ -111,7 +111,8 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
     base = _iteration_s(rows[-1][1]) if rows else 1.0
     last = rows[-1][0] if rows else ""
     lines = [
-        f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}{'memory/dev':>13}{'proven gap':>12}"
+        f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}"
+        f"{'memory/dev':>13}{'proven gap':>12}"
     ]
     for name, p in rows:
         gap = p.solver.get("gap") if p.solver else None

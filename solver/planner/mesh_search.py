@@ -115,7 +115,8 @@ def _raise_no_shape(results: list[dict[str, Any]], deadline: Deadline) -> None:
     if all(r["error"].get("code") == "time_limit" for r in results):
         raise TimeLimitError(
             "time_limit",
-            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before any mesh shape had a verified plan: "
+            f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before any mesh shape "
+            "had a verified plan: "
             + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
         )
     infeasible = [r["error"] for r in results if r["error"].get("code") != "time_limit"]

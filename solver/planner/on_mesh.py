@@ -21,11 +21,11 @@ from autopar.cost_tables import CostTables, build_cost_tables
 from autopar.errors import TimeLimitError
 from autopar.evaluate import attach_evaluation
 from autopar.graph import Graph
+from autopar.iteration import with_training
 from autopar.plan import Plan
 from autopar.progress import Deadline, ProgressFn
 from autopar.store import KeyValueStore
 from autopar.wire import SolverReport
-from autopar.iteration import with_training
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext, evaluate_reserve
 from autopar_solver.planner.floors import MemorySeed, memory_seed, raise_infeasible
@@ -167,7 +167,8 @@ def _chosen(job: MeshJob, state: Rounds, memo: MemoRecall, ctx: PlanContext, t_t
         raise_infeasible(job.tables, job.budget, state.positions, job.mesh, ctx.deadline)
     raise TimeLimitError(
         "time_limit",
-        f"the time limit ({round(ctx.deadline.limit_s, 2):g} s) ran out before a plan on mesh {list(job.mesh.shape)} "
+        f"the time limit ({round(ctx.deadline.limit_s, 2):g} s) ran out before a plan on mesh "
+        f"{list(job.mesh.shape)} "
         f"fitting the budget was verified: cost tables took {t_tables:.1f} s, "
         f"{len(state.log)} memory round(s) solved ({len(state.positions)} memory rows added); "
         "raise the time limit",

@@ -19,9 +19,9 @@ from autopar.cost_tables import CostTables
 from autopar.errors import VerificationError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph
+from autopar.iteration import training_of
 from autopar.plan import Plan
 from autopar.store import KeyValueStore
-from autopar.iteration import training_of
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import assignment, build_problem
 from autopar_solver.planner.verify import VERIFY_RTOL, SolvedObjective, verify

@@ -25,8 +25,8 @@ from autopar.cost_tables import CostTables
 from autopar.errors import VerificationError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph
-from autopar.plan import Plan
 from autopar.iteration import training_of
+from autopar.plan import Plan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import EVALUATE_PER_BUILD, MAX_MEMORY_ROUNDS, MIN_SOLVE_S, PlanContext
 from autopar_solver.planner.memory_rows import BuiltProblem, assignment, build_problem
