@@ -116,8 +116,7 @@ def _raise_no_shape(results: list[dict[str, Any]], deadline: Deadline) -> None:
         raise TimeLimitError(
             "time_limit",
             f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before any mesh shape "
-            "had a verified plan: "
-            + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
+            "had a verified plan: " + "; ".join(f"{r['shape']}: {r['error']['message']}" for r in results),
         )
     infeasible = [r["error"] for r in results if r["error"].get("code") != "time_limit"]
     best_err = min(infeasible, key=lambda e: e.get("min_feasible_bytes", math.inf) or math.inf)
