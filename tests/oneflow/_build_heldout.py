@@ -9,8 +9,10 @@ default settings (``shard_min_size`` 1024) or, as a second case, ``shard_min_siz
   job ``{job}_min{N}.pb`` (what autopar plans); the default-settings jobs are also
   compiled with OneFlow's own SBP inference (``{job}_min1024_compiled.pb``).
 * ``MODE=pin``: for every ``{job}_min{N}[_{tag}].plan.json`` in OUT,
-  :func:`compile_with_plan` pins that plan into a fresh build of job ``{job}`` with
-  ``shard_min_size=N`` and compiles it; rank 0 writes ``{stem}.pinned.json`` (attempts,
+  the parameters and inputs are laid out as the plan says (:func:`apply_plan`,
+  :func:`plan_input_sbps`, as ``examples/oneflow/train_with_plan.py`` does), and
+  :func:`compile_with_plan` pins the plan into the job built with ``shard_min_size=N``
+  and compiles it; rank 0 writes ``{stem}.pinned.json`` (attempts,
   ops pinned, refused types, op share) and the compiled job ``{stem}_pinned.pb``.
 """
 
@@ -26,8 +28,8 @@ import heldout  # noqa: E402
 import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
 
-from autopar.oneflow import export_job, make_train_graph  # noqa: E402
-from autopar.oneflow.apply import compile_with_plan, to_flow_sbp  # noqa: E402
+from autopar.oneflow import apply_plan, export_job, make_train_graph  # noqa: E402
+from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp  # noqa: E402
 from autopar.plan import Plan  # noqa: E402
 from autopar.sbp import parse_nd_sbp  # noqa: E402
 
@@ -79,8 +81,14 @@ def pin_all() -> None:
         key = plan_path.name[: -len(".plan.json")]
         name, rest = key.rsplit("_min", 1)
         min_size = rest.split("_", 1)[0]
-        module, inputs = setup(name)
         plan = Plan.load(str(plan_path))
+        module, arrays, _ = heldout.build(name, seed=0)
+        # the launcher's flow (examples/oneflow/train_with_plan.py): parameters and inputs as planned
+        apply_plan(module, plan, placement)
+        inputs = [
+            flow.tensor(a).to_global(placement, broadcast).to_global(placement, to_flow_sbp(sbp))
+            for a, sbp in zip(arrays, plan_input_sbps(plan))
+        ]
         make = functools.partial(train_graph, module, int(min_size))
         graph, report = compile_with_plan(make, plan, *inputs)
         if rank0:
