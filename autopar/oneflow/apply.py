@@ -738,6 +738,10 @@ def _pin_zero_layouts(
         if op.name.startswith("System-ZeRO-ParallelCast-") and op.WhichOneof("op_type") == "user_conf":
             (lbn,) = op.user_conf.input["in"].s
             casts.setdefault(lbn.split("/", 1)[0], []).append(op)
+    for op in job.net.op:  # a cast after the identity a model reads its parameter through
+        if op.name in casts and op.WhichOneof("op_type") == "user_conf" and op.user_conf.input:
+            (lbns,) = op.user_conf.input.values()
+            casts.setdefault(lbns.s[0].split("/", 1)[0], []).extend(casts[op.name])
     for v in imported.variables:
         update_name = plan_by_key.get(job_keys.get(v.optimizer or "", ""))
         var_name = plan_by_key.get(job_keys.get(v.op, ""))

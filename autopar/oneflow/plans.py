@@ -100,9 +100,31 @@ def job_signatures(job: Any, graph: Graph, ndim: int) -> dict[str, dict[str, NdS
     return out
 
 
-def _variable_layouts(graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: int) -> dict[str, NdSbp]:
+def _zero_cast_layouts(job: Any, graph: Graph) -> dict[str, str]:
+    """variable op -> the layout its ``System-ZeRO-ParallelCast`` restores, as N-D SBP text.
+
+    The import keys a cast by the op it reads; when a model reads its parameter
+    through an ``identity`` (OneFlow's ZeRO pass takes that identity into the
+    variable's sequence and casts its output), the key is the identity, which the
+    import makes transparent: such keys are moved to the variable read.
+    """
+    pinned = dict(graph.meta.get("oneflow", {}).get("zero_layouts", {}))
+    for op in job.net.op:
+        if op.name not in pinned or op.WhichOneof("op_type") != "user_conf":
+            continue
+        if op.user_conf.op_type_name not in ("identity", "amp_white_identity"):
+            continue
+        (lbns,) = op.user_conf.input.values()
+        source = lbns.s[0].split("/", 1)[0]
+        if source in graph.variable_by_op:
+            pinned.setdefault(source, pinned[op.name])
+    return pinned
+
+
+def _variable_layouts(
+    graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: int, pinned: dict[str, str]
+) -> dict[str, NdSbp]:
     """Layout each variable is computed with under ZeRO (see the module docstring)."""
-    pinned = graph.meta.get("oneflow", {}).get("zero_layouts", {})
     layouts: dict[str, NdSbp] = {}
     for v in graph.variables:
         if v.op in pinned:
@@ -119,13 +141,14 @@ def _variable_layouts(graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: i
 
 
 def _zero_update_layouts(
-    graph: Graph, chosen: dict[str, dict[str, NdSbp]], mesh: Mesh, stage: int, runtime: str
+    job: Any, graph: Graph, chosen: dict[str, dict[str, NdSbp]], mesh: Mesh, stage: int, runtime: str
 ) -> list[str]:
     """Give each variable and its update the layouts autopar models ZeRO with (see the
     module docstring), in place; return the updates whose gradient layout was normalised."""
     normalized: list[str] = []
     rules = default_rules()
-    for var, layout in _variable_layouts(graph, chosen, mesh.ndim).items():
+    pinned = _zero_cast_layouts(job, graph)
+    for var, layout in _variable_layouts(graph, chosen, mesh.ndim, pinned).items():
         v = graph.variable_by_op[var]
         port = next(iter(graph.op_by_name[var].outputs))
         chosen[var][port] = layout
@@ -193,7 +216,7 @@ def import_plan(
         # variable boxed from its stored layout to its consumers
         stage = 0
     if stage > 0:
-        normalized = _zero_update_layouts(graph, chosen, mesh, stage, runtime)
+        normalized = _zero_update_layouts(job, graph, chosen, mesh, stage, runtime)
     signatures = {
         op.name: Signature(
             tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)
