@@ -166,14 +166,18 @@ def zero_dp_size(
     ``all_axes``: the product of its data-parallel axes' sizes (ZeRO paper).
     ``one_axis`` (OneFlow 0.9): the factor by which OneFlow's ZeRO layout
     (:func:`autopar.rules.families.optimizer.oneflow_zero_shard`) splits it
-    further -- the size of the one axis it shards, 1 when it shards none.
+    further -- the size of the one axis it shards, 1 when it shards none
+    (also when a shard would keep fewer than OneFlow's ``shard_min_size``
+    elements, :func:`autopar.runtime.parse_zero_sharding`).
     """
-    if str(getattr(zero_sharding, "value", zero_sharding)) == "one_axis":
-        from autopar.rules.families.optimizer import oneflow_zero_shard
+    from autopar.runtime import parse_zero_sharding
+
+    if parse_zero_sharding(zero_sharding)[0] == "one_axis":
+        from autopar.rules.families.optimizer import zero_shard
 
         if local_shape(shape, sbp, mesh_shape) is None:
             return 1
-        sharded = oneflow_zero_shard(shape, sbp, mesh_shape)
+        sharded = zero_shard(shape, sbp, mesh_shape, zero_sharding)
         return sharded.split_factor(mesh_shape) // sbp.split_factor(mesh_shape)
     return math.prod(mesh_shape[a] for a in data_parallel_axes(sbp))
 

@@ -31,7 +31,14 @@ The cost model prices the same plan differently depending on who runs it.  A
     (``(B, S(1)) -> (S(1), S(1))``, ``(S(0), B) -> (S(0), S(0))``).  The
     variable itself, ``model`` and ``model_diff`` of its update and the
     optimizer states all take that layout; a ``System-ZeRO-ParallelCast``
-    restores the original layout for the forward consumers.
+    restores the original layout for the forward consumers.  A variable
+    stays unsharded (its gradient and states too) when the split would leave
+    a shard of fewer than ``shard_min_size`` elements (``IsSplitValid``:
+    every split axis of the new layout, floor division, checked in turn;
+    OneFlow's default ``enable_zero(shard_min_size=1024)``,
+    ``optimizer_placement_optimization_threshold``): norm weights and biases
+    keep ``(B, B)``.  ``oneflow-0.9-shard-min-1`` is the same runtime with
+    ``shard_min_size=1`` (every splittable variable sharded).
 
 * **overlap** -- whether data-parallel gradient reduction overlaps the backward
   pass (DDP, DeepSpeed ``overlap_comm``, OneFlow's stream scheduling).  Every
@@ -47,9 +54,22 @@ from typing import Any
 
 from autopar.errors import ConfigError
 
-__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Lowering", "RuntimeProfile", "ZeroSharding", "runtime_profile"]
+__all__ = [
+    "DEFAULT_RUNTIME",
+    "ONEFLOW_SHARD_MIN_SIZE",
+    "RUNTIMES",
+    "Lowering",
+    "RuntimeProfile",
+    "ZeroSharding",
+    "parse_zero_sharding",
+    "runtime_profile",
+]
 
 MIB = 1024**2
+
+ONEFLOW_SHARD_MIN_SIZE = 1024
+"""OneFlow 0.9's default ``shard_min_size`` (``GraphConfig.enable_zero``; ``JobConfigProto``
+``optimizer_placement_optimization_threshold [default = 1024]``): elements per shard."""
 
 
 class Lowering(str, Enum):
@@ -62,6 +82,31 @@ class ZeroSharding(str, Enum):
 
     ALL_AXES = "all_axes"
     ONE_AXIS = "one_axis"
+    """OneFlow 0.9 with its default ``shard_min_size`` (1024 elements per shard)."""
+    ONE_AXIS_SHARD_MIN_1 = "one_axis:shard_min_size=1"
+    """OneFlow 0.9 with ``enable_zero(shard_min_size=1)``."""
+
+
+def parse_zero_sharding(text: str) -> tuple[str, int]:
+    """``"one_axis"`` -> ``("one_axis", 1024)``; ``"one_axis:shard_min_size=1"`` -> ``("one_axis", 1)``.
+
+    The text of a :class:`ZeroSharding` (what rule contexts carry): the axes rule
+    and the fewest elements a shard may keep (OneFlow's ``shard_min_size``;
+    :data:`ONEFLOW_SHARD_MIN_SIZE` for ``one_axis`` when not given, 1 for
+    ``all_axes``, the ZeRO paper's rule, which has no threshold).
+    """
+    text = str(getattr(text, "value", text))
+    axes, _, option = text.partition(":")
+    if axes not in ("all_axes", "one_axis"):
+        raise ConfigError("bad_zero_sharding", f"unknown ZeRO sharding {text!r}; use all_axes or one_axis")
+    if not option:
+        return axes, ONEFLOW_SHARD_MIN_SIZE if axes == "one_axis" else 1
+    key, _, value = option.partition("=")
+    if key != "shard_min_size" or not value.isdigit() or int(value) < 1:
+        raise ConfigError(
+            "bad_zero_sharding", f"bad ZeRO sharding option {option!r}; write shard_min_size=N, N >= 1"
+        )
+    return axes, int(value)
 
 
 @dataclass(frozen=True)
@@ -91,7 +136,13 @@ class RuntimeProfile:
         d["lowering"] = self.lowering.value
         d["zero_sharding"] = self.zero_sharding.value
         d.pop("source")
+        d["zero_shard_min_size"] = self.zero_shard_min_size
         return d
+
+    @property
+    def zero_shard_min_size(self) -> int:
+        """Fewest elements a ZeRO shard may keep (OneFlow's ``shard_min_size``; 1: no limit)."""
+        return parse_zero_sharding(self.zero_sharding.value)[1]
 
 
 RUNTIMES: dict[str, RuntimeProfile] = {
@@ -111,6 +162,12 @@ RUNTIMES: dict[str, RuntimeProfile] = {
             "oneflow/core/job_rewriter/optimizer_placement_optimization_pass.cpp (ZeRO over one axis); "
             "docs/runtime-profiles.md"
         ),
+    ),
+    "oneflow-0.9-shard-min-1": RuntimeProfile(
+        "oneflow-0.9-shard-min-1",
+        Lowering.ONEFLOW_0_9,
+        zero_sharding=ZeroSharding.ONE_AXIS_SHARD_MIN_1,
+        source="oneflow-0.9 with graph.config.enable_zero(shard_min_size=1) (not OneFlow's default)",
     ),
 }
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -628,7 +628,10 @@ def pin_plan(
     have (an optimizer's learning rate ...) and ops of ``skip_types`` (folded
     constants, whose inputs the plan does not see), and ops of
     ``skip_partial_types`` whose planned signature has a ``P``, keep OneFlow's
-    choice.
+    choice.  So does every variable such an op reads directly (an update
+    changes its variable in place: OneFlow takes no boxing between the two, so
+    pinning one and not the other would leave the op no signature), and its ZeRO
+    storage (:func:`_pin_zero_layouts`).
     Returns the number of ops pinned.  Call after ``build_graph`` and
     :func:`apply_plan`, before ``finish_complie_and_init_runtime``.
     """
@@ -640,8 +643,6 @@ def pin_plan(
     if job is None:
         raise PlanError("not_built", "build the graph (graph.build_graph(*inputs)) before pinning a plan")
     imported = import_job(job, zero_stage=plan.zero_stage)
-    job_keys = op_keys(op.name for op in imported.ops)
-    plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
     matched = match_plan_ops([op.name for op in imported.ops], plan)
     conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
     pinned = 0
@@ -650,35 +651,71 @@ def pin_plan(
             for port in conf[op_name].bn_in_op2nd_sbp:
                 conf[op_name].bn_in_op2nd_sbp[port].CopyFrom(_nd_sbp_message(layout))
             pinned += 1
+    kept = _unpinned_ops(imported, plan, matched, skip_types, skip_partial_types)
+    ops = {op.name: op for op in job.net.op}
     for op in imported.ops:
         name = matched.get(op.name)
-        if name is None or op.type in skip_types or op.name not in conf:
+        if name is None or op.name in kept or op.name not in conf:
             continue
-        sig = plan.signatures[name]
-        if op.type in skip_partial_types and any(s.has_partial for s in (*sig.inputs, *sig.outputs)):
-            continue
-        by_port = conf[op.name].bn_in_op2nd_sbp
         ins, outs = plan.ports[name]
         if set(ins) != set(op.inputs) or set(outs) != set(op.outputs):
             continue  # the ops differ in structure (e.g. an add_n of other arity): not the same op
+        sig = plan.signatures[name]
+        by_port = conf[op.name].bn_in_op2nd_sbp
         for ports, sbps in ((ins, sig.inputs), (outs, sig.outputs)):
             for port, sbp in zip(ports, sbps):
                 if port in by_port:
                     by_port[port].CopyFrom(_nd_sbp_message(sbp))
         if op.type == "variable" and sig.outputs:
             # a variable's conf carries its layout too: keep the two in agreement
-            var_conf = next(o for o in job.net.op if o.name == op.name).variable_conf
+            var_conf = ops[op.name].variable_conf
             var_conf.ClearField("nd_sbp")
             var_conf.nd_sbp.extend(str(x) for x in sig.outputs[0])
         pinned += 1
     if plan.zero_stage > 0 and job.job_conf.optimizer_placement_optimization_mode == "distributed_split":
-        _pin_zero_layouts(job, imported, plan, plan_by_key, job_keys)
+        plan_by_key = {k: n for n, k in op_keys(plan.signatures).items()}
+        job_keys = op_keys(op.name for op in imported.ops)
+        _pin_zero_layouts(job, imported, plan, plan_by_key, job_keys, skip=kept)
     graph._full_graph_proto = job
     return pinned
 
 
+def _unpinned_ops(
+    imported: Any,
+    plan: Plan,
+    matched: dict[str, str],
+    skip_types: Sequence[str],
+    skip_partial_types: Sequence[str],
+) -> set[str]:
+    """Job ops :func:`pin_plan` leaves to OneFlow: those of ``skip_types``, those of
+    ``skip_partial_types`` planned with a ``P``, and every variable one of them reads
+    directly (its ``model`` port: the two must agree, see :func:`pin_plan`)."""
+    kept: set[str] = set()
+    for op in imported.ops:
+        name = matched.get(op.name)
+        if op.type in skip_types:
+            kept.add(op.name)
+        elif name is not None and op.type in skip_partial_types:
+            sig = plan.signatures[name]
+            if any(s.has_partial for s in (*sig.inputs, *sig.outputs)):
+                kept.add(op.name)
+    for op in imported.ops:
+        if op.name not in kept or op.type == "variable":
+            continue
+        for tensor in op.inputs.values():
+            producer = imported.producer.get(tensor)
+            if producer is not None and imported.op_by_name[producer[0]].type == "variable":
+                kept.add(producer[0])
+    return kept
+
+
 def _pin_zero_layouts(
-    job: Any, imported: Any, plan: Plan, plan_by_key: dict[str, str], job_keys: dict[str, str]
+    job: Any,
+    imported: Any,
+    plan: Plan,
+    plan_by_key: dict[str, str],
+    job_keys: dict[str, str],
+    skip: Collection[str] = (),
 ) -> None:
     """Keep OneFlow's ZeRO storage consistent with the plan's layouts.
 
@@ -691,7 +728,8 @@ def _pin_zero_layouts(
     attribute ``nd_sbp``) turns it into ``v`` for the forward.  Pinning ``v``
     on the variable would store it unsharded and give the update two layouts;
     this writes ``g`` on the variable, its states and its update's ``model``,
-    and ``v`` on the cast's ports and attribute.
+    and ``v`` on the cast's ports and attribute.  Variables in ``skip`` (left to
+    OneFlow, with their updates) keep OneFlow's storage.
     """
     conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
     ops = {op.name: op for op in job.net.op}
@@ -700,10 +738,16 @@ def _pin_zero_layouts(
         if op.name.startswith("System-ZeRO-ParallelCast-") and op.WhichOneof("op_type") == "user_conf":
             (lbn,) = op.user_conf.input["in"].s
             casts.setdefault(lbn.split("/", 1)[0], []).append(op)
+    for op in job.net.op:  # a cast after the identity a model reads its parameter through
+        if op.name in casts and op.WhichOneof("op_type") == "user_conf" and op.user_conf.input:
+            (lbns,) = op.user_conf.input.values()
+            casts.setdefault(lbns.s[0].split("/", 1)[0], []).extend(casts[op.name])
     for v in imported.variables:
         update_name = plan_by_key.get(job_keys.get(v.optimizer or "", ""))
         var_name = plan_by_key.get(job_keys.get(v.op, ""))
         if update_name is None or var_name is None or v.optimizer not in conf or v.op not in conf:
+            continue
+        if v.op in skip or v.optimizer in skip:
             continue
         ins, _ = plan.ports[update_name]
         sig = plan.signatures[update_name]
@@ -826,6 +870,80 @@ def _job_of(source: Any, inputs: Sequence[Any]) -> Any:
     return load_job(source)
 
 
+def _compare_ops(
+    plan: Plan, compiled: Plan, job_of: dict[str, str]
+) -> tuple[int, list[dict[str, str]], list[str]]:
+    """(plan ops whose every port compiled as planned, mismatched ports, plan ops the job lacks).
+
+    ``compiled`` is the job's own plan, ``job_of`` plan op -> job op.
+    """
+    mismatches: list[dict[str, str]] = []
+    missing: list[str] = []
+    matched = 0
+    for name, sig in plan.signatures.items():
+        other = job_of.get(name)
+        if other is None:
+            missing.append(name)
+            continue
+        ins, outs = plan.ports[name]
+        c_ins, c_outs = compiled.ports[other]
+        ok = True
+        for ports, planned_sbps, c_ports, c_sbps in (
+            (ins, sig.inputs, c_ins, compiled.signatures[other].inputs),
+            (outs, sig.outputs, c_outs, compiled.signatures[other].outputs),
+        ):
+            for port, planned in zip(ports, planned_sbps):
+                got = c_sbps[c_ports.index(port)] if port in c_ports else None
+                if got != planned:
+                    ok = False
+                    mismatches.append(
+                        {"op": name, "port": port, "planned": str(planned), "compiled": str(got or "-")}
+                    )
+        matched += ok
+    return matched, mismatches, missing
+
+
+def _planned_boxing_bytes(
+    plan: Plan, compiled_graph: Any, compiled: Plan, plan_of: dict[str, str]
+) -> tuple[float, float]:
+    """(bytes of the boxing the plan schedules, bytes of it whose both ends compiled as planned).
+
+    Edges of the compiled job between plan ops (single-input ops the plan does
+    not have, such as hint casts, are looked through); ring bytes per device
+    from :mod:`autopar.boxing`, the tensor's size where no boxing plan exists.
+    """
+    total_bytes = 0.0
+    matched_bytes = 0.0
+    producer = compiled_graph.producer
+    for op in compiled_graph.ops:
+        consumer_plan = plan_of.get(op.name)
+        if consumer_plan is None:
+            continue
+        for port, tensor in op.inputs.items():
+            if port not in plan.ports[consumer_plan][0]:
+                continue
+            src_op, src_port = producer[tensor]
+            while plan_of.get(src_op) is None and len(compiled_graph.op_by_name[src_op].inputs) == 1:
+                (upstream,) = compiled_graph.op_by_name[src_op].inputs.values()
+                src_op, src_port = producer[upstream]
+            producer_plan = plan_of.get(src_op)
+            if producer_plan is None or src_port not in plan.ports[producer_plan][1]:
+                continue
+            src = plan.output_sbp(producer_plan, src_port)
+            dst = plan.input_sbp(consumer_plan, port)
+            if src == dst:
+                continue
+            spec = compiled_graph.tensors[tensor]
+            steps = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, plan.mesh)
+            moved = sum(s.bytes_per_device for s in steps.steps) if steps.feasible else float(spec.nbytes)
+            if not math.isfinite(moved):
+                moved = float(spec.nbytes)
+            total_bytes += moved
+            if compiled.output_sbp(src_op, src_port) == src and compiled.input_sbp(op.name, port) == dst:
+                matched_bytes += moved
+    return total_bytes, matched_bytes
+
+
 def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> FidelityReport:
     """Compare the N-D SBP OneFlow chose in ``graph``'s job with ``plan``, in ops and in bytes.
 
@@ -857,62 +975,8 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
         )
     compiled = import_plan(job, graph=compiled_graph, cluster=plan.mesh.cluster, zero_stage=plan.zero_stage)
     plan_of = match_plan_ops([op.name for op in compiled_graph.ops], plan)
-    job_of = {p: j for j, p in plan_of.items()}
-
-    mismatches: list[dict[str, str]] = []
-    missing: list[str] = []
-    matched = 0
-    for name, sig in plan.signatures.items():
-        other = job_of.get(name)
-        if other is None:
-            missing.append(name)
-            continue
-        ins, outs = plan.ports[name]
-        c_ins, c_outs = compiled.ports[other]
-        ok = True
-        for ports, planned_sbps, c_ports, c_sbps in (
-            (ins, sig.inputs, c_ins, compiled.signatures[other].inputs),
-            (outs, sig.outputs, c_outs, compiled.signatures[other].outputs),
-        ):
-            for port, planned in zip(ports, planned_sbps):
-                got = c_sbps[c_ports.index(port)] if port in c_ports else None
-                if got != planned:
-                    ok = False
-                    mismatches.append(
-                        {"op": name, "port": port, "planned": str(planned), "compiled": str(got or "-")}
-                    )
-        matched += ok
-
-    # planned boxing: edges of the compiled job between plan ops (hint casts are transparent)
-    total_bytes = 0.0
-    matched_bytes = 0.0
-    producer = compiled_graph.producer
-    for op in compiled_graph.ops:
-        consumer_plan = plan_of.get(op.name)
-        if consumer_plan is None:
-            continue
-        for port, tensor in op.inputs.items():
-            if port not in plan.ports[consumer_plan][0]:
-                continue
-            src_op, src_port = producer[tensor]
-            while plan_of.get(src_op) is None and len(compiled_graph.op_by_name[src_op].inputs) == 1:
-                (upstream,) = compiled_graph.op_by_name[src_op].inputs.values()
-                src_op, src_port = producer[upstream]
-            producer_plan = plan_of.get(src_op)
-            if producer_plan is None or src_port not in plan.ports[producer_plan][1]:
-                continue
-            src = plan.output_sbp(producer_plan, src_port)
-            dst = plan.input_sbp(consumer_plan, port)
-            if src == dst:
-                continue
-            spec = compiled_graph.tensors[tensor]
-            steps = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, plan.mesh)
-            moved = sum(s.bytes_per_device for s in steps.steps) if steps.feasible else float(spec.nbytes)
-            if not math.isfinite(moved):
-                moved = float(spec.nbytes)
-            total_bytes += moved
-            if compiled.output_sbp(src_op, src_port) == src and compiled.input_sbp(op.name, port) == dst:
-                matched_bytes += moved
+    matched, mismatches, missing = _compare_ops(plan, compiled, {p: j for j, p in plan_of.items()})
+    total_bytes, matched_bytes = _planned_boxing_bytes(plan, compiled_graph, compiled, plan_of)
     predicted = {int(a): float(b) for a, b in (plan.predicted.get("comm_bytes_per_axis") or {}).items()}
     dropped = {n for names in compiled_graph.meta["oneflow"]["dropped"].values() for n in names}
     return FidelityReport(

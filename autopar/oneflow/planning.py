@@ -51,15 +51,21 @@ def request_plan(
     time_limit_s: float = 30.0,
     python: str | None = None,
     timeout_s: float | None = None,
+    runtime: str | None = None,
 ) -> Plan:
     """Plan ``graph_path`` with autopar's solver (``planner="solver"``) or a baseline, and load it.
 
     ``cluster`` is ``NODESxDEVICES``; ``memory`` a per-device budget such as
-    ``"40GiB"`` (default: the preset's memory).  Raises :class:`PlanError` with
+    ``"40GiB"`` (default: the preset's memory); ``runtime`` a runtime profile
+    (default ``oneflow-0.9``: OneFlow's default ZeRO ``shard_min_size``; a job built
+    with ``shard_min_size=1`` plans with ``oneflow-0.9-shard-min-1``, see
+    :func:`autopar.oneflow.plans.job_runtime`).  Raises :class:`PlanError` with
     the planner's error output when it fails.
     """
     mesh = ",".join(str(int(s)) for s in mesh_shape)
     common = ["--cluster", cluster, "--preset", preset, "--mesh-shape", mesh, "--zero", str(zero_stage)]
+    if runtime:
+        common += ["--runtime", runtime]
     if planner == "solver":
         args = [
             "plan",

@@ -20,6 +20,10 @@ Normalisations (each keeps the meaning of OneFlow's choice):
   one-axis ZeRO, :func:`autopar.rules.families.optimizer.oneflow_zero_shard`);
   where the rule does not offer it, it is taken from the ``adam_update`` rule
   (listed in ``diagnostics["zero_gradient_layout_normalized"]``);
+* the plan is priced with the runtime profile of the job's ZeRO settings
+  (:func:`job_runtime`): ``oneflow-0.9`` for OneFlow's default
+  ``shard_min_size`` (1024), ``oneflow-0.9-shard-min-1`` for ``shard_min_size=1``,
+  so the rules offer the unsharded update OneFlow keeps for small variables;
 * an auto-parallel job is imported as ZeRO stage 0 (the plan's ``zero_stage``):
   OneFlow's auto-parallel sets every variable's SBP itself after the ZeRO pass,
   and in its compiled jobs every update reads ``model`` and ``model_diff`` in
@@ -40,10 +44,33 @@ from autopar.oneflow.importer import import_job
 from autopar.oneflow.jobs import load_job
 from autopar.plan import Plan
 from autopar.rules.registry import default_rules
-from autopar.runtime import runtime_profile
+from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES, Lowering
 from autopar.sbp import NdSbp, Signature
 
-__all__ = ["import_plan", "job_signatures"]
+__all__ = ["import_plan", "job_runtime", "job_signatures"]
+
+
+def job_runtime(job: Any) -> str:
+    """The runtime profile that runs ``job`` as OneFlow 0.9 does, ZeRO threshold included.
+
+    A job without ZeRO (``optimizer_placement_optimization_mode`` not
+    ``distributed_split``) runs as the default profile; with ZeRO, the
+    ``oneflow-0.9`` profile whose ``zero_shard_min_size`` is the job's
+    ``optimizer_placement_optimization_threshold`` (``enable_zero(shard_min_size=...)``).
+    """
+    conf = load_job(job).job_conf
+    if conf.optimizer_placement_optimization_mode != "distributed_split":
+        return DEFAULT_RUNTIME
+    threshold = int(conf.optimizer_placement_optimization_threshold)
+    for name, profile in RUNTIMES.items():
+        if profile.lowering is Lowering.ONEFLOW_0_9 and profile.zero_shard_min_size == threshold:
+            return name
+    known = sorted(p.zero_shard_min_size for p in RUNTIMES.values() if p.lowering is Lowering.ONEFLOW_0_9)
+    raise ConfigError(
+        "unsupported_zero_threshold",
+        f"the job's ZeRO shard_min_size is {threshold}; autopar has OneFlow runtime profiles for "
+        f"{known}: build the job with enable_zero(shard_min_size=...) set to one of them",
+    )
 
 
 def job_signatures(job: Any, graph: Graph, ndim: int) -> dict[str, dict[str, NdSbp]]:
@@ -73,9 +100,31 @@ def job_signatures(job: Any, graph: Graph, ndim: int) -> dict[str, dict[str, NdS
     return out
 
 
-def _variable_layouts(graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: int) -> dict[str, NdSbp]:
+def _zero_cast_layouts(job: Any, graph: Graph) -> dict[str, str]:
+    """variable op -> the layout its ``System-ZeRO-ParallelCast`` restores, as N-D SBP text.
+
+    The import keys a cast by the op it reads; when a model reads its parameter
+    through an ``identity`` (OneFlow's ZeRO pass takes that identity into the
+    variable's sequence and casts its output), the key is the identity, which the
+    import makes transparent: such keys are moved to the variable read.
+    """
+    pinned = dict(graph.meta.get("oneflow", {}).get("zero_layouts", {}))
+    for op in job.net.op:
+        if op.name not in pinned or op.WhichOneof("op_type") != "user_conf":
+            continue
+        if op.user_conf.op_type_name not in ("identity", "amp_white_identity"):
+            continue
+        (lbns,) = op.user_conf.input.values()
+        source = lbns.s[0].split("/", 1)[0]
+        if source in graph.variable_by_op:
+            pinned.setdefault(source, pinned[op.name])
+    return pinned
+
+
+def _variable_layouts(
+    graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: int, pinned: dict[str, str]
+) -> dict[str, NdSbp]:
     """Layout each variable is computed with under ZeRO (see the module docstring)."""
-    pinned = graph.meta.get("oneflow", {}).get("zero_layouts", {})
     layouts: dict[str, NdSbp] = {}
     for v in graph.variables:
         if v.op in pinned:
@@ -89,6 +138,39 @@ def _variable_layouts(graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: i
         if len(reads) == 1:
             layouts[v.op] = next(iter(reads))
     return layouts
+
+
+def _zero_update_layouts(
+    job: Any, graph: Graph, chosen: dict[str, dict[str, NdSbp]], mesh: Mesh, stage: int, runtime: str
+) -> list[str]:
+    """Give each variable and its update the layouts autopar models ZeRO with (see the
+    module docstring), in place; return the updates whose gradient layout was normalised."""
+    normalized: list[str] = []
+    rules = default_rules()
+    pinned = _zero_cast_layouts(job, graph)
+    for var, layout in _variable_layouts(graph, chosen, mesh.ndim, pinned).items():
+        v = graph.variable_by_op[var]
+        port = next(iter(graph.op_by_name[var].outputs))
+        chosen[var][port] = layout
+        if v.optimizer is None:
+            continue
+        update = chosen[v.optimizer]
+        update["model_0"] = layout
+        ctx = rule_context(
+            graph, graph.op_by_name[v.optimizer], mesh.shape, stage, RUNTIMES[runtime].zero_sharding.value
+        )
+        ins = list(graph.op_by_name[v.optimizer].inputs)
+        offered = [
+            s.inputs[ins.index("model_diff_0")]
+            for s in op_signatures(rules, ctx)[0]
+            if "model_diff_0" in ins and s.inputs[ins.index("model_0")] == layout
+        ]
+        if offered and update.get("model_diff_0") not in offered:
+            # OneFlow's layout is not one the rules offer (an uneven split that
+            # autopar's even layouts leave replicated)
+            update["model_diff_0"] = offered[0]
+            normalized.append(v.optimizer)
+    return normalized
 
 
 def import_plan(
@@ -125,6 +207,7 @@ def import_plan(
     mesh = Mesh(cluster, shape)
     stage = int(graph.meta.get("zero_stage", 0)) if zero_stage is None else zero_stage
     chosen = job_signatures(job, graph, mesh.ndim)
+    runtime = job_runtime(job)
     normalized: list[str] = []
     if stage > 0 and job.job_conf.enable_auto_parallel:
         # OneFlow's auto-parallel sets every variable's SBP itself after the ZeRO pass
@@ -133,29 +216,7 @@ def import_plan(
         # variable boxed from its stored layout to its consumers
         stage = 0
     if stage > 0:
-        rules = default_rules()
-        for var, layout in _variable_layouts(graph, chosen, mesh.ndim).items():
-            v = graph.variable_by_op[var]
-            port = next(iter(graph.op_by_name[var].outputs))
-            chosen[var][port] = layout
-            if v.optimizer is None:
-                continue
-            update = chosen[v.optimizer]
-            update["model_0"] = layout
-            ctx = rule_context(
-                graph, graph.op_by_name[v.optimizer], mesh.shape, stage, runtime_profile().zero_sharding.value
-            )
-            ins = list(graph.op_by_name[v.optimizer].inputs)
-            offered = [
-                s.inputs[ins.index("model_diff_0")]
-                for s in op_signatures(rules, ctx)[0]
-                if "model_diff_0" in ins and s.inputs[ins.index("model_0")] == layout
-            ]
-            if offered and update.get("model_diff_0") not in offered:
-                # OneFlow's layout is not one the rules offer (an uneven split that
-                # autopar's even layouts leave replicated)
-                update["model_diff_0"] = offered[0]
-                normalized.append(v.optimizer)
+        normalized = _zero_update_layouts(job, graph, chosen, mesh, stage, runtime)
     signatures = {
         op.name: Signature(
             tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)
@@ -164,7 +225,12 @@ def import_plan(
     }
     auto = bool(job.job_conf.enable_auto_parallel)
     plan = Plan.from_assignment(
-        graph, mesh, stage, signatures, source="oneflow-auto-parallel" if auto else "oneflow-inference"
+        graph,
+        mesh,
+        stage,
+        signatures,
+        source="oneflow-auto-parallel" if auto else "oneflow-inference",
+        runtime=runtime,
     )
     plan.diagnostics["oneflow_job"] = job.job_conf.job_name
     if normalized:

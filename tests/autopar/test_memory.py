@@ -119,8 +119,11 @@ def test_oneflow_zero_shards_one_axis_as_its_pass_does():
     }
     for layout, want in cases.items():
         v = parse_nd_sbp(layout)
-        assert str(oneflow_zero_shard(shape, v, mesh)) == want
-        assert zero_shard(shape, v, mesh, "one_axis") == oneflow_zero_shard(shape, v, mesh)
+        # the geometry alone (shard_min_size=1); the 1024-element default is in tests/autopar/rules
+        assert str(oneflow_zero_shard(shape, v, mesh, 1)) == want
+        assert zero_shard(shape, v, mesh, "one_axis:shard_min_size=1") == oneflow_zero_shard(
+            shape, v, mesh, 1
+        )
     assert str(zero_shard(shape, parse_nd_sbp("(B, B)"), mesh, "all_axes")) == "(S(0), S(0))"
     # a split that does not divide keeps the layout (autopar's layouts are even)
     assert str(oneflow_zero_shard((3, 32), parse_nd_sbp("(B, B)"), mesh)) == "(B, B)"
@@ -154,4 +157,4 @@ def test_oneflow_zero_shard_ignores_size_1_axes():
         a, b = parse_nd_sbp(flat).values
         expanded = parse_nd_sbp(f"({a}, B, {b})")
         w0, w1 = parse_nd_sbp(want).values
-        assert str(oneflow_zero_shard((64, 32), expanded, (2, 1, 2))) == f"({w0}, B, {w1})"
+        assert str(oneflow_zero_shard((64, 32), expanded, (2, 1, 2), 1)) == f"({w0}, B, {w1})"

@@ -2,7 +2,7 @@
 
 Run by ``conftest.py`` as ``python -m oneflow.distributed.launch --nproc_per_node 4
 _build_jobs.py OUT``.  Parameters get LiBai's layout (2-D weights ``(B, S(0))``,
-the rest ``B``), data ``(S(0), B)``; each model is built with and without ZeRO-2.
+the rest ``B``), data ``(S(0), B)``; each model is built with and without ZeRO-2 (OneFlow's default settings).
 GPT's fused QKV is laid out head-first, as Megatron-LM and LiBai lay it out
 (``examples/oneflow/gpt.py``), so its column-parallel split is a split by heads;
 an optional second argument ``hf`` builds Hugging Face's ``[q | k | v]`` instead
@@ -56,8 +56,8 @@ for name in models:
             for a in arrays
         ]
         graph = make_train_graph(
-            module, flow.optim.AdamW(module.parameters(), lr=1e-3), zero_stage=zero, zero_min_size=1
-        )
+            module, flow.optim.AdamW(module.parameters(), lr=1e-3), zero_stage=zero
+        )  # OneFlow's default ZeRO settings (shard_min_size 1024)
         data = export_job(graph, *inputs)
         if flow.env.get_rank() == 0:
             key = f"{name}_zero{zero}"

@@ -53,7 +53,9 @@ def test_oneflow_zero_stores_each_variable_as_the_one_axis_rule_says(
     its forward layout: the `oneflow-0.9` runtime's rule (oneflow_zero_shard) predicts it."""
     from autopar.oneflow import import_job
     from autopar.oneflow.convert import nd_sbp_from_proto
+    from autopar.oneflow.plans import job_runtime
     from autopar.rules.families.optimizer import oneflow_zero_shard
+    from autopar.runtime import RUNTIMES
     from autopar.sbp import parse_nd_sbp
 
     out, _ = mesh_jobs
@@ -63,9 +65,11 @@ def test_oneflow_zero_stores_each_variable_as_the_one_axis_rule_says(
         graph = import_job(job)
         conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
         mesh = tuple(graph.meta["mesh_shape"])
+        min_size = RUNTIMES[job_runtime(job)].zero_shard_min_size  # the job's shard_min_size
         for var, layout in graph.meta["oneflow"]["zero_layouts"].items():
             shape = graph.tensors[graph.variable_by_op[var].tensor].shape
             stored = nd_sbp_from_proto(conf[var].bn_in_op2nd_sbp["out"], len(mesh))
-            assert stored == oneflow_zero_shard(shape, parse_nd_sbp(layout), mesh), var
+            want = oneflow_zero_shard(shape, parse_nd_sbp(layout), mesh, min_size)
+            assert stored == want, var
             checked += 1
     assert checked > 0

@@ -117,7 +117,10 @@ def broadcast_matmul_grad_b(ctx: RuleContext) -> list[OneDSignature]:
 
     Splitting any leading (batch or row) dim of both gives ``P`` (the weight
     gradient of a data-parallel linear layer); ``(S(last), B) -> S(0)``,
-    ``(B, S(last)) -> S(1)``, ``(P, B) -> P``, ``(B, P) -> P``, ``(B, B) -> B``.
+    ``(B, S(last)) -> S(1)``, ``(B, B) -> B``.  No partial-sum input: OneFlow
+    0.9's ``BroadcastMatmulGradBOp::GetSbp`` (``matmul_op.cpp``) has no
+    ``(P, B)`` / ``(B, P)`` signature and refuses them when pinned (observed:
+    "Empty sbp signature after filtering" for ``((B, B), (P, P)) -> (P, P)``).
     """
     pm = port_map(ctx, ("a", "b", "_add_to_output"), ("out",))
     a = pm.input("a")
@@ -137,8 +140,6 @@ def broadcast_matmul_grad_b(ctx: RuleContext) -> list[OneDSignature]:
         for i in range(min(a.ndim, b.ndim) - 1):
             if a.shape[i] == b.shape[i]:
                 sigs.append(mk(Split(i), Split(i), P))
-        if partial_ok(a, b):
-            sigs += [mk(P, B, P), mk(B, P, P)]
     return sigs
 
 

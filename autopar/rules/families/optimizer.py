@@ -16,6 +16,10 @@ stays ``B`` when none does, and on axes of size 1).  The gradient producer's
 ``model_diff`` ``S`` on an axis, the update computes one shard of the new
 parameter and all-gathers it back into the replicated variable over that axis;
 the cost model charges that all-gather (the second half of ZeRO's traffic).
+OneFlow leaves a variable unsharded when a shard would keep fewer than
+``shard_min_size`` elements (default 1024; ``ctx.zero_sharding`` carries it,
+:func:`autopar.runtime.parse_zero_sharding`): its update then reads ``model``,
+``model_diff`` and the states all in ``v``, so no all-gather is charged.
 
 Scalar inputs (``learning_rate``, ``bias_correction1/2``, ``scale_by_tensor``,
 ``skip_if``, ``train_step``) are ``B``.  ``model_copy`` (the fp16 copy) follows
@@ -26,14 +30,16 @@ replicated layout only.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 from autopar.optimizer import OPTIMIZER_OPS, SCALAR_PORTS
 from autopar.rules.families._common import port_map
 from autopar.rules.registry import CostKind, RuleContext, register
+from autopar.runtime import ONEFLOW_SHARD_MIN_SIZE, parse_zero_sharding
 from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
 
-__all__ = ["OPTIMIZER_OPS", "oneflow_zero_shard", "parameter_layouts", "zero_shard"]
+__all__ = ["OPTIMIZER_OPS", "oneflow_shard_is_valid", "oneflow_zero_shard", "parameter_layouts", "zero_shard"]
 
 _REPLICATED_ONLY = frozenset({"lamb_update", "lars_update"})
 _MODEL_LAYOUT = frozenset({"model", "model_copy"})
@@ -64,13 +70,16 @@ def zero_shard(
     axis size; ``B`` stays when none does.
 
     ``sharding="one_axis"`` (OneFlow 0.9, :func:`oneflow_zero_shard`): one
-    ``B`` axis becomes split, as OneFlow's ``GenerateSplitSignature`` chooses.
+    ``B`` axis becomes split, as OneFlow's ``GenerateSplitSignature`` chooses,
+    unless a shard would keep fewer than ``shard_min_size`` elements (default
+    1024; ``"one_axis:shard_min_size=N"`` sets it).
     """
     local = local_shape(shape, v, mesh_shape)
     if local is None:
         raise ValueError(f"layout {v} does not divide shape {list(shape)} on mesh {list(mesh_shape)}")
-    if sharding == "one_axis":
-        return oneflow_zero_shard(shape, v, mesh_shape)
+    axes, min_size = parse_zero_sharding(sharding)
+    if axes == "one_axis":
+        return oneflow_zero_shard(shape, v, mesh_shape, min_size)
     sizes = list(local)
     values = list(v.values)
     for axis, (value, n) in enumerate(zip(v.values, mesh_shape, strict=True)):
@@ -84,7 +93,36 @@ def zero_shard(
     return NdSbp(tuple(values))
 
 
-def oneflow_zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]) -> NdSbp:
+def oneflow_shard_is_valid(
+    shape: Sequence[int], layout: NdSbp, mesh_shape: Sequence[int], min_size: int
+) -> bool:
+    """Whether OneFlow 0.9's ZeRO keeps a variable of ``shape`` sharded as ``layout``.
+
+    Port of ``IsSplitValid`` (``optimizer_placement_optimization_pass.cpp``):
+    the tensor must hold ``min_size`` elements, and after each split axis of
+    ``layout`` in mesh order (dim ``d`` floor-divided by the axis size: uneven
+    splits count their smallest shard) still ``min_size``.  ``min_size`` is the
+    job's ``optimizer_placement_optimization_threshold``
+    (``enable_zero(shard_min_size=...)``, default 1024).  Units: elements.
+    """
+    if not shape or math.prod(shape) < 1:
+        return False
+    cur = list(shape)
+    if math.prod(cur) < min_size:
+        return False
+    for value, n in zip(layout.values, mesh_shape, strict=True):
+        if isinstance(value, Split):
+            if value.dim >= len(cur):
+                return False
+            cur[value.dim] //= n
+            if math.prod(cur) < min_size:
+                return False
+    return True
+
+
+def oneflow_zero_shard(
+    shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int], min_size: int = ONEFLOW_SHARD_MIN_SIZE
+) -> NdSbp:
     """OneFlow 0.9's ZeRO layout of a variable laid out as ``v`` (one more split axis).
 
     Source: ``oneflow/core/job_rewriter/optimizer_placement_optimization_pass.cpp``
@@ -96,7 +134,9 @@ def oneflow_zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]
     OneFlow accepts uneven splits
     (``BalancedSplitter``) as long as the shard keeps ``threshold`` elements;
     autopar keeps the layout when the split does not divide evenly (its layouts
-    are even) -- a deviation only for odd sizes.
+    are even) -- a deviation only for odd sizes.  When the new layout leaves
+    a shard of fewer than ``min_size`` elements (:func:`oneflow_shard_is_valid`,
+    OneFlow's ``shard_min_size``, default 1024) the variable keeps ``v``.
     """
     values = list(v.values)
     # size-1 mesh axes hold nothing (the planner solves them away): neighbours and the
@@ -120,7 +160,11 @@ def oneflow_zero_shard(shape: Sequence[int], v: NdSbp, mesh_shape: Sequence[int]
         return v
     values[target] = split
     out = NdSbp(tuple(values))
-    return out if local_shape(shape, out, mesh_shape) is not None else v
+    if local_shape(shape, out, mesh_shape) is None or not oneflow_shard_is_valid(
+        shape, out, mesh_shape, min_size
+    ):
+        return v
+    return out
 
 
 @register(*OPTIMIZER_OPS, cost=CostKind.MEMORY, nd=True)

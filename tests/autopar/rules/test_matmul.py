@@ -201,4 +201,15 @@ def _arrays(ctx):
 )
 def test_every_offered_signature_computes_the_op(mesh, op_type, inputs, outputs, attrs):
     ctx = make_ctx(op_type, inputs, outputs, attrs, mesh=mesh, dtype="float32")
-    assert check_all(ctx, _arrays(ctx)) >= 6
+    assert check_all(ctx, _arrays(ctx)) >= 5
+
+
+def test_broadcast_matmul_grad_b_takes_no_partial_input():
+    """OneFlow 0.9's BroadcastMatmulGradBOp::GetSbp has no (P, B) / (B, P) signature; pinned,
+    ((B, B), (P, P)) -> (P, P) was refused ("Empty sbp signature after filtering")."""
+    ctx = make_ctx(
+        "broadcast_matmul_grad_b", {"a_0": (2, 4, 6), "b_0": (2, 4, 8)}, {"out_0": (6, 8)}, {}, mesh=(2,)
+    )
+    offered = set(printed(ctx))
+    assert "(P, B) -> P" not in offered and "(B, P) -> P" not in offered
+    assert "(S(0), S(0)) -> P" in offered and "(S(2), B) -> S(0)" in offered

@@ -104,3 +104,55 @@ def test_lamb_takes_the_replicated_layout_only():
     ports = {"model_0": W, "model_diff_0": W, "m_0": W, "v_0": W}
     sigs = signatures(make_ctx("lamb_update", ports, {}, mesh=(4, 2), zero_stage=0))
     assert [str(s) for s in sigs] == ["((B, B), (B, B), (B, B), (B, B)) -> ()"]
+
+
+# ------------------------------------------------------------------ OneFlow 0.9's shard_min_size
+
+
+def test_oneflow_threshold_leaves_small_variables_unsharded():
+    """IsSplitValid (optimizer_placement_optimization_pass.cpp): every split of the new layout,
+    floor-divided in mesh order, must keep shard_min_size elements (default 1024)."""
+    from autopar.rules.families.optimizer import oneflow_shard_is_valid, oneflow_zero_shard
+
+    mesh = (4, 2)
+    # a norm weight of 768: 384 per shard < 1024 -> stays (B, B); with shard_min_size=1 it shards
+    assert oneflow_zero_shard((768,), nd(B, B), mesh) == nd(B, B)
+    assert oneflow_zero_shard((768,), nd(B, B), mesh, 1) == nd(B, S(0))
+    assert zero_shard((768,), nd(B, B), mesh, "one_axis") == nd(B, B)
+    assert zero_shard((768,), nd(B, B), mesh, "one_axis:shard_min_size=1") == nd(B, S(0))
+    # exactly 1024 per shard is kept sharded
+    assert oneflow_zero_shard((2048,), nd(B, B), mesh) == nd(B, S(0))
+    # LiBai's column-parallel (B, S(0)) weight: the pre-existing split counts too
+    assert oneflow_zero_shard((64, 64), nd(B, S(0)), mesh) == nd(B, S(0))  # 1024 / 4 / 2 = 512
+    assert oneflow_zero_shard((128, 64), nd(B, S(0)), mesh) == nd(S(0), S(0))  # 8192 / 8
+    # uneven splits count their smallest shard (floor division)
+    assert oneflow_shard_is_valid((2049,), nd(B, S(0)), mesh, 1024)
+    assert not oneflow_shard_is_valid((2047,), nd(B, S(0)), mesh, 1024)
+    assert not oneflow_shard_is_valid((1000,), nd(B, B), mesh, 1024)  # the tensor itself is small
+
+
+def test_adam_of_a_small_parameter_offers_the_unsharded_update():
+    """OneFlow's default ZeRO leaves a bias's adam_update (B, B) for model and model_diff."""
+    from autopar.rules.registry import RuleContext
+
+    ctx = _adam(shape=(64,), zero_stage=2)
+    default = RuleContext(ctx.op, ctx.inputs, ctx.outputs, ctx.mesh_shape, 2, "one_axis")
+    by_model = {str(s.inputs[0]): s for s in signatures(default)}
+    assert str(by_model["(B, B)"].inputs[1]) == "(B, B)"
+    every = RuleContext(ctx.op, ctx.inputs, ctx.outputs, ctx.mesh_shape, 2, "one_axis:shard_min_size=1")
+    by_model = {str(s.inputs[0]): s for s in signatures(every)}
+    assert str(by_model["(B, B)"].inputs[1]) == "(B, S(0))"
+
+
+def test_runtime_profiles_carry_the_threshold_in_their_key():
+    from autopar.errors import ConfigError
+    from autopar.runtime import parse_zero_sharding, runtime_profile
+
+    default = runtime_profile("oneflow-0.9")
+    variant = runtime_profile("oneflow-0.9-shard-min-1")
+    assert default.zero_shard_min_size == 1024 and variant.zero_shard_min_size == 1
+    assert default.key()["zero_shard_min_size"] == 1024
+    assert default.key() != {**variant.key(), "name": default.name}
+    assert parse_zero_sharding("all_axes") == ("all_axes", 1)
+    with pytest.raises(ConfigError):
+        parse_zero_sharding("one_axis:min=3")
