@@ -5,7 +5,8 @@
     autopar serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--workers N]
     autopar worker --redis-url URL [--name NAME] [--burst]
     autopar submit GRAPH --server URL [--cluster 2x4] [--mesh-shape 4,2] [--memory 30GiB]
-                   [--zero 2] [--time-limit 30] [--wait] [--out plan.json]
+                   [--zero 2] [--time-limit 30] [--micro-batches K] [--checkpointing off]
+                   [--wait] [--out plan.json]
     autopar submit mt5-base --serve --wait --out plan.json     # one-shot local server
 
 ``GRAPH`` is a graph JSON file or the name of a bundled model (``mt5-base``,
@@ -36,10 +37,12 @@ from autopar.cli_args import (
     add_memory_arg,
     add_mesh_args,
     add_time_limit_arg,
+    add_training_args,
     graph_arg_help,
     graph_json_from_arg,
     parse_bytes,
     require_extra,
+    training_from_args,
     wrote,
 )
 from autopar.client import PlanClient, ServiceError
@@ -201,6 +204,11 @@ def submit(args: argparse.Namespace) -> int:
             "`autopar plan GRAPH --cluster-profile FILE`",
         )
     options["runtime"] = args.runtime
+    training = training_from_args(args)  # a bad K is one line here, before any request
+    if args.micro_batches is not None:
+        options["micro_batches"] = training.micro_batches
+    if args.checkpointing is not None:
+        options["checkpointing"] = training.checkpointing
     request = {
         "cluster": args.cluster,
         "preset": args.preset or "a100-40g",
@@ -290,6 +298,7 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
     add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
     add_memory_arg(s)
     add_time_limit_arg(s, ", on the server; waiting in its queue is not counted")
+    add_training_args(s, defaults_from="1; checkpointing off")
     s.add_argument(
         "--gap", type=float, default=None, help="relative gap to stop at (default: the server's, 0.01)"
     )
@@ -341,6 +350,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PLAN",
         help=f"plans to show side by side: a baseline ({', '.join(BASELINES)}), PATH or LABEL=PATH",
     )
+    add_training_args(p, defaults_from="the plan's")
     p.add_argument("--budget", default=None, help="per-device budget line, e.g. 40GiB (default: the plan's)")
     p.add_argument("--label", default=None, help="name of the plan in the report (default: its source)")
     p.add_argument("--out", required=True, help="HTML file to write (checked before any work)")

@@ -29,14 +29,14 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from autopar.baselines import BASELINES, baseline_plan
+from autopar.baselines import BASELINES
 from autopar.cluster import PRESETS
 from autopar.graph import Graph
 from autopar.plan import Plan
 from autopar_cache import codec
 from autopar_service.deps import Auth
 from autopar_service.problems import PROBLEM_JSON, ApiError
-from autopar_service.report import build_report, plotly_js
+from autopar_service.report import baseline_beside, build_report, plotly_js
 from autopar_service.tasks import graph_key
 
 __all__ = ["router"]
@@ -152,7 +152,7 @@ def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:
         )
     graph = Graph.from_dict(codec.decode(raw)).validate()
     plan = Plan.from_dict(data["plan"])
-    others = [(kind, baseline_plan(kind, graph, plan.mesh, plan.zero_stage)) for kind in compare]
+    others = [(kind, baseline_beside(kind, graph, plan)) for kind in compare]  # at the plan's K
     return build_report(
         graph, plan, others, plan.memory_budget_bytes or data.get("memory_budget_bytes")
     ).encode()

@@ -54,10 +54,12 @@ from autopar.breakdown import (
 from autopar.errors import ConfigError, PlanError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph, Op, Role
+from autopar.iteration import baseline_training
 from autopar.plan import Plan
 
 __all__ = [
     "PlanView",
+    "baseline_beside",
     "build_report",
     "check_plan_fits",
     "cmd_report",
@@ -121,13 +123,19 @@ class PlanView:
     plan: Plan
     parts: PlanBreakdown
     timeline: MemoryTimeline
+    iteration_time_s: float
+    """One optimizer step at the plan's ``training`` (K micro-batches and once-per-step work)."""
 
     @classmethod
     def of(cls, label: str, graph: Graph, plan: Plan, memo: PricingMemo | None = None) -> PlanView:
         check_plan_fits(graph, plan)
         ev = evaluate(graph, plan, memo=memo)
         return cls(
-            label, plan, breakdown(graph, plan, evaluation=ev), memory_timeline(graph, plan, evaluation=ev)
+            label,
+            plan,
+            breakdown(graph, plan, evaluation=ev),
+            memory_timeline(graph, plan, evaluation=ev),
+            ev.iteration_time_s,
         )
 
     @property
@@ -379,6 +387,20 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
 # ------------------------------------------------------------------ tables
 
 
+def _solver_cell(v: PlanView) -> str:
+    """``OPTIMAL, gap 0.00%, 1.2 s`` of a solved plan; its source for a baseline or imported plan."""
+    s = v.plan.solver or {}
+    if not s:
+        return _esc(v.plan.source)
+    gap = s.get("gap")
+    wall = s.get("wall_s")
+    return (
+        f"{_esc(s.get('status', '?'))}, gap "
+        f"{'n/a' if gap is None else f'{100 * float(gap):.2f}%'}, "
+        f"{'n/a' if wall is None else f'{float(wall):.1f} s'}"
+    )
+
+
 def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     head = "".join(f"<th>{_esc(v.label)}</th>" for v in views)
     rows: list[tuple[str, list[str]]] = []
@@ -386,7 +408,15 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     def row(name: str, cells: list[str]) -> None:
         rows.append((name, cells))
 
-    row("evaluated step time", [f"<b>{_ms(v.step_time_s)}</b>" for v in views])
+    row(
+        "evaluated iteration (K micro-batches + once per step)",
+        [f"<b>{_ms(v.iteration_time_s)}</b>" for v in views],
+    )
+    row(
+        "&nbsp; micro-batches K, checkpointing",
+        [f"{v.plan.training.micro_batches}, {_esc(v.plan.training.checkpointing)}" for v in views],
+    )
+    row("evaluated step time (one micro-batch)", [f"<b>{_ms(v.step_time_s)}</b>" for v in views])
     row("&nbsp; compute", [_ms(v.parts.compute_time_s) for v in views])
     axes = sorted({a for v in views for a in v.comm_time_s_per_axis})
     mesh_shape = views[0].plan.mesh.shape
@@ -434,20 +464,7 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
         "valid",
         ["yes" if v.parts.valid else f"<b class='bad'>no</b>: {_esc(v.parts.errors[0])}" for v in views],
     )
-    solver_cells = []
-    for v in views:
-        s = v.plan.solver or {}
-        if not s:
-            solver_cells.append(_esc(v.plan.source))
-            continue
-        gap = s.get("gap")
-        wall = s.get("wall_s")
-        solver_cells.append(
-            f"{_esc(s.get('status', '?'))}, gap "
-            f"{'n/a' if gap is None else f'{100 * float(gap):.2f}%'}, "
-            f"{'n/a' if wall is None else f'{float(wall):.1f} s'}"
-        )
-    row("solver (status, gap, time)", solver_cells)
+    row("solver (status, gap, time)", [_solver_cell(v) for v in views])
     body = "".join(
         f"<tr><th>{name}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>" for name, cells in rows
     )
@@ -594,7 +611,9 @@ def build_report(
 </head><body>
 <h1>{_esc(heading)}</h1>
 <p class="meta">{len(graph.ops)} ops, {len(graph.variables)} variables &middot; mesh {list(mesh.shape)} over
-{_esc(mesh.cluster)} &middot; ZeRO-{plan.zero_stage} &middot; budget {_gib(budget)} per device &middot;
+{_esc(mesh.cluster)} &middot; ZeRO-{plan.zero_stage} &middot; K = {plan.training.micro_batches}
+micro-batches per step, checkpointing {_esc(plan.training.checkpointing)} &middot;
+budget {_gib(budget)} per device &middot;
 plan <b>{_esc(main.label)}</b> compared with {compared}</p>
 <h2 id="headline">Headline</h2>
 {_headline_table(views, budget)}
@@ -645,22 +664,36 @@ def _load_plan_arg(spec: str) -> Plan:
         raise ConfigError("bad_plan_arg", f"cannot read plan {spec!r}: {exc.strerror or exc}") from None
 
 
+def baseline_beside(kind: str, graph: Graph, plan: Plan) -> Plan:
+    """Baseline ``kind`` on ``plan``'s mesh and ZeRO stage, priced at ``plan``'s micro-batches
+    with the checkpointing its real system runs (:func:`autopar.iteration.baseline_training`)."""
+    other = baseline_plan(kind, graph, plan.mesh, plan.zero_stage)
+    other.training = baseline_training(kind, plan.training)
+    return other
+
+
 def _compare_arg(spec: str, graph: Graph, plan: Plan) -> tuple[str, Plan]:
-    """``megatron`` / ``inferred`` / ... (a baseline on the plan's mesh), ``LABEL=PATH`` or ``PATH``."""
+    """``megatron`` / ``inferred`` / ... (a baseline on the plan's mesh), ``LABEL=PATH`` or ``PATH``.
+
+    All are priced at ``plan.training``'s K; a baseline with the checkpointing its real
+    system runs (:func:`autopar.iteration.baseline_training`), a plan file with the plan's."""
     if spec in BASELINES:
-        return spec, baseline_plan(spec, graph, plan.mesh, plan.zero_stage)
+        return spec, baseline_beside(spec, graph, plan)
     label, sep, path = spec.partition("=")
     if not sep:
         label, path = spec, spec
-    return label, _load_plan_arg(path)
+    other = _load_plan_arg(path)
+    other.training = plan.training
+    return label, other
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``autopar report``: write the HTML report of a plan."""
-    from autopar.cli_args import parse_bytes
+    from autopar.cli_args import parse_bytes, training_from_args
 
     graph = _load_graph_arg(args.graph)
     plan = _load_plan_arg(args.plan)
+    plan.training = training_from_args(args, plan.training)  # default: the plan's own
     compare = [_compare_arg(s, graph, plan) for s in args.compare]
     budget = parse_bytes(args.budget) if args.budget else None
     text = build_report(graph, plan, compare, budget, label=args.label)

@@ -148,6 +148,16 @@ class EvaluateBody(BaseModel):
     plan_key: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$", description="Key of a cached plan instead."
     )
+    micro_batches: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Re-price the plan at this many micro-batches per optimizer step (default: the plan's).",
+    )
+    checkpointing: Literal["off", "full", "auto"] | None = Field(
+        default=None,
+        description="Re-price the plan with this activation checkpointing (default: the plan's).",
+    )
 
 
 def cluster_of(cluster: str, preset: str, max_devices: int) -> Cluster:

@@ -154,6 +154,11 @@ class Evaluation(BaseModel):
     compute_time_s: float | None
     memory_per_device_bytes: float | None
     comm_bytes_per_axis: dict[str, float | None]
+    micro_batches: int = Field(description="Micro-batches per optimizer step the plan was priced at.")
+    checkpointing: str = Field(description="Activation checkpointing priced: off or full.")
+    iteration_time_s: float | None = Field(
+        description="One optimizer step: K x micro-batch time + once-per-step work, seconds."
+    )
 
 
 class SweepRow(BaseModel):
@@ -162,8 +167,13 @@ class SweepRow(BaseModel):
     mesh_shape: list[int] | None
     memory_budget_bytes: int | None
     zero_stage: int
+    micro_batches: int = Field(description="Micro-batches per optimizer step the point is planned for.")
+    checkpointing: str = Field(description="Activation checkpointing: off or full.")
     key: str
     status: str = Field(description="succeeded, infeasible, failed, canceled, queued or running")
+    iteration_time_s: float | None = Field(
+        description="Predicted optimizer step: K x micro-batch + once-per-step work, seconds."
+    )
     step_time_s: float | None
     memory_per_device_bytes: float | None
     chosen_mesh_shape: list[int] | None
@@ -174,7 +184,8 @@ class SweepRow(BaseModel):
 
 
 class SweepView(BaseModel):
-    """A what-if table: one row per (mesh shape, budget, ZeRO stage)."""
+    """A what-if table: one row per (mesh shape, budget, ZeRO stage), all at the request's
+    ``options.micro_batches`` and ``options.checkpointing``."""
 
     id: str
     complete: bool

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from autopar.errors import AutoparError, PlanError
 from autopar.graph import Graph
+from autopar.iteration import TrainingConfig
 from autopar.plan import Plan
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
@@ -21,7 +22,7 @@ from autopar_service.requests import EvaluateBody
 from autopar_service.routers.common import in_thread_bounded
 from autopar_service.state import Service
 
-__all__ = ["check_plan_fits", "router"]
+__all__ = ["check_plan_fits", "check_plan_graph", "router"]
 
 router = APIRouter(route_class=BodyRoute, tags=["plans"])
 
@@ -39,6 +40,19 @@ def check_plan_fits(graph: Graph, plan: Plan) -> None:
                 f"({list(op.inputs)}, {list(op.outputs)})",
                 op=op.name,
             )
+
+
+def check_plan_graph(graph: Graph, plan: Plan) -> None:
+    """Raise ``[plan_graph_mismatch]`` when ``plan`` records the hash of another graph than
+    ``graph`` (as ``autopar evaluate`` does; a plan without a recorded hash is not checked)."""
+    if plan.graph_hash and plan.graph_hash != graph.content_hash():
+        raise PlanError(
+            "plan_graph_mismatch",
+            f"the plan was made for graph {plan.graph_name!r} (content hash {plan.graph_hash[:12]}), "
+            f"not for this graph {graph.name!r} ({graph.content_hash()[:12]}); send the graph the plan "
+            "was made for, or plan this one: POST /v1/plans",
+            plan_graph_hash=plan.graph_hash,
+        )
 
 
 def _plan_of(data: Any) -> Plan:
@@ -67,7 +81,13 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
         plan = _plan_of(record.data()["plan"])
     else:
         raise ApiError(422, "invalid_request", "give either `plan` or `plan_key`")
+    check_plan_graph(graph, plan)
     check_plan_fits(graph, plan)
+    # any plan at another iteration: K and checkpointing as asked, else the plan's own
+    plan.training = TrainingConfig(
+        plan.training.micro_batches if body.micro_batches is None else body.micro_batches,
+        plan.training.checkpointing if body.checkpointing is None else body.checkpointing,
+    )
     try:
         result: dict[str, Any] = finite(evaluate(graph, plan).to_dict())
     except AutoparError:
@@ -88,6 +108,7 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     responses=problem_responses(*WRITE_ERRORS, 404),
 )
 async def evaluate_plan(request: Request, service: ServiceDep, _auth: Auth) -> Response:
-    """Recompute validity, step time, communication and memory of a plan on its graph."""
+    """Recompute validity, step time, iteration time, communication and memory of a plan on its
+    graph, at the plan's micro-batches and checkpointing or at the ones the body gives."""
     raw = await request.body()
     return JSONResponse(await in_thread_bounded(service, lambda: evaluate_body(service, raw)))

@@ -57,6 +57,7 @@ def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any
                 "mesh_shape": shape,
                 "memory_budget_bytes": request.memory_budget_bytes,
                 "zero_stage": zero,
+                **request.options.training.to_dict(),
                 "key": plan_key(key_dict, service.versions),
                 "payload": payload_of(request, service.versions, graph_hash=key_dict["graph"]),
             }
@@ -75,8 +76,12 @@ async def _row(service: Service, p: dict[str, Any]) -> dict[str, Any]:
         "mesh_shape": p["mesh_shape"],
         "memory_budget_bytes": p["memory_budget_bytes"],
         "zero_stage": p["zero_stage"],
+        # sweeps stored before the iteration options were single micro-batches without checkpointing
+        "micro_batches": p.get("micro_batches", 1),
+        "checkpointing": p.get("checkpointing", "off"),
         "key": key,
         "status": "queued",
+        "iteration_time_s": None,
         "step_time_s": None,
         "memory_per_device_bytes": None,
         "chosen_mesh_shape": None,
@@ -91,6 +96,7 @@ async def _row(service: Service, p: dict[str, Any]) -> dict[str, Any]:
         row.update(
             status="succeeded",
             step_time_s=data.get("step_time_s"),
+            iteration_time_s=((data.get("plan") or {}).get("predicted") or {}).get("iteration_time_s"),
             memory_per_device_bytes=data.get("memory_per_device_bytes"),
             chosen_mesh_shape=data.get("mesh_shape"),
             gap=(data.get("solver") or {}).get("gap"),
@@ -201,21 +207,25 @@ async def get_sweep(sweep_id: Key, service: ServiceDep, _auth: Auth) -> Response
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
-    """Aligned text: mesh, budget, ZeRO, status, step time, memory."""
+    """Aligned text: mesh, budget, ZeRO, K, checkpointing, status, iteration and step time, memory."""
     gib = 1024**3
     lines = [
-        f"{'mesh':<10}{'budget GiB':>11}{'ZeRO':>6}  {'status':<11}{'step ms':>10}{'mem GiB':>9}{'gap':>8}"
+        f"{'mesh':<10}{'budget GiB':>11}{'ZeRO':>6}{'K':>5}  {'ckpt':<5}  {'status':<11}{'iter ms':>10}"
+        f"{'step ms':>10}{'mem GiB':>9}{'gap':>8}"
     ]
     for r in rows:
         mesh = r["chosen_mesh_shape"] or r["mesh_shape"]
         budget = r["memory_budget_bytes"]
+        iteration = r.get("iteration_time_s")
         step = r["step_time_s"]
         mem = r["memory_per_device_bytes"]
         gap = r["gap"]
         lines.append(
             f"{'x'.join(map(str, mesh)) if mesh else 'search':<10}"
             f"{budget / gib if budget else float('nan'):>11.2f}"
-            f"{r['zero_stage']:>6}  {r['status']:<11}"
+            f"{r['zero_stage']:>6}{r.get('micro_batches', 1):>5}  {r.get('checkpointing', 'off'):<5}  "
+            f"{r['status']:<11}"
+            f"{iteration * 1e3 if iteration is not None else float('nan'):>10.2f}"
             f"{step * 1e3 if step is not None else float('nan'):>10.2f}"
             f"{mem / gib if mem is not None else float('nan'):>9.2f}"
             f"{'' if gap is None else f'{100 * gap:.2f}%':>8}"

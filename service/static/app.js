@@ -96,6 +96,9 @@ function commonFields() {
   const options = {};
   const limit = parseFloat($("time-limit").value);
   if (limit > 0) options.time_limit_s = limit;
+  const k = parseInt($("micro-batches").value, 10);
+  if (Number.isInteger(k)) options.micro_batches = k;  // a bad K is the server's 422, shown as is
+  options.checkpointing = $("checkpointing").value;
   return { cluster: $("cluster").value.trim(), preset: $("preset").value, options };
 }
 
@@ -111,7 +114,7 @@ function progressChart() {
     {
       title: { text: "Solver progress" },
       xaxis: { title: { text: "elapsed s" } },
-      yaxis: { title: { text: "modelled step time, ms" } },
+      yaxis: { title: { text: "modelled iteration time, ms" } },
       height: 300,
       margin: { l: 60, r: 20, t: 40, b: 40 },
     },
@@ -181,8 +184,17 @@ async function followJob(job) {
   return last;
 }
 
+// "iteration 246.00 ms (K = 8 micro-batches, checkpointing full)" of a plan record
+function iterationLine(record) {
+  const plan = record.plan || {};
+  const predicted = plan.predicted || {};
+  const k = plan.micro_batches || 1;
+  return `iteration ${ms(predicted.iteration_time_s)} (K = ${k} micro-batch${k === 1 ? "" : "es"}, ` +
+    `checkpointing ${plan.checkpointing || "off"})`;
+}
+
 function showRecord(record) {
-  $("summary").textContent = `${record.summary || ""}\nplan ${record.key}`;
+  $("summary").textContent = `${iterationLine(record)}\n${record.summary || ""}\nplan ${record.key}`;
   const link = `/v1/plans/${record.key}/report?compare=megatron&compare=inferred`;
   $("report-tab").href = link;
   $("report-button").dataset.href = link;
@@ -205,14 +217,14 @@ async function submitPlan(ev) {
     setStatus("submitting...");
     const { status, data } = await api("POST", "/v1/plans", body);
     if (status === 200) {
-      setStatus(`cached plan · step ${ms(data.step_time_s)}`, "succeeded");
+      setStatus(`cached plan · ${iterationLine(data)} · step ${ms(data.step_time_s)}`, "succeeded");
       showRecord(data);
       return;
     }
     const final = await followJob(data);
     if (final.status === "succeeded") {
       const record = (await api("GET", `/v1/plans/${final.id}`)).data;
-      setStatus(`succeeded · step ${ms(record.step_time_s)} · ` +
+      setStatus(`succeeded · ${iterationLine(record)} · step ${ms(record.step_time_s)} · ` +
         `${(record.memory_per_device_bytes / GIB).toFixed(2)} GiB per device`, "succeeded");
       showRecord(record);
     } else {
@@ -280,12 +292,14 @@ function rowLabel(r) {
 }
 
 function drawSweep(view) {
-  const done = view.rows.filter((r) => r.status === "succeeded" && r.step_time_s !== null);
+  // the iteration (K micro-batches + once-per-step work); rows of older plans have only the step
+  const iter = (r) => (r.iteration_time_s === null || r.iteration_time_s === undefined ? r.step_time_s : r.iteration_time_s);
+  const done = view.rows.filter((r) => r.status === "succeeded" && iter(r) !== null);
   // GiB, or MiB when every plan is under 1 GiB (small models)
   const [unit, scale] = done.some((r) => r.memory_per_device_bytes >= GIB) ? ["GiB", GIB] : ["MiB", MIB];
   const points = done.map((r) => ({
     mem: r.memory_per_device_bytes / scale,
-    step: r.step_time_s * 1e3,
+    step: iter(r) * 1e3,
     label: rowLabel(r),
   }));
   const front = paretoFront(points);
@@ -305,9 +319,9 @@ function drawSweep(view) {
       },
     ],
     {
-      title: { text: "Step time vs memory per device" },
+      title: { text: "Iteration time vs memory per device" },
       xaxis: { title: { text: `memory per device, ${unit}` } },
-      yaxis: { title: { text: "modelled step time, ms" } },
+      yaxis: { title: { text: "modelled iteration time, ms" } },
       height: 360,
       margin: { l: 60, r: 20, t: 40, b: 40 },
     },
@@ -318,11 +332,14 @@ function drawSweep(view) {
     const pareto = onFront.has(rowLabel(r));
     const mem = r.memory_per_device_bytes === null ? "" : (r.memory_per_device_bytes / scale).toFixed(2);
     return `<tr><td>${rowLabel(r)}</td><td>${r.status}${r.error ? ": " + r.error : ""}</td>` +
+      `<td>${r.micro_batches ?? 1}</td><td>${r.checkpointing ?? "off"}</td>` +
+      `<td>${r.iteration_time_s === null || r.iteration_time_s === undefined ? "" : ms(r.iteration_time_s)}</td>` +
       `<td>${r.step_time_s === null ? "" : ms(r.step_time_s)}</td><td>${mem}</td>` +
       `<td class="${pareto ? "pareto" : ""}">${pareto ? "yes" : ""}</td></tr>`;
   });
   $("sweep-table").innerHTML =
-    `<tr><th>point</th><th>status</th><th>step</th><th>${unit} / device</th><th>Pareto</th></tr>` + rows.join("");
+    `<tr><th>point</th><th>status</th><th>K</th><th>checkpointing</th><th>iteration</th>` +
+    `<th>step (one micro-batch)</th><th>${unit} / device</th><th>Pareto</th></tr>` + rows.join("");
 }
 
 async function submitSweep(ev) {

@@ -108,6 +108,10 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     assert driver.execute_script("return localStorage.getItem('autopar.apiKey')") == API_KEY
     driver.find_element(by_id, "time-limit").clear()
     driver.find_element(by_id, "time-limit").send_keys("15")
+    k = driver.find_element(by_id, "micro-batches")  # the job's iteration: 2 micro-batches, recomputed
+    k.clear()
+    k.send_keys("2")
+    driver.execute_script("document.getElementById('checkpointing').value = 'full'")
     driver.find_element(by_id, "plan-button").click()
 
     seen: set[str] = set()
@@ -124,7 +128,10 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     until(driver, "the solve to finish", finished)
     assert seen & {"queued", "running"}, f"no progress event was shown: {seen}"
     # the plan keeps the model's display name (issue 24, item 10)
-    assert "plan for tiny-gpt" in driver.find_element(by_id, "summary").text
+    summary = driver.find_element(by_id, "summary").text
+    assert "plan for tiny-gpt" in summary
+    assert "(K = 2 micro-batches, checkpointing full)" in summary.splitlines()[0], summary
+    assert summary.startswith("iteration ") and "ms" in summary.splitlines()[0]
     assert svg_count(driver, "#progress-chart svg.main-svg") > 0
     driver.save_screenshot(str(shots / "explorer-solved.png"))
 
@@ -177,7 +184,8 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
         "const d = document.getElementById('sweep-chart').data; return d[1].x.length"
     )
     assert pareto_points >= 1
-    assert "Pareto" in driver.find_element(by_id, "sweep-table").text
+    table = driver.find_element(by_id, "sweep-table").text
+    assert "Pareto" in table and "iteration" in table and "checkpointing" in table
     driver.execute_script("document.getElementById('sweep-section').scrollIntoView()")
     driver.save_screenshot(str(shots / "explorer-sweep.png"))
     assert severe(driver) == []

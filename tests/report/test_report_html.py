@@ -11,7 +11,8 @@ import pytest
 
 from autopar.errors import PlanError
 from autopar.evaluate import evaluate
-from autopar_service.report import build_report, format_bytes
+from autopar.iteration import TrainingConfig
+from autopar_service.report import baseline_beside, build_report, format_bytes
 from tests.report.plans import MESH, baseline, model
 from tests.service.helpers import REPO
 
@@ -138,3 +139,37 @@ def test_cli_errors_are_one_line(tmp_path: Path, mesh, args: list[str], code: st
     assert r.returncode == 2
     assert r.stderr.startswith(f"autopar: error: [{code}]"), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_report_shows_the_iteration_of_each_plan(graph) -> None:
+    plan = baseline("tiny-gpt", "data-parallel", 2)
+    plan.training = TrainingConfig(8, "off")
+    megatron = baseline_beside("megatron", graph, plan)
+    assert megatron.training == TrainingConfig(8, "full")  # Megatron recomputes every block
+    html = build_report(graph, plan, [("megatron", megatron)], 2 * GIB, label="dp")
+    assert "K = 8\nmicro-batches per step, checkpointing off" in html
+    assert "<td>8, off</td><td>8, full</td>" in html
+    row = re.search(r"evaluated iteration \(K micro-batches \+ once per step\)</th>(.*?)</tr>", html)
+    assert row is not None
+    shown = [float(x.replace(",", "")) for x in re.findall(r"<b>([0-9.,]+) ms</b>", row.group(1))]
+    expected = [evaluate(graph, p).iteration_time_s * 1e3 for p in (plan, megatron)]
+    assert shown == pytest.approx(expected, rel=1e-2)
+
+
+def test_cli_report_prices_the_plan_and_its_baselines_at_the_asked_iteration(tmp_path: Path, graph) -> None:
+    plan = baseline("tiny-gpt", "data-parallel", 2)
+    plan.save(str(tmp_path / "dp.json"))
+    other = baseline("tiny-gpt", "data-parallel", 2)
+    other.save(str(tmp_path / "other.json"))
+    args = ["report", "tiny-gpt", "dp.json", "--compare", "megatron", "mine=other.json", "--out"]
+    default = _cli(*args, "a.html", cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    # default: the plan's own iteration (K = 1, off); megatron at the same K with its checkpointing
+    assert "<td>1, off</td><td>1, full</td><td>1, off</td>" in (tmp_path / "a.html").read_text()
+    asked = _cli(*args, "b.html", "--micro-batches", "8", "--checkpointing", "full", cwd=tmp_path)
+    assert asked.returncode == 0, asked.stderr
+    html = (tmp_path / "b.html").read_text()
+    assert "<td>8, full</td><td>8, full</td><td>8, full</td>" in html and "K = 8" in html
+    bad = _cli(*args, "c.html", "--micro-batches", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("autopar: error: [bad_micro_batches]"), bad.stderr
+    assert not (tmp_path / "c.html").exists()

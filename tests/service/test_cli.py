@@ -27,7 +27,7 @@ def test_cli_surface() -> None:
     assert flags == {
         "serve": ["cache_dir", "host", "local_workers", "log_level", "port", "redis_url"],
         "worker": ["burst", "log_level", "name", "redis_url"],
-        "report": ["budget", "compare", "graph", "label", "out", "plan"],
+        "report": ["budget", "checkpointing", "compare", "graph", "label", "micro_batches", "out", "plan"],
         "submit": sorted(
             [
                 "graph",
@@ -42,6 +42,8 @@ def test_cli_surface() -> None:
                 "memory",
                 "zero",
                 "time_limit",
+                "micro_batches",
+                "checkpointing",
                 "gap",
                 "seed",
                 "refresh",
@@ -83,6 +85,49 @@ def test_submit_serve_wait_writes_the_plan(tmp_path: Path) -> None:
     second = run_cli(*args, cwd=tmp_path)  # same cache directory: answered from the cache
     assert second.returncode == 0, second.stderr
     assert "cached plan" in second.stderr
+
+
+def test_submit_sends_the_iteration_and_the_plan_records_it(tmp_path: Path) -> None:
+    args = ["submit", "tiny-gpt", "--serve", "--wait", "--cluster", "1x2", "--mesh-shape", "2"]
+    args += ["--time-limit", "30", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    result = run_cli(
+        *args, "--micro-batches", "4", "--checkpointing", "full", "--out", "k4.json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((tmp_path / "k4.json").read_text())
+    assert (saved["micro_batches"], saved["checkpointing"]) == (4, "full")
+    predicted = saved["predicted"]
+    assert predicted["iteration_time_s"] > predicted["step_time_s"] > 0
+    # the iteration is part of the plan key: K = 1 is another request, not the cached K = 4 plan
+    one = run_cli(*args, "--out", "k1.json", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert "cached plan" not in one.stderr
+    assert json.loads((tmp_path / "k1.json").read_text())["micro_batches"] == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "code"),
+    [
+        (["--micro-batches", "0"], "bad_micro_batches"),
+        (["--checkpointing", "auto"], "checkpointing_auto_unavailable"),
+    ],
+)
+def test_submit_refuses_a_bad_iteration(tmp_path: Path, flags: list[str], code: str) -> None:
+    result = run_cli(
+        "submit",
+        "tiny-gpt",
+        "--serve",
+        "--cluster",
+        "1x2",
+        "--cache-dir",
+        str(tmp_path),
+        *flags,
+        cwd=tmp_path,
+    )
+    # a bad K is refused before the server starts; ``auto`` by the server, as a 422 problem
+    last = result.stderr.splitlines()[-1]
+    assert result.returncode == 2 and last.startswith(f"autopar: error: [{code}]"), result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_submit_to_a_server(tmp_path: Path, tiny_graph) -> None:
