@@ -1,10 +1,10 @@
 """Print the longest function of each package; exit 1 when one is over the limit.
 
-    python scripts/longest_functions.py [--limit 80] [--all]
+    python scripts/longest_functions.py [--limit 80]
 
 Packages: autopar/, solver/, service/, cache/.  A function's length is its lines from
 ``def`` (or its first decorator) to its last line, nested functions counted in their
-parent too.  ``--all`` lists every function over the limit, exceptions included.
+parent too.
 """
 
 from __future__ import annotations
@@ -18,19 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("autopar", "solver", "service", "cache")
 LIMIT = 80
 
-# TEMPORARY: functions other helpers are splitting right now (issue 23); remove each entry
-# when its split lands.  Nothing else may be added here.
-EXCEPTIONS = frozenset(
-    {
-        "autopar/baselines.py:_megatron_layout",
-        "autopar/baselines.py:baseline_plan",
-        "autopar/evaluate.py:evaluate",
-        "autopar/cost_tables.py:build_cost_tables",
-        "autopar/oneflow/lowering.py:lower_hop",
-        "autopar/oneflow/traffic.py:count_job_traffic",
-        "autopar/oneflow/apply.py:check_fidelity",
-    }
-)
 
 
 def functions(path: Path) -> list[tuple[str, int, int]]:
@@ -57,7 +44,6 @@ def functions(path: Path) -> list[tuple[str, int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=LIMIT)
-    ap.add_argument("--all", action="store_true", help="list every function over the limit")
     args = ap.parse_args(argv)
     failed = False
     for package in PACKAGES:
@@ -67,12 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, line, length in functions(path):
                 where = f"{rel}:{name}"
                 if length > args.limit:
-                    excused = where in EXCEPTIONS
-                    failed |= not excused
-                    if args.all or not excused:
-                        note = " (temporary exception)" if excused else ""
-                        print(f"over {args.limit}: {where} (line {line}) {length} lines{note}")
-                if length > longest[0] and where not in EXCEPTIONS:
+                    failed = True
+                    print(f"over {args.limit}: {where} (line {line}) {length} lines")
+                if length > longest[0]:
                     longest = (length, f"{where} (line {line})")
         print(f"{package}/: longest function {longest[1] or '-'}: {longest[0]} lines")
     return 1 if failed else 0
