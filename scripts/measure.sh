@@ -24,7 +24,7 @@ MT5="$OUT/mt5.json"
 PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --time-limit 30 --no-progress)
 
 SECTIONS=(of-mt5 baselines model-truth model-truth-fkv of-eval of-eval-fkv cost-tables
-  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero promise problem-size
+  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration scale promise problem-size
   report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
@@ -95,6 +95,18 @@ section() {
       timed plan-zero2 $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 2 --out "$OUT/plan-zero2.json"
       timed plan-zero3 $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 3 --out "$OUT/plan-zero3.json"
       ;;
+    iteration)  # issue 22: the plan for K micro-batches per step beside the baselines at the same K
+      for ckpt in off full; do
+        for k in 1 8 32; do
+          timed "iteration-k$k-$ckpt" $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 2 --micro-batches "$k" \
+            --checkpointing "$ckpt" --compare --out "$OUT/plan-k$k-$ckpt.json"
+        done
+        for k in 8 32; do  # the K = 1 plan re-evaluated at the real K: what solving for K gains
+          run "iteration-k1-at-k$k-$ckpt" $AUTOPAR evaluate "$MT5" "$OUT/plan-k1-$ckpt.json" --micro-batches "$k"
+        done
+      done
+      ;;
+    scale) run scale $PY -m benchmarks.solver --scale ;;
     promise) run promise $PY -m benchmarks.solver --promise ;;
     problem-size)
       run problem-size $PY -m benchmarks.problem_size --model mt5-base --mesh-shapes 8 4,2 2,4 2,2,2
