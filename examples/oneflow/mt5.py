@@ -30,7 +30,7 @@ they are one structure in two languages, and neither can import the other.  This
 a OneFlow ``nn.Module`` that OneFlow traces into a job (the OneFlow venv, Python 3.10,
 numpy 1.x); ``autopar/models/t5.py`` writes the same step's op graph directly, without
 OneFlow (the core, which must not need it).  They differ where a OneFlow job differs from
-a hand-written graph, and only there: OneFlow adds its own ops (``repeat``/``acc`` under
+a hand-written graph: OneFlow adds its own ops (``repeat``/``acc`` under
 accumulation, ZeRO casts, the optimizer's ``adam_update``), names ops after the module
 path, and builds the loss through its own ``sparse_softmax_cross_entropy``; the relative
 position bias's bucket ids are an input in both.  A change to the structure belongs in both
