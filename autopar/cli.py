@@ -52,9 +52,9 @@ from autopar.cli_args import (
     wrote,
 )
 from autopar.cluster import Mesh, load_cluster_profile
-from autopar.errors import AutoparError, PlanError
+from autopar.errors import AutoparError
 from autopar.iteration import TrainingConfig, baseline_training
-from autopar.plan import format_bytes
+from autopar.plan import check_plan_graph, format_bytes
 
 __all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
 
@@ -148,19 +148,6 @@ MAX_ERRORS_SHOWN = 20
 """``autopar evaluate`` prints this many of a plan's errors, then how many it left out."""
 
 
-def check_plan_graph(graph: Any, plan: Any) -> None:
-    """Raise ``[plan_graph_mismatch]`` when ``plan`` records the hash of another graph than ``graph``
-    (a plan without a recorded hash, hand-written, is not checked)."""
-    if plan.graph_hash and plan.graph_hash != graph.content_hash():
-        raise PlanError(
-            "plan_graph_mismatch",
-            f"the plan was made for graph {plan.graph_name!r} (content hash {plan.graph_hash[:12]}), "
-            f"not for this graph {graph.name!r} ({graph.content_hash()[:12]}); give the graph the plan "
-            "was made for, or plan this one: autopar plan GRAPH ...",
-            plan_graph_hash=plan.graph_hash,
-        )
-
-
 def _evaluation_text(name: str, plan: Any, ev: Any) -> str:
     """What ``autopar evaluate`` prints without ``--json``."""
     mem = ev.memory
@@ -192,7 +179,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args.graph)
     plan = plan_from_arg(args.plan)
-    check_plan_graph(graph, plan)
+    check_plan_graph(graph, plan, "autopar plan GRAPH ...")
     if args.cluster_profile:  # re-price the plan's mesh on the profile
         old = plan.mesh.cluster
         cluster = load_cluster_profile(args.cluster_profile).cluster(old.nodes, old.devices_per_node)

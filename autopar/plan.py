@@ -32,7 +32,7 @@ from autopar.wire import (
     error_path,
 )
 
-__all__ = ["FORMAT", "Plan", "format_bytes"]
+__all__ = ["FORMAT", "Plan", "check_plan_graph", "format_bytes"]
 
 FORMAT = "autopar.plan/v1"
 
@@ -303,3 +303,17 @@ def _training(micro_batches: int, checkpointing: str) -> TrainingConfig:
         return TrainingConfig(micro_batches, checkpointing)
     except ValueError as exc:
         raise PlanError("bad_format", f"plan field micro_batches/checkpointing: {exc}") from None
+
+
+def check_plan_graph(graph: Graph, plan: Plan, remedy: str) -> None:
+    """Raise ``[plan_graph_mismatch]`` when ``plan`` records the content hash of another graph
+    than ``graph`` (a plan without a recorded hash, hand-written, is not checked); ``remedy``
+    ends the message (how to plan this graph from where the caller stands)."""
+    if plan.graph_hash and plan.graph_hash != graph.content_hash():
+        raise PlanError(
+            "plan_graph_mismatch",
+            f"the plan was made for graph {plan.graph_name!r} (content hash {plan.graph_hash[:12]}), "
+            f"not for this graph {graph.name!r} ({graph.content_hash()[:12]}); give the graph the plan "
+            f"was made for, or plan this one: {remedy}",
+            plan_graph_hash=plan.graph_hash,
+        )

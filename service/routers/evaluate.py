@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from autopar.errors import AutoparError, PlanError
 from autopar.graph import Graph
 from autopar.iteration import TrainingConfig
-from autopar.plan import Plan
+from autopar.plan import Plan, check_plan_graph
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
 from autopar_service.deps import Auth, ServiceDep
@@ -22,7 +22,7 @@ from autopar_service.requests import EvaluateBody
 from autopar_service.routers.common import in_thread_bounded
 from autopar_service.state import Service
 
-__all__ = ["check_plan_fits", "check_plan_graph", "router"]
+__all__ = ["check_plan_fits", "router"]
 
 router = APIRouter(route_class=BodyRoute, tags=["plans"])
 
@@ -40,19 +40,6 @@ def check_plan_fits(graph: Graph, plan: Plan) -> None:
                 f"({list(op.inputs)}, {list(op.outputs)})",
                 op=op.name,
             )
-
-
-def check_plan_graph(graph: Graph, plan: Plan) -> None:
-    """Raise ``[plan_graph_mismatch]`` when ``plan`` records the hash of another graph than
-    ``graph`` (as ``autopar evaluate`` does; a plan without a recorded hash is not checked)."""
-    if plan.graph_hash and plan.graph_hash != graph.content_hash():
-        raise PlanError(
-            "plan_graph_mismatch",
-            f"the plan was made for graph {plan.graph_name!r} (content hash {plan.graph_hash[:12]}), "
-            f"not for this graph {graph.name!r} ({graph.content_hash()[:12]}); send the graph the plan "
-            "was made for, or plan this one: POST /v1/plans",
-            plan_graph_hash=plan.graph_hash,
-        )
 
 
 def _plan_of(data: Any) -> Plan:
@@ -81,7 +68,7 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
         plan = _plan_of(record.data()["plan"])
     else:
         raise ApiError(422, "invalid_request", "give either `plan` or `plan_key`")
-    check_plan_graph(graph, plan)
+    check_plan_graph(graph, plan, "POST /v1/plans")
     check_plan_fits(graph, plan)
     # any plan at another iteration: K and checkpointing as asked, else the plan's own
     plan.training = TrainingConfig(
