@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autopar.oneflow.lowering import SEND_RECV, SR, Term, _flat_terms
+from autopar.oneflow.lowering import SEND_RECV, SR, Term, _flat_terms, ring_steps
 from autopar.sbp import B, NdSbp, P, SbpValue, Split
 
 if TYPE_CHECKING:
@@ -47,15 +47,6 @@ _KIND = {
     "local": "local",
 }
 _NONE, _RING, _A2A, _SR = 0, 1, 2, 3
-
-
-def _ring_steps(kind: str, n: int) -> int:
-    """Latency steps of a collective on ``n`` devices (as :mod:`autopar.oneflow.pricing`)."""
-    if kind == "send-recv":
-        return 1
-    if kind == "local" or n <= 1:
-        return 0
-    return 2 * (n - 1) if kind == "all-reduce" else n - 1
 
 
 def _ring_coef(kind: str, n: int) -> float:
@@ -168,7 +159,7 @@ class HopTable:
             self.moved[i, j, axis], self.den[i, j, axis] = moved, units
         step_kind = _KIND[kind]
         alpha, beta = self.links[axis].alpha_beta(step_kind)
-        self.lat[i, j, axis] = _ring_steps(step_kind, n) * alpha
+        self.lat[i, j, axis] = ring_steps(step_kind, n) * alpha
         self.beta[i, j, axis] = beta
 
     def send_recv_units(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -75,7 +75,7 @@ import numpy as np
 
 from autopar.sbp import Broadcast, NdSbp, Partial, SbpValue, Split
 
-__all__ = ["Hop", "balanced_range", "device_slices", "lower_hop", "reduce_nd_sbp"]
+__all__ = ["Hop", "balanced_range", "device_slices", "lower_hop", "reduce_nd_sbp", "ring_steps"]
 
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
@@ -133,6 +133,18 @@ def reduce_nd_sbp(
     if len(set(src)) == 1 and len(set(dst)) == 1:
         return (src[0],), (dst[0],), (math.prod(hierarchy),)
     return tuple(src), tuple(dst), tuple(int(h) for h in hierarchy)
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Latency steps (alpha terms) of one collective ``kind`` on ``n`` devices: a ring
+    all-reduce takes 2(n-1) steps, an all-gather, reduce-scatter or all-to-all n-1, a
+    send/recv one, a local move none (NCCL's ring algorithms; the cost tables' and the
+    OneFlow pricing's one count)."""
+    if kind == "send-recv":
+        return 1
+    if kind == "local" or n <= 1:
+        return 0
+    return 2 * (n - 1) if kind == "all-reduce" else n - 1
 
 
 def _ring(kind: str, group_bytes: float, n: int) -> float:

@@ -61,6 +61,7 @@ from autopar.oneflow.lowering import (
     SEND_RECV,
     Hop,
     lower_hop,
+    ring_steps,
 )
 from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
 
@@ -124,14 +125,6 @@ def _observed_sbps() -> dict[tuple[tuple[int, ...], NdSbp, NdSbp], tuple[NdSbp, 
     return out
 
 
-def _ring_steps(kind: str, n: int) -> int:
-    if kind == "send-recv":
-        return 1
-    if kind == "local" or n <= 1:
-        return 0
-    return 2 * (n - 1) if kind == "all-reduce" else n - 1
-
-
 def hop_steps(
     shape: Sequence[int],
     itemsize: int,
@@ -162,7 +155,7 @@ def hop_steps(
             continue
         axis = axes[index]
         alpha, beta = mesh.axes[axis].alpha_beta(kind)
-        seconds = _ring_steps(kind, mesh.shape[axis]) * alpha + nbytes / beta
+        seconds = ring_steps(kind, mesh.shape[axis]) * alpha + nbytes / beta
         steps.append((axis, kind, src, moved_to, nbytes, seconds))
     return steps
 
