@@ -468,22 +468,27 @@ def big_body_report(url: str, ops: int = 1_500_000) -> dict[str, Any]:
     }
 
 
+def _warm_and_load(url: str, graph_json: bytes, options: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Plan mt5-base once on the server at ``url`` (the plan the hit clients ask for), then
+    the load run of :func:`load_report` against it."""
+    PlanClient(url, timeout_s=300).plan(
+        graph_json,
+        cluster=CLUSTER,
+        mesh_shape=MESH,
+        memory_budget_bytes=BUDGET,
+        zero_stage=ZERO,
+        options=options,
+    )
+    return load_report(url, plan_body(graph_json, options=options), seconds)
+
+
 def load_main(args: argparse.Namespace, graph_json: bytes) -> dict[str, Any]:
     """``--load SECONDS``: the load run, embedded then Redis, and the large body."""
     results: dict[str, Any] = {"cpus": os.cpu_count()}
     quick = {"time_limit_s": 120.0}  # the whole request, mt5-base's cost tables included
-    hit_body = plan_body(graph_json, options=quick)
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as tmp:
         with serve(Path(tmp) / "cache") as url:
-            PlanClient(url, timeout_s=300).plan(
-                graph_json,
-                cluster=CLUSTER,
-                mesh_shape=MESH,
-                memory_budget_bytes=BUDGET,
-                zero_stage=ZERO,
-                options=quick,
-            )
-            results["load_embedded"] = load_report(url, hit_body, args.load)
+            results["load_embedded"] = _warm_and_load(url, graph_json, quick, args.load)
             print("load embedded", json.dumps(results["load_embedded"], indent=1), flush=True)
             results["big_body_embedded"] = big_body_report(url)
             print("big body", json.dumps(results["big_body_embedded"], indent=1), flush=True)
@@ -493,15 +498,7 @@ def load_main(args: argparse.Namespace, graph_json: bytes) -> dict[str, Any]:
                 workers(redis_server.url, 2),
                 serve(Path(tmp) / "cache-redis", "--redis-url", redis_server.url) as url,
             ):
-                PlanClient(url, timeout_s=300).plan(
-                    graph_json,
-                    cluster=CLUSTER,
-                    mesh_shape=MESH,
-                    memory_budget_bytes=BUDGET,
-                    zero_stage=ZERO,
-                    options=quick,
-                )
-                results["load_redis"] = load_report(url, hit_body, args.load)
+                results["load_redis"] = _warm_and_load(url, graph_json, quick, args.load)
                 print("load redis", json.dumps(results["load_redis"], indent=1), flush=True)
     return results
 
