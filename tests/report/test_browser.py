@@ -7,6 +7,7 @@ screenshots (page during a solve, sweep chart, report) for the docs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -40,8 +41,9 @@ def server(tmp_path_factory) -> Iterator[Any]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def driver() -> Iterator[Any]:
+@contextlib.contextmanager
+def chromium_driver() -> Iterator[Any]:
+    """The system Chromium, headless, through its chromedriver (browser console logs kept)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -55,6 +57,12 @@ def driver() -> Iterator[Any]:
         yield d
     finally:
         d.quit()
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    with chromium_driver() as d:
+        yield d
 
 
 @pytest.fixture(scope="module")

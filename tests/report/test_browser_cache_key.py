@@ -11,17 +11,14 @@ Needs ``chromium`` and ``chromium-driver`` (``apt-get install -y chromium chromi
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.report.test_browser import until
+from tests.report.test_browser import CHROMEDRIVER, CHROMIUM, chromium_driver, until
 from tests.service.helpers import live_server, make_settings
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -43,18 +40,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1100"):
-        options.add_argument(arg)
-    d = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium_driver() as d:
         yield d
-    finally:
-        d.quit()
 
 
 def _plan_on_the_page(driver: Any, url: str) -> str:
