@@ -40,6 +40,9 @@ def launch(nproc: int, script: Path, *args: str, timeout: float = 600) -> subpro
         "oneflow.distributed.launch",
         "--nproc_per_node",
         str(nproc),
+        # another launch on this machine may hold 29500 (two test sessions at once)
+        "--master_port",
+        os.environ.get("AUTOPAR_ONEFLOW_PORT", "29500"),
         str(script),
         *args,
     ]
