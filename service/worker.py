@@ -35,7 +35,15 @@ from rq.serializers import JSONSerializer
 from autopar_cache.redis_store import connect
 from autopar_service.settings import Settings
 
-__all__ = ["IDLE_HEARTBEAT_S", "MAX_BACKOFF_S", "ResilientWorker", "alive_key", "make_worker", "run_worker"]
+__all__ = [
+    "IDLE_HEARTBEAT_S",
+    "MAX_BACKOFF_S",
+    "ResilientWorker",
+    "alive_key",
+    "make_worker",
+    "run_worker",
+    "tables_queue_name",
+]
 
 log = logging.getLogger("autopar.service.worker")
 
@@ -43,6 +51,11 @@ IDLE_HEARTBEAT_S = 2
 """Longest blocking dequeue of an idle worker, s: also how soon it re-registers after an outage."""
 MAX_BACKOFF_S = 4.0
 """Longest pause between two reconnection attempts, s."""
+
+
+def tables_queue_name(settings: Settings) -> str:
+    """The RQ queue of cost-table batches (:mod:`autopar_service.table_jobs`): ``{queue_name}:tables``."""
+    return f"{settings.queue_name}:tables"
 
 
 def alive_key(worker_name: str) -> str:
@@ -80,7 +93,8 @@ class ResilientWorker(Worker):
 
 
 def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
-    """A worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
+    """A worker on the cost-table queue (:mod:`autopar_service.table_jobs`), then on
+    ``settings.queue_name`` (JSON serializer, short heartbeats)."""
     # imported once in the parent so each horse forks warm: the planner, and the search that
     # it imports only when it solves
     import autopar_solver.planner
@@ -88,8 +102,10 @@ def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
 
     client = connect(str(settings.redis_url), socket_timeout_s=settings.redis_timeout_s)
     queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)
+    # cost-table batches first: a solve on another worker waits for them
+    tables = Queue(tables_queue_name(settings), connection=client, serializer=JSONSerializer)
     worker = ResilientWorker(
-        [queue],
+        [tables, queue],
         connection=client,
         serializer=JSONSerializer,
         name=name,
