@@ -751,7 +751,7 @@ def _encode_jobs(phase: str, jobs: list[Any]) -> dict[str, Any]:
     runtime: RuntimeProfile = jobs[0][5]
     return {
         **head,
-        "runtime": {**runtime.key(), "name": runtime.name},
+        "runtime": runtime.key(),
         "jobs": [
             {
                 "t": _spec_json(spec),
@@ -772,7 +772,7 @@ def _runtime_of(data: dict[str, Any]) -> RuntimeProfile:
         bool(data["overlap_grad_comm"]),
         ZeroSharding(data["zero_sharding"]),
     )
-    if profile.key() != {k: v for k, v in data.items() if k != "name"}:
+    if profile.key() != data:
         raise ConfigError("bad_remote_batch", f"runtime {data['name']!r} does not decode to the profile sent")
     return profile
 

@@ -50,6 +50,8 @@ COST_PREFIX = "cost:"
 """Where cost-table entries live in the shared store (under the store's own prefix)."""
 POLL_S = 0.05
 """Pause between two looks at the batches when there is nothing to take, seconds."""
+LOST_CHECK_S = 0.5
+"""Pause between two looks for batches whose worker died, seconds."""
 BATCH_TIMEOUT_S = 600
 """RQ's time-out of one batch job, seconds (a batch is a few seconds of work)."""
 
@@ -85,6 +87,11 @@ class RQTableBuilder:
         self.queue = Queue(tables_queue_name(settings), connection=self.client, serializer=JSONSerializer)
         self.entries = PrefixedStore(store, COST_PREFIX, settings.cost_ttl_s)
         self.stats: dict[str, int] = {"batches": 0, "by_workers": 0, "by_requester": 0, "taken_over": 0}
+        self.workers_seen: set[str] = set()
+        """Names of the workers whose batches arrived."""
+        self._unlisted_since: dict[str, float] = {}
+        """When each queued batch was first seen in no list (dequeued, not started)."""
+        self._next_lost_check = 0.0
 
     def build(self, batches: list[RemoteBatch], deadline: Deadline, progress: Callable[[int], None]) -> None:
         pending = {self._enqueue(b): b for b in batches}
@@ -94,6 +101,7 @@ class RQTableBuilder:
             for job_id in self._arrived(pending):
                 done += len(pending.pop(job_id).keys)
                 self.stats["by_workers"] += 1
+                self.workers_seen.add(self._worker_of(job_id))
                 progress(done)
             taken = self._take_one(pending)
             if taken is None:
@@ -132,6 +140,12 @@ class RQTableBuilder:
             counts = pipe.execute()
         return [job_id for (job_id, n), c in zip(names.items(), counts, strict=True) if c == len(n)]
 
+    def _worker_of(self, job_id: str) -> str:
+        try:
+            return str(Job.fetch(job_id, connection=self.client, serializer=JSONSerializer).worker_name)
+        except NoSuchJobError:
+            return "?"
+
     def _name(self, key: str) -> str:
         return self.store.prefix + COST_PREFIX + key
 
@@ -143,23 +157,35 @@ class RQTableBuilder:
                 if self.queue.remove(job_id):  # LREM: the worker's dequeue and this never both win
                     self.stats["by_requester"] += 1
                     return job_id
-        for job_id in pending:
-            if self._lost(job_id):
+        if time.monotonic() < self._next_lost_check:
+            return None
+        self._next_lost_check = time.monotonic() + LOST_CHECK_S
+        for job_id, batch in pending.items():
+            if self._lost(job_id, batch):
                 log.warning("cost-table batch %s: its worker died; computing it here", job_id)
                 self.stats["taken_over"] += 1
                 return job_id
         return None
 
-    def _lost(self, job_id: str) -> bool:
+    def _lost(self, job_id: str, batch: RemoteBatch) -> bool:
         """Whether the batch will not arrive: its job failed, vanished, or ended without
-        writing; or started on a worker that no longer renews its liveness key."""
+        writing; or started on a worker that no longer renews its liveness key; or left
+        the queue and has not started for ``worker_lost_after_s``."""
         try:
             job = Job.fetch(job_id, connection=self.client, serializer=JSONSerializer)
             status = job.get_status()
         except NoSuchJobError:
             return True
-        if status in (RQStatus.FAILED, RQStatus.STOPPED, RQStatus.CANCELED, RQStatus.FINISHED):
-            return True  # (finished: the keys were checked just before and are not all there)
+        if status == RQStatus.FINISHED:  # (it may have finished since the keys were looked at)
+            return not self._arrived({job_id: batch})
+        if status in (RQStatus.FAILED, RQStatus.STOPPED, RQStatus.CANCELED):
+            return True
         if status == RQStatus.STARTED and job.worker_name:
             return not self.client.exists(alive_key(job.worker_name))
-        return False
+        # dequeued (BLPOP) by a worker that died before it marked the job started: in no list
+        # (a live worker leaves that state within milliseconds)
+        if self.client.lpos(self.queue.key, job_id) is not None:
+            self._unlisted_since.pop(job_id, None)
+            return False
+        since = self._unlisted_since.setdefault(job_id, time.monotonic())
+        return time.monotonic() - since > self.settings.worker_lost_after_s
