@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2", help="comma list of worker counts")
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--external", action="store_true", help="use the workers already serving --queue")
+    ap.add_argument("--skip-local", action="store_true", help="no local pool build (serial: the reference)")
     ap.add_argument(
         "--queue", default=None, help="queue name (default: a fresh one; autopar with --external)"
     )
@@ -121,8 +122,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     serial_s, reference = _local(graph, mesh, 1)
     rows.append({"how": "local, serial", "wall_s": serial_s})
-    pool_s, _ = _local(graph, mesh, 2)
-    rows.append({"how": "local, process pool of 2", "wall_s": pool_s})
+    if not args.skip_local:
+        pool_s, _ = _local(graph, mesh, 2)
+        rows.append({"how": "local, process pool of 2", "wall_s": pool_s})
     server = None if args.redis_url else RedisServer().start()
     url = args.redis_url or server.url  # type: ignore[union-attr]
     store = RedisStore(url)

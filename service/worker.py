@@ -97,6 +97,7 @@ def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
     ``settings.queue_name`` (JSON serializer, short heartbeats)."""
     # imported once in the parent so each horse forks warm: the planner, and the search that
     # it imports only when it solves
+    import autopar_service.table_jobs  # noqa: F401  (its batches run in horses too)
     import autopar_solver.planner
     import autopar_solver.solve  # noqa: F401
 
