@@ -721,7 +721,7 @@ def _run_remote(
         RemoteBatch([keys[i] for i in idx], _encode_jobs(phase, [jobs[i] for i in idx]))
         for idx in _chunks(list(range(total)), REMOTE_BATCHES)
     ]
-    deadline.report(progress, name, done=0, total=total, remote=len(batches))
+    deadline.report(progress, name, done=0, total=total)
     remote.build(batches, deadline, lambda done: deadline.report(progress, name, done=done, total=total))
     return store.get_many(keys)
 

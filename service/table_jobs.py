@@ -39,7 +39,7 @@ from autopar.progress import Deadline
 from autopar_cache.base import PrefixedStore
 from autopar_cache.redis_store import RedisStore, connect
 from autopar_service.settings import Settings
-from autopar_service.worker import alive_key, tables_queue_name
+from autopar_service.worker_keys import alive_key, tables_queue_name
 
 __all__ = ["BATCH_FUNC", "COST_PREFIX", "RQTableBuilder", "build_table_batch"]
 

@@ -34,6 +34,7 @@ from rq.serializers import JSONSerializer
 
 from autopar_cache.redis_store import connect
 from autopar_service.settings import Settings
+from autopar_service.worker_keys import alive_key, tables_queue_name
 
 __all__ = [
     "IDLE_HEARTBEAT_S",
@@ -51,16 +52,6 @@ IDLE_HEARTBEAT_S = 2
 """Longest blocking dequeue of an idle worker, s: also how soon it re-registers after an outage."""
 MAX_BACKOFF_S = 4.0
 """Longest pause between two reconnection attempts, s."""
-
-
-def tables_queue_name(settings: Settings) -> str:
-    """The RQ queue of cost-table batches (:mod:`autopar_service.table_jobs`): ``{queue_name}:tables``."""
-    return f"{settings.queue_name}:tables"
-
-
-def alive_key(worker_name: str) -> str:
-    """The liveness key a worker renews on every heartbeat (expires ``worker_alive_ttl_s`` after)."""
-    return f"autopar:worker-alive:{worker_name}"
 
 
 class ResilientWorker(Worker):

@@ -24,7 +24,7 @@ from rq.serializers import JSONSerializer
 from autopar.cluster import Cluster, Mesh
 from autopar.cost_tables import CostTables, build_cost_tables, clear_process_caches
 from autopar.models import build
-from autopar.progress import Deadline
+from autopar.progress import Deadline, Progress
 from autopar.store import MemoryStore
 from autopar_cache.base import PrefixedStore
 from autopar_cache.redis_server import RedisServer
@@ -95,7 +95,8 @@ def start_workers(env: dict[str, Any], n: int) -> list[WorkerProcess]:
 
 def remote_build(graph: Any, env: dict[str, Any], builder: RQTableBuilder) -> CostTables:
     cost_store = PrefixedStore(env["store"], COST_PREFIX)
-    return build_cost_tables(
+    reports: list[Progress] = []
+    tables = build_cost_tables(
         graph,
         MESH,
         2,
@@ -104,7 +105,11 @@ def remote_build(graph: Any, env: dict[str, Any], builder: RQTableBuilder) -> Co
         parallel_threshold=1,
         remote=builder,
         deadline=Deadline(300),
+        progress=reports.append,
     )
+    edges = [r for r in reports if r.phase == "cost_tables:edges" and r.total]
+    assert edges and edges[-1].done == edges[-1].total  # the workers' entries reported as they arrive
+    return tables
 
 
 def assert_same_tables(a: CostTables, b: CostTables) -> None:
