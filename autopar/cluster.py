@@ -623,18 +623,29 @@ def axis_crosses_nodes(shape: Sequence[int], axis: int, devices_per_node: int) -
     return len(nodes_touched) > 1
 
 
-def candidate_mesh_shapes(cluster: Cluster, max_axes: int = 2) -> list[tuple[int, ...]]:
-    """Logical mesh shapes of up to ``max_axes`` axes (each > 1) over the cluster.
+def candidate_mesh_shapes(cluster: Cluster, max_axes: int = 3) -> list[tuple[int, ...]]:
+    """Every ordered factorisation of the device count into at most ``max_axes`` axes,
+    each of size > 1 (a size-1 axis changes nothing), by number of axes then shape.
 
-    For 2x4: ``[(8,), (2, 4), (4, 2)]``.
+    Every shape is a valid :class:`Mesh` (row-major over the devices; an axis whose
+    groups span nodes is priced on the inter-node link, :func:`axis_crosses_nodes`).
+    For 2x4: ``[(8,), (2, 4), (4, 2), (2, 2, 2)]``; for 4x8, 11 shapes.
     """
-    n = cluster.world_size
-    shapes: list[tuple[int, ...]] = [(n,)]
-    if max_axes >= 2:
-        for a in range(2, n):
-            if n % a == 0:
-                shapes.append((a, n // a))
-    return shapes
+    shapes = [s for s in _factorisations(cluster.world_size, max_axes) if s]
+    return sorted(shapes, key=lambda s: (len(s), s)) or [(cluster.world_size,)]
+
+
+def _factorisations(n: int, max_axes: int) -> list[tuple[int, ...]]:
+    """Ordered tuples of factors > 1 whose product is ``n``, at most ``max_axes`` long."""
+    if n == 1:
+        return [()]
+    if max_axes == 0:
+        return []
+    out: list[tuple[int, ...]] = []
+    for first in range(2, n + 1):
+        if n % first == 0:
+            out.extend((first, *rest) for rest in _factorisations(n // first, max_axes - 1))
+    return out
 
 
 def parse_mesh_shape(text: str | Sequence[int]) -> tuple[int, ...]:

@@ -323,6 +323,10 @@ class MeshSearchEntry(TypedDict, total=False):
     gap: float | None
     wall_s: float
     error: str | None
+    lower_bound_s: Annotated[
+        float | None, Field(description="proven least step time of any plan on the shape, before solving it")
+    ]
+    outcome: Annotated[str, Field(description="solved, proved worse (bound >= the best plan), or no plan")]
 
 
 @with_config(_SECTION)

@@ -26,8 +26,11 @@ first plan fits it: answered by the memo's entry without a budget); ZeRO 3 after
 (another problem on the same graph: the optimizer ops' tables and the whole solve are new).
 
 ``--scale`` runs the three-axis cases (mt5-base on ``[2,2,2]`` of 2x4, ``[4,2,4]`` and
-``[2,2,8]`` of 4x8) and the 100k-op graph on 4x8 ``a100-80g`` (meant for ``--time-limit 60``,
-``--cases gpt-100k-ops-4x8-80g``).
+``[2,2,8]`` of 4x8), the mesh search of mt5-base on 2x4 and 4x8 (every factorisation with
+up to 3 axes; a second line lists the shapes solved and those proved worse by their
+bound) and the 100k-op graph on 4x8 ``a100-80g`` (meant for ``--time-limit 60``,
+``--cases gpt-100k-ops-4x8-80g``).  The cost tables across 1 vs 2 RQ workers are
+``python -m benchmarks.table_workers``.
 
 ``--imported DIR`` adds the case ``oneflow-mt5-imported``: the graph of a real
 OneFlow MT5 job, built and imported by ``benchmarks/oneflow_mt5.py --out DIR``
@@ -113,6 +116,9 @@ SCALE: dict[str, Case] = {
     "mt5-base-2,2,2": Case("mt5-base", "2x4", (2, 2, 2)),
     "mt5-base-4,2,4": Case("mt5-base", "4x8", (4, 2, 4)),
     "mt5-base-2,2,8": Case("mt5-base", "4x8", (2, 2, 8)),
+    # the mesh search over every factorisation (up to 3 axes), pruned by proven bounds
+    "mt5-base-search-2x4": Case("mt5-base", "2x4", None),
+    "mt5-base-search-4x8": Case("mt5-base", "4x8", None),
     # the 100k-op graph where a plan fits (on 2x4 at 40 GiB its memory floor is 80.4 GiB); run at 60 s
     "gpt-100k-ops-4x8-80g": Case(
         "gpt2-medium", "4x8", (4, 8), {"layers": 580}, budget_gib=80.0, preset="a100-80g"
@@ -178,6 +184,8 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
                 memory_rounds=s.get("memory_rows"),
                 step_ms=p.step_time_s * 1e3,
                 memory_gib=p.memory_per_device_bytes / GIB,
+                mesh_shape=list(p.mesh.shape),
+                mesh_search=st.get("mesh_search"),
             )
     # the planner's process and its cost-table workers (the largest of them)
     row["peak_rss_gib"] = (
@@ -275,7 +283,23 @@ def main() -> None:
             + (f" (solve memo: {row['memo']})" if row.get("memo") else "")
             + (f" (budget {row['budget_gib']:.2f} GiB)" if "budget_gib" in row else "")
         )
+        if row.get("mesh_search"):
+            print(_search_line(row["mesh_shape"], row["mesh_search"]))
         sys.stdout.flush()
+
+
+def _search_line(chosen: list[int], stats: dict[str, Any]) -> str:
+    """The mesh search's shapes: chosen, solved and proved worse (with their bounds, ms)."""
+
+    def ms(b: float | None) -> str:
+        return "-" if b is None else f"{b * 1e3:.1f}"
+
+    solved = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["solved"])
+    pruned = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["proved_worse"])
+    return (
+        f"    chosen {chosen}; solved: {solved}; proved worse: {pruned or 'none'}; "
+        f"no plan: {stats['no_plan'] or 'none'}; bound phase {stats['bound_phase_s']:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -187,6 +187,7 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """
     from autopar_cache.plans import code_versions
     from autopar_service.settings import load_settings
+    from autopar_service.table_jobs import RQTableBuilder
     from autopar_service.tasks import error_of, run_job
 
     settings = load_settings()
@@ -230,7 +231,8 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
 
     with _Heartbeat(records, job_id, settings):
         try:
-            result = run_job(job_id, payload, store, settings, code_versions(), report)
+            tables = RQTableBuilder(store, settings)  # missing cost-table entries: on every worker
+            result = run_job(job_id, payload, store, settings, code_versions(), report, tables)
         except JobTimeoutException:
             limit = payload.get("options", {}).get("time_limit_s")
             error = {

@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from autopar.cost_tables import RemoteTableBuilder
 from autopar.errors import (
     AutoparError,
     ConfigError,
@@ -162,8 +163,10 @@ def run_job(
     settings: Settings,
     versions: dict[str, str],
     report: Reporter,
+    remote_tables: RemoteTableBuilder | None = None,
 ) -> dict[str, Any]:
     """Solve the job and store its plan; return the short result for the job record.
+    ``remote_tables`` builds missing cost-table entries on the other workers (RQ).
 
     Raises the planner's errors (:class:`InfeasibleError`, ...) and
     :class:`ConfigError` ``version_mismatch`` when this process runs other code
@@ -202,7 +205,12 @@ def run_job(
     t0 = time.perf_counter()
     # refresh: solve again (from the solve memo's entry and the cached plan), not recall
     result = plan(
-        request, store=costs, progress=_Throttle(report), hint=hint, resolve=bool(payload.get("refresh"))
+        request,
+        store=costs,
+        progress=_Throttle(report),
+        hint=hint,
+        resolve=bool(payload.get("refresh")),
+        remote_tables=remote_tables,
     )
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)

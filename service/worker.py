@@ -34,8 +34,17 @@ from rq.serializers import JSONSerializer
 
 from autopar_cache.redis_store import connect
 from autopar_service.settings import Settings
+from autopar_service.worker_keys import alive_key, tables_queue_name
 
-__all__ = ["IDLE_HEARTBEAT_S", "MAX_BACKOFF_S", "ResilientWorker", "alive_key", "make_worker", "run_worker"]
+__all__ = [
+    "IDLE_HEARTBEAT_S",
+    "MAX_BACKOFF_S",
+    "ResilientWorker",
+    "alive_key",
+    "make_worker",
+    "run_worker",
+    "tables_queue_name",
+]
 
 log = logging.getLogger("autopar.service.worker")
 
@@ -43,11 +52,6 @@ IDLE_HEARTBEAT_S = 2
 """Longest blocking dequeue of an idle worker, s: also how soon it re-registers after an outage."""
 MAX_BACKOFF_S = 4.0
 """Longest pause between two reconnection attempts, s."""
-
-
-def alive_key(worker_name: str) -> str:
-    """The liveness key a worker renews on every heartbeat (expires ``worker_alive_ttl_s`` after)."""
-    return f"autopar:worker-alive:{worker_name}"
 
 
 class ResilientWorker(Worker):
@@ -80,16 +84,20 @@ class ResilientWorker(Worker):
 
 
 def make_worker(settings: Settings, name: str | None = None) -> ResilientWorker:
-    """A worker on ``settings.queue_name`` (JSON serializer, short heartbeats)."""
+    """A worker on the cost-table queue (:mod:`autopar_service.table_jobs`), then on
+    ``settings.queue_name`` (JSON serializer, short heartbeats)."""
     # imported once in the parent so each horse forks warm: the planner, and the search that
     # it imports only when it solves
+    import autopar_service.table_jobs  # noqa: F401  (its batches run in horses too)
     import autopar_solver.planner
     import autopar_solver.solve  # noqa: F401
 
     client = connect(str(settings.redis_url), socket_timeout_s=settings.redis_timeout_s)
     queue = Queue(settings.queue_name, connection=client, serializer=JSONSerializer)
+    # cost-table batches first: a solve on another worker waits for them
+    tables = Queue(tables_queue_name(settings), connection=client, serializer=JSONSerializer)
     worker = ResilientWorker(
-        [queue],
+        [tables, queue],
         connection=client,
         serializer=JSONSerializer,
         name=name,

@@ -126,17 +126,21 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
 
 
 def mesh_search_text(entries: list[Any]) -> str:
-    """The ``mesh search:`` lines: each shape's step time, memory, proven gap and wall time, or
-    why it has no plan."""
+    """The ``mesh search:`` lines: each shape's step time, memory, proven gap and wall time,
+    the shapes proved worse than the chosen plan with their lower bound, or why a shape has
+    no plan."""
     lines = ["mesh search:"]
     for r in entries:
-        t, gap = r.get("step_time_s"), r.get("gap")
-        what = (
-            f"{t * 1e3:.2f} ms, {format_bytes(r.get('memory_per_device_bytes'))}, "
-            f"proven gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
-            if t
-            else str(r.get("error"))
-        )
+        t, gap, bound = r.get("step_time_s"), r.get("gap"), r.get("lower_bound_s")
+        if t:
+            what = (
+                f"{t * 1e3:.2f} ms, {format_bytes(r.get('memory_per_device_bytes'))}, "
+                f"proven gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
+            )
+        elif r.get("outcome") == "proved worse" and bound is not None:
+            what = f"proved worse: no plan under {bound * 1e3:.2f} ms (lower bound), not solved"
+        else:
+            what = str(r.get("error"))
         lines.append(f"  {r['shape']!s:<10} {what}")
     return "\n".join(lines) + "\n"
 

@@ -34,6 +34,7 @@ a mismatch raises :class:`~autopar.errors.VerificationError`.
 from __future__ import annotations
 
 from autopar.collector import collector_paused
+from autopar.cost_tables import RemoteTableBuilder
 from autopar.graph import Graph
 from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
@@ -67,6 +68,7 @@ def plan(
     hint: Plan | None = None,
     deadline: Deadline | None = None,
     resolve: bool = False,
+    remote_tables: RemoteTableBuilder | None = None,
 ) -> Plan:
     """Solve ``request``; search the logical mesh shapes when none is given.
 
@@ -79,10 +81,18 @@ def plan(
     With a ``store``, what earlier solves of the same problem proved is recalled
     (:mod:`autopar_solver.solve_memo`): re-checked, it is the answer when its gap is
     within ``options.relative_gap`` (unless ``resolve``), else where the solve starts.
+    ``remote_tables`` builds missing cost-table entries on other processes (the service's
+    workers) into ``store``.
     """
     with collector_paused():
         ctx = PlanContext.start(
-            request.options, deadline, store=store, progress=progress, hint=hint, resolve=resolve
+            request.options,
+            deadline,
+            store=store,
+            progress=progress,
+            hint=hint,
+            resolve=resolve,
+            remote_tables=remote_tables,
         )
         graph: Graph = checked_graph(request, ctx.deadline)
         if request.mesh_shape is None:

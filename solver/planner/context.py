@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autopar.cost_tables import RemoteTableBuilder
 from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.store import KeyValueStore
@@ -78,6 +79,9 @@ class PlanContext:
     """Solve again even when the solve memo's plan is within the requested gap."""
     shape: tuple[int, ...] | None = None
     """The mesh shape reports carry (set by the mesh search)."""
+    remote_tables: RemoteTableBuilder | None = None
+    """Where missing cost-table entries are built besides this process (the service's
+    workers); None: a local process pool only."""
 
     @classmethod
     def start(

@@ -116,6 +116,7 @@ def _cost_tables(
         runtime=options.runtime,
         progress=ctx.relay().callback(),
         deadline=ctx.deadline,
+        remote=ctx.remote_tables,
     )
 
 

@@ -26,7 +26,9 @@ def test_mesh_must_cover_cluster_with_numbers_in_message():
 
 
 def test_candidate_shapes_2x4():
-    assert candidate_mesh_shapes(Cluster.parse("2x4")) == [(8,), (2, 4), (4, 2)]
+    assert candidate_mesh_shapes(Cluster.parse("2x4")) == [(8,), (2, 4), (4, 2), (2, 2, 2)]
+    assert len(candidate_mesh_shapes(Cluster.parse("4x8"))) == 11  # 1 + 4 + 6 ordered ones
+    assert candidate_mesh_shapes(Cluster.parse("2x4"), max_axes=2) == [(8,), (2, 4), (4, 2)]
 
 
 def test_parse_mesh_shape():

@@ -1,0 +1,83 @@
+"""Mesh search over every factorisation of the device count: a proven lower bound per shape
+before solving, the most promising solved first, shapes proved worse pruned."""
+
+import pytest
+
+from autopar.cluster import Cluster, candidate_mesh_shapes
+from autopar.models import build
+from autopar_solver.cli import mesh_search_text
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest, plan
+from autopar_solver.planner.mesh_search import BOUND_SHARE
+
+CLUSTER = Cluster.parse("2x4", "a100-40g")
+OPTIONS = SolverOptions(time_limit_s=5, deterministic=True, workers=2)
+SHAPES = [(8,), (2, 4), (4, 2), (2, 2, 2)]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return build("tiny-gpt")
+
+
+@pytest.fixture(scope="module")
+def searched(graph):
+    return plan(PlanRequest(graph, CLUSTER, None, None, 2, OPTIONS))
+
+
+@pytest.fixture(scope="module")
+def each_shape(graph):
+    """Every shape solved on its own (the same deterministic options)."""
+    return {shape: plan(PlanRequest(graph, CLUSTER, shape, None, 2, OPTIONS)) for shape in SHAPES}
+
+
+def test_every_factorisation_up_to_three_axes_is_a_candidate():
+    assert candidate_mesh_shapes(CLUSTER) == SHAPES
+    shapes_4x8 = candidate_mesh_shapes(Cluster.parse("4x8"))
+    assert (4, 2, 4) in shapes_4x8 and (2, 2, 8) in shapes_4x8 and (32,) in shapes_4x8
+    assert all(1 not in s and len(s) <= 3 for s in shapes_4x8)
+
+
+@pytest.mark.slow
+def test_every_shape_has_a_bound_and_an_outcome(searched):
+    rows = searched.diagnostics["mesh_search"]
+    assert [tuple(r["shape"]) for r in rows] == SHAPES
+    assert all(r["lower_bound_s"] is not None and r["lower_bound_s"] > 0 for r in rows)
+    stats = searched.solver["stats"]["mesh_search"]
+    solved = {tuple(s["shape"]) for s in stats["solved"]}
+    pruned = {tuple(s["shape"]) for s in stats["proved_worse"]}
+    assert pruned, "tiny-gpt on 2x4: [8] is proved worse than the best plan before it is solved"
+    assert solved | pruned == set(SHAPES) and not solved & pruned
+    assert tuple(searched.mesh.shape) in solved
+    text = mesh_search_text(rows)
+    assert text.count("proved worse: no plan under") == len(pruned)
+
+
+@pytest.mark.slow
+def test_pruned_shapes_bounds_hold_and_exceed_the_chosen_plan(searched, each_shape):
+    for row in searched.diagnostics["mesh_search"]:
+        shape, bound = tuple(row["shape"]), row["lower_bound_s"]
+        # the bound is proven: the shape's own plan, solved on its own, costs no less
+        assert each_shape[shape].step_time_s >= bound * (1 - 1e-9), shape
+        if row["outcome"] == "proved worse":
+            assert bound >= searched.step_time_s, shape
+            assert row["step_time_s"] is None
+
+
+@pytest.mark.slow
+def test_chosen_shape_is_the_best_of_solving_every_shape(searched, each_shape):
+    best = min(SHAPES, key=lambda s: each_shape[s].step_time_s)
+    assert tuple(searched.mesh.shape) == best
+    assert searched.step_time_s == pytest.approx(each_shape[best].step_time_s, rel=1e-9)
+
+
+def test_search_keeps_to_its_time_split(graph):
+    limit = 8.0
+    p = plan(PlanRequest(graph, Cluster.parse("1x4"), None, None, 2, SolverOptions(time_limit_s=limit)))
+    stats = p.solver["stats"]["mesh_search"]
+    assert stats["limit_s"] == limit
+    assert stats["bound_phase_limit_s"] <= BOUND_SHARE * limit
+    assert stats["solved"]
+    for row in stats["solved"]:
+        # each solve gets at most an equal share of what is left among the shapes still worth solving
+        assert row["shared_by"] >= 1 and row["share_s"] * row["shared_by"] <= limit
