@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -88,32 +89,54 @@ def test_half_a_block_recomputed_is_forbidden(tables, layout) -> None:
     assert cost == math.inf
 
 
-def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(graph) -> None:
-    """A budget under the least memory any plan needs without checkpointing: ``off`` is
-    refused with that floor, ``auto`` finds a verified plan that recomputes some blocks, and
-    its proven bound (over every layout and every set of recomputed blocks) is at most the
-    ``full`` plan's iteration (a ``full`` plan is one of ``auto``'s)."""
+@dataclass
+class Tight:
+    """A budget under the least memory any plan needs without checkpointing (tiny-gpt, [4])."""
+
+    mesh: Mesh
+    tables: CostTables
+    budget: int
+    floor_off: float
+    full: Plan
+    """The ``full`` plan at that budget (one of ``auto``'s plans)."""
+
+
+def _solve(graph, mesh: Mesh, tables: CostTables, budget: int, mode: str, tie_layers: bool = False) -> Plan:
+    options = SolverOptions(time_limit_s=90, micro_batches=K, checkpointing=mode, workers=2)
+    return solve_on_mesh(graph, mesh, budget, 2, options, tables=tables, tie_layers=tie_layers)
+
+
+@pytest.fixture(scope="module")
+def tight(graph) -> Tight:
     mesh = Mesh(Cluster.parse("1x4", "a100-40g"), (4,))
     tables = build_cost_tables(graph, mesh, 2)
     floor_off = memory_floors(with_training(tables, TrainingConfig(K, "off"))).max()
     floor_auto = memory_floors(with_training(tables, TrainingConfig(K, "auto"))).max()
     assert floor_auto < floor_off
     budget = int(0.95 * floor_off)
+    return Tight(mesh, tables, budget, floor_off, _solve(graph, mesh, tables, budget, "full"))
 
-    def solve(mode: str) -> Plan:
-        options = SolverOptions(time_limit_s=90, micro_batches=K, checkpointing=mode, workers=2)
-        return solve_on_mesh(graph, mesh, budget, 2, options, tables=tables)
 
+def test_off_is_refused_with_its_floor(graph, tight: Tight) -> None:
     with pytest.raises(InfeasibleError) as err:
-        solve("off")
-    assert err.value.details["proven"] and err.value.details["min_feasible_bytes"] >= floor_off
-    auto, full = solve("auto"), solve("full")
-    assert auto.solver is not None and full.solver is not None
+        _solve(graph, tight.mesh, tight.tables, tight.budget, "off")
+    assert err.value.details["proven"] and err.value.details["min_feasible_bytes"] >= tight.floor_off
+
+
+@pytest.mark.parametrize("tie_layers", [False, True])
+def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(
+    graph, tight: Tight, tie_layers: bool
+) -> None:
+    """``auto`` finds a verified plan within a budget ``off`` cannot meet, recomputing some
+    blocks, with identical layers tied or not; its proven bound (over every layout and every
+    set of recomputed blocks) is at most the ``full`` plan's iteration."""
+    auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto", tie_layers)
+    assert auto.solver is not None and tight.full.solver is not None
     assert auto.training.checkpointing == "auto" and auto.training.recomputed
-    assert auto.memory["per_device_bytes"] <= budget
+    assert auto.memory["per_device_bytes"] <= tight.budget
     ev = evaluate(graph, auto)  # the plan as recorded: its blocks recomputed, priced again
     assert ev.training.recomputed == auto.training.recomputed
     assert math.isclose(ev.iteration_time_s, auto.solver["objective"], rel_tol=1e-6)
-    assert ev.memory.total <= budget
-    assert auto.solver["bound"] <= full.solver["objective"] * (1 + 1e-9)
+    assert ev.memory.total <= tight.budget
+    assert auto.solver["bound"] <= tight.full.solver["objective"] * (1 + 1e-9)
     assert ev.recompute_time_s > 0
