@@ -246,11 +246,9 @@ def add_training_args(p: argparse.ArgumentParser, defaults_from: str | None = No
 
 def training_from_args(args: argparse.Namespace, base: TrainingConfig | None = None) -> TrainingConfig:
     """The :class:`TrainingConfig` of ``--micro-batches`` and ``--checkpointing``; an omitted
-    one (None) keeps ``base``'s.  Raises :class:`ConfigError` on a bad value."""
-    base = base or TrainingConfig()
-    k = base.micro_batches if args.micro_batches is None else args.micro_batches
-    mode = base.checkpointing if args.checkpointing is None else args.checkpointing
-    return TrainingConfig(k, mode)
+    one (None) keeps ``base``'s (:meth:`TrainingConfig.repriced`: ``auto`` keeps the blocks
+    ``base`` recomputes).  Raises :class:`ConfigError` on a bad value."""
+    return (base or TrainingConfig()).repriced(args.micro_batches, args.checkpointing)
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:

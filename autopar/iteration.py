@@ -51,11 +51,15 @@ __all__ = [
     "accumulation_buffer_bytes",
     "activation_spans",
     "baseline_training",
+    "block_readers",
+    "candidate_blocks",
     "checkpoint_blocks",
     "layer_of",
     "once_per_step_ops",
+    "recompute_table_costs",
     "run_counts",
     "table_costs",
+    "tensor_spans",
     "training_of",
     "variable_memory_bytes",
     "weighted_costs",
@@ -64,7 +68,8 @@ __all__ = [
 
 CHECKPOINTING_MODES = ("off", "full", "auto")
 """``off``: keep every activation; ``full``: recompute every transformer block (Megatron's
-and LiBai's ``actrue``); ``auto``: the solver chooses per block (not available yet)."""
+and LiBai's ``actrue``); ``auto``: the solver chooses per block, jointly with the layout
+(the plan records the blocks it recomputes: :attr:`TrainingConfig.recomputed`)."""
 
 TOP_LEVEL = "(top level)"
 """Layer of ops whose name has no dot (graph inputs such as ``input_ids``)."""
@@ -79,6 +84,9 @@ class TrainingConfig:
 
     micro_batches: int = 1
     checkpointing: str = "off"
+    recomputed: tuple[str, ...] = ()
+    """Under ``auto``: the layer scopes (:func:`layer_of`) the plan recomputes, sorted (the
+    solver's choice; empty in a request).  Empty under ``off`` and ``full``."""
 
     def __post_init__(self) -> None:
         k = self.micro_batches
@@ -92,6 +100,15 @@ class TrainingConfig:
                 "bad_checkpointing",
                 f"checkpointing must be one of {', '.join(CHECKPOINTING_MODES)}, got {self.checkpointing!r}",
             )
+        blocks = self.recomputed
+        if isinstance(blocks, str) or not all(isinstance(b, str) for b in blocks):
+            raise ConfigError("bad_checkpointing", f"recomputed blocks must be names, got {blocks!r}")
+        if blocks and self.checkpointing != "auto":
+            raise ConfigError(
+                "bad_checkpointing",
+                f"recomputed blocks are chosen under checkpointing 'auto' only, not {self.checkpointing!r}",
+            )
+        object.__setattr__(self, "recomputed", tuple(sorted(set(blocks))))
 
     @property
     def is_default(self) -> bool:
@@ -99,7 +116,23 @@ class TrainingConfig:
         return self.micro_batches == 1 and self.checkpointing == "off"
 
     def to_dict(self) -> dict[str, object]:
-        return {"micro_batches": self.micro_batches, "checkpointing": self.checkpointing}
+        out: dict[str, object] = {"micro_batches": self.micro_batches, "checkpointing": self.checkpointing}
+        if self.checkpointing == "auto":
+            out["recomputed_blocks"] = list(self.recomputed)
+        return out
+
+    def repriced(self, micro_batches: int | None, checkpointing: str | None) -> TrainingConfig:
+        """This plan's configuration at another K or checkpointing (None: keep this one's).
+        ``auto`` keeps the blocks this configuration records (a plan solved with ``auto``
+        recomputes what the solver chose; any other plan records none)."""
+        mode = self.checkpointing if checkpointing is None else checkpointing
+        k = self.micro_batches if micro_batches is None else micro_batches
+        blocks = self.recomputed if mode == "auto" else ()
+        return TrainingConfig(k, mode, blocks)
+
+    def with_recomputed(self, blocks: Iterable[str]) -> TrainingConfig:
+        """This configuration with ``blocks`` recomputed (the solver's choice under ``auto``)."""
+        return dataclasses.replace(self, recomputed=tuple(sorted(set(blocks))))
 
 
 @dataclass(frozen=True)
@@ -140,10 +173,10 @@ and LiBai's ``activation_checkpoint`` (the seed's ``actrue``) recompute every bl
 
 def baseline_training(kind: str, training: TrainingConfig) -> TrainingConfig:
     """``training`` for baseline ``kind``: the same K, with the checkpointing the real
-    system uses (:data:`BASELINE_CHECKPOINTING`) when ``training`` has it ``off``."""
-    mode = (
-        BASELINE_CHECKPOINTING.get(kind, "off") if training.checkpointing == "off" else training.checkpointing
-    )
+    system uses (:data:`BASELINE_CHECKPOINTING`) when ``training`` has it ``off`` or ``auto``."""
+    # a baseline is a fixed layout: ``auto`` (a solver's choice) is the system's own default
+    default = BASELINE_CHECKPOINTING.get(kind, "off")
+    mode = default if training.checkpointing in ("off", "auto") else training.checkpointing
     return TrainingConfig(training.micro_batches, mode)
 
 
@@ -193,23 +226,25 @@ def once_per_step_ops(graph: Graph) -> frozenset[str]:
     return frozenset(once)
 
 
+def candidate_blocks(graph: Graph) -> frozenset[str]:
+    """Layer scopes (:func:`layer_of`) that can be recomputed: every scope with a numeric
+    component (``encoder.layers.3``: a transformer block) that has forward ops."""
+    blocks = {layer_of(op.name) for op in graph.ops if op.role is Role.FORWARD}
+    return frozenset(b for b in blocks if any(p.isdigit() for p in b.split(".")))
+
+
 def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
     """Layer scopes (:func:`layer_of`) whose forward is recomputed in backward.
 
-    ``full``: every scope with a numeric component (``encoder.layers.3``: a transformer
-    block) that has forward ops, as Megatron-LM's ``--recompute-granularity full
-    --recompute-method uniform`` and LiBai's ``activation_checkpoint`` on each block do.
-    Raises ``checkpointing_auto_unavailable`` for ``auto``."""
+    ``full``: every block of :func:`candidate_blocks`, as Megatron-LM's
+    ``--recompute-granularity full --recompute-method uniform`` and LiBai's
+    ``activation_checkpoint`` on each block do; ``auto``: the blocks the plan records
+    (:attr:`TrainingConfig.recomputed`, the solver's choice); ``off``: none."""
     if training.checkpointing == "off":
         return frozenset()
     if training.checkpointing == "auto":
-        raise ConfigError(
-            "checkpointing_auto_unavailable",
-            "checkpointing 'auto' (a per-block choice in the solver) is not available yet: "
-            "use 'full' or 'off'",
-        )
-    blocks = {layer_of(op.name) for op in graph.ops if op.role is Role.FORWARD}
-    return frozenset(b for b in blocks if any(p.isdigit() for p in b.split(".")))
+        return frozenset(training.recomputed)
+    return candidate_blocks(graph)
 
 
 @dataclass(frozen=True)
@@ -324,20 +359,49 @@ def activation_spans(
     its block's backward (the recompute) to its last backward use.  A tensor a recomputed
     block reads from outside stays live until that block's backward starts.  Source:
     Chen et al. 2016 (checkpointing), Megatron-LM ``checkpointed_forward``."""
-    intervals = activation_intervals(graph, working_copy_is_state)
     blocks = checkpoint_blocks(graph, training)
     if not blocks:
+        intervals = activation_intervals(graph, working_copy_is_state)
         return [(t, s, e) for t, (s, e) in intervals.items()]
+    per_tensor = tensor_spans(graph, blocks, blocks, working_copy_is_state)
+    return [(t, s, e) for t, spans in per_tensor.items() for s, e in spans]
+
+
+def tensor_spans(
+    graph: Graph, dropped: frozenset[str], held: frozenset[str], working_copy_is_state: bool = False
+) -> dict[str, list[tuple[int, int]]]:
+    """Each activation's live spans when the blocks ``dropped`` free their own tensors after
+    forward and recompute them in backward, and the blocks ``held`` keep the tensors they
+    read from outside until their backward starts (:func:`activation_spans` is both sets
+    equal to the recomputed blocks; the solver also prices the sets apart, see
+    ``autopar_solver.planner.recompute``)."""
+    intervals = activation_intervals(graph, working_copy_is_state)
     order = graph.topological_order
     pos = {op.name: i for i, op in enumerate(order)}
     backward_start: dict[str, int] = {}
     for i, op in enumerate(order):
         if op.role is Role.BACKWARD:
             backward_start.setdefault(layer_of(op.name), i)
-    spans: list[tuple[str, int, int]] = []
-    for tname, (start, end) in intervals.items():
-        spans.extend(_spans_of(graph, tname, start, end, blocks, pos, backward_start))
-    return spans
+    return {
+        tname: _spans_of(graph, tname, start, end, (dropped, held), pos, backward_start)
+        for tname, (start, end) in intervals.items()
+    }
+
+
+def block_readers(graph: Graph, blocks: frozenset[str]) -> dict[str, tuple[str | None, frozenset[str]]]:
+    """Tensor -> (its home block, the other blocks that read it in forward), among ``blocks``:
+    the blocks whose recompute flags decide the tensor's live spans (home: None when its
+    producer is not a forward op of one of ``blocks``)."""
+    out: dict[str, tuple[str | None, frozenset[str]]] = {}
+    for tname, (pname, _) in graph.producer.items():
+        producer = graph.op_by_name[pname]
+        home = layer_of(pname) if producer.role is Role.FORWARD else None
+        home = home if home in blocks else None
+        readers = {
+            layer_of(c) for c, _ in graph.consumers.get(tname, []) if graph.op_by_name[c].role is Role.FORWARD
+        }
+        out[tname] = (home, frozenset(r for r in readers if r in blocks and r != home))
+    return out
 
 
 def _spans_of(
@@ -345,11 +409,13 @@ def _spans_of(
     tname: str,
     start: int,
     end: int,
-    blocks: frozenset[str],
+    blocks: tuple[frozenset[str], frozenset[str]],
     pos: dict[str, int],
     backward_start: dict[str, int],
-) -> Iterable[tuple[str, int, int]]:
-    """The live spans of one activation under checkpointing (see :func:`activation_spans`)."""
+) -> list[tuple[int, int]]:
+    """The live spans of one activation under checkpointing (see :func:`tensor_spans`;
+    ``blocks`` = (dropped, held))."""
+    dropped, held = blocks
     pname = graph.producer[tname][0]
     producer = graph.op_by_name[pname]
     home = layer_of(pname) if producer.role is Role.FORWARD else None
@@ -359,16 +425,17 @@ def _spans_of(
         if consumer.role is Role.FORWARD:
             forward_end = max(forward_end, pos[cname])
             scope = layer_of(cname)
-            if scope in blocks and scope != home:  # an input of a recomputed block
+            if scope in held and scope != home:  # an input of a recomputed block
                 forward_end = max(forward_end, backward_start.get(scope, pos[cname]))
         else:
             backward_uses.append(pos[cname])
-    if home not in blocks:
-        return [(tname, start, max(end, forward_end))]
-    spans = [(tname, start, forward_end)]
+    if home not in dropped:
+        return [(start, max(end, forward_end))]
+    spans = [(start, forward_end)]
     if backward_uses:
         again = min(backward_start.get(home, min(backward_uses)), min(backward_uses))
-        spans.append((tname, max(again, forward_end + 1), max(backward_uses)))
+        if max(again, forward_end + 1) <= max(backward_uses):  # else live throughout the first
+            spans.append((max(again, forward_end + 1), max(backward_uses)))
     return spans
 
 
@@ -415,9 +482,31 @@ def table_costs(
     if training.is_default:
         return nodes, edges
     counts = run_counts(graph, training, tables.runtime, tables.zero_stage)
-    mesh, lowering = tables.mesh, tables.runtime.lowering.value
+    return _weighted_tables(tables, counts, _gather_costs(tables))
+
+
+def recompute_table_costs(
+    tables: CostTables, training: TrainingConfig
+) -> tuple[
+    tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]],
+    tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]],
+]:
+    """:func:`table_costs` with no block recomputed and with every block of
+    :func:`candidate_blocks` recomputed, at ``training``'s K: an op's (or the edge into
+    it) cost when its block keeps its activations, and when it recomputes them (the two
+    differ only on the forward ops of the blocks; the solver's ``auto`` choice)."""
+    graph, k = tables.graph, training.micro_batches
+    gathers = _gather_costs(tables)
+    keep = run_counts(graph, TrainingConfig(k, "off"), tables.runtime, tables.zero_stage)
+    recompute = run_counts(graph, TrainingConfig(k, "full"), tables.runtime, tables.zero_stage)
+    return _weighted_tables(tables, keep, gathers), _weighted_tables(tables, recompute, gathers)
+
+
+def _gather_costs(tables: CostTables) -> list[np.ndarray | None]:
+    """Each op's ZeRO parameter gather seconds per choice (None without one)."""
+    graph, mesh, lowering = tables.graph, tables.mesh, tables.runtime.lowering.value
     gathers: list[np.ndarray | None] = []
-    for op in order:
+    for op in graph.topological_order:
         if model_port_index(op) is None or tables.zero_stage == 0:
             gathers.append(None)
             continue
@@ -426,6 +515,18 @@ def table_costs(
         gathers.append(
             np.array([optimizer_gather_time(ctx, s, mesh, lowering) for s in sigs], dtype=np.float64)
         )
+    return gathers
+
+
+def _weighted_tables(
+    tables: CostTables, counts: RunCounts, gathers: list[np.ndarray | None]
+) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]]:
+    """The tables' costs weighted by ``counts`` (:func:`weighted_costs`)."""
+    graph = tables.graph
+    order = graph.topological_order
+    index = {op.name: i for i, op in enumerate(order)}
+    nodes = [tables.ops[op.name].compute_s for op in order]
+    edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
     gradients = weight_gradient_path(graph)
     runs = []
     for e in tables.edges:
@@ -447,4 +548,5 @@ def training_of(tables: CostTables) -> TrainingConfig:
     found = tables.stats.get("training")
     if not isinstance(found, dict):
         return TrainingConfig()
-    return TrainingConfig(int(found["micro_batches"]), str(found["checkpointing"]))
+    blocks = tuple(str(b) for b in found.get("recomputed_blocks", ()))
+    return TrainingConfig(int(found["micro_batches"]), str(found["checkpointing"]), blocks)

@@ -32,7 +32,7 @@ from autopar.wire import (
     error_path,
 )
 
-__all__ = ["FORMAT", "Plan", "check_plan_graph", "format_bytes"]
+__all__ = ["FORMAT", "Plan", "check_plan_graph", "format_bytes", "recompute_line"]
 
 FORMAT = "autopar.plan/v1"
 
@@ -162,6 +162,11 @@ class Plan:
             "runtime": self.runtime,
             "micro_batches": self.training.micro_batches,
             "checkpointing": self.training.checkpointing,
+            **(
+                {"recomputed_blocks": list(self.training.recomputed)}
+                if self.training.checkpointing == "auto"
+                else {}
+            ),
             "memory_budget_bytes": self.memory_budget_bytes,
             "predicted": self.predicted,
             "memory": self.memory,
@@ -239,7 +244,7 @@ class Plan:
             source=model.source,
             memory_budget_bytes=model.memory_budget_bytes,
             runtime=model.runtime,
-            training=_training(model.micro_batches, model.checkpointing),
+            training=_training(model.micro_batches, model.checkpointing, model.recomputed_blocks),
         )
 
     @classmethod
@@ -283,6 +288,8 @@ class Plan:
             f"optimizer {format_bytes(mem.get('optimizer_bytes', 0))}, "
             f"activations {format_bytes(mem.get('activation_peak_bytes', 0))})",
         ]
+        if self.training.checkpointing == "auto":
+            lines.append(recompute_line(self.training.recomputed, pred.get("recompute_time_s")))
         if self.solver:
             s = self.solver
             lines.append(
@@ -298,11 +305,22 @@ class Plan:
         return "\n".join(lines)
 
 
-def _training(micro_batches: int, checkpointing: str) -> TrainingConfig:
+def _training(micro_batches: int, checkpointing: str, recomputed: list[str]) -> TrainingConfig:
     try:
-        return TrainingConfig(micro_batches, checkpointing)
+        return TrainingConfig(micro_batches, checkpointing, tuple(recomputed))
     except ValueError as exc:
-        raise PlanError("bad_format", f"plan field micro_batches/checkpointing: {exc}") from None
+        raise PlanError(
+            "bad_format", f"plan field micro_batches/checkpointing/recomputed_blocks: {exc}"
+        ) from None
+
+
+def recompute_line(blocks: tuple[str, ...], recompute_s: float | None) -> str:
+    """The summary line of the blocks ``auto`` checkpointing recomputes and their cost."""
+    if not blocks:
+        return "  recompute   none (every block keeps its activations)"
+    shown = ", ".join(blocks[:6]) + (f", ... ({len(blocks)} blocks)" if len(blocks) > 6 else "")
+    cost = float("nan") if recompute_s is None else float(recompute_s)
+    return f"  recompute   {len(blocks)} blocks: {shown}; {cost * 1e3:.2f} ms per step recomputing"
 
 
 def check_plan_graph(graph: Graph, plan: Plan, remedy: str) -> None:

@@ -382,6 +382,11 @@ class PlanModel(_Strict):
     checkpointing: Literal["off", "full", "auto"] = Field(
         default="off", description="activation checkpointing priced: off, full (every block) or auto"
     )
+    recomputed_blocks: list[Name] = Field(
+        default_factory=list,
+        max_length=MAX_OPS,
+        description="under checkpointing auto: the layer scopes the plan recomputes, sorted",
+    )
     predicted: Predicted = Field(default_factory=lambda: Predicted())
     memory: MemoryReport = Field(default_factory=lambda: MemoryReport())
     variables: dict[Name, VariableLayout] = Field(default_factory=dict, max_length=MAX_OPS)

@@ -54,7 +54,7 @@ from autopar.breakdown import (
 from autopar.errors import ConfigError, PlanError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph, Op, Role
-from autopar.iteration import baseline_training
+from autopar.iteration import baseline_training, checkpoint_blocks
 from autopar.plan import Plan
 
 __all__ = [
@@ -125,6 +125,10 @@ class PlanView:
     timeline: MemoryTimeline
     iteration_time_s: float
     """One optimizer step at the plan's ``training`` (K micro-batches and once-per-step work)."""
+    recomputed_blocks: int = 0
+    """Blocks the plan recomputes (:func:`autopar.iteration.checkpoint_blocks`)."""
+    recompute_time_s: float = 0.0
+    """Seconds per optimizer step spent recomputing them."""
 
     @classmethod
     def of(cls, label: str, graph: Graph, plan: Plan, memo: PricingMemo | None = None) -> PlanView:
@@ -136,6 +140,8 @@ class PlanView:
             breakdown(graph, plan, evaluation=ev),
             memory_timeline(graph, plan, evaluation=ev),
             ev.iteration_time_s,
+            len(checkpoint_blocks(graph, ev.training)),
+            ev.recompute_time_s,
         )
 
     @property
@@ -415,6 +421,10 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     row(
         "&nbsp; micro-batches K, checkpointing",
         [f"{v.plan.training.micro_batches}, {_esc(v.plan.training.checkpointing)}" for v in views],
+    )
+    row(
+        "&nbsp; blocks recomputed, time recomputing per step",
+        [f"{v.recomputed_blocks}, {_ms(v.recompute_time_s)}" for v in views],
     )
     row("evaluated step time (one micro-batch)", [f"<b>{_ms(v.step_time_s)}</b>" for v in views])
     row("&nbsp; compute", [_ms(v.parts.compute_time_s) for v in views])

@@ -53,7 +53,8 @@ class SolverOptions:
     micro_batches: int = 1
     """Micro-batches per optimizer step: the objective is the iteration (:mod:`autopar.iteration`)."""
     checkpointing: str = "off"
-    """Activation checkpointing priced: ``off`` or ``full`` (``auto``: not available yet)."""
+    """Activation checkpointing priced: ``off``, ``full`` (every block) or ``auto`` (the solver
+    chooses per block, jointly with the layout: :mod:`autopar_solver.planner.recompute`)."""
     max_model_vars: int = 150_000
     """Largest reduced problem (Booleans: choices + grouped edge pairs) given to CP-SAT
     as one model; above it CP-SAT improves the heuristic plan window by window
@@ -69,12 +70,6 @@ class SolverOptions:
 
     def __post_init__(self) -> None:
         TrainingConfig(self.micro_batches, self.checkpointing)  # validates (ConfigError)
-        if self.checkpointing == "auto":  # refused before any work, not after the cost tables
-            raise ConfigError(
-                "checkpointing_auto_unavailable",
-                "checkpointing 'auto' (a per-block choice in the solver) is not available yet: "
-                "use 'full' or 'off'",
-            )
         if self.runtime not in RUNTIMES:
             raise _bad(f"runtime must be one of {sorted(RUNTIMES)}, got {self.runtime!r}")
         if not (isinstance(self.time_limit_s, (int, float)) and math.isfinite(self.time_limit_s)):

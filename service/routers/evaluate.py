@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 
 from autopar.errors import AutoparError, PlanError
 from autopar.graph import Graph
-from autopar.iteration import TrainingConfig
 from autopar.plan import Plan, check_plan_graph
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
@@ -71,10 +70,7 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     check_plan_graph(graph, plan, "POST /v1/plans")
     check_plan_fits(graph, plan)
     # any plan at another iteration: K and checkpointing as asked, else the plan's own
-    plan.training = TrainingConfig(
-        plan.training.micro_batches if body.micro_batches is None else body.micro_batches,
-        plan.training.checkpointing if body.checkpointing is None else body.checkpointing,
-    )
+    plan.training = plan.training.repriced(body.micro_batches, body.checkpointing)
     try:
         result: dict[str, Any] = finite(evaluate(graph, plan).to_dict())
     except AutoparError:

@@ -16,6 +16,7 @@ Where each concept lives:
 * :mod:`.request`: :class:`PlanRequest`, its cache key, the graph checked in time;
 * :mod:`.context`: :class:`PlanContext`, the one clock and channels every stage gets;
 * :mod:`.memory_rows`: :func:`build_problem`, the numeric problem and its memory rows;
+* :mod:`.recompute`: checkpointing ``auto``, recompute or keep per block as doubled choices;
 * :mod:`.floors`: :func:`memory_floors`, the least memory any plan needs, infeasibility;
 * :mod:`.recall`: the solve memo's recall (a recalled plan is re-checked there) and write;
 * :mod:`.rounds`: memory rounds (solve, evaluate, constrain the peak, solve again);

@@ -18,10 +18,10 @@ from autopar.cluster import Mesh
 from autopar.cost_tables import CostTables
 from autopar.errors import InfeasibleError, TimeLimitError
 from autopar.graph import DTYPE_BYTES
-from autopar.iteration import activation_spans, training_of
 from autopar.progress import Deadline
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import build_problem, state_terms, zero3_buffer_bytes
+from autopar_solver.planner.recompute import least_spans
 
 __all__ = [
     "ROUND_SHARE_FLOOR",
@@ -96,7 +96,8 @@ def _add_least_activations(tables: CostTables, change: np.ndarray, deadline: Dea
     """Each activation at its least bytes (its output's largest split), added to ``change``
     where it becomes live and taken off after its last use."""
     graph = tables.graph
-    spans = activation_spans(graph, training_of(tables))  # checkpointing: recomputed tensors twice
+    # checkpointing: recomputed tensors twice; under auto each tensor's least spans
+    spans = least_spans(tables)
     # identical layers share op tables: the largest split of an output port, once per table
     most_split: dict[tuple[int, int], int] = {}
     mesh_shape = tables.mesh.shape

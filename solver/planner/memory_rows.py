@@ -21,16 +21,38 @@ import numpy as np
 
 from autopar.cost_tables import CostTables
 from autopar.graph import DTYPE_BYTES
-from autopar.iteration import activation_spans, table_costs, training_of, variable_memory_bytes
+from autopar.iteration import (
+    TrainingConfig,
+    activation_spans,
+    table_costs,
+    training_of,
+    variable_memory_bytes,
+)
 from autopar.memory import (
     boxed_copy_bytes,
     graph_state_bytes,
     zero3_gather_buffer_bytes,
 )
 from autopar.sbp import B, NdSbp, Signature
+from autopar_solver.planner.recompute import (
+    LiveTerm,
+    RecomputeChoices,
+    doubled_costs,
+    live_terms,
+    recompute_choices,
+    tile,
+)
 from autopar_solver.problem import MemoryRow, Problem
 
-__all__ = ["BuiltProblem", "assignment", "build_problem", "state_terms", "zero3_buffer_bytes"]
+__all__ = [
+    "BuiltProblem",
+    "assignment",
+    "build_problem",
+    "chosen_training",
+    "fit_choices",
+    "state_terms",
+    "zero3_buffer_bytes",
+]
 
 
 @dataclass
@@ -40,6 +62,9 @@ class BuiltProblem:
     problem: Problem
     tables: CostTables
     op_names: list[str]
+    recompute: RecomputeChoices | None = None
+    """Under checkpointing ``auto``: the nodes whose choices are doubled (recompute or keep
+    their block, :mod:`.recompute`); None otherwise."""
 
 
 def build_problem(
@@ -50,35 +75,47 @@ def build_problem(
     """Numeric problem of ``tables``: one node per op, one edge per producer->consumer port pair.
 
     ``positions`` are topological positions whose live memory becomes a hard row
-    (model states of every variable + activations live there).
+    (model states of every variable + activations live there).  Under checkpointing
+    ``auto`` with rows and a budget, the forward ops of the blocks have their choices
+    doubled (:mod:`.recompute`); without rows every block keeps its activations, which is
+    exact: recomputing never saves time, only memory.
     """
     order = tables.graph.topological_order
     index = {op.name: i for i, op in enumerate(order)}
-    # the iteration: K x per-micro-batch + once per step (the tables' own arrays at K = 1, off)
-    node_costs, edges = table_costs(tables, training_of(tables))
-    rows = _memory_rows(tables, index, positions) if positions else []
+    training = training_of(tables)
+    # checkpointing auto: recompute or keep per block, a choice (module .recompute); without
+    # memory rows every block keeps (exact: recomputing only saves memory)
+    rc = recompute_choices(tables) if positions and budget_bytes is not None else None
+    if rc is None:
+        # the iteration: K x per-micro-batch + once per step (the tables' own arrays at K = 1, off)
+        kept = TrainingConfig(training.micro_batches) if training.checkpointing == "auto" else training
+        node_costs, edges = table_costs(tables, kept)
+        rows = _memory_rows(tables, index, positions) if positions else []
+    else:
+        node_costs, edges = doubled_costs(tables, rc)
+        rows = _auto_memory_rows(tables, rc, index, positions or [])
     problem = Problem(
         node_names=[op.name for op in order],
         node_costs=node_costs,
         edges=edges,
         memory_rows=rows,
         budget_bytes=budget_bytes if rows else None,
-        labels=_labels(tables),
+        labels=_labels(tables, rc),
     )
-    return BuiltProblem(problem, tables, [op.name for op in order])
+    return BuiltProblem(problem, tables, [op.name for op in order], rc)
 
 
-def _labels(tables: CostTables) -> list[list[str]]:
+def _labels(tables: CostTables, rc: RecomputeChoices | None) -> list[list[str]]:
     """Each node's choices as printed signatures (identical layers share op tables: each
-    table is printed once)."""
+    table is printed once); a doubled node's second half marked ``[recompute]``."""
     label_memo: dict[int, list[str]] = {}
     labels = []
-    for op in tables.graph.topological_order:
+    for i, op in enumerate(tables.graph.topological_order):
         table = tables.ops[op.name]
         lab = label_memo.get(id(table))
         if lab is None:
             lab = label_memo[id(table)] = [str(s) for s in table.signatures]
-        labels.append(lab)
+        labels.append(lab + [f"{x} [recompute]" for x in lab] if rc is not None and rc.doubled(i) else lab)
     return labels
 
 
@@ -105,6 +142,60 @@ def _memory_rows(tables: CostTables, index: dict[str, int], positions: list[int]
                 _add_activation(tables, index, tname, terms)
         rows.append(MemoryRow(f"live@{pos}:{order[pos].name}", zero3, terms, edge_terms))
     return rows
+
+
+def _auto_memory_rows(
+    tables: CostTables, rc: RecomputeChoices, index: dict[str, int], positions: list[int]
+) -> list[MemoryRow]:
+    """The memory rows under checkpointing ``auto``: the terms of :func:`_memory_rows` over
+    the doubled choices, each live activation by its producer's flag and, where it matters,
+    by its one reader block's flag (an edge term; see :mod:`.recompute`)."""
+    graph = tables.graph
+    order = graph.topological_order
+    states = state_terms(tables, index)
+    by_consumer: dict[int, list[int]] = {}
+    for e_index, e in enumerate(tables.edges):
+        by_consumer.setdefault(index[e.consumer], []).append(e_index)
+    zero3 = zero3_buffer_bytes(tables) if tables.zero_stage >= 3 else 0.0
+    rows = []
+    for pos, live in zip(positions, live_terms(tables, rc, positions)):
+        terms = {i: tile(rc, i, None, t) for i, t in states.items()}
+        edge_terms: dict[int, np.ndarray] = {}
+        for e_index in by_consumer.get(pos, []):
+            e = tables.edges[e_index]
+            copies = _boxed_copy_terms(tables, e_index)
+            edge_terms[e_index] = tile(rc, index[e.producer], index[e.consumer], copies)
+        for term in live:
+            _add_live_term(tables, rc, index, term, terms, edge_terms)
+        rows.append(MemoryRow(f"live@{pos}:{order[pos].name}", zero3, terms, edge_terms))
+    return rows
+
+
+def _add_live_term(
+    tables: CostTables,
+    rc: RecomputeChoices,
+    index: dict[str, int],
+    term: LiveTerm,
+    terms: dict[int, np.ndarray],
+    edge_terms: dict[int, np.ndarray],
+) -> None:
+    """Add live activation ``term.tensor``'s bytes by its producer's choice (and flag), or
+    by the pair of choices of the edge into its reader block when that block's flag matters."""
+    graph = tables.graph
+    pname, out_port = graph.producer[term.tensor]
+    i = index[pname]
+    k = list(graph.op_by_name[pname].outputs).index(out_port)
+    spec = graph.tensors[term.tensor]
+    vec = _output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype])
+    flags = (0, 1) if rc.doubled(i) else (0,)
+    # bytes per choice of the producer, its reader block keeping (0) or recomputing (1)
+    by_reader = [np.concatenate([vec * term.live[f][r] for f in flags]) for r in (0, 1)]
+    if term.edge is None:
+        terms[i] = terms[i] + by_reader[0] if i in terms else by_reader[0]
+        return
+    n_v = rc.signatures[index[tables.edges[term.edge].consumer]]
+    matrix = np.hstack([np.repeat(by_reader[r][:, None], n_v, axis=1) for r in (0, 1)])
+    edge_terms[term.edge] = edge_terms[term.edge] + matrix if term.edge in edge_terms else matrix
 
 
 def zero3_buffer_bytes(tables: CostTables) -> float:
@@ -192,5 +283,30 @@ def state_terms(tables: CostTables, index: dict[str, int]) -> dict[int, np.ndarr
 
 
 def assignment(built: BuiltProblem, choices: list[int]) -> dict[str, Signature]:
-    """Op name -> signature of ``choices`` (one per node of ``built``)."""
-    return {name: built.tables.ops[name].signatures[c] for name, c in zip(built.op_names, choices)}
+    """Op name -> signature of ``choices`` (one per node of ``built``; a doubled node's
+    choice ``n + c`` is signature ``c``, recomputed)."""
+    out = {}
+    for name, c in zip(built.op_names, choices):
+        sigs = built.tables.ops[name].signatures
+        out[name] = sigs[c % len(sigs)]
+    return out
+
+
+def fit_choices(built: BuiltProblem, choices: list[int]) -> list[int]:
+    """``choices`` of a problem of the same tables (with or without doubled choices) as
+    choices of ``built``: a recompute choice its node does not have becomes its signature,
+    kept."""
+    counts = built.problem.num_choices
+    return [
+        c if c < n else c % len(built.tables.ops[name].signatures)
+        for c, n, name in zip(choices, counts, built.op_names)
+    ]
+
+
+def chosen_training(built: BuiltProblem, choices: list[int]) -> TrainingConfig:
+    """The training configuration of ``choices``: the tables' own, with the blocks the
+    choices recompute under checkpointing ``auto``."""
+    training = training_of(built.tables)
+    if built.recompute is None:
+        return training
+    return training.with_recomputed(built.recompute.recomputed(choices))

@@ -21,7 +21,7 @@ from autopar.cost_tables import CostTables, build_cost_tables
 from autopar.errors import TimeLimitError
 from autopar.evaluate import attach_evaluation
 from autopar.graph import Graph
-from autopar.iteration import with_training
+from autopar.iteration import checkpoint_blocks, with_training
 from autopar.plan import Plan
 from autopar.progress import Deadline, ProgressFn
 from autopar.store import KeyValueStore
@@ -30,6 +30,7 @@ from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext, evaluate_reserve
 from autopar_solver.planner.floors import MemorySeed, memory_seed, raise_infeasible
 from autopar_solver.planner.recall import MemoRecall, Verified
+from autopar_solver.planner.recompute import recompute_choices
 from autopar_solver.planner.request import TIE_THRESHOLD_OPS
 from autopar_solver.planner.rounds import MeshJob, Rounds, run_rounds
 from autopar_solver.planner.verify import verify, with_bound
@@ -206,17 +207,22 @@ def _jsonable(value: Any) -> Any:
 
 
 def _hint_choices(hint: Plan, tables: CostTables) -> list[int] | None:
-    """Choices of ``hint`` in topological op order, or None if it does not fit these tables."""
+    """Choices of ``hint`` in topological op order, or None if it does not fit these tables;
+    under checkpointing ``auto``, with the blocks the hint recomputes."""
     if tuple(hint.mesh.shape) != tuple(tables.mesh.shape):
         return None
+    rc = recompute_choices(tables)
+    recomputed = checkpoint_blocks(tables.graph, hint.training)
     choices = []
-    for op in tables.graph.topological_order:
+    for i, op in enumerate(tables.graph.topological_order):
         sig = hint.signatures.get(op.name)
         sigs = tables.ops[op.name].signatures
         if sig is None or sig not in sigs:
             choices.append(-1)
-        else:
+        elif rc is None:
             choices.append(sigs.index(sig))
+        else:
+            choices.append(rc.choice(i, sigs.index(sig), rc.block_of.get(i) in recomputed))
     if all(c < 0 for c in choices):
         return None
     return choices

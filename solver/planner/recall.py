@@ -19,11 +19,11 @@ from autopar.cost_tables import CostTables
 from autopar.errors import VerificationError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph
-from autopar.iteration import training_of
 from autopar.plan import Plan
 from autopar.store import KeyValueStore
 from autopar_solver.options import SolverOptions
-from autopar_solver.planner.memory_rows import assignment, build_problem
+from autopar_solver.planner.memory_rows import assignment, build_problem, chosen_training
+from autopar_solver.planner.recompute import recompute_choices
 from autopar_solver.planner.verify import VERIFY_RTOL, SolvedObjective, verify
 from autopar_solver.problem import Solution
 from autopar_solver.problem import evaluate as evaluate_problem
@@ -141,8 +141,12 @@ def recalled(
     recomputed on the problem equal to the stored one, the evaluator's step time equal to it,
     its memory within the budget; None when any of that fails."""
     t0 = time.perf_counter()
-    built = build_problem(tables, budget)
-    choices = _choices(memo, built.op_names, tables)
+    # under checkpointing auto a plan solved with memory rows may recompute blocks: the
+    # problem with the memo's rows has those choices
+    n = len(graph.ops)
+    rows = [p for p in memo.positions if 0 <= p < n] if recompute_choices(tables) is not None else None
+    built = build_problem(tables, budget, rows)
+    choices = _choices(memo, built.op_names, built.problem.num_choices)
     if choices is None:
         return None
     objective, _ = evaluate_problem(built.problem, choices)
@@ -155,7 +159,7 @@ def recalled(
         assignment(built, choices),
         memory_budget_bytes=budget,
         runtime=tables.runtime.name,
-        training=training_of(tables),  # the iteration it was solved for
+        training=chosen_training(built, choices),  # the iteration it was solved for
     )
     ev = evaluate(graph, candidate)
     try:
@@ -176,15 +180,15 @@ def recalled(
     return candidate, ev, solution
 
 
-def _choices(memo: MemoEntry, op_names: list[str], tables: CostTables) -> list[int] | None:
+def _choices(memo: MemoEntry, op_names: list[str], num_choices: list[int]) -> list[int] | None:
     """The memo's choice of each op in ``op_names``' order; None when an op is missing,
-    is extra, or has a choice its table does not have."""
+    is extra, or has a choice its node does not have."""
     if len(memo.choices) != len(op_names):
         return None
     choices: list[int] = []
-    for name in op_names:
+    for name, n in zip(op_names, num_choices):
         c = memo.choices.get(name)
-        if c is None or c >= len(tables.ops[name].signatures):
+        if c is None or c >= n:
             return None
         choices.append(c)
     return choices

@@ -25,14 +25,21 @@ from autopar.cost_tables import CostTables
 from autopar.errors import VerificationError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph
-from autopar.iteration import training_of
 from autopar.plan import Plan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import EVALUATE_PER_BUILD, MAX_MEMORY_ROUNDS, MIN_SOLVE_S, PlanContext
-from autopar_solver.planner.memory_rows import BuiltProblem, assignment, build_problem
+from autopar_solver.planner.memory_rows import (
+    BuiltProblem,
+    assignment,
+    build_problem,
+    chosen_training,
+    fit_choices,
+)
 from autopar_solver.planner.recall import Verified
+from autopar_solver.planner.recompute import recompute_choices
 from autopar_solver.planner.tied_solve import solve_built, time_for_untied_solve
 from autopar_solver.problem import Solution
+from autopar_solver.problem import evaluate as evaluate_problem
 
 __all__ = ["ROUND_SHARE", "MeshJob", "Rounds", "run_rounds"]
 
@@ -93,11 +100,52 @@ def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Ro
             state.stopped_by_deadline = True
             break
         built, left = ready
+        if built.recompute is not None and state.kept is None and state.hint is not None:
+            _keep_if_it_fits(job, built, state)
         relay.report("solve", detail={"memory_round": round_no, "polish": state.polishing})
         solution = _solve_round(job, built, left, state, ctx, round_no)
         if not _next_round(job, built, solution, state, ctx, round_no):
             break
     return state
+
+
+def _keep_if_it_fits(job: MeshJob, built: BuiltProblem, state: Rounds) -> None:
+    """Checkpointing ``auto``, no plan fits yet: the round's hint (the last plan's layout with
+    every block recomputing, :func:`_constrain_peak`) becomes the verified plan so far when
+    the evaluator finds it within the budget, its objective the problem's own, with the
+    rounds' bound; a round that finds a better plan that fits replaces it."""
+    assert state.hint is not None
+    choices = list(state.hint)
+    objective, _ = evaluate_problem(built.problem, choices) if min(choices) >= 0 else (math.inf, [])
+    if not math.isfinite(objective):
+        return
+    candidate, ev = _recomputing_plan(job, built, choices)
+    if job.budget is not None and ev.memory.total > job.budget:
+        return
+    bound = min(state.best_bound, objective)
+    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
+    stats = {"source": "the last plan's layout with every block recomputed"}
+    state.kept = (candidate, ev, Solution(choices, objective, bound, gap, "feasible", 0.0, stats))
+    state.kept_positions = list(state.positions)
+
+
+def _recomputing_plan(job: MeshJob, built: BuiltProblem, choices: list[int]) -> tuple[Plan, Any]:
+    """The plan of ``choices`` (of ``built``, or with recompute choices ``built`` lacks:
+    checkpointing ``auto``) with its evaluation."""
+    rc = recompute_choices(job.tables)
+    training = chosen_training(built, choices)
+    if rc is not None and built.recompute is None:
+        training = training.with_recomputed(rc.recomputed(choices))
+    candidate = Plan.from_assignment(
+        job.graph,
+        job.mesh,
+        job.zero_stage,
+        assignment(built, choices),
+        memory_budget_bytes=job.budget,
+        runtime=job.tables.runtime.name,
+        training=training,
+    )
+    return candidate, evaluate(job.graph, candidate)
 
 
 def _round_problem(job: MeshJob, state: Rounds, ctx: PlanContext) -> tuple[BuiltProblem, float] | None:
@@ -108,6 +156,8 @@ def _round_problem(job: MeshJob, state: Rounds, ctx: PlanContext) -> tuple[Built
         return None
     started = time.perf_counter()
     built = build_problem(job.tables, job.budget, state.positions)
+    if state.hint is not None:  # a hint with recompute choices for a problem without them
+        state.hint = fit_choices(built, state.hint)
     # the evaluator's re-check walks the whole graph in Python as building the problem
     # does, a few times over (measured on mt5-base: 3-6x): keep that much free
     state.reserve = max(state.reserve, EVALUATE_PER_BUILD * (time.perf_counter() - started))
@@ -182,17 +232,18 @@ def _next_round(
         assignment(built, solution.choices),
         memory_budget_bytes=job.budget,
         runtime=job.tables.runtime.name,
-        training=training_of(job.tables),  # the iteration it was solved for
+        training=chosen_training(built, solution.choices),  # the iteration it was solved for
     )
     ctx.relay().report("evaluate", objective=solution.objective, bound=solution.bound)
     ev = evaluate(job.graph, candidate)
     if job.budget is None or ev.memory.total <= job.budget:
-        state.kept = (candidate, ev, solution)
-        state.kept_positions = list(state.positions)
+        if state.kept is None or solution.objective <= state.kept[2].objective:
+            state.kept = (candidate, ev, solution)
+            state.kept_positions = list(state.positions)
         return _after_fit(job, built, solution, state, ctx, round_no)
     if state.polishing or round_no >= MAX_MEMORY_ROUNDS - 1:
         return False  # over the budget elsewhere: keep the verified plan of the round before
-    _constrain_peak(job, ev, solution, state, ctx)
+    _constrain_peak(job, built, ev, solution, state, ctx)
     return True
 
 
@@ -218,7 +269,9 @@ def _after_fit(
     return True
 
 
-def _constrain_peak(job: MeshJob, ev: Any, solution: Solution, state: Rounds, ctx: PlanContext) -> None:
+def _constrain_peak(
+    job: MeshJob, built: BuiltProblem, ev: Any, solution: Solution, state: Rounds, ctx: PlanContext
+) -> None:
     """The plan overflows: add the row of its peak position, start the next round from it."""
     state.tied_first = bool(job.tie_layers)
     peak = ev.activation_peak_position
@@ -229,6 +282,15 @@ def _constrain_peak(job: MeshJob, ev: Any, solution: Solution, state: Rounds, ct
         )
     state.positions.append(peak)
     state.hint = solution.choices
+    rc = recompute_choices(job.tables)
+    if rc is not None:
+        # checkpointing auto: start the constrained round from the plan's layout with every
+        # block recomputing (the least activation memory of that layout), and constrain
+        # that plan's peak too when it overflows (recomputing moves the peak)
+        state.hint = rc.all_recomputing(solution.choices)
+        _, again = _recomputing_plan(job, built, state.hint)
+        if again.memory.total > (job.budget or 0) and again.activation_peak_position not in state.positions:
+            state.positions.append(again.activation_peak_position)
     ctx.relay().report("memory", detail={"memory_rows": len(state.positions), "peak_bytes": ev.memory.total})
 
 

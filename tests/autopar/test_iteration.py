@@ -92,9 +92,25 @@ def test_full_checkpointing_recomputes_every_block_and_keeps_less_alive() -> Non
         assert intervals[tensor][0] <= start <= end
 
 
-def test_auto_is_refused_until_the_solver_chooses_per_block() -> None:
+def test_auto_prices_the_blocks_the_plan_records() -> None:
+    g = build("tiny-gpt")
+    blocks = sorted(checkpoint_blocks(g, TrainingConfig(1, "full")))
+    assert checkpoint_blocks(g, TrainingConfig(1, "auto")) == frozenset()
+    chosen = TrainingConfig(2, "auto", (blocks[-1], blocks[0], blocks[0]))
+    assert chosen.recomputed == (blocks[0], blocks[-1])  # sorted, once each
+    assert checkpoint_blocks(g, chosen) == frozenset(chosen.recomputed)
+    plan = baseline_plan("megatron", g, MESH, 2)
+    off, full = (evaluate(g, plan, training=TrainingConfig(2, m)) for m in ("off", "full"))
+    every = evaluate(g, plan, training=TrainingConfig(2, "auto", tuple(blocks)))
+    assert every.iteration_time_s == pytest.approx(full.iteration_time_s)
+    assert every.memory.activations == pytest.approx(full.memory.activations)
+    some = evaluate(g, plan, training=TrainingConfig(2, "auto", (blocks[0],)))
+    assert off.iteration_time_s < some.iteration_time_s < full.iteration_time_s
+    # re-priced at another K, auto keeps the recorded blocks; another mode drops them
+    assert chosen.repriced(8, None) == TrainingConfig(8, "auto", chosen.recomputed)
+    assert chosen.repriced(None, "full") == TrainingConfig(2, "full")
     with pytest.raises(ConfigError, match="auto"):
-        checkpoint_blocks(build("tiny-gpt"), TrainingConfig(1, "auto"))
+        TrainingConfig(1, "full", (blocks[0],))
 
 
 def test_the_tables_price_the_same_iteration_as_the_evaluator() -> None:
@@ -126,3 +142,9 @@ def test_the_plan_records_its_training_configuration() -> None:
     back = Plan.from_dict(data)
     assert back.training == TrainingConfig(8, "full")
     assert np.isfinite(evaluate(g, back).iteration_time_s)
+    assert "recomputed_blocks" not in data  # only a plan solved with auto records them
+    plan.training = TrainingConfig(8, "auto", ("layers.1",))
+    data = plan.to_dict()
+    assert data["recomputed_blocks"] == ["layers.1"]
+    assert Plan.from_dict(data).training == plan.training
+    assert "recompute   1 blocks: layers.1" in plan.summary()

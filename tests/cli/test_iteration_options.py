@@ -63,6 +63,28 @@ def test_plan_minimises_the_iteration_it_is_asked_for(tmp_path: Path) -> None:
     assert "iteration" in result.stdout
 
 
-def test_auto_checkpointing_is_refused_at_once(tmp_path: Path) -> None:
-    result = run_cli("plan", "tiny-gpt", "--checkpointing", "auto", "--out", "p.json", cwd=tmp_path)
-    assert "full" in assert_user_error(result, "checkpointing_auto_unavailable")
+def test_auto_checkpointing_plans_and_records_the_recomputed_blocks(tmp_path: Path) -> None:
+    result = run_cli(
+        "plan",
+        "tiny-gpt",
+        "--cluster",
+        "1x4",
+        "--mesh-shape",
+        "2,2",
+        "--micro-batches",
+        "2",
+        "--checkpointing",
+        "auto",
+        "--time-limit",
+        "120",
+        "--out",
+        "p.json",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert (plan["micro_batches"], plan["checkpointing"]) == (2, "auto")
+    # no budget: recomputing only costs time, so no block recomputes
+    assert plan["recomputed_blocks"] == []
+    assert plan["solver"]["objective"] == pytest.approx(plan["predicted"]["iteration_time_s"], rel=1e-6)
+    assert "recompute   none" in result.stdout

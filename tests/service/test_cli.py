@@ -109,7 +109,6 @@ def test_submit_sends_the_iteration_and_the_plan_records_it(tmp_path: Path) -> N
     ("flags", "code"),
     [
         (["--micro-batches", "0"], "bad_micro_batches"),
-        (["--checkpointing", "auto"], "checkpointing_auto_unavailable"),
     ],
 )
 def test_submit_refuses_a_bad_iteration(tmp_path: Path, flags: list[str], code: str) -> None:
@@ -124,7 +123,7 @@ def test_submit_refuses_a_bad_iteration(tmp_path: Path, flags: list[str], code: 
         *flags,
         cwd=tmp_path,
     )
-    # a bad K is refused before the server starts; ``auto`` by the server, as a 422 problem
+    # a bad K is refused before the server starts
     last = result.stderr.splitlines()[-1]
     assert result.returncode == 2 and last.startswith(f"autopar: error: [{code}]"), result.stderr
     assert "Traceback" not in result.stderr

@@ -75,11 +75,14 @@ def test_two_requests_differing_only_in_k_or_checkpointing_get_two_keys(
         client.delete(f"/v1/jobs/{key}")
 
 
-def test_auto_checkpointing_is_refused_with_its_code(
+def test_auto_checkpointing_is_accepted_as_its_own_key(
     client: httpx.Client, tiny_graph: dict[str, Any]
 ) -> None:
-    r = client.post("/v1/plans", json=plan_body(tiny_graph, options={"checkpointing": "auto"}))
-    assert r.status_code == 422 and r.json()["code"] == "checkpointing_auto_unavailable", r.text
+    body = plan_body(tiny_graph, options={"time_limit_s": 5, "checkpointing": "auto"})
+    r = client.post("/v1/plans", json=body)
+    assert r.status_code in (200, 202), r.text
+    client.delete(f"/v1/jobs/{r.json().get('id') or r.json()['key']}")  # the solve is not the point
+    assert _key(checkpointing="auto") not in (_key(), _key(checkpointing="full"))
 
 
 def test_evaluate_re_prices_a_plan_at_another_iteration(
@@ -105,13 +108,18 @@ def test_evaluate_re_prices_a_plan_at_another_iteration(
     at_k = {**dp_plan, "micro_batches": 8}  # a plan made for K = 8 is priced at its K by default
     r = client.post("/v1/evaluate", json={"graph": tiny_graph, "plan": at_k})
     assert r.status_code == 200 and r.json()["iteration_time_s"] == pytest.approx(eight["iteration_time_s"])
+    # auto re-prices the blocks an auto plan recorded: this plan records none
+    auto = evaluate(micro_batches=8, checkpointing="auto")
+    assert auto["checkpointing"] == "auto" and auto["iteration_time_s"] == pytest.approx(
+        eight["iteration_time_s"]
+    )
 
 
 @pytest.mark.parametrize(
     ("extra", "code"),
     [
         ({"micro_batches": 0}, "invalid_request"),
-        ({"checkpointing": "auto"}, "checkpointing_auto_unavailable"),
+        ({"checkpointing": "some"}, "invalid_request"),
     ],
 )
 def test_evaluate_refuses_a_bad_iteration(

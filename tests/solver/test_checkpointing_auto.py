@@ -1,0 +1,142 @@
+"""Checkpointing ``auto``: the solver chooses, per block, recompute or keep, with the layout."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from autopar.cluster import Cluster, Mesh
+from autopar.cost_tables import CostTables, build_cost_tables
+from autopar.errors import InfeasibleError
+from autopar.evaluate import evaluate
+from autopar.iteration import TrainingConfig, block_readers, candidate_blocks, with_training
+from autopar.models import build
+from autopar.plan import Plan
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import build_problem, memory_floors, solve_on_mesh
+from autopar_solver.planner.memory_rows import assignment, chosen_training
+from autopar_solver.problem import evaluate as evaluate_problem
+
+MESH = Mesh(Cluster.parse("1x4", "a100-40g"), (2, 2))
+K = 2
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return build("tiny-gpt")
+
+
+@pytest.fixture(scope="module")
+def tables(graph) -> CostTables:
+    return build_cost_tables(graph, MESH, 2)
+
+
+def _auto(tables: CostTables) -> CostTables:
+    return with_training(tables, TrainingConfig(K, "auto"))
+
+
+@pytest.fixture(scope="module")
+def layout(tables) -> list[int]:
+    """One valid layout (each op's signature index): the solver's, without memory rows."""
+    from autopar_solver.solve import solve
+
+    solution = solve(build_problem(_auto(tables), None).problem, SolverOptions(time_limit_s=60, workers=2))
+    assert solution.ok
+    return solution.choices  # every block kept: the choices are signature indices
+
+
+def test_every_set_of_recomputed_blocks_is_priced_as_the_evaluator_prices_it(graph, tables, layout) -> None:
+    """Brute force over the flags: for each set of recomputed blocks, the doubled problem's
+    objective is the evaluator's iteration, and each memory row the evaluator's memory at its
+    position (exact where no tensor has two reader blocks, else at least it)."""
+    blocks = sorted(candidate_blocks(graph))
+    assert len(blocks) >= 2
+    positions = list(range(0, len(graph.ops), 7))
+    built = build_problem(_auto(tables), 10**15, positions)
+    rc = built.recompute
+    assert rc is not None
+    several = any(len(r) > 1 for _, r in block_readers(graph, frozenset(blocks)).values())
+    for n in range(len(blocks) + 1):
+        for chosen in itertools.combinations(blocks, n):
+            choices = [rc.choice(i, s, rc.block_of.get(i) in chosen) for i, s in enumerate(layout)]
+            assert chosen_training(built, choices).recomputed == chosen
+            cost, rows = evaluate_problem(built.problem, choices)
+            plan = Plan.from_assignment(
+                graph, MESH, 2, assignment(built, choices), training=chosen_training(built, choices)
+            )
+            ev = evaluate(graph, plan)
+            assert ev.training.recomputed == chosen
+            assert math.isclose(cost, ev.iteration_time_s, rel_tol=1e-9)
+            states = ev.memory.params + ev.memory.grads + ev.memory.optimizer
+            for pos, row in zip(positions, rows):
+                expected = states + ev.activation_profile[pos]
+                if several:
+                    assert row >= expected * (1 - 1e-9)
+                else:
+                    assert row == pytest.approx(expected, rel=1e-9)
+
+
+def test_half_a_block_recomputed_is_forbidden(tables, layout) -> None:
+    built = build_problem(_auto(tables), 10**15, [0])
+    rc = built.recompute
+    assert rc is not None
+    first = min(rc.block_of)  # one op of a block recomputes, the rest keep
+    choices = [rc.choice(i, s, i == first) for i, s in enumerate(layout)]
+    cost, _ = evaluate_problem(built.problem, choices)
+    assert cost == math.inf
+
+
+@dataclass
+class Tight:
+    """A budget under the least memory any plan needs without checkpointing (tiny-gpt, [4])."""
+
+    mesh: Mesh
+    tables: CostTables
+    budget: int
+    floor_off: float
+    full: Plan
+    """The ``full`` plan at that budget (one of ``auto``'s plans)."""
+
+
+def _solve(graph, mesh: Mesh, tables: CostTables, budget: int, mode: str, tie_layers: bool = False) -> Plan:
+    options = SolverOptions(time_limit_s=90, micro_batches=K, checkpointing=mode, workers=2)
+    return solve_on_mesh(graph, mesh, budget, 2, options, tables=tables, tie_layers=tie_layers)
+
+
+@pytest.fixture(scope="module")
+def tight(graph) -> Tight:
+    mesh = Mesh(Cluster.parse("1x4", "a100-40g"), (4,))
+    tables = build_cost_tables(graph, mesh, 2)
+    floor_off = memory_floors(with_training(tables, TrainingConfig(K, "off"))).max()
+    floor_auto = memory_floors(with_training(tables, TrainingConfig(K, "auto"))).max()
+    assert floor_auto < floor_off
+    budget = int(0.95 * floor_off)
+    return Tight(mesh, tables, budget, floor_off, _solve(graph, mesh, tables, budget, "full"))
+
+
+def test_off_is_refused_with_its_floor(graph, tight: Tight) -> None:
+    with pytest.raises(InfeasibleError) as err:
+        _solve(graph, tight.mesh, tight.tables, tight.budget, "off")
+    assert err.value.details["proven"] and err.value.details["min_feasible_bytes"] >= tight.floor_off
+
+
+@pytest.mark.parametrize("tie_layers", [False, True])
+def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(
+    graph, tight: Tight, tie_layers: bool
+) -> None:
+    """``auto`` finds a verified plan within a budget ``off`` cannot meet, recomputing some
+    blocks, with identical layers tied or not; its proven bound (over every layout and every
+    set of recomputed blocks) is at most the ``full`` plan's iteration."""
+    auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto", tie_layers)
+    assert auto.solver is not None and tight.full.solver is not None
+    assert auto.training.checkpointing == "auto" and auto.training.recomputed
+    assert auto.memory["per_device_bytes"] <= tight.budget
+    ev = evaluate(graph, auto)  # the plan as recorded: its blocks recomputed, priced again
+    assert ev.training.recomputed == auto.training.recomputed
+    assert math.isclose(ev.iteration_time_s, auto.solver["objective"], rel_tol=1e-6)
+    assert ev.memory.total <= tight.budget
+    assert auto.solver["bound"] <= tight.full.solver["objective"] * (1 + 1e-9)
+    assert ev.recompute_time_s > 0
