@@ -1,0 +1,226 @@
+"""OneFlow runs the plan's iteration: K micro-batches per step and the blocks it recomputes.
+
+The jobs (``_build_iteration.py``, 4 CPU ranks as [2, 2], ZeRO-2, K = 4): tiny GPT and a
+one-block tiny MT5, each compiled by ``compile_with_plan`` with ``full`` checkpointing and
+with the first block only (standing for ``auto``), from OneFlow's own plan of the job of ONE
+micro-batch.  The tests read the compiled jobs: what ``compile_with_plan`` configured, what
+the importer reads back, where OneFlow's ZeRO gather and gradient reduction run under
+accumulation (the evidence for ``ACCUMULATION["oneflow-0.9"]``), and the fidelity by phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autopar.errors import PlanError
+from autopar.graph import Graph
+from autopar.iteration import ACCUMULATION, TrainingConfig, checkpoint_blocks, run_counts
+from autopar.oneflow.iteration import (
+    ACCUMULATION_OP_TYPES,
+    block_scopes,
+    checkpoint_modules,
+    graph_blocks,
+    is_recompute_op,
+    job_micro_batches,
+    job_recomputed_scopes,
+)
+from autopar.plan import Plan
+from autopar.runtime import RUNTIMES
+
+from .conftest import launch
+
+pytestmark = pytest.mark.oneflow
+
+MODELS = ("gpt-tiny", "mt5-tiny")
+BLOCKS = {
+    "gpt-tiny": ["model.h.0", "model.h.1"],
+    "mt5-tiny": ["model.decoder.block.0", "model.encoder.block.0"],
+}
+FIRST = {"gpt-tiny": ["model.h.0"], "mt5-tiny": ["model.encoder.block.0"]}
+
+
+@pytest.fixture(scope="session")
+def iteration_jobs(tmp_path_factory: pytest.TempPathFactory, flow: Any) -> Path:
+    """The compiled jobs of ``_build_iteration.py``; in ``$AUTOPAR_ONEFLOW_JOBS/iteration``
+    when that is set, built once."""
+    cached = os.environ.get("AUTOPAR_ONEFLOW_JOBS")
+    out = Path(cached) / "iteration" if cached else tmp_path_factory.mktemp("iteration-jobs")
+    if not (out / "reports.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        launch(4, Path(__file__).with_name("_build_iteration.py"), str(out))
+    return out
+
+
+def _job(path: Path) -> Any:
+    from autopar.oneflow.jobs import load_job
+
+    return load_job(path)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_compile_with_plan_sets_k_and_checkpoints_the_planned_blocks(
+    iteration_jobs: Path, model: str
+) -> None:
+    reports = json.loads((iteration_jobs / "reports.json").read_text())
+    for variant, blocks in (("full", BLOCKS[model]), ("subset", FIRST[model])):
+        report = reports[f"{model}_{variant}"]
+        assert report["micro_batches"] == 4
+        assert sorted(report["recomputed"]) == blocks
+        assert report["recomputed"][blocks[0]] == blocks[0].removeprefix("model.")
+        job = _job(iteration_jobs / f"{model}_{variant}.pb")
+        assert job_micro_batches(job) == 4
+        assert job_recomputed_scopes(job) == blocks  # OneFlow's recompute copies, read back
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_import_reads_the_iteration_back_and_is_the_graph_of_one_micro_batch(
+    iteration_jobs: Path, model: str
+) -> None:
+    from autopar.oneflow import import_job
+    from autopar.oneflow.convert import op_keys
+
+    one = Graph.load(str(iteration_jobs / f"{model}_graph.json"))  # built with K = 1, batch 2
+    assert one.meta["training"] == {"micro_batches": 1, "checkpointing": "off", "recomputed_blocks": []}
+    assert sorted(graph_blocks(one)) == BLOCKS[model]
+    # the core's blocks also take nn.Graph's input/output ops (a numeric component, no module)
+    assert {b for b in checkpoint_blocks(one, TrainingConfig(1, "full")) if not b.startswith("_")} == set(
+        BLOCKS[model]
+    )
+    for variant, mode, blocks in (("full", "full", BLOCKS[model]), ("subset", "auto", FIRST[model])):
+        graph = import_job(iteration_jobs / f"{model}_{variant}.pb")  # batch 8 = 4 x 2
+        assert graph.meta["training"] == {
+            "micro_batches": 4,
+            "checkpointing": mode,
+            "recomputed_blocks": blocks,
+        }
+        assert not [
+            op.name for op in graph.ops if op.type in ACCUMULATION_OP_TYPES or is_recompute_op(op.name)
+        ]
+        dropped = graph.meta["oneflow"]["dropped"]
+        assert dropped["accumulation"] and dropped["recompute"]
+        mine = {k: n for n, k in op_keys([op.name for op in graph.ops]).items()}
+        same = 0
+        for name, key in op_keys([op.name for op in one.ops]).items():
+            if key not in mine:
+                continue
+            a, b = one.op_by_name[name], graph.op_by_name[mine[key]]
+            shapes = [one.tensors[t].shape for t in a.outputs.values()]
+            assert [graph.tensors[t].shape for t in b.outputs.values()] == shapes, name
+            assert (a.type, a.role) == (b.type, b.role), name
+            same += 1
+        assert same >= 0.9 * len(one.ops), (same, len(one.ops))
+        inputs = [t for op in graph.ops if op.type == "input" for t in op.outputs.values()]
+        assert inputs and all(graph.tensors[t].shape[0] == 2 for t in inputs)  # one micro-batch
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_oneflow_gathers_zero_parameters_every_micro_batch_and_reduces_gradients_once_per_step(
+    iteration_jobs: Path, model: str
+) -> None:
+    """The evidence for ``ACCUMULATION["oneflow-0.9"]`` (docs/runtime-profiles.md): in the
+    compiled job every ``System-ZeRO-ParallelCast`` reads its variable through the ``repeat``
+    (variable -> repeat -> [identity] -> cast), so the gather runs once per micro-batch; each
+    gradient accumulates in its ``acc`` op in the backward's partial layout (a ``P`` on the
+    data axis: the full-size local gradient) and is reduced into ZeRO's shard after the
+    ``acc``, once per step.  A recomputed block also re-runs its ZeRO gathers (a copy of
+    each cast), which the iteration model does not count."""
+    from autopar.oneflow.convert import nd_sbp_from_proto
+    from autopar.oneflow.iteration import op_phases
+    from autopar.oneflow.traffic import count_job_traffic
+
+    job = _job(iteration_jobs / f"{model}_full.pb")
+    ops = {op.name: op for op in job.net.op}
+    phases = op_phases(job)
+    casts = [n for n in ops if n.startswith("System-ZeRO-ParallelCast-")]
+    assert casts and all(phases[n] == "micro" for n in casts)
+    for name in casts:  # walk back to the variable: a repeat on the way
+        seen, current = [], name
+        while ops[current].WhichOneof("op_type") == "user_conf":
+            (lbns,) = ops[current].user_conf.input.values()
+            current = lbns.s[0].split("/", 1)[0]
+            seen.append(
+                ops[current].user_conf.op_type_name
+                if current in ops and ops[current].HasField("user_conf")
+                else ""
+            )
+        assert ops[current].HasField("variable_conf") and "repeat" in seen, (name, seen)
+    conf = job.job_parallel_view_conf.op_name2nd_sbp_signature_conf
+    accs = [n for n, op in ops.items() if op.HasField("user_conf") and op.user_conf.op_type_name == "acc"]
+    assert accs and all(phases[n] == "step" for n in accs)
+    assert all(nd_sbp_from_proto(conf[n].bn_in_op2nd_sbp["in_0"], 2).has_partial for n in accs)
+
+    traffic = count_job_traffic(job, keep_edges=10**6)
+    gathers = [e for e in traffic.edges if e["zero_gather"]]
+    assert gathers and {e["phase"] for e in gathers} == {"per_micro_batch", "recompute"}
+    reductions = [e for e in traffic.edges if e["producer"] in accs]
+    assert reductions and {e["phase"] for e in reductions} == {"once_per_step"}
+    assert sum(traffic.recompute_zero_cast_bytes.values()) > 0
+
+    acc = ACCUMULATION["oneflow-0.9"]
+    assert acc.reduce_per_micro_batch_from is None and acc.full_size_buffer
+    counts = run_counts(
+        Graph.load(str(iteration_jobs / f"{model}_graph.json")),
+        TrainingConfig(4, "off"),
+        RUNTIMES["oneflow-0.9"],
+        2,
+    )
+    assert counts.gather_per_micro_batch and not counts.gradient_per_micro_batch
+
+
+def _fidelity(iteration_jobs: Path, model: str, variant: str) -> Any:
+    from autopar.oneflow.apply import check_fidelity
+
+    plan_file = "full_plan" if variant == "full" else "off_plan"
+    return check_fidelity(
+        iteration_jobs / f"{model}_{variant}.pb",
+        Plan.load(str(iteration_jobs / f"{model}_{plan_file}.json")),
+        plan_graph=Graph.load(str(iteration_jobs / f"{model}_graph.json")),
+        recompute=None if variant == "full" else FIRST[model],
+    )
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("variant", ["full", "subset"])
+def test_fidelity_counts_recompute_and_once_per_step_bytes_next_to_the_prediction(
+    iteration_jobs: Path, model: str, variant: str
+) -> None:
+    report = _fidelity(iteration_jobs, model, variant)
+    assert report.recomputed == (BLOCKS[model] if variant == "full" else FIRST[model])
+    rows = {(r["axis"], r["phase"]): r for r in report.phase_rows()}
+    assert {p for _, p in rows} == {"per_micro_batch", "recompute", "once_per_step", "per_step"}
+    for axis in (0, 1):
+        for side in ("predicted", "counted"):
+            step = rows[axis, "per_step"][side]
+            parts = [rows[axis, p][side] for p in ("per_micro_batch", "recompute", "once_per_step")]
+            assert step == pytest.approx(4 * (parts[0] + parts[1]) + parts[2])
+    for side in ("predicted", "counted"):
+        assert sum(rows[a, "recompute"][side] for a in (0, 1)) > 0
+        assert sum(rows[a, "once_per_step"][side] for a in (0, 1)) > 0
+    table = report.phase_table()
+    assert "K = 4" in table and "recompute" in table and "once_per_step" in table
+
+
+def test_a_plan_scope_without_a_module_is_refused_with_a_stable_code(flow: Any) -> None:
+    class Block(flow.nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = flow.nn.Linear(4, 4)
+
+    class Net(flow.nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.h = flow.nn.ModuleList([Block(), Block()])
+            self.head = flow.nn.Linear(4, 2)
+
+    net = Net()
+    assert block_scopes(net) == {"model.h.0": "h.0", "model.h.1": "h.1"}
+    assert checkpoint_modules(net, ["model.h.1", "h.0"]) == {"model.h.1": "h.1", "h.0": "h.0"}
+    with pytest.raises(PlanError) as err:
+        checkpoint_modules(net, ["model.h.0", "model.h.7", "encoder.layers.3"])
+    assert err.value.code == "checkpoint_scope_unmatched"
+    assert err.value.details["scopes"] == ["encoder.layers.3", "model.h.7"]
