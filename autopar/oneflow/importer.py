@@ -323,7 +323,8 @@ def _strip_iteration(imp: _Import) -> None:
     """0. The iteration: the graph is the graph of one micro-batch.
 
     Gradient accumulation's ``repeat`` (after a variable or a tick), ``acc`` (on a
-    gradient) and ``pack`` (before an output) ops: consumers read their input.  An input's
+    gradient) and ``pack`` (before an output) ops: consumers read their input (an output
+    takes the one micro-batch's shape).  An input's
     ``unpack``: consumers read the input, whose tensor takes the micro-batch's shape.
     The ``Sys-DiffScale-ScalarMul`` that scales each accumulated gradient by ``1/K`` goes with
     them.  Checkpointing's recompute copies (:data:`autopar.oneflow.iteration.FAKE_FORWARD_PREFIXES`):
@@ -331,6 +332,8 @@ def _strip_iteration(imp: _Import) -> None:
     ``meta["training"]`` (:func:`autopar.oneflow.iteration.job_training`)."""
     recompute: list[str] = []
     accumulation: list[str] = []
+    ticks: set[str] = set()
+    packed: dict[str, str] = {}
     for r in imp.kept:
         if is_recompute_op(r.name) and not original_name(r.name).startswith(_ZERO_CAST_PREFIX):
             for out in r.outputs.values():
@@ -349,9 +352,13 @@ def _strip_iteration(imp: _Import) -> None:
         elif r.kind == "user_conf" and r.type in ACCUMULATION_OP_TYPES and len(r.inputs) == 1:
             (src,) = r.inputs.values()
             (out,) = r.outputs.values()
+            if r.type == "repeat" and imp.by_name[imp.producer[src]].kind != "variable_conf":
+                ticks.add(out)  # a source's repeated tick: a port the source did not have
             imp.rename[out] = src
             if r.type == "unpack":
                 imp.shape_of[src] = out
+            if r.type == "pack":
+                packed[out] = src
             accumulation.append(r.name)
     if accumulation:  # the 1/K scaling of each accumulated gradient: none with one micro-batch
         for r in imp.kept:
@@ -365,6 +372,11 @@ def _strip_iteration(imp: _Import) -> None:
         if names:
             imp.dropped[reason] = names
     imp.kept = [r for r in imp.kept if r.name not in gone]
+    for r in imp.kept:
+        r.inputs = {p: t for p, t in r.inputs.items() if t not in ticks}
+        if any(t in packed for t in r.inputs.values()) and len(r.inputs) == len(r.outputs) == 1:
+            # an output of K packed values: the one micro-batch's value
+            imp.shape_of[next(iter(r.outputs.values()))] = packed[next(iter(r.inputs.values()))]
     for blob in list(imp.rename):  # a boxing identity reads a copy, which reads the original
         target = imp.rename[blob]
         while target in imp.rename and imp.rename[target] != target:
@@ -396,18 +408,23 @@ def _drop_zero_casts(imp: _Import) -> None:
 def _bypass_parameter_identities(imp: _Import) -> None:
     """1b. Identities that only re-read a parameter (what a model does so that OneFlow
     boxes a copy, not the variable's own buffer): consumers read the parameter."""
-    variable_lbns = {
-        lbn
+    variable_of = {  # blob -> the parameter it re-reads (a chain of identities included)
+        lbn: lbn
         for r in imp.kept
         if r.kind == "variable_conf" and not r.name.startswith("System-")
         for lbn in r.outputs.values()
     }
-    for r in imp.kept:
-        if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
-            (src,) = r.inputs.values()
-            if src in variable_lbns:
-                imp.rename[next(iter(r.outputs.values()))] = src
-                imp.dropped["parameter_identity"].append(r.name)
+    changed = True
+    while changed:  # a compiled job may put a boxing identity between two (any op order)
+        changed = False
+        for r in imp.kept:
+            if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
+                (src,) = r.inputs.values()
+                (out,) = r.outputs.values()
+                if src in variable_of and out not in variable_of:
+                    variable_of[out] = imp.rename[out] = variable_of[src]
+                    imp.dropped["parameter_identity"].append(r.name)
+                    changed = True
     if imp.dropped["parameter_identity"]:
         gone = set(imp.dropped["parameter_identity"])
         imp.kept = [r for r in imp.kept if r.name not in gone]

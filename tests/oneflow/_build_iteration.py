@@ -1,19 +1,20 @@
 """Compile tiny GPT and MT5 jobs with gradient accumulation and activation checkpointing.
 
 Run by ``test_iteration.py`` as ``python -m oneflow.distributed.launch --nproc_per_node 4
-_build_iteration.py OUT [MODELS]`` (4 CPU ranks as [2, 2], ZeRO-2 with OneFlow's default
+_build_iteration.py OUT [JOBS]`` (4 CPU ranks as [2, 2], ZeRO-2 with OneFlow's default
 ``shard_min_size``, LiBai's parameter layout as ``_build_jobs.py``: 2-D weights
-``(B, S(0))``, data ``(S(0), B)``).  For each model (``gpt-tiny``, ``mt5-tiny`` with one
-encoder and one decoder block; comma-separated MODELS to choose):
+``(B, S(0))``, data ``(S(0), B)``).  ``JOBS``: comma-separated ``model:variant`` (default
+``gpt-tiny:full,mt5-tiny:subset``; ``all``: both variants of both models), models
+``gpt-tiny`` (two blocks) and ``mt5-tiny`` with one encoder and one decoder block.  Per model:
 
 1. **the plan**: build the job of ONE micro-batch (batch 2, ``K = 1``, no checkpointing),
    import it (``{model}_graph.json``) and read OneFlow's own N-D SBP as the plan
    (``import_plan``); write it for ``K = 4`` with ``full`` checkpointing
    (``{model}_full_plan.json``) and with ``off`` (``{model}_off_plan.json``);
-2. **full**: ``compile_with_plan`` builds the job at batch 8 (= 4 micro-batches of 2) and
-   sets ``K = 4`` and checkpointing on every block from the plan
-   (``{model}_full.pb``, the compiled job);
-3. **subset** (standing for ``auto``): the ``off`` plan with ``recompute=`` the first
+2. ``full``: ``compile_with_plan`` builds the job at batch 8 (= 4 micro-batches of 2) and
+   sets ``K = 4`` and checkpointing on every block from the plan (``{model}_full.pb``, the
+   compiled job);
+3. ``subset`` (standing for ``auto``): the ``off`` plan with ``recompute=`` the first
    block's scope only (``{model}_subset.pb``).
 
 Rank 0 writes the files and ``reports.json`` (each compile's ``CompileReport``: ``K`` and
@@ -39,7 +40,11 @@ MICRO_BATCH, K = 2, 4
 FIRST_BLOCK = {"gpt-tiny": ["model.h.0"], "mt5-tiny": ["model.encoder.block.0"]}
 
 out = Path(sys.argv[1])
-models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["gpt-tiny", "mt5-tiny"]
+chosen = sys.argv[2] if len(sys.argv) > 2 else "gpt-tiny:full,mt5-tiny:subset"
+if chosen == "all":
+    chosen = "gpt-tiny:full,gpt-tiny:subset,mt5-tiny:full,mt5-tiny:subset"
+jobs = [tuple(item.split(":")) for item in chosen.split(",")]
+models = list(dict.fromkeys(model for model, _ in jobs))
 placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
 broadcast = [flow.sbp.broadcast] * 2
 rank0 = flow.env.get_rank() == 0
@@ -77,6 +82,8 @@ for name in models:
         plans["full"].save(str(out / f"{name}_full_plan.json"))
         plans["subset"].save(str(out / f"{name}_off_plan.json"))
     for variant, recompute in (("full", None), ("subset", FIRST_BLOCK[name])):
+        if (name, variant) not in jobs:
+            continue
         module, inputs = build(name, MICRO_BATCH * K)
         optimizer = flow.optim.AdamW(module.parameters(), lr=1e-3)
         compiled, report = compile_with_plan(
