@@ -95,6 +95,7 @@ def test_the_import_reads_the_iteration_back_and_is_the_graph_of_one_micro_batch
 ) -> None:
     from autopar.oneflow import import_job
     from autopar.oneflow.convert import op_keys
+    from autopar.oneflow.plans import imported_training
 
     one = Graph.load(str(iteration_jobs / f"{model}_graph.json"))  # built with K = 1, batch 2
     assert one.meta["training"] == {"micro_batches": 1, "checkpointing": "off", "recomputed_blocks": []}
@@ -111,6 +112,9 @@ def test_the_import_reads_the_iteration_back_and_is_the_graph_of_one_micro_batch
             "checkpointing": mode,
             "recomputed_blocks": blocks,
         }
+        assert imported_training(graph).micro_batches == 4  # import_plan's plan.training
+        if mode == "full":
+            assert imported_training(graph) == TrainingConfig(4, "full")
         assert not [
             op.name for op in graph.ops if op.type in ACCUMULATION_OP_TYPES or is_recompute_op(op.name)
         ]
