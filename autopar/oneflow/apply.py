@@ -255,7 +255,8 @@ class FidelityReport:
         ]
         if self.counted is not None:
             source = "compiled job" if self.counted.compiled else "built job, not compiled: no middle nodes"
-            lines.append(f"bytes per device per step (counted from the {source}):")
+            unit = "per step" if self.counted.micro_batches == 1 else "each hop once (per step: below)"
+            lines.append(f"bytes per device {unit} (counted from the {source}):")
             for a in sorted(self.counted.bytes_per_axis):
                 lines.append(
                     f"  axis {a}: predicted {self.predicted_bytes_per_axis.get(a, 0.0) / 2**20:.3f} MiB, "
