@@ -887,6 +887,8 @@ def _configure_plan_iteration(
     """Configure an unbuilt ``nn.Graph`` for the plan's iteration: its ``K``, and
     checkpointing on the modules of the scopes it recomputes (``recompute`` overrides the
     plan's).  Returns scope -> module path; raises ``checkpoint_scope_unmatched``."""
+    if plan.training.is_default and recompute is None:
+        return {}  # one micro-batch, nothing recomputed: the graph as it is
     flow = _require_oneflow()
     module = getattr(graph, graph_attr).to(flow.nn.Module)
     scopes = plan_recomputed_scopes(plan, module, graph_attr, recompute)

@@ -257,3 +257,34 @@ def test_a_plan_scope_without_a_module_is_refused_with_a_stable_code(flow: Any) 
         checkpoint_modules(net, ["model.h.0", "model.h.7", "encoder.layers.3"])
     assert err.value.code == "checkpoint_scope_unmatched"
     assert err.value.details["scopes"] == ["encoder.layers.3", "model.h.7"]
+
+
+def test_make_train_graph_sets_k_and_checkpointing_on_the_named_modules(flow: Any) -> None:
+    from autopar.oneflow import make_train_graph
+
+    class Block(flow.nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = flow.nn.Linear(8, 8)
+
+        def forward(self, x: Any) -> Any:
+            return flow.relu(self.fc(x)) + x
+
+    class Net(flow.nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.h = flow.nn.ModuleList([Block(), Block()])
+
+        def forward(self, x: Any) -> Any:
+            for block in self.h:
+                x = block(x)
+            return x.sum()
+
+    net = Net()
+    graph = make_train_graph(
+        net, flow.optim.SGD(net.parameters(), lr=0.1), micro_batches=4, checkpointing=["h.1"]
+    )
+    graph.build_graph(flow.ones(8, 8))
+    job = graph._full_job_proto
+    assert job_micro_batches(job) == 4
+    assert job_recomputed_scopes(job) == ["model.h.1"]
