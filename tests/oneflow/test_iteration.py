@@ -141,11 +141,11 @@ def test_oneflow_gathers_zero_parameters_every_micro_batch_and_reduces_gradients
 ) -> None:
     """The evidence for ``ACCUMULATION["oneflow-0.9"]`` (docs/runtime-profiles.md): in the
     compiled job every ``System-ZeRO-ParallelCast`` reads its variable through the ``repeat``
-    (variable -> repeat -> [identity] -> cast), so the gather runs once per micro-batch; each
-    gradient accumulates in its ``acc`` op in the backward's partial layout (a ``P`` on the
-    data axis: the full-size local gradient) and is reduced into ZeRO's shard after the
-    ``acc``, once per step.  A recomputed block also re-runs its ZeRO gathers (a copy of
-    each cast), which the iteration model does not count."""
+    (variable -> repeat -> [boxing identity] -> cast), so the gather runs once per
+    micro-batch; each gradient accumulates in its ``acc`` op in the backward's partial
+    layout (a ``P``: the full-size local gradient) and is reduced into ZeRO's shard after the
+    ``acc``, once per step.  A recomputed block's copy of a cast reads the same repeated
+    variable in the same layout: OneFlow boxes it once for both (no second gather)."""
     from autopar.oneflow.convert import input_bns, nd_sbp_from_proto
     from autopar.oneflow.iteration import op_phases
     from autopar.oneflow.traffic import count_job_traffic
@@ -171,10 +171,13 @@ def test_oneflow_gathers_zero_parameters_every_micro_batch_and_reduces_gradients
 
     traffic = count_job_traffic(job, keep_edges=10**6)
     gathers = [e for e in traffic.edges if e["zero_gather"]]
-    assert gathers and {e["phase"] for e in gathers} == {"per_micro_batch", "recompute"}
+    assert gathers and {e["phase"] for e in gathers} == {"per_micro_batch"}
     reductions = [e for e in traffic.edges if e["producer"] in accs]
     assert reductions and {e["phase"] for e in reductions} == {"once_per_step"}
-    assert sum(traffic.recompute_zero_cast_bytes.values()) > 0
+    # the copies exist, and their gather is the forward's (with the CPU-only identity reads
+    # of zoo.build(identity_reads=True) the copied identity made OneFlow gather again)
+    assert any(n.startswith("Sys-Checkpointing-Fake-Fw-Op_System-ZeRO-ParallelCast-") for n in ops)
+    assert sum(traffic.recompute_zero_cast_bytes.values()) == 0
 
     acc = ACCUMULATION["oneflow-0.9"]
     assert acc.reduce_per_micro_batch_from is None and acc.full_size_buffer
@@ -220,20 +223,14 @@ def _check_fidelity_by_phase(iteration_jobs: Path, model: str, variant: str) -> 
     for side in ("predicted", "counted"):
         assert sum(rows[a, "recompute"][side] for a in (0, 1)) > 0
         assert sum(rows[a, "once_per_step"][side] for a in (0, 1)) > 0
-    assert report.counted is not None
     for axis in (0, 1):
-        # measured: per micro-batch within 2.6 %, once per step within 0.7 % (the compiled job
-        # follows the plan on about half the planned boxing bytes: OneFlow refused the pinned
-        # adam_update, so the ZeRO storage is OneFlow's)
-        for phase in ("per_micro_batch", "once_per_step"):
+        # measured: per micro-batch within 2.6 %, once per step within 0.7 %, per step within
+        # 1.1 % (the jobs follow the plan on 93-95 % of its boxing bytes)
+        for phase in ("per_micro_batch", "once_per_step", "per_step"):
             assert rows[axis, phase]["predicted"] == pytest.approx(rows[axis, phase]["counted"], rel=0.05)
-        # recompute: OneFlow re-runs the ZeRO gathers of a recomputed block (copies of its
-        # casts; the iteration model gathers once per micro-batch) and groups the boxing of a
-        # tensor from outside the block with the forward's (the model boxes it again): the
-        # rest of the counted recompute never exceeds the prediction
-        regather = report.counted.recompute_zero_cast_bytes[axis]
-        assert rows[axis, "recompute"]["counted"] - regather <= rows[axis, "recompute"]["predicted"] + 1
-    assert sum(report.counted.recompute_zero_cast_bytes.values()) > 0
+        # recompute: OneFlow does not box again what a recomputed block reads from outside
+        # it (the copy reads the forward's boxed tensor), the model does: never below
+        assert rows[axis, "recompute"]["predicted"] >= rows[axis, "recompute"]["counted"]
     table = report.phase_table()
     assert "K = 4" in table and "recompute" in table and "once_per_step" in table
 
