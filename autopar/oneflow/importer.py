@@ -322,14 +322,15 @@ def _read(job: Any) -> _Import:
 def _strip_iteration(imp: _Import) -> None:
     """0. The iteration: the graph is the graph of one micro-batch.
 
-    Gradient accumulation's ``repeat`` (after a variable or a tick), ``acc`` (on a
-    gradient) and ``pack`` (before an output) ops: consumers read their input (an output
-    takes the one micro-batch's shape).  An input's
-    ``unpack``: consumers read the input, whose tensor takes the micro-batch's shape.
-    The ``Sys-DiffScale-ScalarMul`` that scales each accumulated gradient by ``1/K`` goes with
-    them.  Checkpointing's recompute copies (:data:`autopar.oneflow.iteration.FAKE_FORWARD_PREFIXES`):
-    the backward reads the forward op's own output.  ``K`` and the recomputed blocks are in
-    ``meta["training"]`` (:func:`autopar.oneflow.iteration.job_training`)."""
+    Gradient accumulation's ops: consumers of a ``repeat`` (after a variable) or an ``acc``
+    (on a gradient) read its input; a source reading a repeated tick loses that port; an
+    input's ``unpack`` and an output's ``pack`` go, the input and output taking one
+    micro-batch's shape; so does each accumulated gradient's ``1/K`` scaling
+    (``Sys-DiffScale-ScalarMul``).  Checkpointing's recompute copies
+    (:data:`autopar.oneflow.iteration.FAKE_FORWARD_PREFIXES`) and the boxing identities of
+    their outputs: the backward reads the forward op's own output.  ``K`` and the
+    recomputed blocks are in ``meta["training"]``
+    (:func:`autopar.oneflow.iteration.job_training`)."""
     recompute: list[str] = []
     accumulation: list[str] = []
     ticks: set[str] = set()
