@@ -285,3 +285,33 @@ def test_make_train_graph_sets_k_and_checkpointing_on_the_named_modules(flow: An
     job = graph._full_job_proto
     assert job_micro_batches(job) == 4
     assert job_recomputed_scopes(job) == ["model.h.1"]
+
+
+def test_request_plan_solves_for_the_iteration_compile_with_plan_runs(
+    iteration_jobs: Path, tmp_path: Path
+) -> None:
+    from autopar.oneflow.planning import autopar_python, request_plan
+
+    try:
+        python = autopar_python()
+    except Exception as exc:  # the launcher needs the main environment
+        pytest.skip(f"no main autopar environment: {exc}")
+    model = _variants_models(iteration_jobs)[0]
+    plan = request_plan(
+        str(iteration_jobs / f"{model}_graph.json"),
+        str(tmp_path / "plan.json"),
+        mesh_shape=(2, 2),
+        cluster="1x4",
+        zero_stage=2,
+        planner="data-parallel",
+        micro_batches=4,
+        checkpointing="full",
+        python=python,
+        timeout_s=300,
+    )
+    assert plan.training == TrainingConfig(4, "full")
+
+
+def _variants_models(out: Path) -> list[str]:
+    keys = json.loads((out / "reports.json").read_text())
+    return sorted({key.rsplit("_", 1)[0] for key in keys})
