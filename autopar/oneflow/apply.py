@@ -45,10 +45,18 @@ from typing import Any
 
 from autopar.boxing import boxing_plan
 from autopar.errors import PlanError
-from autopar.graph import DTYPE_BYTES
+from autopar.graph import DTYPE_BYTES, Graph
 from autopar.oneflow.convert import op_key_parts, op_keys, parse_nd_sbp_text
+from autopar.oneflow.iteration import (
+    checkpoint_modules,
+    configure_iteration,
+    original_name,
+    plan_graph_recomputed,
+    plan_recomputed_scopes,
+    predicted_phases,
+)
 from autopar.oneflow.jobs import _require_oneflow, load_job
-from autopar.oneflow.traffic import JobTraffic, count_job_traffic
+from autopar.oneflow.traffic import PHASES, JobTraffic, count_job_traffic
 from autopar.plan import Plan
 from autopar.sbp import B, Broadcast, NdSbp, P, SbpValue, Split
 
@@ -134,6 +142,11 @@ class ApplyReport:
     """module inputs and outputs the probe matched to plan tensors"""
     hints: list[str] = field(default_factory=list)
     """``module: output 0 (S(0), S(1)) -> (S(0), B)`` for every hint added to a build"""
+    micro_batches: int = 1
+    """the plan's ``K``: pass it to :func:`autopar.oneflow.make_train_graph`"""
+    recomputed: dict[str, str] = field(default_factory=dict)
+    """layer scope the plan recomputes -> its module path: pass the paths to
+    :func:`autopar.oneflow.make_train_graph` as ``checkpointing``"""
 
 
 @dataclass
@@ -152,6 +165,54 @@ class FidelityReport:
     """the plan's ``predicted.comm_bytes_per_axis`` (bytes per device per step)"""
     counted: JobTraffic | None = None
     """bytes the job moves by its own N-D SBP (:func:`autopar.oneflow.traffic.count_job_traffic`)"""
+    predicted_bytes_per_phase: dict[str, dict[int, float]] = field(default_factory=dict)
+    """autopar's bytes per axis by phase (:func:`autopar.oneflow.iteration.predicted_phases`),
+    when the plan's graph was given; compare with ``counted.bytes_per_phase``"""
+    recomputed: list[str] = field(default_factory=list)
+    """the layer scopes the prediction recomputes"""
+
+    def phase_rows(self) -> list[dict[str, Any]]:
+        """Per axis and phase (and ``per_step`` = ``K x (per_micro_batch + recompute) +
+        once_per_step``): predicted and counted bytes per device."""
+        if not self.predicted_bytes_per_phase or self.counted is None:
+            return []
+        k = self.counted.micro_batches
+        rows: list[dict[str, Any]] = []
+        for a in sorted(self.counted.bytes_per_axis):
+            got = {ph: self.counted.bytes_per_phase.get(ph, {}).get(a, 0.0) for ph in PHASES}
+            want = {ph: self.predicted_bytes_per_phase.get(ph, {}).get(a, 0.0) for ph in PHASES}
+            for table in (want, got):
+                micro = table["per_micro_batch"] + table["recompute"]
+                table["per_step"] = k * micro + table["once_per_step"]
+            for ph in (*PHASES, "per_step"):
+                rows.append({"axis": a, "phase": ph, "predicted": want[ph], "counted": got[ph]})
+        return rows
+
+    def phase_table(self) -> str:
+        """:meth:`phase_rows` as text, MiB per device."""
+        rows = self.phase_rows()
+        if not rows or self.counted is None:
+            return ""
+        zero = self.counted.recompute_zero_cast_bytes
+        lines = [
+            f"bytes per device by phase, K = {self.counted.micro_batches}, recomputed "
+            f"{len(self.recomputed)} block(s) {', '.join(self.recomputed[:4])}"
+            f"{' ...' if len(self.recomputed) > 4 else ''}:",
+            f"  {'axis':>4}  {'phase':<16}{'predicted MiB':>14}{'counted MiB':>13}{'error':>9}",
+        ]
+        for r in rows:
+            if r["counted"]:
+                err = (r["predicted"] - r["counted"]) / r["counted"]
+            else:
+                err = 0.0 if not r["predicted"] else math.inf
+            note = ""
+            if r["phase"] == "recompute" and zero.get(r["axis"]):
+                note = f"  (counted: {zero[r['axis']] / 2**20:.3f} MiB re-run ZeRO gathers)"
+            lines.append(
+                f"  {r['axis']:>4}  {r['phase']:<16}{r['predicted'] / 2**20:>14.3f}"
+                f"{r['counted'] / 2**20:>13.3f}{100 * err:>+8.1f}%{note}"
+            )
+        return "\n".join(lines)
 
     def byte_error(self, axis: int) -> float:
         """(predicted - counted) / counted on ``axis`` (0 when both are 0, inf when only counted is 0)."""
@@ -181,6 +242,8 @@ class FidelityReport:
             "missing": self.missing,
             "predicted_bytes_per_axis": {str(a): b for a, b in sorted(self.predicted_bytes_per_axis.items())},
             "counted": self.counted.to_dict() if self.counted else None,
+            "recomputed": self.recomputed,
+            "phases": [{**r, "axis": str(r["axis"])} for r in self.phase_rows()],
         }
 
     def summary(self, limit: int = 10) -> str:
@@ -192,13 +255,16 @@ class FidelityReport:
         ]
         if self.counted is not None:
             source = "compiled job" if self.counted.compiled else "built job, not compiled: no middle nodes"
-            lines.append(f"bytes per device per step (counted from the {source}):")
+            unit = "per step" if self.counted.micro_batches == 1 else "each hop once (per step: below)"
+            lines.append(f"bytes per device {unit} (counted from the {source}):")
             for a in sorted(self.counted.bytes_per_axis):
                 lines.append(
                     f"  axis {a}: predicted {self.predicted_bytes_per_axis.get(a, 0.0) / 2**20:.3f} MiB, "
                     f"counted {self.counted.bytes_per_axis[a] / 2**20:.3f} MiB "
                     f"({100 * self.byte_error(a):+.1f} %)"
                 )
+        if self.phase_rows():
+            lines.append(self.phase_table())
         for m in self.mismatches[:limit]:
             lines.append(f"  {m['op']} {m['port']}: planned {m['planned']}, compiled {m['compiled']}")
         if len(self.mismatches) > limit:
@@ -459,6 +525,7 @@ def apply_plan(
     prefix: str | None = None,
     copy_values: bool = True,
     backward_hints: bool = True,
+    recompute: Collection[str] | None = None,
 ) -> ApplyReport:
     """Lay out ``module``'s parameters as ``plan`` says and install activation hints.
 
@@ -476,14 +543,22 @@ def apply_plan(
     out, with tensor hooks, the gradient arriving at each module output as the
     plan's backward ops produce it.
 
+    The iteration: the report carries the plan's ``K`` and the modules of the layer scopes
+    it recomputes (``recompute`` overrides the plan's; a scope with no module is a
+    :class:`PlanError` ``checkpoint_scope_unmatched``, raised before anything changes):
+    ``make_train_graph(module, optimizer, micro_batches=report.micro_batches,
+    checkpointing=report.recomputed.values())`` runs that iteration.
+
     Call it before creating the optimizer.  Returns an :class:`ApplyReport`;
     its ``hints`` list fills in while the training graph builds.
     """
     flow = _require_oneflow()
     if isinstance(plan, dict):
         plan = Plan.from_dict(plan)
+    scopes = plan_recomputed_scopes(plan, module, graph_attr, recompute)
+    recomputed = checkpoint_modules(module, scopes, graph_attr)
     applied, unplanned = _layout_parameters(module, plan, placement, prefix, copy_values)
-    report = ApplyReport(applied, unplanned)
+    report = ApplyReport(applied, unplanned, micro_batches=plan.training.micro_batches, recomputed=recomputed)
     if example_inputs is None:
         return report
     hinter = _Hinter(plan, graph_attr, report)
@@ -735,13 +810,18 @@ def _pin_zero_layouts(
     ops = {op.name: op for op in job.net.op}
     casts: dict[str, list[Any]] = {}
     for op in job.net.op:
-        if op.name.startswith("System-ZeRO-ParallelCast-") and op.WhichOneof("op_type") == "user_conf":
+        cast_name = original_name(op.name)  # a recomputed block has a copy of its casts
+        if cast_name.startswith("System-ZeRO-ParallelCast-") and op.WhichOneof("op_type") == "user_conf":
             (lbn,) = op.user_conf.input["in"].s
             casts.setdefault(lbn.split("/", 1)[0], []).append(op)
-    for op in job.net.op:  # a cast after the identity a model reads its parameter through
-        if op.name in casts and op.WhichOneof("op_type") == "user_conf" and op.user_conf.input:
-            (lbns,) = op.user_conf.input.values()
-            casts.setdefault(lbns.s[0].split("/", 1)[0], []).extend(casts[op.name])
+    # a cast after the identity a model reads its parameter through, and after the repeat
+    # gradient accumulation puts after the variable (variable -> repeat -> identity -> cast)
+    for _ in range(3):
+        for op in job.net.op:
+            if op.name in casts and op.WhichOneof("op_type") == "user_conf" and op.user_conf.input:
+                (lbns,) = op.user_conf.input.values()
+                found = casts.setdefault(lbns.s[0].split("/", 1)[0], [])
+                found.extend(c for c in casts[op.name] if c not in found)
     for v in imported.variables:
         update_name = plan_by_key.get(job_keys.get(v.optimizer or "", ""))
         var_name = plan_by_key.get(job_keys.get(v.op, ""))
@@ -795,6 +875,26 @@ class CompileReport:
     """``type`` (all its ops) or ``type with P`` (its ops planned with a partial sum) whose
     planned signatures OneFlow refused: left to OneFlow's inference"""
     fidelity: FidelityReport | None = None
+    micro_batches: int = 1
+    """``K`` the graph was configured with (``set_gradient_accumulation_steps``)"""
+    recomputed: dict[str, str] = field(default_factory=dict)
+    """recomputed layer scope -> the module path given ``activation_checkpointing``"""
+
+
+def _configure_plan_iteration(
+    graph: Any, plan: Plan, graph_attr: str, recompute: Collection[str] | None
+) -> dict[str, str]:
+    """Configure an unbuilt ``nn.Graph`` for the plan's iteration: its ``K``, and
+    checkpointing on the modules of the scopes it recomputes (``recompute`` overrides the
+    plan's).  Returns scope -> module path; raises ``checkpoint_scope_unmatched``."""
+    if plan.training.is_default and recompute is None:
+        return {}  # one micro-batch, nothing recomputed: the graph as it is
+    flow = _require_oneflow()
+    module = getattr(graph, graph_attr).to(flow.nn.Module)
+    scopes = plan_recomputed_scopes(plan, module, graph_attr, recompute)
+    paths = checkpoint_modules(module, scopes, graph_attr)
+    configure_iteration(graph, plan.training.micro_batches, paths.values(), graph_attr)
+    return paths
 
 
 _REJECTED_RE = re.compile(r"Empty sbp signature after filtering for (\S+)")
@@ -806,6 +906,9 @@ def compile_with_plan(
     *inputs: Any,
     max_attempts: int = 8,
     check: bool = True,
+    graph_attr: str = "model",
+    recompute: Collection[str] | None = None,
+    plan_graph: Graph | None = None,
 ) -> tuple[Any, CompileReport]:
     """Build ``make_graph()`` on ``inputs``, pin ``plan`` into it, compile it; return it compiled.
 
@@ -816,7 +919,16 @@ def compile_with_plan(
     inference, and compiled again, up to ``max_attempts`` times.  ``make_graph`` returns a
     fresh, unbuilt ``nn.Graph`` (for example ``lambda: make_train_graph(module,
     optimizer)`` after :func:`apply_plan`).  With ``check`` the report carries
-    :func:`check_fidelity` of the compiled job.
+    :func:`check_fidelity` of the compiled job (by phase of the iteration when
+    ``plan_graph``, the graph the plan was solved on, is given).
+
+    The iteration: every fresh graph gets the plan's ``K``
+    (``config.set_gradient_accumulation_steps``) and activation checkpointing on the
+    modules of the layer scopes the plan recomputes (``full``: every block; ``auto``: the
+    plan's list; ``recompute``: these scopes instead), found under the module the graph
+    holds as ``graph_attr`` (:func:`autopar.oneflow.iteration.checkpoint_modules`: a scope
+    with no module is a :class:`PlanError` ``checkpoint_scope_unmatched``).  ``inputs``
+    then hold ``K`` micro-batches each.
     """
     from autopar.oneflow.importer import import_job
 
@@ -826,6 +938,7 @@ def compile_with_plan(
     partial: list[str] = []
     for attempt in range(1, max_attempts + 1):
         graph = make_graph()
+        recomputed = _configure_plan_iteration(graph, plan, graph_attr, recompute)
         graph.build_graph(*inputs)
         imported = import_job(graph._full_job_proto, zero_stage=plan.zero_stage)
         types_by_op = {op.name: op.type for op in imported.ops}
@@ -849,9 +962,15 @@ def compile_with_plan(
                 whole.append(op_type)
             _clear_lazy_grads(graph)
             continue
-        report = CompileReport(attempt, pinned, [*whole, *(f"{t} with P" for t in partial if t not in whole)])
+        report = CompileReport(
+            attempt,
+            pinned,
+            [*whole, *(f"{t} with P" for t in partial if t not in whole)],
+            micro_batches=plan.training.micro_batches,
+            recomputed=recomputed,
+        )
         if check:
-            report.fidelity = check_fidelity(graph, plan)
+            report.fidelity = check_fidelity(graph, plan, plan_graph=plan_graph, recompute=recompute)
         return graph, report
     raise PlanError(
         "pin_failed", f"OneFlow refused the plan after {max_attempts} attempts"
@@ -944,7 +1063,13 @@ def _planned_boxing_bytes(
     return total_bytes, matched_bytes
 
 
-def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> FidelityReport:
+def check_fidelity(
+    graph: Any,
+    plan: Plan | dict[str, Any],
+    *inputs: Any,
+    plan_graph: Graph | None = None,
+    recompute: Collection[str] | None = None,
+) -> FidelityReport:
     """Compare the N-D SBP OneFlow chose in ``graph``'s job with ``plan``, in ops and in bytes.
 
     ``graph`` is an ``nn.Graph`` (built here on ``inputs`` if it is not built
@@ -959,6 +1084,12 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
     (:func:`autopar.oneflow.traffic.count_job_traffic`: ZeRO casts, optimizer
     inputs and ops the import drops included, each hop priced as OneFlow 0.9
     lowers it), next to the plan's ``predicted.comm_bytes_per_axis``.
+
+    The iteration (``plan_graph``: the graph the plan was solved on): the counted bytes by
+    phase (``per_micro_batch``, ``recompute``, ``once_per_step``: when the job runs each hop,
+    read from its ``repeat`` / ``acc`` ops and recompute copies) next to autopar's
+    (:func:`autopar.oneflow.iteration.predicted_phases` at the job's ``K``, recomputing
+    ``recompute`` scopes or the plan's, :func:`~autopar.oneflow.iteration.plan_graph_recomputed`).
     """
     from autopar.oneflow.importer import import_job
     from autopar.oneflow.plans import import_plan
@@ -979,7 +1110,7 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
     total_bytes, matched_bytes = _planned_boxing_bytes(plan, compiled_graph, compiled, plan_of)
     predicted = {int(a): float(b) for a, b in (plan.predicted.get("comm_bytes_per_axis") or {}).items()}
     dropped = {n for names in compiled_graph.meta["oneflow"]["dropped"].values() for n in names}
-    return FidelityReport(
+    report = FidelityReport(
         len(plan.signatures),
         matched,
         total_bytes,
@@ -989,3 +1120,10 @@ def check_fidelity(graph: Any, plan: Plan | dict[str, Any], *inputs: Any) -> Fid
         predicted,
         count_job_traffic(job, dropped=dropped),
     )
+    if plan_graph is not None and report.counted is not None:
+        scopes = plan_graph_recomputed(plan, plan_graph, recompute)
+        report.recomputed = sorted(scopes)
+        report.predicted_bytes_per_phase = predicted_phases(
+            plan_graph, plan, scopes, report.counted.micro_batches
+        )
+    return report

@@ -4,7 +4,7 @@
 
     autopar oneflow import JOB.pb --out graph.json
     autopar oneflow import-plan JOB.pb --out plan.json [--cluster 2x4 --preset a100-40g] [--no-evaluate]
-    autopar oneflow fidelity JOB.pb PLAN.json [--json report.json]
+    autopar oneflow fidelity JOB.pb PLAN.json [--json report.json] [--graph GRAPH.json [--recompute S,...]]
 
 ``import`` turns a OneFlow ``Job`` protobuf (``nn.Graph._full_job_proto``
 serialized) into an ``autopar.graph/v1`` graph; ``import-plan`` reads the N-D
@@ -46,6 +46,14 @@ def _cmd_import(args: argparse.Namespace) -> int:
         f"ZeRO-{graph.meta['zero_stage']}; "
         f"dropped {dropped}; {wall:.2f} s\n"
     )
+    training = graph.meta["training"]
+    blocks = training["recomputed_blocks"]
+    sys.stdout.write(
+        f"iteration: {training['micro_batches']} micro-batch(es) per step (the graph is one), "
+        f"checkpointing {training['checkpointing']}"
+        + (f", recomputed {len(blocks)} block(s): {', '.join(blocks)}" if blocks else "")
+        + "\n"
+    )
     wrote("graph", args.out)
     return 0
 
@@ -73,10 +81,13 @@ def _cmd_import_plan(args: argparse.Namespace) -> int:
 def _cmd_fidelity(args: argparse.Namespace) -> int:
     import json
 
+    from autopar.graph import Graph
     from autopar.oneflow.apply import check_fidelity
     from autopar.plan import Plan
 
-    report = check_fidelity(args.job, Plan.load(args.plan))
+    plan_graph = Graph.load(args.graph) if args.graph else None
+    recompute = [s for s in args.recompute.split(",") if s] if args.recompute is not None else None
+    report = check_fidelity(args.job, Plan.load(args.plan), plan_graph=plan_graph, recompute=recompute)
     sys.stdout.write(report.summary() + "\n")
     if args.json:
         with open(args.json, "w") as fh:
@@ -118,6 +129,18 @@ def add_oneflow_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="the job (nn.Graph._compiled_job_proto serialized, or the built job)")
     p.add_argument("plan", help="the plan JSON (autopar.plan/v1) the job was compiled with")
     p.add_argument("--json", default=None, help="also write the full report here")
+    p.add_argument(
+        "--graph",
+        default=None,
+        help="the graph the plan was solved on: adds the bytes by phase of the iteration "
+        "(per micro-batch, recompute, once per step), predicted vs counted",
+    )
+    p.add_argument(
+        "--recompute",
+        default=None,
+        metavar="SCOPE,...",
+        help="layer scopes to predict as recomputed instead of the plan's (e.g. model.h.0)",
+    )
 
 
 def run_oneflow_command(args: argparse.Namespace) -> int:

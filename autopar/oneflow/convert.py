@@ -30,6 +30,7 @@ from autopar.sbp import B, NdSbp, P, SbpValue, Split, parse_nd_sbp, parse_sbp
 __all__ = [
     "DTYPES",
     "dtype_name",
+    "input_bns",
     "nd_sbp_from_proto",
     "nd_sbp_from_strings",
     "normalize_nd_sbp",
@@ -173,3 +174,20 @@ def op_keys(names: Iterable[str], skip: Iterable[str] = ()) -> dict[str, str]:
         seen[parts] = k + 1
         keys[name] = f"{parts[0]}-{parts[1]}#{k}"
     return keys
+
+
+def input_bns(op: Any, lbns: Any) -> list[tuple[str, str]]:
+    """``(bn, lbn)`` of every data input of an ``OperatorConf`` (OneFlow's blob names)."""
+    kind = op.WhichOneof("op_type")
+    if kind == "user_conf":
+        return [(f"{arg}_{i}", lbn) for arg, lst in op.user_conf.input.items() for i, lbn in enumerate(lst.s)]
+    conf = getattr(op, kind)
+    out: list[tuple[str, str]] = []
+    for fd, value in conf.ListFields():
+        if fd.type != fd.TYPE_STRING:
+            continue
+        if fd.label == fd.LABEL_REPEATED:
+            out.extend((f"{fd.name}_{i}", v) for i, v in enumerate(value) if v in lbns)
+        elif value in lbns:
+            out.append((fd.name, value))
+    return out

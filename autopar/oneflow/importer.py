@@ -56,6 +56,13 @@ from typing import Any
 from autopar.errors import GraphError
 from autopar.graph import Graph, Op, Role, TensorSpec, Variable
 from autopar.oneflow.convert import dtype_name, nd_sbp_from_strings, parallel_size
+from autopar.oneflow.iteration import (
+    ACCUMULATION_OP_TYPES,
+    FAKE_FORWARD_PREFIXES,
+    is_recompute_op,
+    job_training,
+    original_name,
+)
 from autopar.oneflow.jobs import load_job
 
 __all__ = ["OPTIMIZER_MODEL_PORTS", "import_job", "job_mesh_shape"]
@@ -70,6 +77,7 @@ _NON_USER_TYPES = {
     "return_conf": "output",
 }
 _ZERO_CAST_PREFIX = "System-ZeRO-"
+_DIFF_SCALE_PREFIX = "Sys-DiffScale-ScalarMul-"
 
 
 @dataclass
@@ -222,6 +230,7 @@ def import_job(
     """
     job = load_job(job)
     imp = _read(job)
+    _strip_iteration(imp)
     _drop_zero_casts(imp)
     if bypass_parameter_identities:
         _bypass_parameter_identities(imp)
@@ -237,6 +246,7 @@ def import_job(
     variables = _variables(imp, tensors)
     meta = _meta(imp, job, zero_stage)
     graph = Graph(name or job.job_conf.job_name or "oneflow-job", tensors.values(), ops, variables, meta)
+    graph.meta["training"] = job_training(job, graph)
     return graph.validate()
 
 
@@ -267,6 +277,8 @@ class _Import:
     update_ops: set[str] = field(default_factory=set)
     folded: list[str] = field(default_factory=list)
     """Ops folded into inputless ``constant`` ops."""
+    shape_of: dict[str, str] = field(default_factory=dict)
+    """Blob -> the blob whose descriptor it takes (a graph input: its ``unpack``'s micro-batch)."""
 
     def read_through(self, renamed: dict[str, str]) -> None:
         """Kept ops read the blobs ``renamed`` maps to."""
@@ -298,7 +310,7 @@ def _read(job: Any) -> _Import:
     if train is not None:
         for opt_conf in train.optimizer_conf:
             trainable.update(zip(opt_conf.variable_op_names, opt_conf.variable_grad_lbns))
-    imp = _Import(blob_desc, lbns, raw, train, trainable)
+    imp = _Import(blob_desc, lbns, raw, train, trainable, kept=list(raw))
     imp.by_name = {r.name: r for r in raw}
     imp.producer = {lbn: r.name for r in raw for lbn in r.outputs.values()}
     return imp
@@ -307,34 +319,113 @@ def _read(job: Any) -> _Import:
 # ---------------------------------------------------------------- classify
 
 
+def _strip_iteration(imp: _Import) -> None:
+    """0. The iteration: the graph is the graph of one micro-batch.
+
+    Gradient accumulation's ops: consumers of a ``repeat`` (after a variable) or an ``acc``
+    (on a gradient) read its input; a source reading a repeated tick loses that port; an
+    input's ``unpack`` and an output's ``pack`` go, the input and output taking one
+    micro-batch's shape; so does each accumulated gradient's ``1/K`` scaling
+    (``Sys-DiffScale-ScalarMul``).  Checkpointing's recompute copies
+    (:data:`autopar.oneflow.iteration.FAKE_FORWARD_PREFIXES`) and the boxing identities of
+    their outputs: the backward reads the forward op's own output.  ``K`` and the
+    recomputed blocks are in ``meta["training"]``
+    (:func:`autopar.oneflow.iteration.job_training`)."""
+    recompute: list[str] = []
+    accumulation: list[str] = []
+    ticks: set[str] = set()
+    packed: dict[str, str] = {}
+    for r in imp.kept:
+        if is_recompute_op(r.name) and not original_name(r.name).startswith(_ZERO_CAST_PREFIX):
+            for out in r.outputs.values():
+                for prefix in FAKE_FORWARD_PREFIXES:
+                    if out.startswith(prefix):
+                        imp.rename[out] = out[len(prefix) :]
+            recompute.append(r.name)
+        elif (
+            not is_recompute_op(r.name)
+            and any(f in r.name for f in FAKE_FORWARD_PREFIXES)
+            and len(r.inputs) == len(r.outputs) == 1
+        ):
+            # OneFlow's boxing identity (Sys-Boxing-GroupIdentity-...) of a recompute copy
+            imp.rename[next(iter(r.outputs.values()))] = next(iter(r.inputs.values()))
+            recompute.append(r.name)
+        elif r.kind == "user_conf" and r.type in ACCUMULATION_OP_TYPES and len(r.inputs) == 1:
+            (src,) = r.inputs.values()
+            (out,) = r.outputs.values()
+            if r.type == "repeat" and imp.by_name[imp.producer[src]].kind != "variable_conf":
+                ticks.add(out)  # a source's repeated tick: a port the source did not have
+            imp.rename[out] = src
+            if r.type == "unpack":
+                imp.shape_of[src] = out
+            if r.type == "pack":
+                packed[out] = src
+            accumulation.append(r.name)
+    if accumulation:  # the 1/K scaling of each accumulated gradient: none with one micro-batch
+        for r in imp.kept:
+            if r.name.startswith(_DIFF_SCALE_PREFIX) and r.type == "scalar_mul" and len(r.inputs) == 1:
+                imp.rename[next(iter(r.outputs.values()))] = next(iter(r.inputs.values()))
+                accumulation.append(r.name)
+    gone = {*recompute, *accumulation}
+    if not gone:
+        return
+    for reason, names in (("recompute", recompute), ("accumulation", accumulation)):
+        if names:
+            imp.dropped[reason] = names
+    imp.kept = [r for r in imp.kept if r.name not in gone]
+    for r in imp.kept:
+        r.inputs = {p: t for p, t in r.inputs.items() if t not in ticks}
+        if any(t in packed for t in r.inputs.values()) and len(r.inputs) == len(r.outputs) == 1:
+            # an output of K packed values: the one micro-batch's value
+            imp.shape_of[next(iter(r.outputs.values()))] = packed[next(iter(r.inputs.values()))]
+    for blob in list(imp.rename):  # a boxing identity reads a copy, which reads the original
+        target = imp.rename[blob]
+        while target in imp.rename and imp.rename[target] != target:
+            target = imp.rename[target]
+        imp.rename[blob] = target
+    imp.read_through(imp.rename)
+    for r in imp.kept:
+        if r.kind == "input_conf" and "shape" in r.attrs:
+            micro = imp.shape_of.get(next(iter(r.outputs.values()), ""))
+            if micro is not None:
+                r.attrs["shape"] = [int(d) for d in imp.blob_desc[micro].shape.dim]
+
+
 def _drop_zero_casts(imp: _Import) -> None:
     """1. ZeRO parallel casts: consumers read the variable itself."""
-    for r in imp.raw:
-        if r.name.startswith(_ZERO_CAST_PREFIX) and r.type in ("hierarchical_parallel_cast", "parallel_cast"):
+    for r in imp.kept:
+        name = original_name(r.name)  # a recompute copy of a cast (checkpointing) is one too
+        if name.startswith(_ZERO_CAST_PREFIX) and r.type in ("hierarchical_parallel_cast", "parallel_cast"):
             (src,) = r.inputs.values()
             for out in r.outputs.values():
                 imp.rename[out] = src
-            imp.zero_layouts[imp.producer.get(src, src)] = list(r.attrs.get("nd_sbp") or [])
+            if name == r.name or imp.producer.get(src, src) not in imp.zero_layouts:
+                imp.zero_layouts[imp.producer.get(src, src)] = list(r.attrs.get("nd_sbp") or [])
             imp.dropped["zero_cast"].append(r.name)
-    imp.kept = [r for r in imp.raw if r.name not in set(imp.dropped["zero_cast"])]
+    imp.kept = [r for r in imp.kept if r.name not in set(imp.dropped["zero_cast"])]
     imp.read_through(imp.rename)
 
 
 def _bypass_parameter_identities(imp: _Import) -> None:
     """1b. Identities that only re-read a parameter (what a model does so that OneFlow
     boxes a copy, not the variable's own buffer): consumers read the parameter."""
-    variable_lbns = {
-        lbn
+    variable_of = {  # blob -> the parameter it re-reads (a chain of identities included)
+        lbn: lbn
         for r in imp.kept
         if r.kind == "variable_conf" and not r.name.startswith("System-")
         for lbn in r.outputs.values()
     }
-    for r in imp.kept:
-        if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
-            (src,) = r.inputs.values()
-            if src in variable_lbns:
-                imp.rename[next(iter(r.outputs.values()))] = src
-                imp.dropped["parameter_identity"].append(r.name)
+    changed = True
+    while changed:  # a compiled job may put a boxing identity between two (any op order)
+        changed = False
+        for r in imp.kept:
+            if r.type in ("identity", "amp_white_identity") and len(r.inputs) == 1 and len(r.outputs) == 1:
+                (src,) = r.inputs.values()
+                (out,) = r.outputs.values()
+                if src in variable_of and out not in variable_of:
+                    variable_of[out] = imp.rename[out] = variable_of[src]
+                    imp.dropped["parameter_identity"].append(r.name)
+                    changed = True
     if imp.dropped["parameter_identity"]:
         gone = set(imp.dropped["parameter_identity"])
         imp.kept = [r for r in imp.kept if r.name not in gone]
@@ -460,7 +551,7 @@ def _tensors(imp: _Import) -> dict[str, TensorSpec]:
         for t in (*r.inputs.values(), *r.outputs.values()):
             if t in tensors:
                 continue
-            desc = imp.blob_desc.get(t) if t in imp.lbns else None
+            desc = imp.blob_desc.get(imp.shape_of.get(t, t)) if t in imp.lbns else None
             if desc is None:
                 raise GraphError(
                     "unknown_blob",

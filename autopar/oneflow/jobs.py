@@ -13,6 +13,7 @@ OneFlow is imported inside the functions: importing this module never needs it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from autopar.errors import ConfigError, GraphError
@@ -49,14 +50,23 @@ def make_train_graph(
     auto_parallel: bool = False,
     auto_parallel_ignore_user_sbp: bool = False,
     amp: bool = False,
+    micro_batches: int = 1,
+    checkpointing: Iterable[str] = (),
 ) -> oneflow.nn.Graph:
     """An ``nn.Graph`` running ``loss = module(*inputs); loss.backward()`` and ``optimizer``.
 
     ``zero_stage`` 1-3 enables OneFlow's ZeRO (``enable_zero(stage=...)``; states of
     tensors with fewer than ``zero_min_size`` elements per shard stay whole);
     ``auto_parallel`` runs OneFlow's own SBP search when the job is built.
+    ``micro_batches`` > 1 accumulates gradients over that many micro-batches per step
+    (``config.set_gradient_accumulation_steps``: each input then holds ``K`` micro-batches);
+    ``checkpointing`` names module paths (``h.0``) to recompute in backward
+    (``activation_checkpointing``; :func:`autopar.oneflow.iteration.configure_iteration`).
     """
+    from autopar.oneflow.iteration import configure_iteration
+
     flow = _require_oneflow()
+    paths = list(checkpointing)
     if zero_stage not in (0, 1, 2, 3):
         raise ConfigError("bad_zero_stage", f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
 
@@ -73,6 +83,7 @@ def make_train_graph(
                     self.config.enable_auto_parallel_ignore_user_sbp_config(True)
             if amp:
                 self.config.enable_amp(True)
+            configure_iteration(self, micro_batches, paths, "model")
 
         def build(self, *inputs: Any) -> Any:
             loss = self.model(*inputs)

@@ -52,6 +52,8 @@ def request_plan(
     python: str | None = None,
     timeout_s: float | None = None,
     runtime: str | None = None,
+    micro_batches: int = 1,
+    checkpointing: str | None = None,
 ) -> Plan:
     """Plan ``graph_path`` with autopar's solver (``planner="solver"``) or a baseline, and load it.
 
@@ -59,13 +61,19 @@ def request_plan(
     ``"40GiB"`` (default: the preset's memory); ``runtime`` a runtime profile
     (default ``oneflow-0.9``: OneFlow's default ZeRO ``shard_min_size``; a job built
     with ``shard_min_size=1`` plans with ``oneflow-0.9-shard-min-1``, see
-    :func:`autopar.oneflow.plans.job_runtime`).  Raises :class:`PlanError` with
-    the planner's error output when it fails.
+    :func:`autopar.oneflow.plans.job_runtime`).  ``micro_batches`` and ``checkpointing``
+    (``--micro-batches`` / ``--checkpointing``; default: one micro-batch and the planner's
+    own default) set the iteration the plan is solved for; ``compile_with_plan`` then runs it.
+    Raises :class:`PlanError` with the planner's error output when it fails.
     """
     mesh = ",".join(str(int(s)) for s in mesh_shape)
     common = ["--cluster", cluster, "--preset", preset, "--mesh-shape", mesh, "--zero", str(zero_stage)]
     if runtime:
         common += ["--runtime", runtime]
+    if micro_batches != 1:
+        common += ["--micro-batches", str(int(micro_batches))]
+    if checkpointing is not None:
+        common += ["--checkpointing", checkpointing]
     if planner == "solver":
         args = [
             "plan",

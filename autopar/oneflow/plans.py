@@ -33,12 +33,14 @@ Normalisations (each keeps the meaning of OneFlow's choice):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from autopar.cluster import PRESETS, Cluster, Mesh
 from autopar.costs import op_signatures, rule_context
 from autopar.errors import ConfigError, PlanError
 from autopar.graph import Graph, Role
+from autopar.iteration import TrainingConfig
 from autopar.oneflow.convert import nd_sbp_from_proto, parse_nd_sbp_text
 from autopar.oneflow.importer import import_job
 from autopar.oneflow.jobs import load_job
@@ -47,7 +49,7 @@ from autopar.rules.registry import default_rules
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES, Lowering
 from autopar.sbp import NdSbp, Signature
 
-__all__ = ["import_plan", "job_runtime", "job_signatures"]
+__all__ = ["import_plan", "imported_training", "job_runtime", "job_signatures"]
 
 
 def job_runtime(job: Any) -> str:
@@ -173,6 +175,24 @@ def _zero_update_layouts(
     return normalized
 
 
+def imported_training(graph: Graph) -> TrainingConfig:
+    """The iteration a job's import records (``meta["training"]``,
+    :func:`autopar.oneflow.iteration.job_training`) as the plan's :class:`TrainingConfig`.
+
+    ``auto`` (a subset of the blocks recomputed) carries its list where
+    :class:`TrainingConfig` has one (``recomputed``); without it the plan records ``K``
+    with ``off`` and the list stays in the graph's ``meta``."""
+    found = graph.meta.get("training") or {}
+    k = int(found.get("micro_batches", 1))
+    mode = str(found.get("checkpointing", "off"))
+    if mode != "auto":
+        return TrainingConfig(k, mode)
+    if "recomputed" in {f.name for f in dataclasses.fields(TrainingConfig)}:
+        extra: dict[str, Any] = {"recomputed": tuple(found.get("recomputed_blocks") or ())}
+        return TrainingConfig(k, mode, **extra)
+    return TrainingConfig(k, "off")
+
+
 def import_plan(
     job: Any,
     *,
@@ -231,6 +251,7 @@ def import_plan(
         signatures,
         source="oneflow-auto-parallel" if auto else "oneflow-inference",
         runtime=runtime,
+        training=imported_training(graph),
     )
     plan.diagnostics["oneflow_job"] = job.job_conf.job_name
     if normalized:

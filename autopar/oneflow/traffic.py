@@ -43,13 +43,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopar.graph import DTYPE_BYTES
-from autopar.oneflow.convert import dtype_name, nd_sbp_from_proto, parallel_size
+from autopar.oneflow.convert import dtype_name, input_bns, nd_sbp_from_proto, parallel_size
+from autopar.oneflow.iteration import job_micro_batches, op_phases, recompute_ops, zero_gather_ops
 from autopar.oneflow.jobs import load_job
 from autopar.oneflow.kernel_bytes import kernel_hop_bytes
 from autopar.oneflow.lowering import lower_hop
 from autopar.sbp import NdSbp
 
-__all__ = ["JobTraffic", "count_job_traffic", "edge_category"]
+__all__ = ["PHASES", "JobTraffic", "count_job_traffic", "edge_category"]
+
+PHASES = ("per_micro_batch", "recompute", "once_per_step")
+"""When a hop runs: every micro-batch, again in a recomputed block's backward, once per step."""
 
 _MIDDLE_PREFIX = "System-Boxing-Middle-Identity"
 _ZERO_PREFIX = "System-ZeRO-"
@@ -79,6 +83,23 @@ class JobTraffic:
     """the same hops counted with :func:`autopar.oneflow.kernel_bytes.kernel_hop_bytes`, the
     formula of its own (OneFlow's kernels, NCCL's collective definitions); a difference
     from ``bytes_per_axis`` is a finding about one of the two formulas"""
+    micro_batches: int = 1
+    """``K``: the job's ``num_gradient_accumulation_steps``"""
+    bytes_per_phase: dict[str, dict[int, float]] = field(default_factory=dict)
+    """``bytes_per_axis`` by when each hop runs (:data:`PHASES`): ``per_micro_batch`` (the
+    consumer runs once per micro-batch), ``recompute`` (it is a recompute copy of
+    checkpointing, or a boxing op only they read), ``once_per_step`` (it runs once per
+    optimizer step: downstream of an ``acc``; see :func:`autopar.oneflow.iteration.op_phases`)"""
+    recompute_zero_cast_bytes: dict[int, float] = field(default_factory=dict)
+    """the part of ``recompute`` that re-runs a ZeRO parameter gather (a recomputed block's
+    copy of its ``System-ZeRO-ParallelCast``)"""
+
+    def per_step_bytes(self, axis: int) -> float:
+        """Bytes per device per optimizer step on ``axis``: ``K x (per_micro_batch +
+        recompute) + once_per_step``."""
+        get = self.bytes_per_phase.get
+        micro = (get("per_micro_batch") or {}).get(axis, 0.0) + (get("recompute") or {}).get(axis, 0.0)
+        return self.micro_batches * micro + (get("once_per_step") or {}).get(axis, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,24 +116,14 @@ class JobTraffic:
             "middle_nodes": self.middle_nodes,
             "cross_placement_edges": self.cross_placement_edges,
             "largest_edges": self.edges,
+            "micro_batches": self.micro_batches,
+            "bytes_per_phase": {
+                ph: {str(a): b for a, b in sorted(v.items())} for ph, v in self.bytes_per_phase.items()
+            },
+            "recompute_zero_cast_bytes": {
+                str(a): b for a, b in sorted(self.recompute_zero_cast_bytes.items())
+            },
         }
-
-
-def _input_bns(op: Any, lbns: Any) -> list[tuple[str, str]]:
-    """``(bn, lbn)`` of every data input of an ``OperatorConf`` (OneFlow's blob names)."""
-    kind = op.WhichOneof("op_type")
-    if kind == "user_conf":
-        return [(f"{arg}_{i}", lbn) for arg, lst in op.user_conf.input.items() for i, lbn in enumerate(lst.s)]
-    conf = getattr(op, kind)
-    out: list[tuple[str, str]] = []
-    for fd, value in conf.ListFields():
-        if fd.type != fd.TYPE_STRING:
-            continue
-        if fd.label == fd.LABEL_REPEATED:
-            out.extend((f"{fd.name}_{i}", v) for i, v in enumerate(value) if v in lbns)
-        elif value in lbns:
-            out.append((fd.name, value))
-    return out
 
 
 def _placements(job: Any) -> dict[str, tuple[int, ...]]:
@@ -155,6 +166,9 @@ def count_job_traffic(job: Any, *, dropped: set[str] | None = None, keep_edges: 
         meta = import_job(job).meta["oneflow"]
         dropped = {n for names in meta["dropped"].values() for n in names}
     tally = _Tally(tuple(job_mesh_shape(job)), dropped)
+    tally.micro_batches = job_micro_batches(job)
+    tally.phases, tally.recompute = op_phases(job), recompute_ops(job)
+    tally.zero_gathers = zero_gather_ops(job)
     view = _JobView(job, tally.hierarchy)
     for op in job.net.op:
         if op.name.startswith(_MIDDLE_PREFIX):
@@ -211,6 +225,20 @@ class _Tally:
     middle: int = 0
     cross: int = 0
     edges: list[dict[str, Any]] = field(default_factory=list)
+    micro_batches: int = 1
+    phases: dict[str, str] = field(default_factory=dict)
+    recompute: set[str] = field(default_factory=set)
+    zero_gathers: set[str] = field(default_factory=set)
+    per_phase: dict[str, dict[int, float]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(float))
+    )
+    recompute_zero: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+
+    def phase(self, consumer: str) -> str:
+        """When the hop into ``consumer`` runs (:data:`PHASES`)."""
+        if consumer in self.recompute:
+            return "recompute"
+        return "once_per_step" if self.phases.get(consumer) == "step" else "per_micro_batch"
 
     def add(
         self, edge: tuple[str, str, str], view: _JobView, lbn: str, src: NdSbp, dst: NdSbp, update: bool
@@ -227,9 +255,13 @@ class _Tally:
             return
         self.hops += 1
         cat = edge_category(producer, consumer, update, self.dropped)
+        phase = self.phase(consumer)
         for a, b in hop.bytes_per_axis.items():
             self.per_axis[a] += b
             self.per_cat[cat][a] += b
+            self.per_phase[phase][a] += b
+            if phase == "recompute" and consumer in self.zero_gathers:
+                self.recompute_zero[a] += b
         self.per_kind[hop.kind] += hop.total_bytes
         self.edges.append(
             {
@@ -241,6 +273,8 @@ class _Tally:
                 "dst": str(dst),
                 "kind": f"{hop.kind} ({hop.scope})",
                 "category": cat,
+                "phase": phase,
+                "zero_gather": consumer in self.zero_gathers,
                 "bytes": hop.total_bytes,
                 "bytes_per_axis": {str(a): b for a, b in sorted(hop.bytes_per_axis.items())},
                 "kernel_bytes_per_axis": {str(a): b for a, b in sorted(kernel.items())},
@@ -261,6 +295,9 @@ class _Tally:
             self.cross,
             self.edges[:keep_edges],
             {a: self.per_axis_kernel.get(a, 0.0) for a in range(ndim)},
+            self.micro_batches,
+            {ph: {a: self.per_phase.get(ph, {}).get(a, 0.0) for a in range(ndim)} for ph in PHASES},
+            {a: self.recompute_zero.get(a, 0.0) for a in range(ndim)},
         )
 
 
@@ -278,7 +315,7 @@ def _count_op(op: Any, view: _JobView, tally: _Tally) -> None:
         and "model" in op.user_conf.input
         and "model_diff" in op.user_conf.input
     )
-    for bn, lbn in _input_bns(op, view.blob_desc):
+    for bn, lbn in input_bns(op, view.blob_desc):
         producer, out_bn = lbn.split("/", 1)
         if not view.on_main(producer):
             tally.cross += view.placement.get(producer) is not None
