@@ -41,7 +41,8 @@ from autopar.graph import DTYPE_BYTES, Graph, Op, Role, Variable
 from autopar.oneflow_inference import SOURCE_TYPES, infer_like_oneflow
 from autopar.optimizer import model_port_index, parameter_sources, weight_gradient_path
 from autopar.plan import Plan
-from autopar.rules.registry import RuleContext, RuleSet, default_rules
+from autopar.rules.megatron_lm import rules_for_source
+from autopar.rules.registry import RuleContext, RuleSet
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
 from autopar.sbp import B, Broadcast, NdSbp, Partial, S, Signature, Split
 
@@ -414,7 +415,7 @@ class _Problem:
             self.mesh,
             self.zero_stage,
             chosen,
-            source=f"baseline:{kind.value}",
+            source=f"baseline:{kind.value}",  # MEGATRON_SOURCE for megatron
             runtime=runtime_profile(self.runtime).name,
         )
 
@@ -531,7 +532,9 @@ def baseline_plan(
 ) -> Plan:
     """Build the ``kind`` baseline plan of ``graph`` on ``mesh`` (signatures only; evaluate it next).
 
-    Boxing is priced as ``runtime`` lowers it (:mod:`autopar.runtime`).
+    Boxing is priced as ``runtime`` lowers it (:mod:`autopar.runtime`).  ``rules`` None:
+    the rules the plan's source is evaluated with (:func:`autopar.rules.megatron_lm.rules_for_source`:
+    Megatron-LM's vocab-parallel cross-entropy for ``megatron``, OneFlow's otherwise).
     """
     try:
         kind = BaselineKind(kind)
@@ -539,7 +542,7 @@ def baseline_plan(
         raise ConfigError(
             "unknown_baseline", f"unknown baseline {kind!r}; choose one of {BASELINES}"
         ) from None
-    problem = _Problem(graph, mesh, zero_stage, rules or default_rules(), runtime)
+    problem = _Problem(graph, mesh, zero_stage, rules or rules_for_source(f"baseline:{kind.value}"), runtime)
     return STRATEGIES[kind].plan(problem)
 
 
