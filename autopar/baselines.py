@@ -132,6 +132,26 @@ def _weight_input(op: Op, st: _Structure) -> str | None:
     return None
 
 
+def _normalises(graph: Graph, op: Op) -> bool:
+    """Whether forward ``op`` is a normalisation: a norm op, or the step of a composite
+    one (an HF-style LayerNorm or RMSNorm written in element-wise ops) that scales the
+    rows by a per-row ``rsqrt(var + eps)`` (or divides by its ``sqrt``): an input whose
+    last dim is 1, made by ``rsqrt`` / ``sqrt``, next to one whose last dim is wider.  A
+    softmax written out (``exp(x - max) / sum``) has no square root and is not one."""
+    if op.type in NORM_OPS:
+        return True
+    shapes = [graph.tensors[t].shape for t in op.inputs.values()]
+    scales = [
+        t
+        for t in op.inputs.values()
+        if len(graph.tensors[t].shape) >= 2
+        and graph.tensors[t].shape[-1] == 1
+        and t in graph.producer
+        and graph.op_by_name[graph.producer[t][0]].type in ("rsqrt", "sqrt")
+    ]
+    return bool(scales) and any(len(s) >= 2 and s[-1] > 1 for s in shapes)
+
+
 def _forward_reach(graph: Graph, start: str, st: _Structure) -> tuple[bool, bool]:
     """From tensor ``start``, following forward ops: (reaches a weight matmul, reaches a loss)."""
     seen: set[str] = set()
@@ -149,7 +169,7 @@ def _forward_reach(graph: Graph, start: str, st: _Structure) -> tuple[bool, bool
             if cop.type in MATMUL_OPS and _weight_input(cop, st) is not None:
                 hit_matmul = True
                 continue
-            if cop.type in NORM_OPS:
+            if _normalises(graph, cop):
                 continue
             if cop.type in LOSS_OPS:
                 hit_loss = True
@@ -166,7 +186,7 @@ def _forward_region(graph: Graph, start: str, st: _Structure) -> set[str]:
         t = stack.pop()
         for cname, _ in graph.consumers.get(t, []):
             cop = graph.op_by_name[cname]
-            if cop.role is not Role.FORWARD or cop.type in NORM_OPS or cop.type in LOSS_OPS:
+            if cop.role is not Role.FORWARD or _normalises(graph, cop) or cop.type in LOSS_OPS:
                 continue
             if cop.type in MATMUL_OPS and _weight_input(cop, st) is not None:
                 continue
@@ -266,7 +286,8 @@ class _TensorParallelWalk:
 
     def _matmul(self, op: Op, wport: str, wshape: tuple[int, ...]) -> None:
         """A weight matmul: column-parallel if its output reaches another weight matmul or the
-        loss before a norm (and it is not the second of a pair), else row-parallel."""
+        loss before a norm (and it is not the second of a pair), row-parallel if it is the
+        second of a pair (its input downstream of a column-parallel one), else replicated."""
         var = self.st.param_source[op.inputs[wport]]
         (out,) = list(op.outputs.values())[:1]
         activation = [t for p, t in op.inputs.items() if p != wport]
@@ -275,6 +296,12 @@ class _TensorParallelWalk:
         else:
             hit_matmul, hit_loss = _forward_reach(self.graph, out, self.st)
             column = hit_matmul or hit_loss
+            if not column:
+                # Megatron-LM's RowParallelLinear takes its input split (input_is_parallel,
+                # after a column-parallel one); a linear on a whole activation whose output is
+                # normalised next is a plain replicated Linear (BertLMHead's dense,
+                # megatron/legacy/model/bert_model.py: get_linear_layer)
+                return
         out_dim, in_dim = _weight_dims(op, wport)
         dim = out_dim if column else in_dim
         if wshape[dim] % self.mesh.shape[self.tp] != 0:
