@@ -15,7 +15,8 @@
   - a gradient ``(x, dy) -> dx`` is linear in ``dy``: ``(B, P) -> P`` (except
     ``rsqrt_grad`` and ``square_grad``, which OneFlow 0.9 refuses with ``dy`` ``P``);
   - binary gradients whose output is smaller than ``dz`` (``broadcast_div_grad``)
-    sum over the broadcast dims, so splitting such a dim gives ``P``.
+    sum over the broadcast dims, so splitting such a dim gives ``P``;
+    ``broadcast_div_grad`` is also linear in ``z``: ``(dz B, z P, y B) -> P``.
 
 Non-linear ops (``relu``, ``gelu``, ``scalar_add``, ``scalar_pow``, ``dropout``
 ...) never take or give ``P``: ``relu(a) + relu(b) != relu(a + b)``.  ``P`` is
@@ -141,6 +142,12 @@ BINARY_GRAD_OPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })  # fmt: skip
 """Gradients of binary ops, linear in ``dz``; outputs smaller than ``dz`` sum (``P``)."""
 
+LINEAR_GRAD_INPUTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"broadcast_div_grad": ("z",)})
+"""Other inputs a binary gradient is linear in: ``broadcast_div_grad``'s ``dy = -dz * z / y``
+is linear in ``z`` too; OneFlow 0.9 offers ``(y B, z P, dz B) -> dy P``
+(``oneflow/user/ops/broadcast_div_grad_op.cpp``, ``BroadcastDivGradOp::GetSbp``) and its
+inference takes it for a mean loss whose sum is a partial sum (the held-out jobs)."""
+
 
 # ------------------------------------------------------------------ shared builders
 
@@ -254,4 +261,6 @@ def binary_grad(ctx: RuleContext) -> list[OneDSignature]:
     if not grad:
         return [uniform(ctx, B)]
     sigs = [*binary_grad_splits(ctx, grad[0]), uniform(ctx, B)]
-    return sigs + linear_signatures(ctx, {grad[0]})
+    linear_in = [i for i, name in enumerate(pm.inputs) if name in LINEAR_GRAD_INPUTS.get(ctx.op.type, ())]
+    linear = [s for i in (grad[0], *linear_in) for s in linear_signatures(ctx, {i})]
+    return sigs + linear
