@@ -62,13 +62,16 @@ UNARY_OPS: tuple[str, ...] = (
     "scalar_logical_and", "scalar_logical_equal", "scalar_logical_greater",
     "scalar_logical_greater_equal", "scalar_logical_less", "scalar_logical_less_equal",
     "scalar_logical_not_equal", "scalar_logical_or", "scalar_logical_xor",
+    # linear, but a math unary op in OneFlow 0.9 (math_unary_elementwise_op.cpp:
+    # GetSbpFnUtil::SplitForEachAxis, no P): its compiled jobs box a P input to S first
+    "negative",
 )  # fmt: skip
-"""Unary ops that are not linear: ``S(d)`` and ``B`` only."""
+"""Unary ops that are not linear, or that OneFlow 0.9 gives no ``P``: ``S(d)`` and ``B`` only."""
 
 LINEAR_UNARY_OPS: tuple[str, ...] = (
     "identity", "amp_white_identity", "amp_black_identity", "pinned_identity", "copy",
     "to_contiguous", "cast_to_static_shape", "identity_buffer", "nvtx_start", "nvtx_end",
-    "scalar_mul", "scalar_div", "negative", "cast", "mutable_cast_once",
+    "scalar_mul", "scalar_div", "cast", "mutable_cast_once",
 )  # fmt: skip
 """Unary ops linear in their input: also ``(P) -> P`` (``cast`` only between float dtypes)."""
 
@@ -96,7 +99,7 @@ UNARY_GRAD_OPS: Mapping[str, tuple[str, str]] = MappingProxyType({
 })  # fmt: skip
 """``(x or y, dy) -> dx`` gradients (OneFlow's declared input order); linear in ``dy``."""
 
-NO_PARTIAL_GRAD_OPS: frozenset[str] = frozenset({"rsqrt_grad", "square_grad"})
+NO_PARTIAL_GRAD_OPS: frozenset[str] = frozenset({"rsqrt_grad", "square_grad", "negative_grad"})
 """Unary gradients OneFlow 0.9 refuses with ``dy`` ``P`` (though linear in ``dy``): no ``P``."""
 
 BROADCAST_OPS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType({
