@@ -660,10 +660,23 @@ class _GreedyWalk:
     def _disciplined(self, op: Op, sig: Signature) -> bool:
         return (
             self._allowed_partial(op, sig)
+            and self._splits_only_what_is_split(op, sig)
             and self._resolves_partial(op, sig)
             and self._keeps_gradient_layout(op, sig)
             and self._reduces_gradients(op, sig)
         )
+
+    def _splits_only_what_is_split(self, op: Op, sig: Signature) -> bool:
+        """Megatron (without sequence parallelism) splits a tensor on the tensor-parallel axis
+        only where a tensor-parallel parameter's split reaches it: an op gives a split output
+        there only if one of its inputs is already split there, never by slicing a whole
+        activation (a norm, a residual, a class token computed on a slice of the batch)."""
+        tp = self.tp_axis
+        if not self.megatron or tp is None:
+            return True
+        if not any(isinstance(out[tp], Split) for out in sig.outputs):
+            return True
+        return any(isinstance(self.tensor_sbp[t][tp], Split) for t in op.inputs.values())
 
     def _allowed_partial(self, op: Op, sig: Signature) -> bool:
         """Megatron discipline: partial sums only out of tp matmuls / towards weight grads."""

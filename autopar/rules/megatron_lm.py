@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
-from autopar.rules.families import nn
+from autopar.rules.families import nn, views
 from autopar.rules.families._common import port_map, sig
 from autopar.rules.registry import OneDSignature, RuleContext, RuleSet, default_rules
 from autopar.sbp import Split
@@ -57,6 +57,42 @@ def vocab_parallel_log_softmax_grad(ctx: RuleContext) -> list[OneDSignature]:
     return [*nn.softmax_grad(ctx), sig(pm, {"prob": Split(last), "dy": Split(last)}, {"dx": Split(last)})]
 
 
+FUSED_PROJECTIONS = (2, 3)
+"""Projections a fused linear's output holds per head: key and value, or query, key and value."""
+
+
+def _fused_heads_dims(fused: tuple[int, ...], merged: tuple[int, ...]) -> tuple[int, int] | None:
+    """(dim of ``merged``, dim of ``fused``) when ``fused`` is ``merged`` with its last dim
+    written as ``[projections, heads, head_dim]`` (projections 2 or 3): the merged last dim
+    and the heads dim; None otherwise."""
+    lead = len(merged) - 1
+    if len(fused) != lead + 3 or fused[:lead] != merged[:lead]:
+        return None
+    projections, heads, head_dim = fused[lead:]
+    if projections not in FUSED_PROJECTIONS or projections * heads * head_dim != merged[lead]:
+        return None
+    return lead, lead + 1
+
+
+def fused_heads_reshape(ctx: RuleContext) -> list[OneDSignature]:
+    """OneFlow's ``reshape`` signatures plus, for a fused projection's output ``[..., k*h*d]``
+    viewed as ``[..., k, h, d]`` (``k`` 2 or 3: timm's ``qkv``), ``(S(last)) -> S(heads)``
+    and back.  Megatron-LM lays a fused ``query_key_value`` (``key_value``) out so that a
+    tensor-parallel rank's slice of the output dim holds its own heads' q, k and v
+    (``ParallelAttention``: ``mixed_x_layer.view(sq, b, np, 3 * hn)``; checkpoint
+    converters permute a ``[3, heads, head_dim]`` weight into that order), so its
+    column split is a split by heads."""
+    x, y = ctx.inputs[0].shape, ctx.outputs[0].shape
+    sigs = views.reshape(ctx)
+    split = _fused_heads_dims(y, x)
+    if split is not None:
+        sigs.append(((Split(split[0]),), (Split(split[1]),)))
+    merge = _fused_heads_dims(x, y)
+    if merge is not None:
+        sigs.append(((Split(merge[1]),), (Split(merge[0]),)))
+    return sigs
+
+
 @cache
 def megatron_lm_rules() -> RuleSet:
     """:func:`default_rules` with Megatron-LM's vocab-parallel ``log_softmax`` (module docstring)."""
@@ -64,6 +100,7 @@ def megatron_lm_rules() -> RuleSet:
     for op_type, fn in (
         ("log_softmax", vocab_parallel_log_softmax),
         ("log_softmax_grad", vocab_parallel_log_softmax_grad),
+        ("reshape", fused_heads_reshape),
     ):
         rules[op_type] = dataclasses.replace(rules[op_type], name=fn.__name__, fn=fn)
     return RuleSet(rules)
