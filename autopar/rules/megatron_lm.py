@@ -83,7 +83,7 @@ def fused_heads_reshape(ctx: RuleContext) -> list[OneDSignature]:
     converters permute a ``[3, heads, head_dim]`` weight into that order), so its
     column split is a split by heads."""
     x, y = ctx.inputs[0].shape, ctx.outputs[0].shape
-    sigs = views.reshape(ctx)
+    sigs = list(views.reshape(ctx))
     split = _fused_heads_dims(y, x)
     if split is not None:
         sigs.append(((Split(split[0]),), (Split(split[1]),)))
