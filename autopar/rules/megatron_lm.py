@@ -31,7 +31,7 @@ import dataclasses
 from functools import cache
 
 from autopar.rules.families import nn, views
-from autopar.rules.families._common import port_map, sig
+from autopar.rules.families._common import port_map, sig, uniform
 from autopar.rules.registry import OneDSignature, RuleContext, RuleSet, default_rules
 from autopar.sbp import Split
 
@@ -93,6 +93,24 @@ def fused_heads_reshape(ctx: RuleContext) -> list[OneDSignature]:
     return sigs
 
 
+def fused_part_narrow(ctx: RuleContext) -> list[OneDSignature]:
+    """OneFlow's ``narrow`` / ``narrow_grad`` signatures plus, for one of ``k`` (2 or 3) equal
+    parts of the last dim (``flow.split`` of HF GPT-2's fused ``c_attn`` output into q, k,
+    v; a SwiGLU fc1 chunked into gate and up), ``S(last)`` in and out (``narrow_grad``:
+    ``dy`` and ``like`` too).  Megatron-LM's fused column-parallel linear holds on each
+    rank its share of every part (``query_key_value`` by heads; ``dense_h_to_4h`` with
+    ``--swiglu``, chunked per rank), so each part stays split where the whole was."""
+    sigs = list(views.slice_like(ctx))
+    whole = ctx.outputs[0].shape if ctx.op.type == "narrow_grad" else ctx.inputs[0].shape
+    last = len(whole) - 1
+    dim, length, start = (int(ctx.attr(a, -1)) for a in ("dim", "length", "start"))
+    if dim % len(whole) != last or length <= 0 or start % length != 0:
+        return sigs
+    if whole[last] // length in FUSED_PROJECTIONS and whole[last] % length == 0:
+        sigs.append(uniform(ctx, Split(last)))
+    return sigs
+
+
 @cache
 def megatron_lm_rules() -> RuleSet:
     """:func:`default_rules` with Megatron-LM's vocab-parallel ``log_softmax`` (module docstring)."""
@@ -101,6 +119,8 @@ def megatron_lm_rules() -> RuleSet:
         ("log_softmax", vocab_parallel_log_softmax),
         ("log_softmax_grad", vocab_parallel_log_softmax_grad),
         ("reshape", fused_heads_reshape),
+        ("narrow", fused_part_narrow),
+        ("narrow_grad", fused_part_narrow),
     ):
         rules[op_type] = dataclasses.replace(rules[op_type], name=fn.__name__, fn=fn)
     return RuleSet(rules)
