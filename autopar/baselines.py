@@ -10,7 +10,11 @@
   summed as partial sums only within one Megatron linear (fused QKV, key/value,
   gated fc1), each linear's all-reduced at its producer; constants are computed
   whole on every rank; weight gradients keep their parameter's
-  tensor-parallel layout.
+  tensor-parallel layout; nothing is split on the tensor-parallel axis but
+  what a tensor-parallel parameter's split reaches (no sequence parallelism).
+  Its plans are built and evaluated with Megatron-LM's rules
+  (:mod:`autopar.rules.megatron_lm`): a vocab-parallel cross-entropy written as
+  ``log_softmax`` + ``nll``, and a fused q/k/v output split by heads.
 * ``inferred``: OneFlow's SBP inference as LiBai uses it: the same parameter
   layout, and every other op picks, in topological order, what OneFlow 0.9's
   greedy inference picks (:mod:`autopar.oneflow_inference`: its candidate

@@ -1,4 +1,4 @@
-"""The rules of Megatron-LM's runtime: OneFlow's rules plus its vocab-parallel cross-entropy.
+"""The rules of Megatron-LM's runtime: OneFlow's, its vocab-parallel cross-entropy and fused-linear layout.
 
 The ``megatron`` baseline (:mod:`autopar.baselines`) is a claim about what
 Megatron-LM runs, not about what OneFlow can compile.  One of its kernels has no
@@ -16,11 +16,16 @@ the rank that owns the target), all three of ``[b, s]`` floats; its backward is
 
 :func:`megatron_lm_rules` is :func:`autopar.rules.default_rules` with that kernel:
 ``log_softmax`` also offers ``(S(last)) -> S(last)`` and ``log_softmax_grad``
-``(S(last), S(last)) -> S(last)``.  The ``[b, s]`` all-reduces happen inside the op
-and are not priced (``s x h`` / ``s`` times smaller than the activation all-reduces;
-the same convention as ``sparse_softmax_cross_entropy``'s vocab split in
-:mod:`autopar.rules.families.loss` and Megatron-LM's hand count in
-``benchmarks/heldout_truth.py``).  Only plans of the ``megatron`` baseline are
+``(S(last), S(last)) -> S(last)``.  And Megatron-LM's layout of a fused projection: its
+``query_key_value`` (``key_value``, a SwiGLU ``dense_h_to_4h``) holds on each rank that
+rank's share of every part, so a column split of the fused output is a split by heads
+of q, k and v: ``reshape`` of ``[..., k*h*d]`` to ``[..., k, h, d]`` maps ``S(last)`` to the
+heads dim (:func:`fused_heads_reshape`, timm's ``qkv``), and a ``narrow`` of one of ``k``
+equal parts keeps ``S(last)`` (:func:`fused_part_narrow`, HF GPT-2's ``c_attn`` split).
+The cross-entropy's ``[b, s]`` all-reduces happen inside the op and are not priced
+(``h`` times smaller than the activation all-reduces; the same convention as
+``sparse_softmax_cross_entropy``'s vocab split in :mod:`autopar.rules.families.loss`
+and Megatron-LM's hand count in ``benchmarks/heldout_truth.py``).  Only plans of the ``megatron`` baseline are
 built and evaluated with these rules (:func:`rules_for_source`); autopar's own plans,
 which OneFlow must compile, never get them.
 """

@@ -42,6 +42,29 @@ def test_a_fused_projection_output_splits_by_heads(projections):
     assert _printed(megatron_lm_rules(), merge) - _printed(default_rules(), merge) == {"(S(3)) -> S(2)"}
 
 
+@pytest.mark.parametrize(("start", "kept"), [(0, True), (128, True), (256, True), (64, False)])
+def test_a_narrow_of_one_fused_part_keeps_the_column_split(start, kept):
+    """HF GPT-2's ``flow.split(c_attn(x), h, dim=2)``: q, k and v stay split by heads."""
+    ctx = make_ctx(
+        "narrow",
+        {"in_0": (8, 16, 384)},
+        {"out_0": (8, 16, 128)},
+        {"dim": 2, "start": start, "length": 128},
+        mesh=(2,),
+    )
+    extra = _printed(megatron_lm_rules(), ctx) - _printed(default_rules(), ctx)
+    assert extra == ({"(S(2)) -> S(2)"} if kept else set())
+    grad = make_ctx(
+        "narrow_grad",
+        {"dy_0": (8, 16, 128), "like_0": (8, 16, 384)},
+        {"dx_0": (8, 16, 384)},
+        {"dim": 2, "start": start, "length": 128},
+        mesh=(2,),
+    )
+    extra = _printed(megatron_lm_rules(), grad) - _printed(default_rules(), grad)
+    assert extra == ({"(S(2), S(2)) -> S(2)"} if kept else set())
+
+
 def test_a_plain_reshape_gets_no_heads_split():
     """A reshape that is not a fused projection (4 parts, or a different lead) is OneFlow's."""
     ctx = make_ctx("reshape", {"in_0": (8, 17, 256)}, {"out_0": (8, 17, 4, 4, 16)}, mesh=(2,))
