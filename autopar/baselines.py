@@ -88,8 +88,6 @@ GRADIENT_CARRIERS = SUM_OPS | {"identity", "amp_white_identity"}
 (a table read twice adds its gradients first) and same-dtype identities (a job that reads its
 parameters through ``identity`` ops, OneFlow's CPU workaround); not casts, which would move
 the reduction to another dtype."""
-VIEW_OF_INPUT_OPS = frozenset({"reshape", "flatten", "cast", "identity", "expand_dims", "squeeze"})
-"""Ops through which a table's indices are still the job's input (token ids reshaped or cast)."""
 VOCAB_PARALLEL_RATIO = 8
 """An embedding table with at least this many rows per column is a vocabulary (vocab-parallel)."""
 
@@ -265,6 +263,7 @@ class _TensorParallelWalk:
         self.region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
         self.columns: list[tuple[str, str, set[str]]] = []  # (variable, activation read, forward region)
         self.tables: list[tuple[str, str, tuple[int, ...]]] = []  # (variable, gathered tensor, table shape)
+        self.classes = _loss_classes(graph)
 
     def tp_split(self, dim: int) -> NdSbp:
         return self.replicated.replace(self.tp, S(dim))
@@ -287,14 +286,13 @@ class _TensorParallelWalk:
         """Vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated.
 
         A vocabulary: a table of at least :data:`VOCAB_PARALLEL_RATIO` rows per column, or one
-        with more rows than columns read at indices the job is fed (token ids; Megatron-LM's
-        ``VocabParallelEmbedding`` holds the word embeddings, while position and token-type
-        tables, indexed by positions the model computes or by two segment ids, are plain
+        with more rows than columns and as many rows as the loss has classes (the word
+        embeddings of a language model, whose head predicts one of their rows; Megatron-LM's
+        ``VocabParallelEmbedding`` holds them, while position and token-type tables are plain
         ``Embedding`` s: ``megatron/legacy/model/language_model.py``, ``Embedding``)."""
         var = self.st.param_source[op.inputs[wport]]
         vocabulary = wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] or (
-            wshape[0] > wshape[1]
-            and any(_fed_by_input(self.graph, t) for p, t in op.inputs.items() if p != wport)
+            wshape[0] > wshape[1] and wshape[0] in self.classes
         )
         if vocabulary and wshape[0] % self.mesh.shape[self.tp] == 0:
             self.layout[var] = self.tp_split(0)
@@ -360,18 +358,16 @@ class _TensorParallelWalk:
                     self.layout[self.st.param_source[t]] = self.tp_split(0)
 
 
-def _fed_by_input(graph: Graph, tensor: str) -> bool:
-    """Whether ``tensor`` is a graph input, or one read through views and casts."""
-    seen: set[str] = set()
-    while tensor in graph.producer and tensor not in seen:
-        seen.add(tensor)
-        op = graph.op_by_name[graph.producer[tensor][0]]
-        if op.type == "input":
-            return True
-        if op.type not in VIEW_OF_INPUT_OPS or len(op.inputs) != 1:
-            return False
-        tensor = next(iter(op.inputs.values()))
-    return False
+def _loss_classes(graph: Graph) -> frozenset[int]:
+    """The class counts of the graph's losses: the last dim of each forward loss op's first input."""
+    return frozenset(
+        graph.tensors[next(iter(op.inputs.values()))].shape[-1]
+        for op in graph.ops
+        if op.role is Role.FORWARD
+        and op.type in LOSS_OPS
+        and op.inputs
+        and graph.tensors[next(iter(op.inputs.values()))].shape
+    )
 
 
 def _weight_dims(op: Op, wport: str) -> tuple[int, int]:

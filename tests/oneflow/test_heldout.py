@@ -163,7 +163,7 @@ def test_megatron_on_hf_gpt2_matches_megatron_lms_hand_counts(heldout_jobs: Path
 
 def test_megatron_on_hf_t5_data_parallel_bytes_match_ddp(heldout_jobs: Path) -> None:
     """The shared 512 x 128 vocabulary (fewer than 8 rows per column) is vocab-parallel
-    because its rows are read at the job's token ids: DDP's count from the configuration."""
+    because it has as many rows as the loss has classes: DDP's count from the configuration."""
     _, _, dp, dp_hand = _megatron_against_hand_counts(heldout_jobs / "hf-t5-tiny_min1024.pb", "hf-t5-tiny")
     assert dp == pytest.approx(dp_hand, rel=0.05)
 
