@@ -10,7 +10,11 @@
   summed as partial sums only within one Megatron linear (fused QKV, key/value,
   gated fc1), each linear's all-reduced at its producer; constants are computed
   whole on every rank; weight gradients keep their parameter's
-  tensor-parallel layout.
+  tensor-parallel layout; nothing is split on the tensor-parallel axis but
+  what a tensor-parallel parameter's split reaches (no sequence parallelism).
+  Its plans are built and evaluated with Megatron-LM's rules
+  (:mod:`autopar.rules.megatron_lm`): a vocab-parallel cross-entropy written as
+  ``log_softmax`` + ``nll``, and a fused q/k/v output split by heads.
 * ``inferred``: OneFlow's SBP inference as LiBai uses it: the same parameter
   layout, and every other op picks, in topological order, what OneFlow 0.9's
   greedy inference picks (:mod:`autopar.oneflow_inference`: its candidate
@@ -41,7 +45,8 @@ from autopar.graph import DTYPE_BYTES, Graph, Op, Role, Variable
 from autopar.oneflow_inference import SOURCE_TYPES, infer_like_oneflow
 from autopar.optimizer import model_port_index, parameter_sources, weight_gradient_path
 from autopar.plan import Plan
-from autopar.rules.registry import RuleContext, RuleSet, default_rules
+from autopar.rules.megatron_lm import rules_for_source
+from autopar.rules.registry import RuleContext, RuleSet
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
 from autopar.sbp import B, Broadcast, NdSbp, Partial, S, Signature, Split
 
@@ -131,6 +136,26 @@ def _weight_input(op: Op, st: _Structure) -> str | None:
     return None
 
 
+def _normalises(graph: Graph, op: Op) -> bool:
+    """Whether forward ``op`` is a normalisation: a norm op, or the step of a composite
+    one (an HF-style LayerNorm or RMSNorm written in element-wise ops) that scales the
+    rows by a per-row ``rsqrt(var + eps)`` (or divides by its ``sqrt``): an input whose
+    last dim is 1, made by ``rsqrt`` / ``sqrt``, next to one whose last dim is wider.  A
+    softmax written out (``exp(x - max) / sum``) has no square root and is not one."""
+    if op.type in NORM_OPS:
+        return True
+    shapes = [graph.tensors[t].shape for t in op.inputs.values()]
+    scales = [
+        t
+        for t in op.inputs.values()
+        if len(graph.tensors[t].shape) >= 2
+        and graph.tensors[t].shape[-1] == 1
+        and t in graph.producer
+        and graph.op_by_name[graph.producer[t][0]].type in ("rsqrt", "sqrt")
+    ]
+    return bool(scales) and any(len(s) >= 2 and s[-1] > 1 for s in shapes)
+
+
 def _forward_reach(graph: Graph, start: str, st: _Structure) -> tuple[bool, bool]:
     """From tensor ``start``, following forward ops: (reaches a weight matmul, reaches a loss)."""
     seen: set[str] = set()
@@ -148,7 +173,7 @@ def _forward_reach(graph: Graph, start: str, st: _Structure) -> tuple[bool, bool
             if cop.type in MATMUL_OPS and _weight_input(cop, st) is not None:
                 hit_matmul = True
                 continue
-            if cop.type in NORM_OPS:
+            if _normalises(graph, cop):
                 continue
             if cop.type in LOSS_OPS:
                 hit_loss = True
@@ -165,7 +190,7 @@ def _forward_region(graph: Graph, start: str, st: _Structure) -> set[str]:
         t = stack.pop()
         for cname, _ in graph.consumers.get(t, []):
             cop = graph.op_by_name[cname]
-            if cop.role is not Role.FORWARD or cop.type in NORM_OPS or cop.type in LOSS_OPS:
+            if cop.role is not Role.FORWARD or _normalises(graph, cop) or cop.type in LOSS_OPS:
                 continue
             if cop.type in MATMUL_OPS and _weight_input(cop, st) is not None:
                 continue
@@ -238,6 +263,7 @@ class _TensorParallelWalk:
         self.region: set[str] = set()  # activations split on tp downstream of a column-parallel matmul
         self.columns: list[tuple[str, str, set[str]]] = []  # (variable, activation read, forward region)
         self.tables: list[tuple[str, str, tuple[int, ...]]] = []  # (variable, gathered tensor, table shape)
+        self.classes = _loss_classes(graph)
 
     def tp_split(self, dim: int) -> NdSbp:
         return self.replicated.replace(self.tp, S(dim))
@@ -257,15 +283,25 @@ class _TensorParallelWalk:
                 self._matmul(op, wport, wshape)
 
     def _embedding(self, op: Op, wport: str, wshape: tuple[int, ...]) -> None:
-        """Vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated."""
+        """Vocabulary tables are vocab-parallel; small tables (positions, buckets) stay replicated.
+
+        A vocabulary: a table of at least :data:`VOCAB_PARALLEL_RATIO` rows per column, or one
+        with more rows than columns and as many rows as the loss has classes (the word
+        embeddings of a language model, whose head predicts one of their rows; Megatron-LM's
+        ``VocabParallelEmbedding`` holds them, while position and token-type tables are plain
+        ``Embedding`` s: ``megatron/legacy/model/language_model.py``, ``Embedding``)."""
         var = self.st.param_source[op.inputs[wport]]
-        if wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] and wshape[0] % self.mesh.shape[self.tp] == 0:
+        vocabulary = wshape[0] >= VOCAB_PARALLEL_RATIO * wshape[1] or (
+            wshape[0] > wshape[1] and wshape[0] in self.classes
+        )
+        if vocabulary and wshape[0] % self.mesh.shape[self.tp] == 0:
             self.layout[var] = self.tp_split(0)
         self.tables.append((var, next(iter(op.outputs.values())), wshape))
 
     def _matmul(self, op: Op, wport: str, wshape: tuple[int, ...]) -> None:
         """A weight matmul: column-parallel if its output reaches another weight matmul or the
-        loss before a norm (and it is not the second of a pair), else row-parallel."""
+        loss before a norm (and it is not the second of a pair), row-parallel if it is the
+        second of a pair (its input downstream of a column-parallel one), else replicated."""
         var = self.st.param_source[op.inputs[wport]]
         (out,) = list(op.outputs.values())[:1]
         activation = [t for p, t in op.inputs.items() if p != wport]
@@ -274,6 +310,12 @@ class _TensorParallelWalk:
         else:
             hit_matmul, hit_loss = _forward_reach(self.graph, out, self.st)
             column = hit_matmul or hit_loss
+            if not column:
+                # Megatron-LM's RowParallelLinear takes its input split (input_is_parallel,
+                # after a column-parallel one); a linear on a whole activation whose output is
+                # normalised next is a plain replicated Linear (BertLMHead's dense,
+                # megatron/legacy/model/bert_model.py: get_linear_layer)
+                return
         out_dim, in_dim = _weight_dims(op, wport)
         dim = out_dim if column else in_dim
         if wshape[dim] % self.mesh.shape[self.tp] != 0:
@@ -314,6 +356,18 @@ class _TensorParallelWalk:
                 shape = self.graph.tensors[t].shape
                 if t in self.st.param_source and len(shape) == 1 and shape[0] % self.mesh.shape[self.tp] == 0:
                     self.layout[self.st.param_source[t]] = self.tp_split(0)
+
+
+def _loss_classes(graph: Graph) -> frozenset[int]:
+    """The class counts of the graph's losses: the last dim of each forward loss op's first input."""
+    return frozenset(
+        graph.tensors[next(iter(op.inputs.values()))].shape[-1]
+        for op in graph.ops
+        if op.role is Role.FORWARD
+        and op.type in LOSS_OPS
+        and op.inputs
+        and graph.tensors[next(iter(op.inputs.values()))].shape
+    )
 
 
 def _weight_dims(op: Op, wport: str) -> tuple[int, int]:
@@ -414,7 +468,7 @@ class _Problem:
             self.mesh,
             self.zero_stage,
             chosen,
-            source=f"baseline:{kind.value}",
+            source=f"baseline:{kind.value}",  # MEGATRON_SOURCE for megatron
             runtime=runtime_profile(self.runtime).name,
         )
 
@@ -531,7 +585,9 @@ def baseline_plan(
 ) -> Plan:
     """Build the ``kind`` baseline plan of ``graph`` on ``mesh`` (signatures only; evaluate it next).
 
-    Boxing is priced as ``runtime`` lowers it (:mod:`autopar.runtime`).
+    Boxing is priced as ``runtime`` lowers it (:mod:`autopar.runtime`).  ``rules`` None:
+    the rules the plan's source is evaluated with (:func:`autopar.rules.megatron_lm.rules_for_source`:
+    Megatron-LM's vocab-parallel cross-entropy for ``megatron``, OneFlow's otherwise).
     """
     try:
         kind = BaselineKind(kind)
@@ -539,7 +595,7 @@ def baseline_plan(
         raise ConfigError(
             "unknown_baseline", f"unknown baseline {kind!r}; choose one of {BASELINES}"
         ) from None
-    problem = _Problem(graph, mesh, zero_stage, rules or default_rules(), runtime)
+    problem = _Problem(graph, mesh, zero_stage, rules or rules_for_source(f"baseline:{kind.value}"), runtime)
     return STRATEGIES[kind].plan(problem)
 
 
@@ -630,10 +686,23 @@ class _GreedyWalk:
     def _disciplined(self, op: Op, sig: Signature) -> bool:
         return (
             self._allowed_partial(op, sig)
+            and self._splits_only_what_is_split(op, sig)
             and self._resolves_partial(op, sig)
             and self._keeps_gradient_layout(op, sig)
             and self._reduces_gradients(op, sig)
         )
+
+    def _splits_only_what_is_split(self, op: Op, sig: Signature) -> bool:
+        """Megatron (without sequence parallelism) splits a tensor on the tensor-parallel axis
+        only where a tensor-parallel parameter's split reaches it: an op gives a split output
+        there only if one of its inputs is already split there, never by slicing a whole
+        activation (a norm, a residual, a class token computed on a slice of the batch)."""
+        tp = self.tp_axis
+        if not self.megatron or tp is None:
+            return True
+        if not any(isinstance(out[tp], Split) for out in sig.outputs):
+            return True
+        return any(isinstance(self.tensor_sbp[t][tp], Split) for t in op.inputs.values())
 
     def _allowed_partial(self, op: Op, sig: Signature) -> bool:
         """Megatron discipline: partial sums only out of tp matmuls / towards weight grads."""

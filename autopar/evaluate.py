@@ -66,7 +66,8 @@ from autopar.memory import (
 )
 from autopar.optimizer import model_port_index, weight_gradient_path
 from autopar.plan import Plan
-from autopar.rules.registry import RuleContext, RuleSet, default_rules
+from autopar.rules.megatron_lm import rules_for_source
+from autopar.rules.registry import RuleContext, RuleSet
 from autopar.runtime import RuntimeProfile, runtime_profile
 from autopar.sbp import NdSbp, Signature
 
@@ -140,7 +141,8 @@ class PricingMemo:
     """
 
     def __init__(self) -> None:
-        self.signatures: dict[tuple[str, str, int, str], tuple[frozenset[Signature], bool]] = {}
+        self.signatures: dict[tuple[str, str, int, str, int], tuple[frozenset[Signature], bool]] = {}
+        """(mesh, op, ZeRO stage, sharding, id of the rule set) -> the op's valid signatures."""
         self._mesh_keys: dict[int, tuple[Mesh, str]] = {}
         """id of a mesh -> (the mesh, its key): an evaluation asks once per op."""
 
@@ -150,7 +152,7 @@ class PricingMemo:
         known = self._mesh_keys.get(id(mesh))
         if known is None or known[0] is not mesh:
             known = self._mesh_keys[id(mesh)] = (mesh, mesh.key())
-        key = (known[1], ctx.op.name, zero_stage, ctx.zero_sharding)
+        key = (known[1], ctx.op.name, zero_stage, ctx.zero_sharding, id(rules))
         found = self.signatures.get(key)
         if found is None:
             found = self.signatures[key] = op_signature_set(rules, ctx)
@@ -277,7 +279,7 @@ def evaluate(
     pricing = _Pricing(
         graph,
         plan,
-        rules or default_rules(),
+        rules or rules_for_source(plan.source),
         memo or PricingMemo(),
         runtime_profile(plan.runtime),
         training or plan.training,

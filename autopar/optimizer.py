@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from autopar.graph import Graph, Op
+from autopar.graph import Graph, Op, Role
 from autopar.ports import base_name
 
 __all__ = [
@@ -122,7 +122,8 @@ def weight_gradient_path(graph: Graph) -> frozenset[str]:
 
     From each variable's gradient back through its producers while the tensor
     keeps the parameter's shape (casts, clipping, the ``add_n`` of a
-    parameter's uses, the weight-gradient matmul's output).  Boxing on these
+    parameter's uses, the weight-gradient matmul's output), never into the forward pass
+    (a ``[tokens, width]`` activation may have a square weight's shape).  Boxing on these
     tensors is the data-parallel gradient reduction that frameworks bucket and
     overlap with the backward pass.
     """
@@ -137,7 +138,9 @@ def weight_gradient_path(graph: Graph) -> frozenset[str]:
             t = stack.pop()
             if t in path or t in source or graph.tensors[t].shape != shape:
                 continue
-            path.add(t)
             prod = graph.op_by_name[graph.producer[t][0]]
+            if prod.role is Role.FORWARD:
+                continue  # an activation that happens to have the parameter's shape (tokens = width)
+            path.add(t)
             stack.extend(prod.inputs.values())
     return frozenset(path)

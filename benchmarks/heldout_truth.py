@@ -5,6 +5,8 @@ Run in the OneFlow venv, on the jobs ``tests/oneflow/_build_heldout_families.py`
 
     python -m oneflow.distributed.launch --nproc_per_node 8 tests/oneflow/_build_heldout_families.py OUT \\
         llama bert vit mt5-tiny gpt-tiny bert-tiny
+    python -m oneflow.distributed.launch --nproc_per_node 8 tests/oneflow/_build_heldout.py OUT build \\
+        hf-t5-tiny hf-gpt2-tiny
     python -m benchmarks.heldout_truth OUT [--json out.json]
 
 Per job (``OUT/{family}_zero2.pb``), as built by OneFlow's own SBP inference:
@@ -43,7 +45,7 @@ from benchmarks.model_truth import MT5_TINY, hand_count, hand_count_dp_bytes_con
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVELOPMENT = ("mt5-tiny", "gpt-tiny", "bert-tiny")
-EVALUATION = ("llama", "bert", "vit")
+EVALUATION = ("hf-t5-tiny", "hf-gpt2-tiny", "llama", "bert", "vit")
 BATCH, SEQ = 8, 32
 """The batch and sequence every tiny job is built with (``build()`` defaults; zoo's tiny jobs)."""
 
@@ -72,6 +74,8 @@ def family_config(family: str) -> tuple[str, dict[str, Any]]:
             ffn=getattr(g, "intermediate", None) or getattr(g, "ffn", None), max_position=g.max_positions
         )
         return family.split("-")[0], {**cfg, "type_vocab": getattr(g, "type_vocab_size", 2)}
+    if family.startswith("hf-"):
+        return _hf_config(family, common)
     from heldout import bert as hbert
     from heldout import llama, vit
 
@@ -108,6 +112,46 @@ def family_config(family: str) -> tuple[str, dict[str, Any]]:
         "layers": v["depth"],
         "ffn": v["mlp_ratio"] * v["embed_dim"],
         "batch": BATCH,
+    }
+
+
+def _hf_config(family: str, common: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """HF-style T5 (MT5: gated GELU, untied head, a relative-position table in every
+    self-attention) and GPT-2 (tied head, learned positions), at the batch and sequences of
+    their ``example_inputs`` defaults (``examples/oneflow/heldout/hf_*.py``)."""
+    import inspect
+
+    from heldout import hf_gpt2, hf_t5
+
+    if family == "hf-gpt2-tiny":
+        g = hf_gpt2.HFGPT2Config.tiny()
+        seq = inspect.signature(hf_gpt2.example_inputs).parameters["seq"].default
+        return "gpt", {
+            **common,
+            "seq": seq,
+            "hidden": g.n_embd,
+            "heads": g.n_head,
+            "layers": g.n_layer,
+            "vocab": g.vocab_size,
+            "ffn": 4 * g.n_embd,
+            "max_position": g.n_positions,
+        }
+    t = hf_t5.HFT5Config.tiny()
+    defaults = inspect.signature(hf_t5.example_inputs).parameters
+    return "t5", {
+        **common,
+        "style": "mt5",
+        "hidden": t.d_model,
+        "heads": t.num_heads,
+        "d_kv": t.d_kv,
+        "ffn": t.d_ff,
+        "vocab": t.vocab_size,
+        "encoder_seq": defaults["seq"].default,
+        "decoder_seq": defaults["decoder_seq"].default,
+        "encoder_layers": t.num_layers,
+        "decoder_layers": t.num_decoder_layers,
+        "relative_attention_buckets": t.relative_attention_num_buckets,
+        "relative_bias_every_layer": True,
     }
 
 
@@ -209,8 +253,12 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for family in (*DEVELOPMENT, *EVALUATION):
-        job = args.jobs / f"{family}_zero2.pb"
-        if job.exists():
+        # _build_heldout_families.py writes {family}_zero2.pb; _build_heldout.py (hf-*) {family}_min1024.pb
+        job = next(
+            (j for j in (args.jobs / f"{family}_zero2.pb", args.jobs / f"{family}_min1024.pb") if j.exists()),
+            None,
+        )
+        if job is not None:
             rows.append(measure(job, family))
     print(table(rows))
     for r in rows:

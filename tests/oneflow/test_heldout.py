@@ -132,3 +132,49 @@ def test_autopar_plans_pin_into_heldout_jobs_without_a_refused_signature(heldout
     mismatched = json.loads((out / "hf-gpt2-tiny_min1024_planned-for-min1.pinned.json").read_text())
     print(f"plan for shard_min_size=1 in a default job: refused {mismatched['rejected']}, compiled")
     assert mismatched["rejected"], "OneFlow refuses sharded updates of small variables it keeps whole"
+
+
+def _megatron_against_hand_counts(job: Path, name: str) -> tuple[float, float, float, float]:
+    """(megatron tp bytes, Megatron-LM's tp hand count, megatron dp bytes, DDP's dp hand count)."""
+    from autopar.baselines import baseline_plan
+    from benchmarks.heldout_truth import family_config, hand_count_family
+    from benchmarks.model_truth import hand_count_dp_bytes_config
+
+    graph = import_job(job, zero_stage=2)
+    mesh = import_plan(job, graph=graph, zero_stage=2).mesh
+    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    assert ev.valid, ev.errors[:3]
+    family, cfg = family_config(name)
+    tp, dp = ev.comm_bytes_per_axis[1], ev.comm_bytes_per_axis[0]
+    return tp, hand_count_family(family, cfg, mesh), dp, hand_count_dp_bytes_config(family, cfg, mesh)
+
+
+def test_megatron_on_hf_gpt2_matches_megatron_lms_hand_counts(heldout_jobs: Path) -> None:
+    """HF GPT-2's fused ``c_attn`` (a Conv1D ``[in, out]`` weight, its output split into q, k,
+    v by ``flow.split``) is one column-parallel linear split by heads, as Megatron-LM's
+    ``query_key_value``: tensor- and data-parallel bytes within 5 % of the hand counts (the
+    tensor-parallel ones were 1.88x)."""
+    tp, tp_hand, dp, dp_hand = _megatron_against_hand_counts(
+        heldout_jobs / "hf-gpt2-tiny_min1024.pb", "hf-gpt2-tiny"
+    )
+    assert tp == pytest.approx(tp_hand, rel=0.05)
+    assert dp == pytest.approx(dp_hand, rel=0.05)
+
+
+def test_megatron_on_hf_t5_data_parallel_bytes_match_ddp(heldout_jobs: Path) -> None:
+    """The shared 512 x 128 vocabulary (fewer than 8 rows per column) is vocab-parallel
+    because it has as many rows as the loss has classes: DDP's count from the configuration."""
+    _, _, dp, dp_hand = _megatron_against_hand_counts(heldout_jobs / "hf-t5-tiny_min1024.pb", "hf-t5-tiny")
+    assert dp == pytest.approx(dp_hand, rel=0.05)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OneFlow's autograd sums the encoder output's gradient from the decoder layers' "
+    "cross-attention k and v in add_n trees that mix layers (k0, v0 and v1 in one, k1 in the "
+    "next): per Megatron linear the walk all-reduces 4 times where Megatron-LM's fused "
+    "key_value all-reduces once per decoder layer (2); 1.11x, as the development mt5-tiny's 1.115",
+)
+def test_megatron_on_hf_t5_tensor_parallel_bytes_match_megatron_lm(heldout_jobs: Path) -> None:
+    tp, tp_hand, _, _ = _megatron_against_hand_counts(heldout_jobs / "hf-t5-tiny_min1024.pb", "hf-t5-tiny")
+    assert tp == pytest.approx(tp_hand, rel=0.05)

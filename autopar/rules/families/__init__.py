@@ -10,12 +10,14 @@ views          reshape-like views, transpose, expand, slice, concat
 nn             softmax (plain and fused), dropout, bias_add, layer_norm, rms_norm
 embedding      gather / embedding, unsorted_segment_sum(_like), one_hot
 loss           sparse softmax cross entropy (and _ms), nll
+conv           conv1d/2d/3d, conv_data_grad, conv_filter_grad, conv_bias_grad (batch split)
 optimizer      adam_update, sgd_update ... (full N-D rules, ZeRO-aware)
 system         variable, input, output, ticks, schedules, constants, fills, layout casts
 =============  ===============================================================
 """
 
 from autopar.rules.families import (  # imported to register their rules
+    conv,
     elementwise,
     embedding,
     loss,
@@ -28,6 +30,7 @@ from autopar.rules.families import (  # imported to register their rules
 )
 
 __all__ = [
+    "conv",
     "elementwise",
     "embedding",
     "loss",

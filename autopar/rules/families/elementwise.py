@@ -15,7 +15,8 @@
   - a gradient ``(x, dy) -> dx`` is linear in ``dy``: ``(B, P) -> P`` (except
     ``rsqrt_grad`` and ``square_grad``, which OneFlow 0.9 refuses with ``dy`` ``P``);
   - binary gradients whose output is smaller than ``dz`` (``broadcast_div_grad``)
-    sum over the broadcast dims, so splitting such a dim gives ``P``.
+    sum over the broadcast dims, so splitting such a dim gives ``P``;
+    ``broadcast_div_grad`` is also linear in ``z``: ``(dz B, z P, y B) -> P``.
 
 Non-linear ops (``relu``, ``gelu``, ``scalar_add``, ``scalar_pow``, ``dropout``
 ...) never take or give ``P``: ``relu(a) + relu(b) != relu(a + b)``.  ``P`` is
@@ -61,13 +62,16 @@ UNARY_OPS: tuple[str, ...] = (
     "scalar_logical_and", "scalar_logical_equal", "scalar_logical_greater",
     "scalar_logical_greater_equal", "scalar_logical_less", "scalar_logical_less_equal",
     "scalar_logical_not_equal", "scalar_logical_or", "scalar_logical_xor",
+    # linear, but a math unary op in OneFlow 0.9 (math_unary_elementwise_op.cpp:
+    # GetSbpFnUtil::SplitForEachAxis, no P): its compiled jobs box a P input to S first
+    "negative",
 )  # fmt: skip
-"""Unary ops that are not linear: ``S(d)`` and ``B`` only."""
+"""Unary ops that are not linear, or that OneFlow 0.9 gives no ``P``: ``S(d)`` and ``B`` only."""
 
 LINEAR_UNARY_OPS: tuple[str, ...] = (
     "identity", "amp_white_identity", "amp_black_identity", "pinned_identity", "copy",
     "to_contiguous", "cast_to_static_shape", "identity_buffer", "nvtx_start", "nvtx_end",
-    "scalar_mul", "scalar_div", "negative", "cast", "mutable_cast_once",
+    "scalar_mul", "scalar_div", "cast", "mutable_cast_once",
 )  # fmt: skip
 """Unary ops linear in their input: also ``(P) -> P`` (``cast`` only between float dtypes)."""
 
@@ -95,7 +99,7 @@ UNARY_GRAD_OPS: Mapping[str, tuple[str, str]] = MappingProxyType({
 })  # fmt: skip
 """``(x or y, dy) -> dx`` gradients (OneFlow's declared input order); linear in ``dy``."""
 
-NO_PARTIAL_GRAD_OPS: frozenset[str] = frozenset({"rsqrt_grad", "square_grad"})
+NO_PARTIAL_GRAD_OPS: frozenset[str] = frozenset({"rsqrt_grad", "square_grad", "negative_grad"})
 """Unary gradients OneFlow 0.9 refuses with ``dy`` ``P`` (though linear in ``dy``): no ``P``."""
 
 BROADCAST_OPS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType({
@@ -140,6 +144,12 @@ BINARY_GRAD_OPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "elementwise_maximum_backward": ("dz", "x", "y"),
 })  # fmt: skip
 """Gradients of binary ops, linear in ``dz``; outputs smaller than ``dz`` sum (``P``)."""
+
+LINEAR_GRAD_INPUTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"broadcast_div_grad": ("z",)})
+"""Other inputs a binary gradient is linear in: ``broadcast_div_grad``'s ``dy = -dz * z / y``
+is linear in ``z`` too; OneFlow 0.9 offers ``(y B, z P, dz B) -> dy P``
+(``oneflow/user/ops/broadcast_div_grad_op.cpp``, ``BroadcastDivGradOp::GetSbp``) and its
+inference takes it for a mean loss whose sum is a partial sum (the held-out jobs)."""
 
 
 # ------------------------------------------------------------------ shared builders
@@ -254,4 +264,6 @@ def binary_grad(ctx: RuleContext) -> list[OneDSignature]:
     if not grad:
         return [uniform(ctx, B)]
     sigs = [*binary_grad_splits(ctx, grad[0]), uniform(ctx, B)]
-    return sigs + linear_signatures(ctx, {grad[0]})
+    linear_in = [i for i, name in enumerate(pm.inputs) if name in LINEAR_GRAD_INPUTS.get(ctx.op.type, ())]
+    linear = [s for i in (grad[0], *linear_in) for s in linear_signatures(ctx, {i})]
+    return sigs + linear

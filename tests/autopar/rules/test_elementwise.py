@@ -50,12 +50,20 @@ def test_nonlinear_unary_splits_every_dim_and_never_partial(op_type):
     assert not partial_outputs(ctx)
 
 
-@pytest.mark.parametrize(
-    "op_type", ["scalar_mul", "scalar_div", "identity", "amp_white_identity", "negative"]
-)
+@pytest.mark.parametrize("op_type", ["scalar_mul", "scalar_div", "identity", "amp_white_identity"])
 def test_linear_unary_passes_partial_through(op_type):
     ctx = make_ctx(op_type, {"in_0": H}, {"out_0": H}, mesh=(2,))
     assert "(P) -> P" in printed(ctx)
+
+
+def test_negative_takes_no_partial_sum_as_oneflow_0_9():
+    """``negative`` is linear, but OneFlow 0.9 registers it as a math unary op
+    (``math_unary_elementwise_op.cpp``: ``SplitForEachAxis`` only): no ``P`` in or out,
+    and its gradient takes no ``P`` ``dy`` either."""
+    ctx = make_ctx("negative", {"x_0": H}, {"y_0": H}, mesh=(2,))
+    assert printed(ctx) == {"(S(0)) -> S(0)", "(S(1)) -> S(1)", "(S(2)) -> S(2)", "(B) -> B"}
+    grad = make_ctx("negative_grad", {"x_0": H, "dy_0": H}, {"dx_0": H}, mesh=(2,))
+    assert not partial_outputs(grad)
 
 
 def test_cast_is_linear_only_between_float_dtypes():
@@ -122,7 +130,8 @@ def test_broadcast_div_grad_sums_over_broadcast_dims():
     assert "(B, S(0), S(0)) -> P" in got  # batch split: partial sums of the reduction
     assert "(S(0), S(2), S(2)) -> S(0)" in got
     assert "(B, B, P) -> P" in got
-    assert "(B, P, B) -> P" not in got
+    # linear in z too: OneFlow 0.9's BroadcastDivGradOp::GetSbp offers (y B, z P, dz B) -> dy P
+    assert "(B, P, B) -> P" in got
 
 
 def test_elementwise_minimum_backward_two_outputs():
