@@ -139,7 +139,7 @@ def plan_recomputed_scopes(
         return frozenset()
     if mode == "full":
         return frozenset(block_scopes(module, graph_attr))
-    return frozenset(getattr(plan.training, "recomputed", ()) or ())
+    return frozenset(plan.training.recomputed)
 
 
 def configure_iteration(
@@ -308,7 +308,7 @@ def plan_graph_recomputed(
         return frozenset()
     if mode == "full":
         return graph_blocks(graph)
-    return frozenset(getattr(plan.training, "recomputed", ()) or ())
+    return frozenset(plan.training.recomputed)
 
 
 def predicted_phases(

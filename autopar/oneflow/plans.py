@@ -33,7 +33,6 @@ Normalisations (each keeps the meaning of OneFlow's choice):
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from autopar.cluster import PRESETS, Cluster, Mesh
@@ -179,18 +178,14 @@ def imported_training(graph: Graph) -> TrainingConfig:
     """The iteration a job's import records (``meta["training"]``,
     :func:`autopar.oneflow.iteration.job_training`) as the plan's :class:`TrainingConfig`.
 
-    ``auto`` (a subset of the blocks recomputed) carries its list where
-    :class:`TrainingConfig` has one (``recomputed``); without it the plan records ``K``
-    with ``off`` and the list stays in the graph's ``meta``."""
+    ``auto`` (a subset of the blocks recomputed) carries its list
+    (:attr:`TrainingConfig.recomputed`)."""
     found = graph.meta.get("training") or {}
     k = int(found.get("micro_batches", 1))
     mode = str(found.get("checkpointing", "off"))
     if mode != "auto":
         return TrainingConfig(k, mode)
-    if "recomputed" in {f.name for f in dataclasses.fields(TrainingConfig)}:
-        extra: dict[str, Any] = {"recomputed": tuple(found.get("recomputed_blocks") or ())}
-        return TrainingConfig(k, mode, **extra)
-    return TrainingConfig(k, "off")
+    return TrainingConfig(k, mode, recomputed=tuple(found.get("recomputed_blocks") or ()))
 
 
 def import_plan(
