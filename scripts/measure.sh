@@ -19,13 +19,14 @@ OUT=${OUT:-/tmp/measure}
 PY=.venv/bin/python
 AUTOPAR=.venv/bin/autopar
 IMPORTED=/tmp/of-mt5
+PORT=${AUTOPAR_ONEFLOW_PORT:-29500}  # rank 0's port of this run's OneFlow launches
 IMPORTED_FKV=/tmp/of-mt5-fkv
 MT5="$OUT/mt5.json"
 PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --time-limit 30 --no-progress)
 
 SECTIONS=(of-mt5 baselines model-truth model-truth-fkv of-eval of-eval-fkv cost-tables
-  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration scale promise problem-size
-  report service service-429)
+  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration checkpointing-auto
+  iteration-fidelity heldout-truth scale table-workers promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
 run() {
@@ -62,7 +63,7 @@ section() {
   case $1 in
     of-mt5)
       [ -f "$IMPORTED/result.json" ] || oneflow python benchmarks/oneflow_mt5.py \
-        --out "$IMPORTED" --vocab 32128 --variants inference --time-limit 30
+        --out "$IMPORTED" --vocab 32128 --variants inference --time-limit 30 --master-port "$PORT"
       [ -f "$IMPORTED_FKV/result.json" ] || oneflow python benchmarks/oneflow_mt5.py \
         --out "$IMPORTED_FKV" --vocab 32128 --variants inference --time-limit 30 \
         --fused-cross-kv --master-port 29612
@@ -96,7 +97,7 @@ section() {
       timed plan-zero3 $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 3 --out "$OUT/plan-zero3.json"
       ;;
     iteration)  # issue 22: the plan for K micro-batches per step beside the baselines at the same K
-      for ckpt in off full; do
+      for ckpt in off auto full; do
         for k in 1 8 32; do
           timed "iteration-k$k-$ckpt" $AUTOPAR plan "$MT5" "${PLAN_ARGS[@]}" --zero 2 --micro-batches "$k" \
             --checkpointing "$ckpt" --compare --out "$OUT/plan-k$k-$ckpt.json"
@@ -106,7 +107,37 @@ section() {
         done
       done
       ;;
+    checkpointing-auto)  # issue 22: a budget only per-block recomputation meets (off: refused with its floor)
+      run checkpointing-auto-off $AUTOPAR plan gpt-1.3b --cluster 2x4 --preset a100-40g --mesh-shape 4,2 \
+        --memory 12GiB --zero 2 --micro-batches 8 --checkpointing off --time-limit 120 --no-progress || true
+      timed checkpointing-auto $AUTOPAR plan gpt-1.3b --cluster 2x4 --preset a100-40g --mesh-shape 4,2 \
+        --memory 12GiB --zero 2 --micro-batches 8 --checkpointing auto --time-limit 120 --no-progress \
+        --out "$OUT/gpt-1.3b-auto.json"
+      ;;
+    iteration-fidelity)  # issue 22: K = 4 and recomputation applied by OneFlow, bytes by phase
+      oneflow python -m oneflow.distributed.launch --nproc_per_node 4 --master_port "$PORT" \
+        tests/oneflow/_build_iteration.py "$OUT/iter" all >"$OUT/iter-build.log" 2>&1
+      for m in gpt-tiny mt5-tiny; do
+        run "iteration-fidelity-$m-full" oneflow python -m autopar.cli oneflow fidelity "$OUT/iter/${m}_full.pb" \
+          "$OUT/iter/${m}_full_plan.json" --graph "$OUT/iter/${m}_graph.json"
+      done
+      run iteration-fidelity-gpt-tiny-subset oneflow python -m autopar.cli oneflow fidelity \
+        "$OUT/iter/gpt-tiny_subset.pb" "$OUT/iter/gpt-tiny_off_plan.json" --graph "$OUT/iter/gpt-tiny_graph.json" \
+        --recompute model.h.0
+      run iteration-fidelity-mt5-tiny-subset oneflow python -m autopar.cli oneflow fidelity \
+        "$OUT/iter/mt5-tiny_subset.pb" "$OUT/iter/mt5-tiny_off_plan.json" --graph "$OUT/iter/mt5-tiny_graph.json" \
+        --recompute model.encoder.block.0
+      ;;
+    heldout-truth)  # issue 26: development and evaluation jobs side by side
+      oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
+        tests/oneflow/_build_heldout_families.py "$OUT/heldout" llama bert vit mt5-tiny gpt-tiny bert-tiny \
+        >"$OUT/heldout-build.log" 2>&1
+      oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
+        tests/oneflow/_build_heldout.py "$OUT/heldout" build hf-t5-tiny hf-gpt2-tiny >>"$OUT/heldout-build.log" 2>&1
+      run heldout-truth oneflow python -m benchmarks.heldout_truth "$OUT/heldout"
+      ;;
     scale) run scale $PY -m benchmarks.solver --scale ;;
+    table-workers) run table-workers $PY -m benchmarks.table_workers ;;
     promise) run promise $PY -m benchmarks.solver --promise ;;
     problem-size)
       run problem-size $PY -m benchmarks.problem_size --model mt5-base --mesh-shapes 8 4,2 2,4 2,2,2
