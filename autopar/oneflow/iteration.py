@@ -27,7 +27,7 @@ or compiled job.  OneFlow is imported only where a graph is configured.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from autopar.errors import PlanError
@@ -53,6 +53,7 @@ __all__ = [
     "plan_recomputed_scopes",
     "predicted_phases",
     "recompute_ops",
+    "recomputed_scopes",
     "zero_gather_ops",
 ]
 
@@ -126,20 +127,27 @@ def checkpoint_modules(module: Any, scopes: Iterable[str], graph_attr: str = "mo
     return found
 
 
-def plan_recomputed_scopes(
-    plan: Plan, module: Any, graph_attr: str = "model", recompute: Collection[str] | None = None
+def recomputed_scopes(
+    plan: Plan, every_block: Callable[[], Collection[str]], recompute: Collection[str] | None = None
 ) -> frozenset[str]:
-    """The layer scopes ``plan`` recomputes: none for ``off``; every block
-    (:func:`block_scopes`) for ``full``; the plan's own list (``training.recomputed``)
-    for ``auto``; ``recompute`` (scopes) when given, whatever the plan says."""
+    """The layer scopes ``plan`` recomputes: ``recompute`` when given, whatever the plan
+    says; else none (``off``), ``every_block()`` (``full``) or the plan's own list
+    (``auto``, :attr:`autopar.iteration.TrainingConfig.recomputed`)."""
     if recompute is not None:
         return frozenset(recompute)
     mode = plan.training.checkpointing
     if mode == "off":
         return frozenset()
     if mode == "full":
-        return frozenset(block_scopes(module, graph_attr))
+        return frozenset(every_block())
     return frozenset(plan.training.recomputed)
+
+
+def plan_recomputed_scopes(
+    plan: Plan, module: Any, graph_attr: str = "model", recompute: Collection[str] | None = None
+) -> frozenset[str]:
+    """:func:`recomputed_scopes` of a model: ``full`` is every block module (:func:`block_scopes`)."""
+    return recomputed_scopes(plan, lambda: block_scopes(module, graph_attr), recompute)
 
 
 def configure_iteration(
@@ -298,17 +306,9 @@ def _with_feeding_boxing(job: Any, targets: set[str]) -> set[str]:
 def plan_graph_recomputed(
     plan: Plan, graph: Graph, recompute: Collection[str] | None = None
 ) -> frozenset[str]:
-    """The layer scopes ``plan`` recomputes on its own graph: ``recompute`` when given, else
-    none (``off``), every block of ``graph`` (``full``, :func:`graph_blocks`) or the
-    plan's list (``auto``)."""
-    if recompute is not None:
-        return frozenset(recompute)
-    mode = plan.training.checkpointing
-    if mode == "off":
-        return frozenset()
-    if mode == "full":
-        return graph_blocks(graph)
-    return frozenset(plan.training.recomputed)
+    """:func:`recomputed_scopes` on the plan's own graph: ``full`` is every block of
+    ``graph`` (:func:`graph_blocks`)."""
+    return recomputed_scopes(plan, lambda: graph_blocks(graph), recompute)
 
 
 def predicted_phases(
