@@ -37,6 +37,7 @@ from rq.serializers import JSONSerializer
 from autopar.cost_tables import RemoteBatch, compute_remote_batch
 from autopar.progress import Deadline
 from autopar_cache.base import PrefixedStore
+from autopar_cache.errors import CacheUnavailable
 from autopar_cache.redis_store import RedisStore, connect
 from autopar_service.settings import Settings
 from autopar_service.worker_keys import alive_key, tables_queue_name
@@ -94,6 +95,16 @@ class RQTableBuilder:
         self._next_lost_check = 0.0
 
     def build(self, batches: list[RemoteBatch], deadline: Deadline, progress: Callable[[int], None]) -> None:
+        """Every batch built by a worker or here; when Redis fails meanwhile, what is not in
+        is left to the caller, which builds it in this process (a cost table never fails a
+        solve that could go on without Redis: the solve outlives an outage)."""
+        try:
+            self._build(batches, deadline, progress)
+        except (redis.exceptions.RedisError, CacheUnavailable) as exc:
+            what = type(exc).__name__
+            log.warning("cost tables across workers stopped (%s): the rest are built here", what)
+
+    def _build(self, batches: list[RemoteBatch], deadline: Deadline, progress: Callable[[int], None]) -> None:
         pending = {self._enqueue(b): b for b in batches}
         self.stats["batches"] += len(batches)
         done = 0
