@@ -107,12 +107,12 @@ section() {
         done
       done
       ;;
-    checkpointing-auto)  # issue 22: a budget only per-block recomputation meets (off: refused with its floor)
-      run checkpointing-auto-off $AUTOPAR plan gpt-1.3b --cluster 2x4 --preset a100-40g --mesh-shape 4,2 \
-        --memory 12GiB --zero 2 --micro-batches 8 --checkpointing off --time-limit 120 --no-progress || true
-      timed checkpointing-auto $AUTOPAR plan gpt-1.3b --cluster 2x4 --preset a100-40g --mesh-shape 4,2 \
-        --memory 12GiB --zero 2 --micro-batches 8 --checkpointing auto --time-limit 120 --no-progress \
-        --out "$OUT/gpt-1.3b-auto.json"
+    checkpointing-auto)  # issue 22: a budget only recomputation meets (off: refused with its floor)
+      for ckpt in off auto full; do
+        timed "checkpointing-$ckpt-13.5g" $AUTOPAR plan gpt-1.3b --cluster 2x4 --preset a100-40g \
+          --mesh-shape 4,2 --memory 13.5GiB --zero 2 --micro-batches 8 --checkpointing "$ckpt" \
+          --time-limit 120 --no-progress --out "$OUT/gpt-1.3b-$ckpt.json" || true
+      done
       ;;
     iteration-fidelity)  # issue 22: K = 4 and recomputation applied by OneFlow, bytes by phase
       oneflow python -m oneflow.distributed.launch --nproc_per_node 4 --master_port "$PORT" \
