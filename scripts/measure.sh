@@ -115,6 +115,7 @@ section() {
       done
       ;;
     iteration-fidelity)  # issue 22: K = 4 and recomputation applied by OneFlow, bytes by phase
+      mkdir -p "$OUT/iter"
       oneflow python -m oneflow.distributed.launch --nproc_per_node 4 --master_port "$PORT" \
         tests/oneflow/_build_iteration.py "$OUT/iter" all >"$OUT/iter-build.log" 2>&1
       for m in gpt-tiny mt5-tiny; do
@@ -129,6 +130,7 @@ section() {
         --recompute model.encoder.block.0
       ;;
     heldout-truth)  # issue 26: development and evaluation jobs side by side
+      mkdir -p "$OUT/heldout"
       oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
         tests/oneflow/_build_heldout_families.py "$OUT/heldout" llama bert vit mt5-tiny gpt-tiny bert-tiny \
         >"$OUT/heldout-build.log" 2>&1
