@@ -258,10 +258,13 @@ class FidelityReport:
             unit = "per step" if self.counted.micro_batches == 1 else "each hop once (per step: below)"
             lines.append(f"bytes per device {unit} (counted from the {source}):")
             for a in sorted(self.counted.bytes_per_axis):
+                counted = f"counted {self.counted.bytes_per_axis[a] / 2**20:.3f} MiB"
+                if not self.predicted_bytes_per_axis:  # a plan written without its prediction
+                    lines.append(f"  axis {a}: {counted} (the plan carries no prediction)")
+                    continue
                 lines.append(
                     f"  axis {a}: predicted {self.predicted_bytes_per_axis.get(a, 0.0) / 2**20:.3f} MiB, "
-                    f"counted {self.counted.bytes_per_axis[a] / 2**20:.3f} MiB "
-                    f"({100 * self.byte_error(a):+.1f} %)"
+                    f"{counted} ({100 * self.byte_error(a):+.1f} %)"
                 )
         if self.phase_rows():
             lines.append(self.phase_table())
