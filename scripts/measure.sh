@@ -25,7 +25,7 @@ MT5="$OUT/mt5.json"
 PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --time-limit 30 --no-progress)
 
 SECTIONS=(of-mt5 baselines model-truth model-truth-fkv of-eval of-eval-fkv cost-tables
-  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration checkpointing-auto
+  solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
   iteration-fidelity heldout-truth scale table-workers promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
@@ -106,6 +106,10 @@ section() {
           run "iteration-k1-at-k$k-$ckpt" $AUTOPAR evaluate "$MT5" "$OUT/plan-k1-$ckpt.json" --micro-batches "$k"
         done
       done
+      ;;
+    auto-10s)  # issue 22's acceptance: the seed's K = 8 with auto, cold, 10 s limit
+      timed auto-10s $AUTOPAR plan "$MT5" --cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB \
+        --zero 2 --micro-batches 8 --checkpointing auto --time-limit 10 --no-progress --out "$OUT/plan-auto-10s.json"
       ;;
     checkpointing-auto)  # issue 22: a budget only recomputation meets (off: refused with its floor)
       for ckpt in off auto full; do
