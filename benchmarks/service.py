@@ -471,7 +471,13 @@ def big_body_report(url: str, ops: int = 1_500_000) -> dict[str, Any]:
 def _warm_and_load(url: str, graph_json: bytes, options: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Plan mt5-base once on the server at ``url`` (the plan the hit clients ask for), then
     the load run of :func:`load_report` against it."""
-    PlanClient(url, timeout_s=300).plan(
+    _plan(PlanClient(url, timeout_s=300), graph_json, options)
+    return load_report(url, plan_body(graph_json, options=options), seconds)
+
+
+def _plan(client: PlanClient, graph_json: bytes, options: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's plan request (mt5-base on CLUSTER, MESH, BUDGET, ZeRO) through ``client``."""
+    return client.plan(
         graph_json,
         cluster=CLUSTER,
         mesh_shape=MESH,
@@ -479,7 +485,6 @@ def _warm_and_load(url: str, graph_json: bytes, options: dict[str, Any], seconds
         zero_stage=ZERO,
         options=options,
     )
-    return load_report(url, plan_body(graph_json, options=options), seconds)
 
 
 def load_main(args: argparse.Namespace, graph_json: bytes) -> dict[str, Any]:
@@ -570,14 +575,7 @@ def main() -> int:
         with serve(cache) as url:
             client = PlanClient(url, timeout_s=120)
             t0 = time.perf_counter()
-            record = client.plan(
-                graph_json,
-                cluster=CLUSTER,
-                mesh_shape=MESH,
-                memory_budget_bytes=BUDGET,
-                zero_stage=ZERO,
-                options=options,
-            )
+            record = _plan(client, graph_json, options)
             cold_s = time.perf_counter() - t0
             job = client.job(record["key"])
             results["service_cold"] = {
@@ -604,14 +602,7 @@ def main() -> int:
                 client = PlanClient(url, timeout_s=120)
                 # a plan to hit (its quality does not matter here); the whole request's limit
                 quick = {"time_limit_s": 30.0}
-                client.plan(
-                    graph_json,
-                    cluster=CLUSTER,
-                    mesh_shape=MESH,
-                    memory_budget_bytes=BUDGET,
-                    zero_stage=ZERO,
-                    options=quick,
-                )
+                _plan(client, graph_json, quick)
                 results["hit_redis"] = hit_report(url, plan_body(graph_json, options=quick), args.hits)
                 print("hit redis", json.dumps(results["hit_redis"], indent=1), flush=True)
                 if not args.skip_cold:
