@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "examples" / "oneflow"))
 import heldout  # noqa: E402
 import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
+from _libai_layout import global_inputs  # noqa: E402
 
 from autopar.oneflow import apply_plan, export_job, make_train_graph  # noqa: E402
 from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp  # noqa: E402
@@ -47,13 +48,7 @@ def setup(name: str) -> tuple:
     module = module.to_global(placement, broadcast)
     for pname, param in module.named_parameters():
         param.data = param.data.to_global(placement, to_flow_sbp(parse_nd_sbp(layout(pname, param.ndim))))
-    inputs = [
-        flow.tensor(a)
-        .to_global(placement, broadcast)
-        .to_global(placement, [flow.sbp.split(0), flow.sbp.broadcast])
-        for a in arrays
-    ]
-    return module, inputs
+    return module, global_inputs(arrays, placement)
 
 
 def train_graph(module, min_size: int):

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "examples" / "oneflow"))
 import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
 import zoo  # noqa: E402
+from _libai_layout import global_inputs, libai_weights  # noqa: E402
 
 from autopar.iteration import TrainingConfig  # noqa: E402
 from autopar.oneflow import compile_with_plan, import_job, import_plan, make_train_graph  # noqa: E402
@@ -47,24 +48,13 @@ if chosen == "all":
 jobs = [tuple(item.split(":")) for item in chosen.split(",")]
 models = list(dict.fromkeys(model for model, _ in jobs))
 placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
-broadcast = [flow.sbp.broadcast] * 2
 rank0 = flow.env.get_rank() == 0
 
 
 def build(name: str, batch: int) -> tuple:
     layers = {"layers": 1} if name == "mt5-tiny" else {}
     module, arrays = zoo.build(name, seed=0, batch=batch, identity_reads=IDENTITY_READS, **layers)
-    module = module.to_global(placement, broadcast)
-    for pname, param in module.named_parameters():
-        if param.ndim == 2 and "relative_attention_bias" not in pname:
-            param.data = param.data.to_global(placement, [flow.sbp.broadcast, flow.sbp.split(0)])
-    inputs = [
-        flow.tensor(a)
-        .to_global(placement, broadcast)
-        .to_global(placement, [flow.sbp.split(0), flow.sbp.broadcast])
-        for a in arrays
-    ]
-    return module, inputs
+    return libai_weights(module, placement), global_inputs(arrays, placement)
 
 
 reports = {}

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "examples" / "oneflow"))
 import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
 import zoo  # noqa: E402
+from _libai_layout import global_inputs, libai_weights  # noqa: E402
 
 from autopar.oneflow import export_job, make_train_graph  # noqa: E402
 
@@ -37,7 +38,6 @@ qkv_layout = "heads" if fused_kv else variant
 models = ("mt5-tiny",) if fused_kv else ("mt5-tiny", "gpt-tiny", "bert-tiny")
 stages = (2,) if fused_kv else (0, 2)
 placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
-broadcast = [flow.sbp.broadcast] * 2
 counts = {}
 for name in models:
     for zero in stages:
@@ -45,16 +45,8 @@ for name in models:
         if fused_kv:
             options["fused_cross_kv"] = True
         module, arrays = zoo.build(name, seed=0, fused=True, **options)
-        module = module.to_global(placement, broadcast)
-        for pname, param in module.named_parameters():
-            if param.ndim == 2 and "relative_attention_bias" not in pname:
-                param.data = param.data.to_global(placement, [flow.sbp.broadcast, flow.sbp.split(0)])
-        inputs = [
-            flow.tensor(a)
-            .to_global(placement, broadcast)
-            .to_global(placement, [flow.sbp.split(0), flow.sbp.broadcast])
-            for a in arrays
-        ]
+        module = libai_weights(module, placement)
+        inputs = global_inputs(arrays, placement)
         graph = make_train_graph(
             module, flow.optim.AdamW(module.parameters(), lr=1e-3), zero_stage=zero
         )  # OneFlow's default ZeRO settings (shard_min_size 1024)
