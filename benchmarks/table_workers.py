@@ -52,10 +52,12 @@ def _start_workers(url: str, queue: str, n: int) -> list[subprocess.Popen[bytes]
     ]
 
 
-def _alive_workers(store: Any, queue: str) -> int:
+def _alive_workers(store: Any, queue: str | None) -> int:
+    """Workers whose liveness key is set: those named ``{queue}-*`` (started here), or all
+    (``queue=None``: external workers keep RQ's own names)."""
     from autopar_service.worker import alive_key
 
-    return len(list(store.client.scan_iter(match=alive_key(f"{queue}-*"))))
+    return len(list(store.client.scan_iter(match=alive_key(f"{queue}-*" if queue else "*"))))
 
 
 def _timed_remote(graph: Any, mesh: Any, store: Any, settings: Any) -> tuple[float, Any, dict[str, Any]]:
@@ -138,7 +140,7 @@ def main() -> None:
                     time.sleep(0.2)
                 _cold_cost_store(store)
                 wall, tables, stats = _timed_remote(graph, mesh, store, settings)
-                how = f"{_alive_workers(store, queue) if args.external else n} worker(s) via RQ"
+                how = f"{_alive_workers(store, None) if args.external else n} worker(s) via RQ"
                 rows.append({"how": how, "wall_s": wall, **stats, "identical": _same(tables, reference)})
             finally:
                 for p in procs:

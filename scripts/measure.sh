@@ -26,7 +26,7 @@ PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --tim
 
 SECTIONS=(of-mt5 baselines model-truth model-truth-fkv of-eval of-eval-fkv cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
-  iteration-fidelity heldout-truth scale table-workers promise problem-size report service service-429)
+  iteration-fidelity heldout-truth scale table-workers table-workers-compose promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
 run() {
@@ -144,6 +144,10 @@ section() {
       ;;
     scale) run scale $PY -m benchmarks.solver --scale ;;
     table-workers) run table-workers $PY -m benchmarks.table_workers ;;
+    table-workers-compose)  # the same tables built by the compose stack's workers (podman): 2, then 1
+      run table-workers-compose bash -c 'AUTOPAR_CONTAINERS_TABLE_BENCH=1 bash scripts/test-containers.sh 2>&1 \
+        | grep -E "^(mt5-base on|\{)|^test-containers: "'
+      ;;
     promise) run promise $PY -m benchmarks.solver --promise ;;
     problem-size)
       run problem-size $PY -m benchmarks.problem_size --model mt5-base --mesh-shapes 8 4,2 2,4 2,2,2

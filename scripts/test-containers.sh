@@ -224,9 +224,9 @@ submit() {  # submit LABEL ARGS...: runs autopar submit, records its wall time
   "$AUTOPAR" submit "$@" --server "$SERVER" --no-progress >"$WORK/out" 2>"$WORK/err" \
     || { cat "$WORK/err" "$WORK/out" >&2; die "autopar submit $* failed"; }
   t1=$(date +%s.%N)
-  # last line of the output: "plan KEY in S s -> FILE"
-  timing "$label" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f s", b - a}') ($(tail -1 "$WORK/out" \
-    | awk '{printf "plan %s; %s s from request to plan", substr($2, 1, 12), $4}'))"
+  # the output's line "plan KEY in S s" (then "plan written to FILE")
+  timing "$label" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f s", b - a}') ($(grep -E '^plan [0-9a-f]+ in ' "$WORK/out" \
+    | tail -1 | awk '{printf "plan %s; %s s from request to plan", substr($2, 1, 12), $4}'))"
 }
 submit "submit tiny-gpt (miss, solved by a worker)" tiny-gpt "${SHAPE[@]}" --time-limit 10 --wait --out "$WORK/tiny.json"
 grep -q "cached plan" "$WORK/err" && die "the first tiny-gpt submit was a cache hit: is the volume fresh?"
@@ -234,6 +234,30 @@ submit "submit mt5-base --time-limit $MT5_TIME_LIMIT (miss)" mt5-base "${SHAPE[@
 submit "submit mt5-base again (cache hit)" mt5-base "${SHAPE[@]}" --time-limit "$MT5_TIME_LIMIT" --wait --out "$WORK/mt5-again.json"
 grep -q "cached plan" "$WORK/err" || { cat "$WORK/err" >&2; die "the second mt5-base submit was not a cache hit"; }
 cmp -s "$WORK/mt5.json" "$WORK/mt5-again.json" || die "the cached mt5-base plan differs from the solved one"
+
+# ---------------------------------------------------------------- 5b. table workers (opt-in)
+# AUTOPAR_CONTAINERS_TABLE_BENCH=1: the cold cost tables of mt5-base on [2, 2, 2] built by
+# the stack's own workers (benchmarks/table_workers.py --external, run in a container of the
+# image on the compose network; Redis is not published), with 2 workers, then with
+# worker-2 stopped.  Each row says how many workers were alive and whether the entries
+# equal a serial build in the requesting container.
+if [ "${AUTOPAR_CONTAINERS_TABLE_BENCH:-0}" = 1 ]; then
+  network="$(podman inspect --format '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' "$(cname redis)" | awk '{print $1}')"
+  bench() {  # bench LABEL: one --external run; rows go to the log and the timings
+    podman run --rm --no-healthcheck --network "$network" -v "$ROOT/benchmarks:/bench/benchmarks:ro" \
+      -w /bench -e PYTHONPATH=/bench "$IMAGE" python -m benchmarks.table_workers --external --skip-local \
+      --redis-url redis://redis:6379/0 >"$WORK/bench.out" 2>"$WORK/bench.err" \
+      || { cat "$WORK/bench.err" >&2; die "benchmarks.table_workers failed ($1)"; }
+    cat "$WORK/bench.out" >&2
+    timing "cost tables, $1" "$(tail -1 "$WORK/bench.out")"
+  }
+  bench "2 workers"
+  podman stop -t 30 "$(cname worker-2)" >/dev/null
+  sleep 12  # its liveness key expires (worker_alive_ttl_s, 10 s)
+  bench "worker-2 stopped"
+  podman start "$(cname worker-2)" >/dev/null
+  wait_healthy 90 worker-2 || die "worker-2 did not come back after the table benchmark"
+fi
 
 # ---------------------------------------------------------------- 6. worker crash
 w="$(cname worker-1)"
