@@ -31,10 +31,11 @@ from typing import Any
 from redis.exceptions import RedisError
 from rq import Queue, Worker, worker_registration
 from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 
 from autopar_cache.redis_store import connect
 from autopar_service.settings import Settings
-from autopar_service.worker_keys import alive_key, tables_queue_name
+from autopar_service.worker_keys import TABLES_QUEUE_SUFFIX, alive_key, tables_queue_name
 
 __all__ = [
     "IDLE_HEARTBEAT_S",
@@ -75,6 +76,21 @@ class ResilientWorker(Worker):
             if pipeline is not None:
                 raise
             log.warning("worker %s: heartbeat failed (%s); retrying", self.name, exc)
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        """Cost-table batches (:mod:`autopar_service.table_jobs`) run in this process, as
+        RQ's ``SimpleWorker`` runs jobs: they are short and pure, and this process's caches
+        (boxing lowerings per mesh, op rules) stay warm from one batch to the next, where a
+        forked horse starts cold every time.  Plans still run in a horse (isolation, the
+        kill on a time-out).  A worker killed mid-batch loses nothing: its liveness key
+        expires and the requester computes the batch (``RQTableBuilder``)."""
+        if not queue.name.endswith(TABLES_QUEUE_SUFFIX):
+            super().execute_job(job, queue)
+            return
+        self.heartbeat()
+        execution = self.prepare_execution(job)
+        self.perform_job(job, queue, execution)
+        self.set_state(WorkerStatus.IDLE)
 
     def maintain_heartbeats(self, job: Any, execution: Any) -> None:
         try:

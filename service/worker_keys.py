@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from autopar_service.settings import Settings
 
-__all__ = ["alive_key", "tables_queue_name"]
+__all__ = ["TABLES_QUEUE_SUFFIX", "alive_key", "tables_queue_name"]
+
+TABLES_QUEUE_SUFFIX = ":tables"
+"""What ends the name of the cost-table queue."""
 
 
 def tables_queue_name(settings: Settings) -> str:
     """The RQ queue of cost-table batches (:mod:`autopar_service.table_jobs`): ``{queue_name}:tables``."""
-    return f"{settings.queue_name}:tables"
+    return f"{settings.queue_name}{TABLES_QUEUE_SUFFIX}"
 
 
 def alive_key(worker_name: str) -> str:
