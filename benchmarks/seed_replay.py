@@ -6,7 +6,7 @@ The seed report (``../shared/seed/mt5-throughput-issue.txt``, cited below by
 line) measured, on two nodes of four GPUs, MT5 (12+12 layers, hidden 768) with
 16 samples per data-parallel rank per micro-batch, ``dp4 x mp2`` (mesh
 ``[4, 2]``), ZeRO-2, fp16, activation checkpointing on (``actrue``) and 8
-micro-batches per 512-sample step (``mb16_gb512``, lines 243-252):
+micro-batches per 512-sample step (``mb16_gb512``, lines 242-252):
 
 * Megatron-DeepSpeed: 357 ms per micro-batch (line 285; nsys: forward encoder 78
   + decoder 24 + loss 9 + backward decoder 88 + encoder 150); NCCL kernels
@@ -85,9 +85,9 @@ class SeedReport:
     libai_send_recv_share: float = 0.464  # line 291
     libai_all_reduce_share: float = 0.179  # line 291
     libai_all_gather_share: float = 0.129  # line 291
-    single_device_samples: int = 4  # line 264 (mb4)
+    single_device_samples: int = 4  # line 266 (mb4)
     single_device_s: float = 0.088  # line 307
-    global_batch: int = 512  # lines 247 and 251 (gb512)
+    global_batch: int = 512  # lines 248 and 251 (gb512)
     megatron_samples_per_s: float = 164.3  # line 252
     libai_samples_per_s: float = 63.75  # line 249
     megatron_phases_s: tuple[float, ...] = (0.078, 0.024, 0.009, 0.088, 0.150)  # line 285
@@ -328,7 +328,10 @@ def predict(f: Fit, runtime: str, model: str = "mt5-base", seed: SeedReport = SE
 
 
 def _shares(s: Span) -> dict[str, float]:
-    return {name: s.share(name) for name in (*NSYS_CLASSES, "NCCL")}
+    """Each NCCL family's share, ``"NCCL"`` (all of them) and ``"compute"`` (the rest)."""
+    out = {name: s.share(name) for name in (*NSYS_CLASSES, "NCCL")}
+    out["compute"] = s.compute_s / s.total_s if s.total_s > 0 else 0.0
+    return out
 
 
 def _row(p: Predicted, f: Fit, seed: SeedReport) -> dict[str, Any]:
@@ -343,6 +346,10 @@ def _row(p: Predicted, f: Fit, seed: SeedReport) -> dict[str, Any]:
         "megatron_step_ms": meg_step.total_s * 1e3,
         "inferred_step_ms": inf_step.total_s * 1e3,
         "step_ratio": p.step_ratio,
+        "micro_batch_ms": {
+            plan: {"compute": sp.compute_s * 1e3} | {k: v * 1e3 for k, v in sp.nsys_s.items()}
+            for plan, sp in (("megatron", meg), ("inferred", inf))
+        },
         "shares": {
             "megatron": {"micro-batch": _shares(meg), "step": _shares(meg_step)},
             "inferred": {"micro-batch": _shares(inf), "step": _shares(inf_step)},
@@ -693,35 +700,45 @@ def _print_phases(r: dict[str, Any], seed: SeedReport) -> None:
 
 
 def _print_shares(r: dict[str, Any], seed: SeedReport) -> None:
-    nccl_meg = sum(seed.megatron_nccl_shares)
+    libai_nccl = seed.libai_send_recv_share + seed.libai_all_reduce_share + seed.libai_all_gather_share
     measured = {
-        "megatron": {"all-reduce": seed.megatron_all_reduce_share, "NCCL": nccl_meg},
+        "megatron": {
+            "all-reduce": seed.megatron_all_reduce_share,
+            "NCCL": sum(seed.megatron_nccl_shares),
+            "compute": 1 - sum(seed.megatron_nccl_shares),
+        },
         "inferred": {
             "send/recv": seed.libai_send_recv_share,
             "all-reduce": seed.libai_all_reduce_share,
             "all-gather": seed.libai_all_gather_share,
-            "NCCL": seed.libai_send_recv_share + seed.libai_all_reduce_share + seed.libai_all_gather_share,
+            "NCCL": libai_nccl,
+            "compute": 1 - libai_nccl,
         },
     }
+    span_ms = {"megatron": seed.megatron_s * 1e3, "inferred": seed.libai_s * 1e3}
     cite = {"megatron": "line 286 '66% (49.8% + 12.8% + 3.4%)', all-reduce", "inferred": "line 291"}
     print(
-        "  per-collective shares of the modelled time (oneflow-0.9 / ideal; micro-batch | step of K) vs nsys"
+        "  per-collective shares of the modelled time (oneflow-0.9 | step of K / ideal | step of K) vs "
+        "nsys; ms per micro-batch: oneflow-0.9 vs the nsys share x the measured micro-batch"
     )
     for plan in ("megatron", "inferred"):
         print(f"    {plan} (nsys: {cite[plan]})")
-        for name in (*NSYS_CLASSES, "NCCL"):
+        for name in (*NSYS_CLASSES, "NCCL", "compute"):
             got = [
                 r["runtimes"][rt]["shares"][plan][scope][name]
                 for rt in RUNTIMES
                 for scope in ("micro-batch", "step")
             ]
+            model_ms = r["runtimes"]["oneflow-0.9"]["micro_batch_ms"][plan]
+            ms = sum(model_ms[n] for n in NSYS_CLASSES) if name == "NCCL" else model_ms[name]
             m = measured[plan].get(name)
-            nsys = _pct(m) if m is not None else "  not given"
+            nsys = f"{_pct(m)}  ms {ms:6.1f} vs {m * span_ms[plan]:6.1f}" if m is not None else "   -"
             if plan == "megatron" and name == "all-reduce":
-                nsys += " (the first of line 286's three; the fit's input)"
+                nsys += "  (the fit's input, read as tensor-parallel)"
+            label = "non-NCCL" if name == "compute" else name
             print(
-                f"      {name:<15} {_pct(got[0])} | {_pct(got[1])}   /  {_pct(got[2])} | {_pct(got[3])}"
-                f"    nsys {nsys}"
+                f"      {label:<15} {_pct(got[0])} | {_pct(got[1])}  / {_pct(got[2])} | {_pct(got[3])}"
+                f"   nsys {nsys}"
             )
 
 
