@@ -39,7 +39,8 @@ as the tensor-parallel all-reduce alone.  :func:`sensitivity` varies both.
 all-reduce (compute and any other communication, against 357 - 177.8 ms);
 LiBai's micro-batch and the ratio; per-collective shares of both plans against
 the nsys figures, per micro-batch and per step; the 8-micro-batch step times
-against the report's throughput (512 samples / samples per second).
+against the report's throughput (512 samples / samples per second); each plan's
+time per nsys range (:func:`phases`; Megatron's include the fitted all-reduce).
 :func:`mechanisms` splits each plan's predicted communication by what produces
 it, and :func:`what_if` re-prices the two mechanisms where the shares disagree.
 """
@@ -481,10 +482,13 @@ def _partial_as_all_reduce(e: EdgeCost, mesh: Mesh) -> EdgeCost:
     """``e`` with every send/recv step that sums partial sums (``P`` on its axis) priced as a
     ring all-reduce of the group's tensor on that axis instead: ``2(n-1) alpha + 2(n-1)/n
     T / beta`` (seconds; ``T`` = the tensor's bytes on the group, local shape of the step's
-    source), as OneFlow lowers ``(*, P) -> (*, B)``.  LiBai's ``Linear1D`` casts row-parallel
-    outputs to ``B`` and column-parallel input gradients back to the input's SBP
-    (``to_global(sbp=...)``, ``to_global(grad_sbp=x.sbp)`` in ``libai/layers/linear.py``),
-    so its partial sums are all-reduced there; the ``inferred`` baseline has no casts."""
+    source), as OneFlow lowers ``(*, P) -> (*, B)``.  LiBai's ``Linear1D`` (which the MT5 of
+    ``projects/T5`` uses) casts row-parallel outputs to ``(S(0), B)`` and column-parallel
+    inputs and their gradients to ``(S(0), B)`` (``to_global(sbp=...)``,
+    ``to_global(grad_sbp=x.sbp)`` in ``libai/layers/linear.py``, read at libai 02ec5e8, not
+    the report's e9ca408 / 0002b66), so its partial sums are all-reduced there; the
+    ``inferred`` baseline has no casts.  Only the pricing changes: the gathers a cast would
+    make unnecessary stay."""
     steps = []
     for s in e.steps:
         if s.collective.value != "send-recv" or not isinstance(s.src.values[s.axis], Partial):
