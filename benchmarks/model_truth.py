@@ -36,9 +36,11 @@ Prints, per model on 2x4 A100-40GB as mesh [4, 2]:
 3. the ``data-parallel`` baseline under ZeRO-2 and ZeRO-3: step time and memory;
 
 and, once, the LiBai MT5 report replayed (:mod:`benchmarks.seed_replay`): the
-report's cluster fitted on Megatron's and one GPU's figures, then the
-micro-batch time of ``megatron`` and ``inferred`` predicted on it against the
-measured 357 ms and 1000 ms.
+report's cluster fitted on one GPU's 88 ms and Megatron's all-reduce share of its
+357 ms (inputs, reproduced by construction), then what the fit did not use
+predicted on it: LiBai's 1000 ms, the ratio, the step times and the
+per-collective shares (mechanisms, what-ifs and the fit's sensitivity:
+``python -m benchmarks.seed_replay``).
 
 With ``--imported DIR`` (the output folder of ``benchmarks/oneflow_mt5.py``: a
 real OneFlow MT5 job built on 8 CPU ranks and imported, fp32) it also prints the
@@ -562,7 +564,7 @@ def main() -> None:
         for runtime, got in imported["runtimes"].items():
             print(_tp_bytes_line(runtime, got, imported))
     seed = replay()
-    print_replay(seed)
+    print_replay(seed, detail=False)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"models": results, "imported": imported, "seed_replay": seed}, fh, indent=1)

@@ -24,7 +24,7 @@ IMPORTED_FKV=/tmp/of-mt5-fkv
 MT5="$OUT/mt5.json"
 PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --time-limit 30 --no-progress)
 
-SECTIONS=(of-mt5 baselines model-truth model-truth-fkv of-eval of-eval-fkv cost-tables
+SECTIONS=(of-mt5 baselines model-truth model-truth-fkv seed-replay of-eval of-eval-fkv cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
   iteration-fidelity heldout-truth scale table-workers table-workers-compose promise problem-size report service service-429)
 
@@ -71,6 +71,7 @@ section() {
     baselines) run baselines $PY -m benchmarks.baselines ;;
     model-truth) run model-truth $PY -m benchmarks.model_truth --imported "$IMPORTED" ;;
     model-truth-fkv) run model-truth-fkv $PY -m benchmarks.model_truth --imported "$IMPORTED_FKV" ;;
+    seed-replay) run seed-replay $PY -m benchmarks.seed_replay ;;  # issues 22 and 26: the LiBai MT5 report
     of-eval)
       run of-eval oneflow python benchmarks/oneflow_mt5.py evaluate --out "$IMPORTED" \
         --vocab 32128 --variants inference --time-limit 30
