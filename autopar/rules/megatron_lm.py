@@ -36,9 +36,9 @@ import dataclasses
 from functools import cache
 
 from autopar.rules.families import nn, views
-from autopar.rules.families._common import port_map, sig, uniform
+from autopar.rules.families._common import partial_ok, port_map, sig, uniform
 from autopar.rules.registry import OneDSignature, RuleContext, RuleSet, default_rules
-from autopar.sbp import Split
+from autopar.sbp import P, Split
 
 __all__ = ["MEGATRON_SOURCE", "megatron_lm_rules", "rules_for_source"]
 
@@ -116,6 +116,24 @@ def fused_part_narrow(ctx: RuleContext) -> list[OneDSignature]:
     return sigs
 
 
+def norm_weight_grad_of_partial(ctx: RuleContext) -> list[OneDSignature]:
+    """OneFlow's ``layer_norm_param_grad`` / ``rms_norm_param_grad`` signatures plus
+    ``dy`` ``P`` ``-> P`` (the weight gradient is linear in ``dy``).  Megatron-LM's norm
+    backward reads the activation gradient after its one all-reduce
+    (``copy_to_tensor_model_parallel_region``'s backward), and the norm's input gradient
+    and weight gradient share that one all-reduce; a per-edge model charges each consumer
+    of a partial tensor its own all-reduce, so the weight gradient reads the partial sum
+    and the all-reduce is charged once, on the input-gradient path.  OneFlow 0.9 does not
+    offer it (``LayerNormParamGradOp::GetSbp``: row splits only), so autopar's own plans
+    never get it."""
+    layer_norm = ctx.op.type == "layer_norm_param_grad"
+    sigs = list(nn.layer_norm_param_grad(ctx) if layer_norm else nn.rms_norm_param_grad(ctx))
+    declared: tuple[str, ...] = ("dy", "x", "mean", "inv_variance") if layer_norm else ("dy", "x", "inv_rms")
+    if partial_ok(*ctx.outputs):
+        sigs.append(sig(port_map(ctx, declared), {"dy": P}, {}, out_default=P))
+    return sigs
+
+
 @cache
 def megatron_lm_rules() -> RuleSet:
     """:func:`default_rules` with Megatron-LM's vocab-parallel ``log_softmax`` (module docstring)."""
@@ -126,6 +144,8 @@ def megatron_lm_rules() -> RuleSet:
         ("reshape", fused_heads_reshape),
         ("narrow", fused_part_narrow),
         ("narrow_grad", fused_part_narrow),
+        ("layer_norm_param_grad", norm_weight_grad_of_partial),
+        ("rms_norm_param_grad", norm_weight_grad_of_partial),
     ):
         rules[op_type] = dataclasses.replace(rules[op_type], name=fn.__name__, fn=fn)
     return RuleSet(rules)

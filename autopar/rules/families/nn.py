@@ -264,49 +264,41 @@ def _param_grad(
     declared: tuple[str, ...],
     stats: tuple[str, ...],
     params_begin: int,
-    x_ndim: int,
 ) -> list[OneDSignature]:
-    """Parameter gradients: row split ``-> P``; a parameter dim split ``-> S(d - begin)``."""
+    """Parameter gradients: a row split (a dim before the parameter dims) of every input
+    ``-> P``, and ``B``.  OneFlow 0.9 offers nothing else (``LayerNormParamGradOp::GetSbp``
+    and ``RmsNormParamGradOp::GetSbp`` in ``oneflow/user/ops/layer_norm_op.cpp`` and
+    ``rms_norm_op.cpp``: ``Split(inputs, i).PartialSum(outputs)`` for ``i`` below the
+    parameter dims): a split of a parameter dim, or a partial ``dy``, is refused when pinned."""
     pm = port_map(ctx, declared)
     sigs: list[OneDSignature] = []
-    float_out = partial_ok(*ctx.outputs)
-    for d in range(x_ndim):
-        ins: dict[str, SbpValue] = {}
-        for name, spec in zip(pm.inputs, pm.input_specs, strict=True):
-            if name in stats:
-                ins[name] = Split(d) if d < params_begin and d < spec.ndim else B
-            else:
-                ins[name] = Split(d)
-        if d < params_begin:
-            if not float_out:
-                continue
+    if partial_ok(*ctx.outputs):
+        for d in range(params_begin):
+            ins: dict[str, SbpValue] = {
+                name: Split(d) if name not in stats or d < spec.ndim else B
+                for name, spec in zip(pm.inputs, pm.input_specs, strict=True)
+            }
             sigs.append(sig(pm, ins, {}, out_default=P))
-        else:
-            sigs.append(sig(pm, ins, {}, out_default=Split(d - params_begin)))
     sigs.append(uniform(ctx, B))
-    if float_out:
-        sigs.append(sig(pm, {"dy": P}, {}, out_default=P))
     return sigs
 
 
 @register("layer_norm_param_grad", cost=CostKind.MEMORY)
 def layer_norm_param_grad(ctx: RuleContext) -> list[OneDSignature]:
-    """``(dy, x, mean, inv_variance) -> (beta_diff, gamma_diff)``: row split ``-> (P, P)``,
-    parameter-dim split ``-> S``, ``dy`` ``P`` ``-> P``, ``B``."""
+    """``(dy, x, mean, inv_variance) -> (beta_diff, gamma_diff)``: row split ``-> (P, P)``, ``B``."""
     declared = ("dy", "x", "mean", "inv_variance")
     pm = port_map(ctx, declared)
     x = pm.input("x") or ctx.inputs[0]
     params_begin = norm_dim(int(ctx.attr("begin_params_axis", x.ndim - 1)), x.ndim)
-    return _param_grad(ctx, declared, ("mean", "inv_variance"), params_begin, x.ndim)
+    return _param_grad(ctx, declared, ("mean", "inv_variance"), params_begin)
 
 
 @register("rms_norm_param_grad", cost=CostKind.MEMORY)
 def rms_norm_param_grad(ctx: RuleContext) -> list[OneDSignature]:
-    """``(dy, x, inv_rms) -> weight_grad``: row split ``-> P``, normalised-dim split ``-> S``,
-    ``dy`` ``P`` ``-> P``, ``B``."""
+    """``(dy, x, inv_rms) -> weight_grad``: row split ``-> P``, ``B``."""
     declared = ("dy", "x", "inv_rms")
     pm = port_map(ctx, declared)
     x = pm.input("x") or ctx.inputs[0]
     stat = pm.input("inv_rms")
     begin = _stat_begin(x.ndim, x.shape, stat.shape) if stat is not None else x.ndim - 1
-    return _param_grad(ctx, declared, ("inv_rms",), begin, x.ndim)
+    return _param_grad(ctx, declared, ("inv_rms",), begin)

@@ -133,7 +133,9 @@ def test_rms_norm_and_its_gradients():
     got = {str(s) for s in assert_all_fit(pgrad)}
     # data parallel on axis 0: weight grad is P there (reduced later, ZeRO reduce-scatters)
     assert "((S(0), B), (S(0), B), (S(0), B)) -> (P, B)" in got
-    assert "((S(0), S(2)), (S(0), S(2)), (S(0), B)) -> (P, S(0))" in got
+    # OneFlow 0.9 offers row splits only (RmsNormParamGradOp::GetSbp): no split of the
+    # normalised dim, no partial dy; pinning one is refused ("Empty sbp signature")
+    assert not any("S(2)" in s or s.startswith("((P") or "-> (P, S(0))" in s for s in got), got
 
 
 def test_layer_norm_param_grad_partial_on_rows():
@@ -144,12 +146,12 @@ def test_layer_norm_param_grad_partial_on_rows():
         {"begin_params_axis": 2},
         mesh=(2,),
     )
-    got = printed(ctx)
-    assert {
+    # exactly what LayerNormParamGradOp::GetSbp builds (rows split -> P) and B
+    assert printed(ctx) == {
         "(S(0), S(0), S(0), S(0)) -> (P, P)",
-        "(S(2), S(2), B, B) -> (S(0), S(0))",
-        "(P, B, B, B) -> (P, P)",
-    } <= got
+        "(S(1), S(1), S(1), S(1)) -> (P, P)",
+        "(B, B, B, B) -> (B, B)",
+    }
 
 
 # ------------------------------------------------------------------ numeric oracle
