@@ -142,6 +142,11 @@ section() {
       oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
         tests/oneflow/_build_heldout.py "$OUT/heldout" build hf-t5-tiny hf-gpt2-tiny >>"$OUT/heldout-build.log" 2>&1
       run heldout-truth oneflow python -m benchmarks.heldout_truth "$OUT/heldout"
+      # autopar's plans of the same jobs pinned and compiled by OneFlow
+      oneflow python -m benchmarks.heldout_pinned plan "$OUT/heldout" >"$OUT/heldout-plan.log" 2>&1
+      oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
+        tests/oneflow/_pin_families.py "$OUT/heldout" >"$OUT/heldout-pin.log" 2>&1
+      run heldout-pinned oneflow python -m benchmarks.heldout_pinned table "$OUT/heldout"
       ;;
     scale) run scale $PY -m benchmarks.solver --scale ;;
     table-workers) run table-workers $PY -m benchmarks.table_workers ;;
