@@ -64,6 +64,7 @@ from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Signature, Sp
 
 __all__ = [
     "ONEFLOW_OFFERS",
+    "ONEFLOW_ONE_D_ORDER",
     "ONEFLOW_PARTIAL_ORDER",
     "PARTIAL_IN_CONSUMER_PENALTY",
     "SOURCE_TYPES",
@@ -137,6 +138,27 @@ ONEFLOW_OFFERS: dict[str, Callable[[OneD], bool]] = {
 """Op types whose 1-D signatures in OneFlow 0.9 are fewer than autopar's rules offer: a
 predicate keeps OneFlow's (the all-``B`` signature always stays)."""
 
+
+def _matmul_grad_b_order(single: OneD) -> tuple[int, int]:
+    """OneFlow's order of ``broadcast_matmul_grad_b``'s 1-D signatures
+    (``BroadcastMatmulGradBOp::GetSbp``, oneflow/user/ops/matmul_op.cpp, built in this order):
+    ``S(i) x S(i) -> P`` for each dim ``i`` but the last, ascending; then
+    ``S(last) x B -> S(0)``; then ``B x S(last) -> S(1)``; the all-``B`` one last."""
+    (a, b), _ = single
+    if isinstance(a, Split) and isinstance(b, Split):
+        return (0, a.dim)
+    if isinstance(a, Split):
+        return (1, 0)
+    return (2, 0) if isinstance(b, Split) else (3, 0)
+
+
+ONEFLOW_ONE_D_ORDER: dict[str, Callable[[OneD], tuple[int, int]]] = {
+    "broadcast_matmul_grad_b": _matmul_grad_b_order,
+}
+"""Op types whose 1-D signatures OneFlow 0.9 lists in an order of its own (its ``GetSbp``'s
+build order), replacing the canonical one of :func:`oneflow_candidate_order`; it decides
+which candidate wins a tie of copy costs (a later one does)."""
+
 ONEFLOW_PARTIAL_ORDER: dict[str, tuple[tuple[SbpValue, ...], ...]] = {
     # GenPartialSbpSign<BinaryFuncMul> (oneflow/user/ops/math_binary_broadcast_ops.cpp):
     # B x P -> P is built before P x B -> P
@@ -151,7 +173,8 @@ def oneflow_candidate_order(
     """``candidates`` in the order OneFlow 0.9 would list them (item 1 of the module doc).
 
     The product of the 1-D signatures (ordered splits < ``P`` < ``B``, outputs
-    first, then inputs; axis 0 outermost; for ``op_type`` in
+    first, then inputs, or for ``op_type`` in :data:`ONEFLOW_ONE_D_ORDER` its own
+    order; axis 0 outermost; for ``op_type`` in
     :data:`ONEFLOW_PARTIAL_ORDER` its partial-sum signatures in OneFlow's order,
     for ``op_type`` in :data:`ONEFLOW_OFFERS` only the 1-D signatures OneFlow
     offers), then ``FilterNdSbpSignatureListByLogicalShape``'s removal from the
@@ -164,7 +187,11 @@ def oneflow_candidate_order(
 
     partial_order = ONEFLOW_PARTIAL_ORDER.get(op_type or "", ())
 
+    own_order = ONEFLOW_ONE_D_ORDER.get(op_type or "")
+
     def key(s: OneD) -> tuple[tuple[tuple[int, int], ...], int, tuple[tuple[int, int], ...]]:
+        if own_order is not None:
+            return (own_order(s),), 0, ()
         position = partial_order.index(s[0]) if s[0] in partial_order else 0
         return tuple(map(_value_rank, s[1])), position, tuple(map(_value_rank, s[0]))
 
