@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autopar.costs import EdgeKind, edge_kind, op_signatures, rule_context
-from autopar.graph import DTYPE_BYTES, Graph
+from autopar.graph import DTYPE_BYTES, Graph, Op
 from autopar.oneflow.copy_cost import (
     PARTIAL_IN_CONSUMER_PENALTY,
     TRANSFER_COST,
@@ -246,7 +246,8 @@ def infer_like_oneflow(
                 sig = next((c for c in candidates if all(v == B for o in c.outputs for v in o)), sig)
             elif len(candidates) > 1:
                 sig = (
-                    _greedily_find_min_copy_cost(graph, op.inputs, candidates, tensor_sbp, hierarchy, op)
+                    _split_softmax_signature(graph, op, candidates, tensor_sbp)
+                    or _greedily_find_min_copy_cost(graph, op.inputs, candidates, tensor_sbp, hierarchy, op)
                     or sig
                 )
         chosen[op.name] = sig
@@ -254,6 +255,43 @@ def infer_like_oneflow(
         for tensor, sbp in zip(op.outputs.values(), given.outputs):
             tensor_sbp[tensor] = sbp
     return chosen
+
+
+SPLIT_SOFTMAX_STAGES = frozenset({"reduce_max_device_stage", "reduce_max_global_stage"})
+"""The max stages ``SplitSparseSoftmaxCrossEntropyOpPass`` writes with a signature of its own."""
+
+
+def _split_softmax_signature(
+    graph: Graph, op: Op, candidates: Sequence[Signature], tensor_sbp: Mapping[str, NdSbp]
+) -> Signature | None:
+    """The signature OneFlow's ``SplitSparseSoftmaxCrossEntropyOpPass``
+    (``oneflow/core/job_rewriter/split_sparse_softmax_cross_entropy_op_pass.cpp``) gives the
+    max stages of a vocabulary-split cross entropy instead of inferring it
+    (``AddNdSbpSignature4OpName``): ``reduce_max_device_stage`` every port in the
+    prediction's N-D SBP; ``reduce_max_global_stage`` its ``in``, ``device_count`` and
+    ``out`` in that SBP with the split of the vocabulary (the last dim) made ``B``.  None
+    for any other op, or when no candidate has that layout."""
+    if op.type not in SPLIT_SOFTMAX_STAGES or not op.inputs:
+        return None
+    first = next(iter(op.inputs.values()))
+    if op.type == "reduce_max_device_stage":
+        given = tensor_sbp.get(first)
+        fixed = [i for i, _ in enumerate(op.outputs)]
+    else:
+        device = graph.op_by_name[graph.producer[first][0]]
+        prediction = next(iter(device.inputs.values()), None)
+        if device.type != "reduce_max_device_stage" or prediction is None:
+            return None
+        last = Split(len(graph.tensors[prediction].shape) - 1)
+        have = tensor_sbp.get(prediction)
+        given = None if have is None else NdSbp(tuple(B if v == last else v for v in have))
+        fixed = [0]  # out; mask is left to the rule
+    if given is None:
+        return None
+    for cand in candidates:
+        if all(i == given for i in cand.inputs) and all(cand.outputs[i] == given for i in fixed):
+            return cand
+    return None
 
 
 def _greedily_find_min_copy_cost(
