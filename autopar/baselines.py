@@ -6,9 +6,10 @@
   every other op takes, in topological order, the signature with the least
   input boxing plus compute, where a partial sum (``P``) may only come out of a
   tensor-parallel matmul or flow towards a weight gradient, so partial sums are
-  all-reduced as soon as they are used, as in Megatron: input gradients are
-  summed as partial sums only within one Megatron linear (fused QKV, key/value,
-  gated fc1), each linear's all-reduced at its producer; constants are computed
+  all-reduced as soon as they are used, as in Megatron: one all-reduce per
+  Megatron linear's input gradient (fused QKV, key/value, gated fc1), so a partial
+  sum of input gradients completes at most one linear before it is all-reduced
+  (:meth:`_GreedyWalk._completes_one_linear`); constants are computed
   whole on every rank; weight gradients keep their parameter's
   tensor-parallel layout; nothing is split on the tensor-parallel axis but
   what a tensor-parallel parameter's split reaches (no sequence parallelism).
@@ -615,18 +616,53 @@ class _GreedyWalk:
         self.box_memo: dict[tuple[tuple[int, ...], int, NdSbp, NdSbp], float] = {}
         self.chosen: dict[str, Signature] = {}
         self.tensor_sbp: dict[str, NdSbp] = {}
-        self.linears: dict[
-            str, frozenset[int]
-        ] = {}  # backward tensor -> linears whose input gradient it sums
+        self.dgrads = _input_gradient_matmuls(self.graph, self.st, layout.fused)
+        self.dgrad_ops = frozenset().union(*self.dgrads.values())
+        # backward tensor -> the input-gradient matmuls whose partial sums it holds
+        self.parts: dict[str, frozenset[str]] = {}
 
     def run(self) -> dict[str, Signature]:
         for op in self.graph.topological_order:
-            self.linears.update(_input_gradient_linears(op, self.st, self.layout.fused, self.linears))
             sig = self._pick(op)
             self.chosen[op.name] = sig
             for port, out in zip(op.outputs, sig.outputs):
                 self.tensor_sbp[op.outputs[port]] = out
+            self.parts.update(self._input_gradient_parts(op, sig))
         return self.chosen
+
+    def _input_gradient_parts(self, op: Op, sig: Signature) -> dict[str, frozenset[str]]:
+        """Output tensor -> the input-gradient matmuls (:func:`_input_gradient_matmuls`) whose
+        partial sums it holds on the tensor-parallel axis: such a matmul's own output; a sum,
+        cast or identity carries those of the inputs it takes as partial sums."""
+        tp = self.tp_axis
+        if op.role is not Role.BACKWARD or tp is None:
+            return {}
+        parts: frozenset[str] = frozenset()
+        if op.name in self.dgrad_ops:
+            if any(isinstance(out[tp], Partial) for out in sig.outputs):
+                parts = frozenset({op.name})
+        elif op.type in SUM_OPS or op.type in PASS_THROUGH_OPS:
+            parts = frozenset().union(
+                *(
+                    self.parts.get(t, frozenset())
+                    for t, dst in zip(op.inputs.values(), sig.inputs)
+                    if isinstance(dst[tp], Partial)
+                )
+            )
+        return dict.fromkeys(op.outputs.values(), parts) if parts else {}
+
+    def _completes_one_linear(self, tensors: list[str]) -> bool:
+        """Whether the partial sums of ``tensors`` summed together complete at most one
+        Megatron linear's input gradient (all its input-gradient matmuls).  Megatron-LM
+        all-reduces each linear's input gradient once (``copy_to_tensor_model_parallel_region``,
+        megatron/core/tensor_parallel/mappings.py; per decoder layer for the cross-attention's
+        ``key_value`` on the encoder output).  OneFlow's autograd may sum the input gradients
+        of several linears reading one tensor in one ``add_n`` tree that mixes them (a T5
+        encoder output: one layer's v with the next layer's k and v, then the first layer's
+        k); letting a partial sum complete at most one linear before its all-reduce keeps
+        one all-reduce per linear, so the bytes are Megatron-LM's."""
+        held = frozenset().union(*(self.parts.get(t, frozenset()) for t in tensors))
+        return sum(1 for members in self.dgrads.values() if members <= held) <= 1
 
     def _pick(self, op: Op) -> Signature:
         if (
@@ -735,15 +771,15 @@ class _GreedyWalk:
             # vocabulary, the partial sums are all-reduced (Megatron's
             # _VocabParallelCrossEntropy: all-reduce of the [b, s] sums and targets)
             return True
-        # summing tp partial sums of one Megatron linear (the input gradients of
-        # separate Q, K, V projections) before its one all-reduce, as Megatron's fused
-        # QKV does; the input gradients of different linears (a T5 encoder output read
-        # by every decoder layer's key/value) are each all-reduced at their producer, as
-        # Megatron's copy_to_tensor_model_parallel_region does per linear
+        # summing tp partial sums of input gradients (of separate Q, K, V projections)
+        # before one all-reduce, as Megatron's fused QKV does, as long as the sum completes
+        # at most one Megatron linear: Megatron's copy_to_tensor_model_parallel_region
+        # all-reduces once per linear (a T5 encoder output read by every decoder layer's
+        # key/value: once per layer)
         if op.type not in SUM_OPS or not all(isinstance(s[axis], Partial) for s in sig.inputs):
             return False
         if all(isinstance(self.tensor_sbp[i][axis], Partial) for i in op.inputs.values()):
-            return len(set().union(*(self.linears.get(i, ()) for i in op.inputs.values()))) <= 1
+            return self._completes_one_linear(list(op.inputs.values()))
         return self._joins_input_gradient(op, axis)
 
     def _joins_input_gradient(self, op: Op, axis: int) -> bool:
@@ -759,7 +795,8 @@ class _GreedyWalk:
         whole = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Broadcast)]
         if not partial or len(partial) + len(whole) != len(op.inputs):
             return False
-        return len(set().union(*(self.linears.get(i, ()) for i in partial))) == 1
+        held = any(self.parts.get(i) for i in partial)
+        return held and self._completes_one_linear(partial)
 
     def _keeps_gradient_layout(self, op: Op, sig: Signature) -> bool:
         """A weight gradient is not split on the tensor-parallel axis unless its parameter
@@ -863,23 +900,16 @@ def _gradient_owners(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure)
     return layouts
 
 
-def _input_gradient_linears(
-    op: Op, st: _Structure, fused: dict[str, int], linears: dict[str, frozenset[int]]
-) -> dict[str, frozenset[int]]:
-    """The Megatron linears (:func:`_megatron_layout` ids) whose input gradient ``op``'s
-    outputs hold: a backward matmul reading a column-parallel weight yields that
-    linear's input gradient; a sum, cast or identity carries its inputs' linears."""
-    if op.role is not Role.BACKWARD:
-        return {}
-    ids: frozenset[int] = frozenset()
-    wport = _weight_input(op, st)
-    if op.type in MATMUL_OPS and wport is not None:
-        var = st.param_source[op.inputs[wport]]
-        if var in fused:
-            ids = frozenset({fused[var]})
-    elif op.type in SUM_OPS or op.type in PASS_THROUGH_OPS:
-        ids = frozenset().union(*(linears.get(t, frozenset()) for t in op.inputs.values()))
-    return dict.fromkeys(op.outputs.values(), ids) if ids else {}
+def _input_gradient_matmuls(graph: Graph, st: _Structure, fused: dict[str, int]) -> dict[int, frozenset[str]]:
+    """Megatron linear (:func:`_megatron_layout` id) -> its input-gradient matmuls: the
+    backward matmuls that read one of its column-parallel weights (``dy @ W``; the weight
+    gradient's matmul reads the activation, not the weight)."""
+    found: dict[int, set[str]] = {}
+    for op in graph.ops:
+        wport = _weight_input(op, st) if op.role is Role.BACKWARD and op.type in MATMUL_OPS else None
+        if wport is not None and st.param_source[op.inputs[wport]] in fused:
+            found.setdefault(fused[st.param_source[op.inputs[wport]]], set()).add(op.name)
+    return {linear: frozenset(ops) for linear, ops in found.items()}
 
 
 def _source_layout(

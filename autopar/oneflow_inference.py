@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autopar.costs import EdgeKind, edge_kind, op_signatures, rule_context
-from autopar.graph import DTYPE_BYTES, Graph
+from autopar.graph import DTYPE_BYTES, Graph, Op
 from autopar.oneflow.copy_cost import (
     PARTIAL_IN_CONSUMER_PENALTY,
     TRANSFER_COST,
@@ -64,6 +64,7 @@ from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Signature, Sp
 
 __all__ = [
     "ONEFLOW_OFFERS",
+    "ONEFLOW_ONE_D_ORDER",
     "ONEFLOW_PARTIAL_ORDER",
     "PARTIAL_IN_CONSUMER_PENALTY",
     "SOURCE_TYPES",
@@ -137,6 +138,27 @@ ONEFLOW_OFFERS: dict[str, Callable[[OneD], bool]] = {
 """Op types whose 1-D signatures in OneFlow 0.9 are fewer than autopar's rules offer: a
 predicate keeps OneFlow's (the all-``B`` signature always stays)."""
 
+
+def _matmul_grad_b_order(single: OneD) -> tuple[int, int]:
+    """OneFlow's order of ``broadcast_matmul_grad_b``'s 1-D signatures
+    (``BroadcastMatmulGradBOp::GetSbp``, oneflow/user/ops/matmul_op.cpp, built in this order):
+    ``S(i) x S(i) -> P`` for each dim ``i`` but the last, ascending; then
+    ``S(last) x B -> S(0)``; then ``B x S(last) -> S(1)``; the all-``B`` one last."""
+    (a, b), _ = single
+    if isinstance(a, Split) and isinstance(b, Split):
+        return (0, a.dim)
+    if isinstance(a, Split):
+        return (1, 0)
+    return (2, 0) if isinstance(b, Split) else (3, 0)
+
+
+ONEFLOW_ONE_D_ORDER: dict[str, Callable[[OneD], tuple[int, int]]] = {
+    "broadcast_matmul_grad_b": _matmul_grad_b_order,
+}
+"""Op types whose 1-D signatures OneFlow 0.9 lists in an order of its own (its ``GetSbp``'s
+build order), replacing the canonical one of :func:`oneflow_candidate_order`; it decides
+which candidate wins a tie of copy costs (a later one does)."""
+
 ONEFLOW_PARTIAL_ORDER: dict[str, tuple[tuple[SbpValue, ...], ...]] = {
     # GenPartialSbpSign<BinaryFuncMul> (oneflow/user/ops/math_binary_broadcast_ops.cpp):
     # B x P -> P is built before P x B -> P
@@ -151,7 +173,8 @@ def oneflow_candidate_order(
     """``candidates`` in the order OneFlow 0.9 would list them (item 1 of the module doc).
 
     The product of the 1-D signatures (ordered splits < ``P`` < ``B``, outputs
-    first, then inputs; axis 0 outermost; for ``op_type`` in
+    first, then inputs, or for ``op_type`` in :data:`ONEFLOW_ONE_D_ORDER` its own
+    order; axis 0 outermost; for ``op_type`` in
     :data:`ONEFLOW_PARTIAL_ORDER` its partial-sum signatures in OneFlow's order,
     for ``op_type`` in :data:`ONEFLOW_OFFERS` only the 1-D signatures OneFlow
     offers), then ``FilterNdSbpSignatureListByLogicalShape``'s removal from the
@@ -164,7 +187,11 @@ def oneflow_candidate_order(
 
     partial_order = ONEFLOW_PARTIAL_ORDER.get(op_type or "", ())
 
+    own_order = ONEFLOW_ONE_D_ORDER.get(op_type or "")
+
     def key(s: OneD) -> tuple[tuple[tuple[int, int], ...], int, tuple[tuple[int, int], ...]]:
+        if own_order is not None:
+            return (own_order(s),), 0, ()
         position = partial_order.index(s[0]) if s[0] in partial_order else 0
         return tuple(map(_value_rank, s[1])), position, tuple(map(_value_rank, s[0]))
 
@@ -219,7 +246,8 @@ def infer_like_oneflow(
                 sig = next((c for c in candidates if all(v == B for o in c.outputs for v in o)), sig)
             elif len(candidates) > 1:
                 sig = (
-                    _greedily_find_min_copy_cost(graph, op.inputs, candidates, tensor_sbp, hierarchy, op)
+                    _split_softmax_signature(graph, op, candidates, tensor_sbp)
+                    or _greedily_find_min_copy_cost(graph, op.inputs, candidates, tensor_sbp, hierarchy, op)
                     or sig
                 )
         chosen[op.name] = sig
@@ -227,6 +255,43 @@ def infer_like_oneflow(
         for tensor, sbp in zip(op.outputs.values(), given.outputs):
             tensor_sbp[tensor] = sbp
     return chosen
+
+
+SPLIT_SOFTMAX_STAGES = frozenset({"reduce_max_device_stage", "reduce_max_global_stage"})
+"""The max stages ``SplitSparseSoftmaxCrossEntropyOpPass`` writes with a signature of its own."""
+
+
+def _split_softmax_signature(
+    graph: Graph, op: Op, candidates: Sequence[Signature], tensor_sbp: Mapping[str, NdSbp]
+) -> Signature | None:
+    """The signature OneFlow's ``SplitSparseSoftmaxCrossEntropyOpPass``
+    (``oneflow/core/job_rewriter/split_sparse_softmax_cross_entropy_op_pass.cpp``) gives the
+    max stages of a vocabulary-split cross entropy instead of inferring it
+    (``AddNdSbpSignature4OpName``): ``reduce_max_device_stage`` every port in the
+    prediction's N-D SBP; ``reduce_max_global_stage`` its ``in``, ``device_count`` and
+    ``out`` in that SBP with the split of the vocabulary (the last dim) made ``B``.  None
+    for any other op, or when no candidate has that layout."""
+    if op.type not in SPLIT_SOFTMAX_STAGES or not op.inputs:
+        return None
+    first = next(iter(op.inputs.values()))
+    if op.type == "reduce_max_device_stage":
+        given = tensor_sbp.get(first)
+        fixed = [i for i, _ in enumerate(op.outputs)]
+    else:
+        device = graph.op_by_name[graph.producer[first][0]]
+        prediction = next(iter(device.inputs.values()), None)
+        if device.type != "reduce_max_device_stage" or prediction is None:
+            return None
+        last = Split(len(graph.tensors[prediction].shape) - 1)
+        have = tensor_sbp.get(prediction)
+        given = None if have is None else NdSbp(tuple(B if v == last else v for v in have))
+        fixed = [0]  # out; mask is left to the rule
+    if given is None:
+        return None
+    for cand in candidates:
+        if all(i == given for i in cand.inputs) and all(cand.outputs[i] == given for i in fixed):
+            return cand
+    return None
 
 
 def _greedily_find_min_copy_cost(

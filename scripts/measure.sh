@@ -137,7 +137,7 @@ section() {
     heldout-truth)  # issue 26: development and evaluation jobs side by side
       mkdir -p "$OUT/heldout"
       oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
-        tests/oneflow/_build_heldout_families.py "$OUT/heldout" llama bert vit mt5-tiny gpt-tiny bert-tiny \
+        tests/oneflow/_build_heldout_families.py "$OUT/heldout" --compile llama bert vit mt5-tiny gpt-tiny bert-tiny \
         >"$OUT/heldout-build.log" 2>&1
       oneflow python -m oneflow.distributed.launch --nproc_per_node 8 --master_port "$PORT" \
         tests/oneflow/_build_heldout.py "$OUT/heldout" build hf-t5-tiny hf-gpt2-tiny >>"$OUT/heldout-build.log" 2>&1

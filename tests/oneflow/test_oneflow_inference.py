@@ -38,3 +38,20 @@ def test_sources_keep_their_given_layout(mesh_jobs: tuple[Path, dict[str, Any]])
     inferred = infer_like_oneflow(graph, tuple(plan.mesh.shape), sources)
     assert all(inferred[name] == sig for name, sig in sources.items())
     assert set(inferred) == {op.name for op in graph.ops}
+
+
+@pytest.mark.parametrize("model", ["mt5-tiny", "gpt-tiny", "bert-tiny"])
+def test_split_softmax_max_stages_take_the_pass_signature(
+    mesh_jobs: tuple[Path, dict[str, Any]], model: str
+) -> None:
+    """OneFlow's SplitSparseSoftmaxCrossEntropyOpPass writes the max stages of a vocab-split
+    cross entropy with a signature of its own (the global stage: the prediction's N-D SBP
+    with the vocabulary split made B), not an inferred one; the emulation gives them that
+    signature (the global stage disagreed on every development job before)."""
+    out, _ = mesh_jobs
+    job = out / f"{model}_zero2.pb"
+    graph = import_job(job, zero_stage=2)
+    plan = import_plan(job, graph=graph, zero_stage=2)
+    result = agreement(graph, plan, cascade=False)
+    stages = {t: result.by_type[t] for t in ("reduce_max_device_stage", "reduce_max_global_stage")}
+    assert all(n > 0 and agreed == n for agreed, n in stages.values()), stages
