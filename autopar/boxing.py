@@ -19,8 +19,10 @@ An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
 (OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
 Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`), and
 :func:`boxing_matrix` prices every (source, target) pair of an edge.  A move that
-cannot happen (a split that does not divide, a
-``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
+cannot happen (a split OneFlow refuses: a dim shorter than the axes cutting it,
+:func:`autopar.sbp.local_shape`) costs ``inf``.  A split that does not divide is
+cut by OneFlow's ``BalancedSplitter``: the bytes are the exact sums over devices,
+the time that of the largest shard.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
 from autopar.oneflow.hop_table import HopTable, hop_table
+from autopar.oneflow.lowering import device_slices
 from autopar.oneflow.pricing import Step, chain_steps, observed_routes, oneflow_routes
-from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
+from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape, shard_numel
 
 __all__ = [
     "INF",
@@ -237,9 +240,10 @@ class BoxingSearch:
     """Cheapest boxing sequences for one tensor (shape, item size) on one mesh.
 
     States are the N-D SBPs whose axis values are ``S(d)`` for a dim of the
-    tensor, ``B`` or ``P`` and that divide evenly; moves change one axis (one
-    1-D collective).  Dijkstra from a source reaches every target at once, so
-    a whole boxing matrix costs one search per distinct source.
+    tensor, ``B`` or ``P`` and that OneFlow accepts (:func:`autopar.sbp.local_shape`;
+    uneven splits included); moves change one axis (one 1-D collective).
+    Dijkstra from a source reaches every target at once, so a whole boxing
+    matrix costs one search per distinct source.
 
     Mesh axes of size 1 are dropped first: a change on such an axis is local and
     free and changes no other axis's group bytes, so it never alters a price.
@@ -290,26 +294,61 @@ class BoxingSearch:
         return factors
 
     def _is_valid(self, state: tuple[int, ...]) -> bool:
+        """Whether OneFlow accepts the layout ``state`` (:func:`autopar.sbp.local_shape`)."""
         ok = self._valid.get(state)
         if ok is None:
-            ok = all(dim % f == 0 for dim, f in zip(self.shape, self._factors(state)))
+            ok = not state or local_shape(self.shape, self._reduced(state), self._sizes) is not None
             self._valid[state] = ok
         return ok
 
+    def _reduced(self, state: tuple[int, ...]) -> NdSbp:
+        """``state`` as an N-D SBP on the mesh axes of size > 1."""
+        return NdSbp(tuple(self.values[v] for v in state))
+
+    def _is_even(self, state: tuple[int, ...]) -> bool:
+        return all(dim % f == 0 for dim, f in zip(self.shape, self._factors(state)))
+
     def _move_time(self, cur: tuple[int, ...], axis: int, value: int) -> tuple[Collective, float, float]:
-        """Collective, bytes per device and seconds of changing ``axis`` of ``cur`` to ``value``."""
+        """Collective, bytes per device and seconds of changing ``axis`` of ``cur`` to ``value``.
+
+        Bytes: the ring formula on ``T``, the bytes the axis's group holds (the local
+        tensor with this axis unsplit), averaged over the groups -- exact sums, uneven
+        splits included.  Seconds: the same formula on ``T`` padded to the largest
+        shard (:func:`_padded_group_bytes`) when a split does not divide.
+        """
         kind = one_axis_collective(self.values[cur[axis]], self.values[value])
         assert kind is not None
         if kind is Collective.LOCAL:
             return kind, 0.0, 0.0
-        # bytes held by the axis's group: the local tensor with this axis unsplit
         factor = 1
         for a, (v, n) in enumerate(zip(cur, self._sizes)):
             if v >= 2 and a != axis:
                 factor *= n
-        group = float(self._numel // factor * self.itemsize)
         link = self._links[axis]
-        return kind, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+        nxt = (*cur[:axis], value, *cur[axis + 1 :])
+        if self._is_even(cur) and self._is_even(nxt):
+            group = float(self._numel // factor * self.itemsize)
+            return kind, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+        group = self._numel / factor * self.itemsize
+        padded = self._padded_group_bytes(kind, cur, nxt, link.size)
+        return kind, collective_bytes(kind, group, link.size), _TIME[kind](padded, link)
+
+    def _padded_group_bytes(
+        self, kind: Collective, cur: tuple[int, ...], nxt: tuple[int, ...], n: int
+    ) -> float:
+        """``T`` of a step whose shards differ: what a ring on equal chunks of the largest
+        shard moves (``n`` such chunks; an all-reduce, the group's largest piece).  The
+        device with the largest shard sets the step's time.  Units: bytes."""
+        sizes = self._sizes
+        largest_cur = shard_numel(self.shape, self._reduced(cur), sizes) * self.itemsize
+        largest_nxt = shard_numel(self.shape, self._reduced(nxt), sizes) * self.itemsize
+        if kind is Collective.ALL_REDUCE:
+            return largest_cur
+        if kind is Collective.ALL_GATHER:
+            return n * largest_cur
+        if kind is Collective.REDUCE_SCATTER:
+            return n * largest_nxt
+        return n * max(largest_cur, largest_nxt)
 
     # ---- searches
 
@@ -536,24 +575,6 @@ def boxing_time(
 # ------------------------------------------------------------- OneFlow 0.9 lowering
 
 
-def _intervals(
-    shape: tuple[int, ...], sbp: NdSbp, mesh_shape: tuple[int, ...], coord: tuple[int, ...]
-) -> list[tuple[int, int]]:
-    """Per tensor dim, the [start, stop) the device at ``coord`` holds under ``sbp``.
-
-    Nested splits as OneFlow lays them out: axis 0 splits a dim first, a later
-    axis splits the block the earlier one left (``local_shape``'s order).
-    """
-    bounds = [(0, n) for n in shape]
-    for axis, value in enumerate(sbp.values):
-        if isinstance(value, Split):
-            start, stop = bounds[value.dim]
-            size = (stop - start) // mesh_shape[axis]
-            start += coord[axis] * size
-            bounds[value.dim] = (start, start + size)
-    return bounds
-
-
 @functools.lru_cache(maxsize=65536)
 def send_recv_bytes(
     shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp, mesh_shape: tuple[int, ...]
@@ -564,7 +585,9 @@ def send_recv_bytes(
     ``R'_d``: ``received = p * |R_d| - |R_d & R'_d|`` elements, where ``p`` is the
     product of the sizes of the axes on which ``src`` is ``P`` (``d`` needs every
     addend of its region; it holds one of them, for the part of ``R_d`` it
-    already has).  Bytes = elements * ``itemsize``; the maximum over devices is
+    already has).  Regions are OneFlow's (``BalancedSplitter``, nested in mesh-axis
+    order: :func:`autopar.oneflow.lowering.device_slices`), so uneven splits count
+    each device's own.  Bytes = elements * ``itemsize``; the maximum over devices is
     returned (the slowest device finishes the step).  Units: bytes.
     Source: OneFlow 0.9 ``NcclSendRecvBoxingKernel`` (each rank receives the
     intersections of its output slice with every other rank's input slice).
@@ -573,7 +596,6 @@ def send_recv_bytes(
     if local_shape(shape, src, mesh_shape) is None or local_shape(shape, dst, mesh_shape) is None:
         return INF
     partial = math.prod(n for v, n in zip(src.values, mesh_shape) if isinstance(v, Partial))
-    region = math.prod(local_shape(shape, dst, mesh_shape) or ())
     # only the axes where a device's position matters for either layout
     relevant = [
         a
@@ -585,8 +607,9 @@ def send_recv_bytes(
         coord = [0] * len(mesh_shape)
         for a, c in zip(relevant, sub):
             coord[a] = c
-        mine = _intervals(shape, src, mesh_shape, tuple(coord))
-        want = _intervals(shape, dst, mesh_shape, tuple(coord))
+        mine = device_slices(shape, src, mesh_shape, coord)
+        want = device_slices(shape, dst, mesh_shape, coord)
+        region = math.prod(b1 - b0 for b0, b1 in want)
         overlap = math.prod(max(0, min(a1, b1) - max(a0, b0)) for (a0, a1), (b0, b1) in zip(mine, want))
         worst = max(worst, partial * region - overlap)
     return float(worst * itemsize)
