@@ -9,8 +9,8 @@ float tensors for ``P``).  Splits map through the op:
   (``[B*S, H] -> [B, S, H]``: ``S(0) -> S(0)`` and ``S(1) -> S(2)``; splitting
   ``S`` inside ``B*S`` would not be contiguous, so it is not offered);
 * ``transpose``: ``S(perm[j]) -> S(j)``;
-* ``expand``: a kept dim maps across, an expanded dim takes ``B`` in and ``S``
-  out (each device fills its slice);
+* ``expand``: a kept dim maps across; an expanded dim is not split (OneFlow 0.9
+  offers no ``(B) -> S`` there);
 * ``slice`` / ``narrow`` and their grads: only dims the op does not cut;
 * ``concat`` / ``split_like`` / ``stack``: any dim but the concatenated one.
 
@@ -119,7 +119,12 @@ def transpose(ctx: RuleContext) -> list[OneDSignature]:
 
 @register("expand", cost=CostKind.MEMORY)
 def expand(ctx: RuleContext) -> list[OneDSignature]:
-    """Kept dim ``(S(i)) -> S(j)``; expanded dim ``(B) -> S(j)``; ``(B) -> B``; ``(P) -> P``."""
+    """Kept dim ``(S(i)) -> S(j)``; ``(B) -> B``; ``(P) -> P``.
+
+    No split of an expanded dim: OneFlow 0.9's ``ExpandOp::GetSbp``
+    (``oneflow/user/ops/expand_op.cpp``) offers ``S`` only where the input dim equals
+    the output's, ``P -> P``, and the all-``B`` signature every user op has.
+    """
     x, y = ctx.inputs[0], ctx.outputs[0]
     offset = y.ndim - x.ndim
     sigs: list[OneDSignature] = []
@@ -127,8 +132,6 @@ def expand(ctx: RuleContext) -> list[OneDSignature]:
         i = j - offset
         if 0 <= i < x.ndim and x.shape[i] == y.shape[j]:
             sigs.append(((Split(i),), (Split(j),)))
-        else:
-            sigs.append(((B,), (Split(j),)))
     return sigs + _linear_tail(ctx)
 
 
