@@ -42,7 +42,7 @@ from autopar.cluster import AxisLink, Mesh
 from autopar.oneflow.hop_table import HopTable, hop_table
 from autopar.oneflow.lowering import device_slices
 from autopar.oneflow.pricing import Step, chain_steps, observed_routes, oneflow_routes
-from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape, shard_numel
+from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, is_even, local_shape, shard_numel
 
 __all__ = [
     "INF",
@@ -240,8 +240,10 @@ class BoxingSearch:
     """Cheapest boxing sequences for one tensor (shape, item size) on one mesh.
 
     States are the N-D SBPs whose axis values are ``S(d)`` for a dim of the
-    tensor, ``B`` or ``P`` and that OneFlow accepts (:func:`autopar.sbp.local_shape`;
-    uneven splits included); moves change one axis (one 1-D collective).
+    tensor, ``B`` or ``P`` and whose splits divide evenly; moves change one axis
+    (one 1-D collective).  A layout whose split does not divide (OneFlow accepts
+    it: :func:`autopar.sbp.local_shape`) may start or end a route, not lie on one;
+    a search toward such a target is a pair search.
     Dijkstra from a source reaches every target at once, so a whole boxing
     matrix costs one search per distinct source.
 
@@ -294,10 +296,15 @@ class BoxingSearch:
         return factors
 
     def _is_valid(self, state: tuple[int, ...]) -> bool:
-        """Whether OneFlow accepts the layout ``state`` (:func:`autopar.sbp.local_shape`)."""
+        """Whether a route may pass through ``state``: a layout whose splits all divide.
+
+        An uneven layout OneFlow accepts (:func:`autopar.sbp.local_shape`) may only
+        start or end a route (:meth:`_state`), so the price of a boxing between even
+        layouts does not depend on whether uneven splits exist.
+        """
         ok = self._valid.get(state)
         if ok is None:
-            ok = not state or local_shape(self.shape, self._reduced(state), self._sizes) is not None
+            ok = self._is_even(state)
             self._valid[state] = ok
         return ok
 
@@ -367,8 +374,10 @@ class BoxingSearch:
         done: set[tuple[int, ...]] = set()
         pops = 0
         # the whole state space: each state's moves (and their prices) are listed once
-        # and shared by the searches from every source
+        # and shared by the searches from every source (not toward an uneven target,
+        # which no listed move reaches)
         whole = len(allowed) == len(self.kept) and all(len(v) == len(self.values) for v in allowed)
+        whole = whole and (target is None or self._is_valid(target))
         while heap:
             cost, nhops, _, cur = heapq.heappop(heap)
             if cur in done:
@@ -388,7 +397,7 @@ class BoxingSearch:
                         if value == here:
                             continue
                         nxt = (*cur[:axis], value, *cur[axis + 1 :])
-                        if self._is_valid(nxt):
+                        if self._is_valid(nxt) or nxt == target:
                             moves.append((nxt, axis, self._move_time(cur, axis, value)[2]))
                 if whole:
                     self._moves[cur] = moves
@@ -417,13 +426,18 @@ class BoxingSearch:
     def _pair(
         self, src: tuple[int, ...], dst: tuple[int, ...]
     ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
-        """Cheapest route and its moves ``(state, axis, value)`` for one pair (large state spaces)."""
+        """Cheapest route and its moves ``(state, axis, value)`` for one pair (large state
+        spaces, and any search toward an uneven layout: over every state when the space is small)."""
         key = (src, dst)
         hit = self._pairs.get(key)
         if hit is not None:
             return hit
-        allowed = [sorted({s, d, 0}) for s, d in zip(src, dst)]
-        best, back, found = self._dijkstra(src, allowed, dst, PAIR_SEARCH_POPS)
+        if self.whole:
+            allowed: list[Sequence[int]] = [range(len(self.values))] * len(self.kept)
+            best, back, found = self._dijkstra(src, allowed, dst, None)
+        else:
+            allowed = [sorted({s, d, 0}) for s, d in zip(src, dst)]
+            best, back, found = self._dijkstra(src, allowed, dst, PAIR_SEARCH_POPS)
         result = (best[dst], self._route(back, src, dst)) if found else self._all_b_route(src, dst)
         self._pairs[key] = result
         return result
@@ -470,7 +484,7 @@ class BoxingSearch:
             return INF
         if s == d:
             return 0.0
-        if self.whole:
+        if self.whole and self._is_valid(d):
             return self._tree(s)[0].get(d, INF)
         return self._pair(s, d)[0]
 
@@ -491,7 +505,7 @@ class BoxingSearch:
                     row[j] = INF
                 elif d == s:
                     row[j] = 0.0
-                elif best is not None:
+                elif best is not None and self._is_valid(d):
                     row[j] = best.get(d, INF)
                 else:
                     row[j] = self._pair(s, d)[0]
@@ -505,7 +519,10 @@ class BoxingSearch:
         assert s is not None and d is not None
         if s == d:
             return BoxingPlan(src, dst, (), t)
-        moves = self._route(self._tree(s)[1], s, d) if self.whole else self._pair(s, d)[1]
+        if self.whole and self._is_valid(d):
+            moves = self._route(self._tree(s)[1], s, d)
+        else:
+            moves = self._pair(s, d)[1]
         steps: list[BoxingStep] = []
         for cur, axis, value in moves:
             kind, nbytes, seconds = self._move_time(cur, axis, value)
@@ -779,6 +796,11 @@ class OneFlowBoxing:
         r = np.array([table.index[a] for a in rows], dtype=np.int64)
         c = np.array([table.index[b] for b in cols], dtype=np.int64)
         seconds, latency, stepped, uneven = table.price(self.shape, self.itemsize, r, c)
+        # nor where an end's split does not divide (its count assumes even slices)
+        hierarchy = tuple(self.mesh.shape[x] for x in self._live)
+        even_rows = np.array([is_even(self.shape, a, hierarchy) for a in rows], dtype=bool)
+        even_cols = np.array([is_even(self.shape, b, hierarchy) for b in cols], dtype=bool)
+        uneven = uneven | ~even_rows[:, None] | ~even_cols[None, :]
         odd = np.argwhere(uneven).tolist()  # the table does not apply: pair by pair
         todo = list(
             dict.fromkeys((rows[i], cols[j]) for i, j in odd if (rows[i], cols[j]) not in self._times)

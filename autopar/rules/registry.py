@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Any
 
 from autopar.graph import DTYPE_BYTES, Op, TensorSpec
-from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
+from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, is_even, local_shape
 
 __all__ = [
     "CostKind",
@@ -50,6 +50,7 @@ __all__ = [
     "default_rules",
     "fallback_signatures",
     "nd_signatures",
+    "planning_signatures",
     "register",
 ]
 
@@ -206,6 +207,24 @@ def axis_product(one_d: Sequence[OneDSignature], n_in: int, n_out: int, n_axes: 
         outs_nd = tuple(NdSbp(tuple(c[1][i] for c in combo)) for i in range(n_out))
         sigs.append(Signature(ins_nd, outs_nd))
     return sigs
+
+
+def planning_signatures(ctx: RuleContext, sigs: Sequence[Signature]) -> list[Signature]:
+    """The signatures the planner searches: those of ``sigs`` whose every split divides
+    evenly (:func:`autopar.sbp.is_even`); all of ``sigs`` when none does.
+
+    OneFlow accepts uneven splits (:func:`autopar.sbp.local_shape`), so plans OneFlow
+    infers are evaluated with them, but the planner keeps its search space to even
+    layouts: an uneven shard leaves devices idle for its difference, and the options
+    it adds (e.g. 12 heads over 8 devices) grow the search for little.
+    """
+    specs = (*ctx.inputs, *ctx.outputs)
+    even = [
+        s
+        for s in sigs
+        if all(is_even(spec.shape, sbp, ctx.mesh_shape) for spec, sbp in zip(specs, (*s.inputs, *s.outputs)))
+    ]
+    return even or list(sigs)
 
 
 def work_share(sig: Signature, mesh_shape: Sequence[int]) -> int:
