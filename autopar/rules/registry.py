@@ -38,6 +38,7 @@ from enum import Enum
 from typing import Any
 
 from autopar.graph import DTYPE_BYTES, Op, TensorSpec
+from autopar.optimizer import model_port_index
 from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, is_even, local_shape
 
 __all__ = [
@@ -218,6 +219,13 @@ def planning_signatures(ctx: RuleContext, sigs: Sequence[Signature]) -> list[Sig
     layouts: an uneven shard leaves devices idle for its difference, and the options
     it adds (e.g. 12 heads over 8 devices) grow the search for little.
     """
+    model = model_port_index(ctx.op)
+    if model is not None:
+        # an optimizer update: its parameter's layout is the choice; where OneFlow's ZeRO then
+        # shards the gradient and states unevenly, it does (``IsSplitValid``: floor division)
+        spec = ctx.inputs[model]
+        even = [s for s in sigs if is_even(spec.shape, s.inputs[model], ctx.mesh_shape)]
+        return even or list(sigs)
     specs = (*ctx.inputs, *ctx.outputs)
     even = [
         s

@@ -8,12 +8,14 @@ splits unequal dims only where they divide (``ReshapeUserOpUtil``).  The oracle
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from autopar.memory import shard_bytes
 from autopar.rules.registry import planning_signatures
 from autopar.sbp import B, NdSbp, Split, parse_signature
-from tests.autopar.rules.helpers import assert_all_fit, make_ctx, printed
+from tests.autopar.rules.helpers import assert_all_fit, make_ctx, printed, signatures
 from tests.autopar.rules.oracle import check_all
 
 VIT = (8, 17, 64)  # batch, 16 patches + CLS, hidden
@@ -94,3 +96,22 @@ def test_the_largest_shard_sets_memory():
     # an even split: the even share, the same float as numel * itemsize / split_factor
     assert shard_bytes((8, 16, 64), 2, sbp, (4, 2)) == 8 * 16 * 64 * 2 / 8
     assert shard_bytes(VIT, 2, NdSbp((B, B)), (4, 2)) == 8 * 17 * 64 * 2
+
+
+def test_the_planner_keeps_an_even_parameter_layout_whose_zero_shard_is_uneven():
+    """OneFlow's ZeRO splits one more axis even when the shard is uneven (``IsSplitValid``
+    floor-divides): a parameter of 12 rows laid out ``(S(0), B)`` on ``[4, 2]`` has its
+    gradient and states ``(S(0), S(0))`` (3 rows over 2); the planner still offers it."""
+    ports = {
+        "model_0": ((12, 512), "float32"),
+        "model_diff_0": ((12, 512), "float32"),
+        "learning_rate_0": ((1,), "float32"),
+        "m_0": ((12, 512), "float32"),
+        "v_0": ((12, 512), "float32"),
+    }
+    base = make_ctx("adam_update", ports, {}, {}, mesh=(4, 2), zero_stage=2)
+    ctx = dataclasses.replace(base, zero_sharding="one_axis:shard_min_size=1")
+    offered = signatures(ctx)
+    layout = {str(s.inputs[0]): s for s in offered}["(S(0), B)"]
+    assert str(layout.inputs[1]) == "(S(0), S(0))"  # the uneven ZeRO shard
+    assert layout in planning_signatures(ctx, offered)
