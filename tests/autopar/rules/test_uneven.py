@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from autopar.memory import shard_bytes
+from autopar.oneflow.lowering import can_merge_split, hop_rule
 from autopar.rules.registry import planning_signatures
 from autopar.sbp import B, NdSbp, Split, parse_signature
 from tests.autopar.rules.helpers import assert_all_fit, make_ctx, printed, signatures
@@ -115,3 +116,13 @@ def test_the_planner_keeps_an_even_parameter_layout_whose_zero_shard_is_uneven()
     layout = {str(s.inputs[0]): s for s in offered}["(S(0), B)"]
     assert str(layout.inputs[1]) == "(S(0), S(0))"  # the uneven ZeRO shard
     assert layout in planning_signatures(ctx, offered)
+
+
+def test_an_uneven_split_merges_over_axes_only_where_oneflow_merges_it():
+    """``InOutParallelDimReduce`` merges ``(S(0), S(0))`` on ``[2, 2]`` into ``S(0)`` on 4 only
+    when the nested cut equals the flat one (``CanMergeSplit``: ``size % 4`` in 0, 1, 3)."""
+    src, dst = NdSbp((Split(0), Split(0))), NdSbp((B, B))
+    assert hop_rule((8,), src, dst, (2, 2)).scope == "flat"  # even: an all-gather over 4
+    assert hop_rule((5,), src, dst, (2, 2)).scope == "flat"  # 3, 2 -> 2, 1, 1, 1 = flat
+    assert hop_rule((6,), src, dst, (2, 2)).scope == "2-D"  # 2, 1, 2, 1 != 2, 2, 1, 1
+    assert [can_merge_split(n, 4) for n in (4, 5, 6, 7)] == [True, True, False, True]
