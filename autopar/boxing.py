@@ -19,8 +19,10 @@ An N-D change is a sequence of such 1-D steps through intermediate N-D SBPs
 (OneFlow's boxing collector); :func:`boxing_plan` finds the cheapest sequence by
 Dijkstra over every N-D SBP of the tensor (:class:`BoxingSearch`), and
 :func:`boxing_matrix` prices every (source, target) pair of an edge.  A move that
-cannot happen (a split that does not divide, a
-``B``/``S`` -> ``P`` change that must keep data) costs ``inf``.
+cannot happen (a split OneFlow refuses: a dim shorter than the axes cutting it,
+:func:`autopar.sbp.local_shape`) costs ``inf``.  A split that does not divide is
+cut by OneFlow's ``BalancedSplitter``: the bytes are the exact sums over devices,
+the time that of the largest shard.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ import numpy as np
 
 from autopar.cluster import AxisLink, Mesh
 from autopar.oneflow.hop_table import HopTable, hop_table
+from autopar.oneflow.lowering import device_slices
 from autopar.oneflow.pricing import Step, chain_steps, observed_routes, oneflow_routes
-from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape
+from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, is_even, local_shape, shard_numel
 
 __all__ = [
     "INF",
@@ -237,9 +240,12 @@ class BoxingSearch:
     """Cheapest boxing sequences for one tensor (shape, item size) on one mesh.
 
     States are the N-D SBPs whose axis values are ``S(d)`` for a dim of the
-    tensor, ``B`` or ``P`` and that divide evenly; moves change one axis (one
-    1-D collective).  Dijkstra from a source reaches every target at once, so
-    a whole boxing matrix costs one search per distinct source.
+    tensor, ``B`` or ``P`` and whose splits divide evenly; moves change one axis
+    (one 1-D collective).  A layout whose split does not divide (OneFlow accepts
+    it: :func:`autopar.sbp.local_shape`) may start or end a route, not lie on one;
+    a search toward such a target is a pair search.
+    Dijkstra from a source reaches every target at once, so a whole boxing
+    matrix costs one search per distinct source.
 
     Mesh axes of size 1 are dropped first: a change on such an axis is local and
     free and changes no other axis's group bytes, so it never alters a price.
@@ -290,26 +296,66 @@ class BoxingSearch:
         return factors
 
     def _is_valid(self, state: tuple[int, ...]) -> bool:
+        """Whether a route may pass through ``state``: a layout whose splits all divide.
+
+        An uneven layout OneFlow accepts (:func:`autopar.sbp.local_shape`) may only
+        start or end a route (:meth:`_state`), so the price of a boxing between even
+        layouts does not depend on whether uneven splits exist.
+        """
         ok = self._valid.get(state)
         if ok is None:
-            ok = all(dim % f == 0 for dim, f in zip(self.shape, self._factors(state)))
+            ok = self._is_even(state)
             self._valid[state] = ok
         return ok
 
+    def _reduced(self, state: tuple[int, ...]) -> NdSbp:
+        """``state`` as an N-D SBP on the mesh axes of size > 1."""
+        return NdSbp(tuple(self.values[v] for v in state))
+
+    def _is_even(self, state: tuple[int, ...]) -> bool:
+        return all(dim % f == 0 for dim, f in zip(self.shape, self._factors(state)))
+
     def _move_time(self, cur: tuple[int, ...], axis: int, value: int) -> tuple[Collective, float, float]:
-        """Collective, bytes per device and seconds of changing ``axis`` of ``cur`` to ``value``."""
+        """Collective, bytes per device and seconds of changing ``axis`` of ``cur`` to ``value``.
+
+        Bytes: the ring formula on ``T``, the bytes the axis's group holds (the local
+        tensor with this axis unsplit), averaged over the groups -- exact sums, uneven
+        splits included.  Seconds: the same formula on ``T`` padded to the largest
+        shard (:func:`_padded_group_bytes`) when a split does not divide.
+        """
         kind = one_axis_collective(self.values[cur[axis]], self.values[value])
         assert kind is not None
         if kind is Collective.LOCAL:
             return kind, 0.0, 0.0
-        # bytes held by the axis's group: the local tensor with this axis unsplit
         factor = 1
         for a, (v, n) in enumerate(zip(cur, self._sizes)):
             if v >= 2 and a != axis:
                 factor *= n
-        group = float(self._numel // factor * self.itemsize)
         link = self._links[axis]
-        return kind, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+        nxt = (*cur[:axis], value, *cur[axis + 1 :])
+        if self._is_even(cur) and self._is_even(nxt):
+            group = float(self._numel // factor * self.itemsize)
+            return kind, collective_bytes(kind, group, link.size), _TIME[kind](group, link)
+        group = self._numel / factor * self.itemsize
+        padded = self._padded_group_bytes(kind, cur, nxt, link.size)
+        return kind, collective_bytes(kind, group, link.size), _TIME[kind](padded, link)
+
+    def _padded_group_bytes(
+        self, kind: Collective, cur: tuple[int, ...], nxt: tuple[int, ...], n: int
+    ) -> float:
+        """``T`` of a step whose shards differ: what a ring on equal chunks of the largest
+        shard moves (``n`` such chunks; an all-reduce, the group's largest piece).  The
+        device with the largest shard sets the step's time.  Units: bytes."""
+        sizes = self._sizes
+        largest_cur = shard_numel(self.shape, self._reduced(cur), sizes) * self.itemsize
+        largest_nxt = shard_numel(self.shape, self._reduced(nxt), sizes) * self.itemsize
+        if kind is Collective.ALL_REDUCE:
+            return largest_cur
+        if kind is Collective.ALL_GATHER:
+            return n * largest_cur
+        if kind is Collective.REDUCE_SCATTER:
+            return n * largest_nxt
+        return n * max(largest_cur, largest_nxt)
 
     # ---- searches
 
@@ -328,8 +374,10 @@ class BoxingSearch:
         done: set[tuple[int, ...]] = set()
         pops = 0
         # the whole state space: each state's moves (and their prices) are listed once
-        # and shared by the searches from every source
+        # and shared by the searches from every source (not toward an uneven target,
+        # which no listed move reaches)
         whole = len(allowed) == len(self.kept) and all(len(v) == len(self.values) for v in allowed)
+        whole = whole and (target is None or self._is_valid(target))
         while heap:
             cost, nhops, _, cur = heapq.heappop(heap)
             if cur in done:
@@ -349,7 +397,7 @@ class BoxingSearch:
                         if value == here:
                             continue
                         nxt = (*cur[:axis], value, *cur[axis + 1 :])
-                        if self._is_valid(nxt):
+                        if self._is_valid(nxt) or nxt == target:
                             moves.append((nxt, axis, self._move_time(cur, axis, value)[2]))
                 if whole:
                     self._moves[cur] = moves
@@ -378,13 +426,18 @@ class BoxingSearch:
     def _pair(
         self, src: tuple[int, ...], dst: tuple[int, ...]
     ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
-        """Cheapest route and its moves ``(state, axis, value)`` for one pair (large state spaces)."""
+        """Cheapest route and its moves ``(state, axis, value)`` for one pair (large state
+        spaces, and any search toward an uneven layout: over every state when the space is small)."""
         key = (src, dst)
         hit = self._pairs.get(key)
         if hit is not None:
             return hit
-        allowed = [sorted({s, d, 0}) for s, d in zip(src, dst)]
-        best, back, found = self._dijkstra(src, allowed, dst, PAIR_SEARCH_POPS)
+        if self.whole:
+            allowed: list[Sequence[int]] = [range(len(self.values))] * len(self.kept)
+            best, back, found = self._dijkstra(src, allowed, dst, None)
+        else:
+            allowed = [sorted({s, d, 0}) for s, d in zip(src, dst)]
+            best, back, found = self._dijkstra(src, allowed, dst, PAIR_SEARCH_POPS)
         result = (best[dst], self._route(back, src, dst)) if found else self._all_b_route(src, dst)
         self._pairs[key] = result
         return result
@@ -431,7 +484,7 @@ class BoxingSearch:
             return INF
         if s == d:
             return 0.0
-        if self.whole:
+        if self.whole and self._is_valid(d):
             return self._tree(s)[0].get(d, INF)
         return self._pair(s, d)[0]
 
@@ -452,7 +505,7 @@ class BoxingSearch:
                     row[j] = INF
                 elif d == s:
                     row[j] = 0.0
-                elif best is not None:
+                elif best is not None and self._is_valid(d):
                     row[j] = best.get(d, INF)
                 else:
                     row[j] = self._pair(s, d)[0]
@@ -466,7 +519,10 @@ class BoxingSearch:
         assert s is not None and d is not None
         if s == d:
             return BoxingPlan(src, dst, (), t)
-        moves = self._route(self._tree(s)[1], s, d) if self.whole else self._pair(s, d)[1]
+        if self.whole and self._is_valid(d):
+            moves = self._route(self._tree(s)[1], s, d)
+        else:
+            moves = self._pair(s, d)[1]
         steps: list[BoxingStep] = []
         for cur, axis, value in moves:
             kind, nbytes, seconds = self._move_time(cur, axis, value)
@@ -536,24 +592,6 @@ def boxing_time(
 # ------------------------------------------------------------- OneFlow 0.9 lowering
 
 
-def _intervals(
-    shape: tuple[int, ...], sbp: NdSbp, mesh_shape: tuple[int, ...], coord: tuple[int, ...]
-) -> list[tuple[int, int]]:
-    """Per tensor dim, the [start, stop) the device at ``coord`` holds under ``sbp``.
-
-    Nested splits as OneFlow lays them out: axis 0 splits a dim first, a later
-    axis splits the block the earlier one left (``local_shape``'s order).
-    """
-    bounds = [(0, n) for n in shape]
-    for axis, value in enumerate(sbp.values):
-        if isinstance(value, Split):
-            start, stop = bounds[value.dim]
-            size = (stop - start) // mesh_shape[axis]
-            start += coord[axis] * size
-            bounds[value.dim] = (start, start + size)
-    return bounds
-
-
 @functools.lru_cache(maxsize=65536)
 def send_recv_bytes(
     shape: tuple[int, ...], itemsize: int, src: NdSbp, dst: NdSbp, mesh_shape: tuple[int, ...]
@@ -564,7 +602,9 @@ def send_recv_bytes(
     ``R'_d``: ``received = p * |R_d| - |R_d & R'_d|`` elements, where ``p`` is the
     product of the sizes of the axes on which ``src`` is ``P`` (``d`` needs every
     addend of its region; it holds one of them, for the part of ``R_d`` it
-    already has).  Bytes = elements * ``itemsize``; the maximum over devices is
+    already has).  Regions are OneFlow's (``BalancedSplitter``, nested in mesh-axis
+    order: :func:`autopar.oneflow.lowering.device_slices`), so uneven splits count
+    each device's own.  Bytes = elements * ``itemsize``; the maximum over devices is
     returned (the slowest device finishes the step).  Units: bytes.
     Source: OneFlow 0.9 ``NcclSendRecvBoxingKernel`` (each rank receives the
     intersections of its output slice with every other rank's input slice).
@@ -573,7 +613,6 @@ def send_recv_bytes(
     if local_shape(shape, src, mesh_shape) is None or local_shape(shape, dst, mesh_shape) is None:
         return INF
     partial = math.prod(n for v, n in zip(src.values, mesh_shape) if isinstance(v, Partial))
-    region = math.prod(local_shape(shape, dst, mesh_shape) or ())
     # only the axes where a device's position matters for either layout
     relevant = [
         a
@@ -585,8 +624,9 @@ def send_recv_bytes(
         coord = [0] * len(mesh_shape)
         for a, c in zip(relevant, sub):
             coord[a] = c
-        mine = _intervals(shape, src, mesh_shape, tuple(coord))
-        want = _intervals(shape, dst, mesh_shape, tuple(coord))
+        mine = device_slices(shape, src, mesh_shape, coord)
+        want = device_slices(shape, dst, mesh_shape, coord)
+        region = math.prod(b1 - b0 for b0, b1 in want)
         overlap = math.prod(max(0, min(a1, b1) - max(a0, b0)) for (a0, a1), (b0, b1) in zip(mine, want))
         worst = max(worst, partial * region - overlap)
     return float(worst * itemsize)
@@ -756,6 +796,11 @@ class OneFlowBoxing:
         r = np.array([table.index[a] for a in rows], dtype=np.int64)
         c = np.array([table.index[b] for b in cols], dtype=np.int64)
         seconds, latency, stepped, uneven = table.price(self.shape, self.itemsize, r, c)
+        # nor where an end's split does not divide (its count assumes even slices)
+        hierarchy = tuple(self.mesh.shape[x] for x in self._live)
+        even_rows = np.array([is_even(self.shape, a, hierarchy) for a in rows], dtype=bool)
+        even_cols = np.array([is_even(self.shape, b, hierarchy) for b in cols], dtype=bool)
+        uneven = uneven | ~even_rows[:, None] | ~even_cols[None, :]
         odd = np.argwhere(uneven).tolist()  # the table does not apply: pair by pair
         todo = list(
             dict.fromkeys((rows[i], cols[j]) for i, j in odd if (rows[i], cols[j]) not in self._times)

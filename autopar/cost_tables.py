@@ -40,7 +40,7 @@ from autopar.errors import ConfigError, TimeLimitError
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.optimizer import weight_gradient_path
 from autopar.progress import Deadline, ProgressFn
-from autopar.rules.registry import RuleContext, default_rules
+from autopar.rules.registry import RuleContext, default_rules, planning_signatures
 from autopar.runtime import Lowering, RuntimeProfile, ZeroSharding, runtime_profile
 from autopar.sbp import NdSbp, Signature, parse_nd_sbp, parse_signature
 from autopar.store import KeyValueStore, MemoryStore
@@ -285,6 +285,7 @@ def _compute_op_entry(
         op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero, zero_sharding=zero_sharding
     )
     sigs, fallback = op_signatures(rules, ctx)
+    sigs = planning_signatures(ctx, sigs)
     rule = rules.get(op.type)
     times = np.array([op_compute_time(rule, ctx, s, mesh, lowering) for s in sigs], dtype=np.float64)
     table = OpTable(sigs, times, fallback)

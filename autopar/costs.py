@@ -2,9 +2,12 @@
 
 Per op and N-D signature (pure functions, seconds):
 
-* ``CostKind.MATMUL``: ``flops / work_share / (peak_flops * matmul_efficiency)``;
+* ``CostKind.MATMUL``: ``flops / work_share / (peak_flops * matmul_efficiency)``,
+  times :func:`uneven_share` when a split does not divide (the device with the
+  largest shard finishes last);
 * ``CostKind.MEMORY``: ``(local input bytes + local output bytes) /
-  (memory_bandwidth * memory_efficiency)`` (roofline for memory-bound ops);
+  (memory_bandwidth * memory_efficiency)`` (roofline for memory-bound ops; local =
+  the largest shard, :func:`autopar.sbp.local_shape`);
 * ``CostKind.FREE``: 0 (views, variables, ticks);
 * optimizer ops (role ``optimizer``) additionally pay ZeRO's parameter
   all-gathers: boxing of the parameter (in its own dtype) from the gradient's
@@ -57,7 +60,7 @@ from autopar.rules.registry import (
     work_share,
 )
 from autopar.runtime import RuntimeProfile
-from autopar.sbp import NdSbp, Signature, local_shape
+from autopar.sbp import NdSbp, Signature, is_even, local_shape, shard_numel
 
 __all__ = [
     "COST_MODEL_VERSION",
@@ -71,6 +74,7 @@ __all__ = [
     "optimizer_gather_plan",
     "optimizer_gather_time",
     "rule_context",
+    "uneven_share",
 ]
 
 COST_MODEL_VERSION = "2"
@@ -194,6 +198,19 @@ def _local_bytes(specs: Sequence[TensorSpec], sbps: Sequence[NdSbp], mesh_shape:
     return total
 
 
+def uneven_share(ctx: RuleContext, sig: Signature, mesh_shape: Sequence[int]) -> float:
+    """The largest shard over the even share, the most over the op's ports: 1 when every
+    split divides (exactly), ``ceil(d / n) / (d / n)`` for one uneven split of ``d`` over
+    ``n`` (OneFlow's ``BalancedSplitter``, :func:`autopar.sbp.shard_numel`).  Unitless."""
+    worst = 1.0
+    for spec, sbp in zip((*ctx.inputs, *ctx.outputs), (*sig.inputs, *sig.outputs)):
+        if is_even(spec.shape, sbp, mesh_shape) or local_shape(spec.shape, sbp, mesh_shape) is None:
+            continue
+        even = spec.numel / sbp.split_factor(mesh_shape)
+        worst = max(worst, shard_numel(spec.shape, sbp, mesh_shape) / even)
+    return worst
+
+
 def op_compute_time(
     rule: Rule | None, ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal"
 ) -> float:
@@ -219,7 +236,8 @@ def op_compute_time(
         return 0.0
     if kind is CostKind.MATMUL and rule is not None and rule.flops is not None:
         flops = rule.flops(ctx)
-        return flops / work_share(sig, mesh.shape) / (dev.peak_flops * dev.matmul_efficiency)
+        time = flops / work_share(sig, mesh.shape) / (dev.peak_flops * dev.matmul_efficiency)
+        return time * uneven_share(ctx, sig, mesh.shape)
     moved = _local_bytes(ctx.inputs, sig.inputs, mesh.shape) + _local_bytes(
         ctx.outputs, sig.outputs, mesh.shape
     )

@@ -417,7 +417,7 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                 )
                 continue
             spec = graph.tensors[tensor]
-            copy = (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape))
+            copy = (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape, spec.shape))
             if group_boxing:
                 if (tensor, dst) in boxed:
                     p.copies.append(copy)  # the boxed copy is shared with an earlier consumer

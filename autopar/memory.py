@@ -31,7 +31,8 @@ states over them.  ``Nd`` is the product of those axes' sizes under the
 ``all_axes`` ZeRO sharding (``ideal`` runtime); OneFlow 0.9 (``one_axis``)
 shards over one of them only, ``Nd`` = that axis's size (:func:`zero_dp_size`).
 
-Activations: a tensor occupies ``bytes / split_factor`` per device from the op
+Activations: a tensor occupies ``bytes / split_factor`` per device (an uneven split:
+its largest shard, OneFlow's ``BalancedSplitter``; :func:`shard_bytes`) from the op
 that produces it to its last consumer in topological order (forward outputs
 used by backward ops therefore stay alive through the forward pass).  The
 activation peak is the maximum, over positions in the order, of the live bytes.
@@ -47,7 +48,7 @@ from enum import Enum
 from autopar.errors import ConfigError
 from autopar.graph import DTYPE_BYTES, Graph, Variable
 from autopar.optimizer import state_count
-from autopar.sbp import Broadcast, NdSbp, local_shape
+from autopar.sbp import Broadcast, NdSbp, is_even, local_shape
 
 __all__ = [
     "FP32_ADAM",
@@ -61,6 +62,7 @@ __all__ = [
     "graph_state_bytes",
     "model_state_bytes",
     "model_state_tensors",
+    "shard_bytes",
     "zero3_gather_buffer_bytes",
     "zero_dp_size",
 ]
@@ -195,7 +197,7 @@ def variable_state_bytes(
     ``Nd`` = :func:`zero_dp_size` under ``zero_sharding`` (the runtime's
     :class:`autopar.runtime.ZeroSharding`).
     """
-    local = math.prod(shape) / sbp.split_factor(mesh_shape)
+    local = shard_bytes(shape, 1, sbp, mesh_shape)
     dp = zero_dp_size(shape, sbp, mesh_shape, zero_sharding)
     return model_state_bytes(local, dp, zero_stage, states)
 
@@ -244,13 +246,33 @@ def activation_intervals(graph: Graph, working_copy_is_state: bool = False) -> d
     return intervals
 
 
-def boxed_copy_bytes(numel: int, dtype: str, dst: NdSbp, mesh_shape: Sequence[int]) -> float:
+def shard_bytes(shape: Sequence[int], itemsize: int, sbp: NdSbp, mesh_shape: Sequence[int]) -> float:
+    """Bytes of the largest shard of a tensor of ``shape`` laid out as ``sbp``: the device
+    that holds it sets the peak.
+
+    ``numel * itemsize / split_factor`` when every split divides; else OneFlow's
+    ``BalancedSplitter`` shard, ``ceil(dim / n)`` rows per split dim
+    (:func:`autopar.sbp.local_shape`), times ``itemsize``.  A layout OneFlow
+    refuses (the evaluator reports it) counts as the even share.  Units: bytes.
+    """
+    local = None if is_even(shape, sbp, mesh_shape) else local_shape(shape, sbp, mesh_shape)
+    if local is None:
+        return math.prod(shape) * itemsize / sbp.split_factor(mesh_shape)
+    return float(math.prod(local) * itemsize)
+
+
+def boxed_copy_bytes(
+    numel: int, dtype: str, dst: NdSbp, mesh_shape: Sequence[int], shape: Sequence[int] | None = None
+) -> float:
     """Bytes per device of the copy a consumer receives when an input is boxed into ``dst``.
 
     ``numel * itemsize / split_factor(dst)``: an all-gathered ``B`` input is the
-    whole tensor, a zero-filled ``P`` input too.  The copy is live while the
-    consuming op runs.  Units: bytes.
+    whole tensor, a zero-filled ``P`` input too; with the tensor's ``shape``, the
+    largest shard of an uneven split (:func:`shard_bytes`).  The copy is live while
+    the consuming op runs.  Units: bytes.
     """
+    if shape is not None:
+        return shard_bytes(shape, DTYPE_BYTES[dtype], dst, mesh_shape)
     return numel * DTYPE_BYTES[dtype] / dst.split_factor(mesh_shape)
 
 
@@ -271,7 +293,7 @@ def zero3_gather_buffer_bytes(
         if sbp is None:
             continue
         spec = graph.tensors[v.tensor]
-        largest = max(largest, spec.numel * DTYPE_BYTES[spec.dtype] / sbp.split_factor(mesh_shape))
+        largest = max(largest, shard_bytes(spec.shape, DTYPE_BYTES[spec.dtype], sbp, mesh_shape))
     return 2 * largest
 
 
@@ -287,7 +309,8 @@ def activation_profile(
     """Live activation bytes per device at each position of the topological order.
 
     ``tensor_sbp`` maps every tensor to the N-D SBP its producer outputs.
-    Per tensor: ``nbytes / split_factor`` (``P`` and ``B`` hold the full size).
+    Per tensor: ``nbytes / split_factor`` (``P`` and ``B`` hold the full size; an uneven
+    split, its largest shard: :func:`shard_bytes`).
     ``consumer_copies`` are ``(position, bytes)`` of boxed input copies
     (:func:`boxed_copy_bytes`), live at their consumer's position only.
     ``spans``: (tensor, first, last) live spans to use instead of
@@ -303,7 +326,7 @@ def activation_profile(
         spans = [(t, s, e) for t, (s, e) in activation_intervals(graph, working_copy_is_state).items()]
     for tname, start, end in spans:
         spec = graph.tensors[tname]
-        size = spec.numel * DTYPE_BYTES[spec.dtype] / tensor_sbp[tname].split_factor(mesh_shape)
+        size = shard_bytes(spec.shape, DTYPE_BYTES[spec.dtype], tensor_sbp[tname], mesh_shape)
         delta[start] += size
         delta[end + 1] -= size
     profile: list[float] = []

@@ -17,6 +17,7 @@ Every printed form parses back with :func:`parse_sbp`, :func:`parse_nd_sbp` and
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,11 +33,14 @@ __all__ = [
     "SbpValue",
     "Signature",
     "Split",
+    "balanced_sizes",
+    "is_even",
     "local_shape",
     "nd",
     "parse_nd_sbp",
     "parse_sbp",
     "parse_signature",
+    "shard_numel",
 ]
 
 
@@ -140,7 +144,7 @@ class NdSbp:
         return factor
 
     def fits(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> bool:
-        """True if every split dim exists and divides evenly by the axes splitting it."""
+        """True if OneFlow accepts this layout of a tensor of ``shape`` (:func:`local_shape`)."""
         return local_shape(shape, self, mesh_shape) is not None
 
 
@@ -149,21 +153,67 @@ def nd(*values: SbpValue) -> NdSbp:
     return NdSbp(tuple(values))
 
 
-def local_shape(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> tuple[int, ...] | None:
-    """Per-device shape of a tensor of logical ``shape`` laid out as ``sbp``.
+def balanced_sizes(size: int, parts: int) -> tuple[int, ...]:
+    """The part sizes when OneFlow's ``BalancedSplitter`` cuts ``size`` into ``parts``.
 
-    Returns ``None`` when a split dim does not exist or does not divide evenly
-    (autopar refuses uneven splits rather than modelling padding).
+    The first ``size % parts`` parts get ``size // parts + 1`` elements, the others
+    ``size // parts`` (``oneflow/core/common/balanced_splitter.cpp``; e.g. 17 into 2:
+    9, 8).  Units: elements.
+    """
+    base, extra = divmod(size, parts)
+    return tuple(base + 1 if i < extra else base for i in range(parts))
+
+
+def local_shape(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """Per-device shape of a tensor of logical ``shape`` laid out as ``sbp``: the largest shard.
+
+    Returns ``None`` when OneFlow 0.9 refuses the layout.  The one place autopar
+    decides split legality, as OneFlow does (``Storage4NdSbp`` /
+    ``FilterNdSbpByLogicalShape``, ``oneflow/core/framework/sbp_infer_util.cpp``):
+    going through the mesh axes in order, a split dim must exist and its size
+    (floor-divided by the earlier axes splitting it) must be at least the axis
+    size.  Splits need not divide: OneFlow cuts with ``BalancedSplitter``
+    (:func:`balanced_sizes`), so the largest shard has ``ceil(dim / n)`` rows
+    per split, nested ceils being the ceil of the product.  Units: elements per dim.
     """
     if len(sbp) != len(mesh_shape):
         raise ValueError(f"SBP {sbp} has {len(sbp)} axes but the mesh has {len(mesh_shape)}")
+    floor = list(shape)
     local = list(shape)
     for value, size in zip(sbp.values, mesh_shape):
         if isinstance(value, Split):
-            if value.dim >= len(local) or local[value.dim] % size != 0:
+            if value.dim >= len(local) or floor[value.dim] < size:
                 return None
-            local[value.dim] //= size
+            floor[value.dim] //= size
+            local[value.dim] = -(-local[value.dim] // size)
     return tuple(local)
+
+
+def is_even(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> bool:
+    """True when every split of ``sbp`` divides ``shape`` evenly (all shards the same size)."""
+    factors = [1] * len(shape)
+    for value, size in zip(sbp.values, mesh_shape):
+        if isinstance(value, Split):
+            if value.dim >= len(shape):
+                return False
+            factors[value.dim] *= size
+    return all(d % f == 0 for d, f in zip(shape, factors))
+
+
+def shard_numel(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> float:
+    """Elements of the largest shard of a tensor of ``shape`` laid out as ``sbp``.
+
+    ``numel / split_factor`` when every split divides (the same float as before uneven
+    splits were allowed), else the product of :func:`local_shape` (``ceil(dim / n)``
+    per split dim: ``BalancedSplitter``'s first part).  The device holding it sets
+    the peak memory and the time.  Raises ``ValueError`` for a layout OneFlow refuses.
+    """
+    if is_even(shape, sbp, mesh_shape):
+        return math.prod(shape) / sbp.split_factor(mesh_shape)
+    local = local_shape(shape, sbp, mesh_shape)
+    if local is None:
+        raise ValueError(f"layout {sbp} is not one of shape {list(shape)} on mesh {list(mesh_shape)}")
+    return float(math.prod(local))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ accumulation switch on: ``python/oneflow/nn/graph/graph_config.py``), in
 1. ``InOutParallelDimReduce`` (``oneflow/core/job/nd_sbp_util.cpp``): an N-D SBP
    whose axes all hold the same value is one value over all devices
    (``(S(0), S(0))`` on ``[4, 2]`` is ``S(0)`` over 8); both ends are reduced
-   only when both reduce.
+   only when both reduce, and a split only where the merged axes cut its dim as
+   one axis would (``CanMergeSplit``: an uneven dim may not merge).
 2. 1-D (``TryBuildNcclBy1DHierarchy``) over the ``N`` devices: ``P -> B``
    all-reduce; ``P -> S(d)`` reduce-scatter; ``S(d) -> B`` all-gather;
    ``S(i) -> S(j)`` all-to-all (each when the split dims divide by ``N``);
@@ -75,7 +76,15 @@ import numpy as np
 
 from autopar.sbp import Broadcast, NdSbp, Partial, SbpValue, Split
 
-__all__ = ["Hop", "balanced_range", "device_slices", "lower_hop", "reduce_nd_sbp", "ring_steps"]
+__all__ = [
+    "Hop",
+    "balanced_range",
+    "can_merge_split",
+    "device_slices",
+    "lower_hop",
+    "reduce_nd_sbp",
+    "ring_steps",
+]
 
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
@@ -126,12 +135,36 @@ def device_slices(
     return tuple(box)
 
 
+def can_merge_split(size: int, parts: int) -> bool:
+    """OneFlow's ``CanMergeSplit`` (``sbp_infer_util.cpp``): ``(S(i), S(i))`` on ``[a, b]`` cuts a
+    dim of ``size`` as ``S(i)`` on ``a * b`` devices does iff ``size % (a * b)`` is 0, 1 or
+    ``a * b - 1`` (nested ``BalancedSplitter`` slices; e.g. 6 on ``[2, 2]`` is 2, 1, 2, 1 but
+    on 4 devices 2, 2, 1, 1)."""
+    remainder = size % parts
+    return remainder <= 1 or remainder == parts - 1
+
+
 def reduce_nd_sbp(
-    src: NdSbp, dst: NdSbp, hierarchy: Sequence[int]
+    src: NdSbp, dst: NdSbp, hierarchy: Sequence[int], shape: Sequence[int] | None = None
 ) -> tuple[tuple[SbpValue, ...], tuple[SbpValue, ...], tuple[int, ...]]:
-    """``InOutParallelDimReduce`` for one placement: both ends to 1-D when each has one value on all axes."""
+    """``InOutParallelDimReduce`` for one placement: both ends to 1-D when each has one value on
+    all axes and, for a split, the merged axes cut the dim as one axis would
+    (:func:`can_merge_split` at each merge, when ``shape`` is given; always for even splits)."""
     if len(set(src)) == 1 and len(set(dst)) == 1:
-        return (src[0],), (dst[0],), (math.prod(hierarchy),)
+        merges = (
+            all(
+                not isinstance(v, Split)
+                or all(
+                    can_merge_split(int(shape[v.dim]), math.prod(hierarchy[:k]))
+                    for k in range(2, len(hierarchy) + 1)
+                )
+                for v in (src[0], dst[0])
+            )
+            if shape is not None
+            else True
+        )
+        if merges:
+            return (src[0],), (dst[0],), (math.prod(hierarchy),)
     return tuple(src), tuple(dst), tuple(int(h) for h in hierarchy)
 
 
@@ -367,7 +400,7 @@ def hop_rule(shape: Sequence[int], src: NdSbp, dst: NdSbp, hierarchy: Sequence[i
                 LOCAL, "-", "NaiveB2P / local slice (consumer takes P)", dict.fromkeys(range(len(src)), ZERO)
             )
         return hop_rule(shape, src, kept, hierarchy)
-    rsrc, rdst, rh = reduce_nd_sbp(src, dst, hierarchy)
+    rsrc, rdst, rh = reduce_nd_sbp(src, dst, hierarchy, shape)
     if len(rh) == 1:
         return _flat_rule(shape, rsrc[0], rdst[0], rh[0], hierarchy)
     if len(rh) != 2:

@@ -63,7 +63,7 @@ from autopar.oneflow.lowering import (
     lower_hop,
     ring_steps,
 )
-from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
+from autopar.sbp import B, NdSbp, P, Partial, SbpValue, Split, is_even, local_shape, parse_nd_sbp
 
 if TYPE_CHECKING:
     from autopar.cluster import Mesh
@@ -181,10 +181,13 @@ def _costs_from(
 @functools.lru_cache(maxsize=1024)
 def _states(shape: tuple[int, ...], hierarchy: tuple[int, ...]) -> list[NdSbp]:
     values: list[SbpValue] = [B, P, *(Split(d) for d in range(len(shape)))]
+    # middle nodes: layouts whose splits divide (OneFlow's collector also tries uneven ones
+    # it accepts; autopar routes through even layouts only, so an even boxing's price does
+    # not depend on them -- uneven layouts start or end a route)
     return [
         NdSbp(combo)
         for combo in itertools.product(values, repeat=len(hierarchy))
-        if local_shape(shape, NdSbp(combo), hierarchy) is not None
+        if is_even(shape, NdSbp(combo), hierarchy)
     ]
 
 
@@ -247,7 +250,7 @@ def oneflow_routes(
     where: list[int] = []
     for n, (src, dst) in enumerate(pairs):
         middle = observed.get((hier, src, dst))
-        if middle is not None and all(local_shape(shape_t, m, hier) is not None for m in middle):
+        if middle is not None and all(is_even(shape_t, m, hier) for m in middle):
             out[n] = [src, *middle, dst]
             continue
         i = j = None

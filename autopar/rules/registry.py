@@ -18,8 +18,9 @@ and returns the **1-D** signatures valid on one mesh axis: for each input port
     ((B, B), (B,))          # replicate                  (B, B) -> B
 
 :func:`nd_signatures` takes the Cartesian product over mesh axes and keeps only
-products where every port's tensor divides evenly (a dim split on two axes must
-divide by both).  A rule may also return full N-D signatures by setting
+products where every port's layout is one OneFlow accepts (:func:`autopar.sbp.local_shape`:
+a split dim at least as long as the axes cutting it; uneven splits are cut by
+OneFlow's ``BalancedSplitter``).  A rule may also return full N-D signatures by setting
 ``nd=True`` at registration (used by optimizer ops whose layout depends on the
 variable's whole N-D SBP).
 
@@ -37,7 +38,8 @@ from enum import Enum
 from typing import Any
 
 from autopar.graph import DTYPE_BYTES, Op, TensorSpec
-from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
+from autopar.optimizer import model_port_index
+from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, is_even, local_shape
 
 __all__ = [
     "CostKind",
@@ -45,9 +47,11 @@ __all__ = [
     "Rule",
     "RuleContext",
     "RuleSet",
+    "axis_product",
     "default_rules",
     "fallback_signatures",
     "nd_signatures",
+    "planning_signatures",
     "register",
 ]
 
@@ -85,6 +89,7 @@ class RuleContext:
 
 RuleFn = Callable[[RuleContext], Sequence[Any]]
 FlopsFn = Callable[[RuleContext], float]
+FitsFn = Callable[[RuleContext, Signature], bool]
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,9 @@ class Rule:
     cost: CostKind
     flops: FlopsFn | None = None
     nd: bool = False
+    fits: FitsFn | None = None
+    """An op-specific test each N-D signature must also pass (e.g. ``reshape``'s: a split of
+    unequal dims must divide); None: only :func:`autopar.sbp.local_shape`'s."""
 
 
 @dataclass
@@ -110,12 +118,13 @@ class RuleSet:
         cost: CostKind = CostKind.MEMORY,
         flops: FlopsFn | None = None,
         nd: bool = False,
+        fits: FitsFn | None = None,
     ) -> Callable[[RuleFn], RuleFn]:
         def deco(fn: RuleFn) -> RuleFn:
             for t in op_types:
                 if t in self.rules:
                     raise ValueError(f"op type {t!r} already has rule {self.rules[t].name!r}")
-                self.rules[t] = Rule(fn.__name__, fn, cost, flops, nd)
+                self.rules[t] = Rule(fn.__name__, fn, cost, flops, nd, fits)
             return fn
 
         return deco
@@ -131,10 +140,14 @@ _DEFAULT: RuleSet | None = None
 
 
 def register(
-    *op_types: str, cost: CostKind = CostKind.MEMORY, flops: FlopsFn | None = None, nd: bool = False
+    *op_types: str,
+    cost: CostKind = CostKind.MEMORY,
+    flops: FlopsFn | None = None,
+    nd: bool = False,
+    fits: FitsFn | None = None,
 ) -> Callable[[RuleFn], RuleFn]:
     """Register a rule in the default rule set (used by the modules in ``autopar.rules``)."""
-    return _registry().register(*op_types, cost=cost, flops=flops, nd=nd)
+    return _registry().register(*op_types, cost=cost, flops=flops, nd=nd, fits=fits)
 
 
 def _registry() -> RuleSet:
@@ -179,13 +192,47 @@ def nd_signatures(rule: Rule, ctx: RuleContext) -> list[Signature]:
                     f"rule {rule.name!r} gave {len(ins)} inputs / {len(outs)} outputs for op "
                     f"{ctx.op.name!r} ({ctx.op.type}) with {n_in} / {n_out}"
                 )
-        sigs = []
-        for combo in itertools.product(one_d, repeat=len(ctx.mesh_shape)):
-            ins_nd = tuple(NdSbp(tuple(c[0][i] for c in combo)) for i in range(n_in))
-            outs_nd = tuple(NdSbp(tuple(c[1][i] for c in combo)) for i in range(n_out))
-            sigs.append(Signature(ins_nd, outs_nd))
+        sigs = axis_product(one_d, n_in, n_out, len(ctx.mesh_shape))
     out = [s for s in dict.fromkeys(sigs) if _fits(ctx, s)]
+    if rule.fits is not None:
+        out = [s for s in out if rule.fits(ctx, s)]
     return out
+
+
+def axis_product(one_d: Sequence[OneDSignature], n_in: int, n_out: int, n_axes: int) -> list[Signature]:
+    """Every N-D signature taking one of ``one_d`` on each of ``n_axes`` mesh axes, in
+    ``itertools.product`` order (what :func:`nd_signatures` does for a 1-D rule)."""
+    sigs = []
+    for combo in itertools.product(one_d, repeat=n_axes):
+        ins_nd = tuple(NdSbp(tuple(c[0][i] for c in combo)) for i in range(n_in))
+        outs_nd = tuple(NdSbp(tuple(c[1][i] for c in combo)) for i in range(n_out))
+        sigs.append(Signature(ins_nd, outs_nd))
+    return sigs
+
+
+def planning_signatures(ctx: RuleContext, sigs: Sequence[Signature]) -> list[Signature]:
+    """The signatures the planner searches: those of ``sigs`` whose every split divides
+    evenly (:func:`autopar.sbp.is_even`); all of ``sigs`` when none does.
+
+    OneFlow accepts uneven splits (:func:`autopar.sbp.local_shape`), so plans OneFlow
+    infers are evaluated with them, but the planner keeps its search space to even
+    layouts: an uneven shard leaves devices idle for its difference, and the options
+    it adds (e.g. 12 heads over 8 devices) grow the search for little.
+    """
+    model = model_port_index(ctx.op)
+    if model is not None:
+        # an optimizer update: its parameter's layout is the choice; where OneFlow's ZeRO then
+        # shards the gradient and states unevenly, it does (``IsSplitValid``: floor division)
+        spec = ctx.inputs[model]
+        even = [s for s in sigs if is_even(spec.shape, s.inputs[model], ctx.mesh_shape)]
+        return even or list(sigs)
+    specs = (*ctx.inputs, *ctx.outputs)
+    even = [
+        s
+        for s in sigs
+        if all(is_even(spec.shape, sbp, ctx.mesh_shape) for spec, sbp in zip(specs, (*s.inputs, *s.outputs)))
+    ]
+    return even or list(sigs)
 
 
 def work_share(sig: Signature, mesh_shape: Sequence[int]) -> int:

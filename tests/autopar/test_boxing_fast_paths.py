@@ -23,7 +23,7 @@ from autopar.cluster import Cluster, Mesh
 from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, cheapest_middle_route, lazy_copy_cost
 from autopar.oneflow.lowering import _send_recv, device_slices
 from autopar.oneflow.pricing import _states, observed_routes, oneflow_routes, oneflow_steps
-from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, local_shape, parse_nd_sbp
+from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, is_even, parse_nd_sbp
 
 
 def reference_send_recv(
@@ -89,7 +89,7 @@ def test_batched_routes_are_the_pairwise_cheapest_routes(
     for (src, dst), route in zip(pairs, routes):
         seen = observed_routes().get((hierarchy, str(src), str(dst)))
         middle = [parse_nd_sbp(m) for m in seen] if seen is not None else None
-        if middle is not None and all(local_shape(shape, m, hierarchy) is not None for m in middle):
+        if middle is not None and all(is_even(shape, m, hierarchy) for m in middle):
             want: list[NdSbp] | None = [src, *middle, dst]
         elif lazy_copy_cost(nbytes, src, dst, hierarchy) <= VALID_MAX_COPY_COST:
             want = [src, dst]

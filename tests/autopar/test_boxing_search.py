@@ -24,7 +24,14 @@ from autopar.boxing import (
     one_axis_collective,
 )
 from autopar.cluster import Cluster, Mesh
-from autopar.sbp import B, NdSbp, P, SbpValue, Split, local_shape
+from autopar.sbp import B, NdSbp, P, SbpValue, Split, is_even, local_shape
+
+
+def _even_local_shape(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """``local_shape`` as the replaced search knew it: None unless every split divides."""
+    if not is_even(shape, sbp, mesh_shape):
+        return None
+    return local_shape(shape, sbp, mesh_shape)
 
 
 def _group_bytes(
@@ -32,7 +39,7 @@ def _group_bytes(
 ) -> float | None:
     """Bytes of the tensor held by the group of ``axis``: local size ignoring ``axis``'s split."""
     unsplit = sbp.replace(axis, B)
-    local = local_shape(shape, unsplit, mesh_shape)
+    local = _even_local_shape(shape, unsplit, mesh_shape)
     if local is None:
         return None
     return float(math.prod(local) * itemsize)
@@ -42,7 +49,7 @@ def _step(
     shape: Sequence[int], itemsize: int, mesh: Mesh, cur: NdSbp, axis: int, value: SbpValue
 ) -> BoxingStep | None:
     nxt = cur.replace(axis, value)
-    if local_shape(shape, nxt, mesh.shape) is None:
+    if _even_local_shape(shape, nxt, mesh.shape) is None:
         return None
     kind = one_axis_collective(cur[axis], value)
     if kind is None:
@@ -112,7 +119,7 @@ class ReferenceSearch:
     def time(self, src: NdSbp, dst: NdSbp) -> float:
         if src == dst:
             return 0.0
-        if local_shape(self.shape, src, self.mesh.shape) is None:
+        if _even_local_shape(self.shape, src, self.mesh.shape) is None:
             return INF
         return self._tree(src)[0].get(dst, INF)
 
@@ -149,7 +156,13 @@ def all_sbps(ndims: int, rank: int) -> list[NdSbp]:
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: str(list(m.shape)))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_identical_to_the_exhaustive_search_on_meshes_without_size_1_axes(mesh, shape):
-    sbps = all_sbps(len(shape), mesh.ndim)
+    # every layout but the uneven ones OneFlow accepts (the replaced search refused them:
+    # see test_uneven_layouts_only_start_or_end_a_route)
+    sbps = [
+        s
+        for s in all_sbps(len(shape), mesh.ndim)
+        if is_even(shape, s, mesh.shape) or local_shape(shape, s, mesh.shape) is None
+    ]
     ref = ReferenceSearch(shape, 2, mesh)
     new = BoxingSearch(shape, 2, mesh)
     matrix = boxing_matrix(shape, 2, sbps, sbps, mesh)
@@ -216,3 +229,24 @@ def test_matrix_marks_impossible_layouts_inf():
     mesh = Mesh(Cluster.parse("1x8"), (8,))
     m = boxing_matrix((6, 6), 2, [NdSbp((B,)), NdSbp((Split(0),))], [NdSbp((Split(0),)), NdSbp((B,))], mesh)
     assert np.isinf(m[0, 0]) and m[0, 1] == 0.0 and np.isinf(m[1, 1])
+
+
+def test_uneven_layouts_only_start_or_end_a_route():
+    """6 rows over 4 devices (2, 2, 1, 1): OneFlow accepts the layout, so it is priced, by the
+    largest shard; routes between even layouts never pass through it."""
+    mesh = Mesh(Cluster.parse("2x4"), (4, 2))
+    shape, itemsize = (6, 8), 2
+    search = BoxingSearch(shape, itemsize, mesh)
+    uneven = NdSbp((Split(0), B))
+    gather = search.plan(uneven, NdSbp((B, B)))
+    assert [(s.axis, s.collective) for s in gather.steps] == [(0, Collective.ALL_GATHER)]
+    # time: a ring on 4 chunks of the largest shard (2 x 8 elements); bytes: the exact average
+    padded, exact = 4 * 2 * 8 * itemsize, 6 * 8 * itemsize
+    assert gather.time_s == _TIME[Collective.ALL_GATHER](padded, mesh.axes[0])
+    assert gather.steps[0].bytes_per_device == collective_bytes(Collective.ALL_GATHER, exact, 4)
+    assert math.isfinite(search.time(NdSbp((B, B)), uneven))  # a local slice into it
+    assert search.time(NdSbp((Split(0), Split(0))), uneven) == INF  # 6 // 4 = 1 < 2: refused
+    even = [s for s in all_sbps(len(shape), 2) if is_even(shape, s, mesh.shape)]
+    for s, d in itertools.product(even, even):
+        for step in search.plan(s, d).steps:
+            assert is_even(shape, step.src, mesh.shape) and is_even(shape, step.dst, mesh.shape), (s, d)

@@ -87,6 +87,18 @@ def test_matmul_compute_divides_by_work_share():
     assert full == pytest.approx(flops / (dev.peak_flops * dev.matmul_efficiency))
 
 
+def test_uneven_matmul_is_timed_by_its_largest_shard():
+    # 6 rows over 4 devices: 2, 2, 1, 1 (OneFlow's BalancedSplitter); the device with 2 rows
+    # finishes last, so the time is that of 2 rows -- the even share 1.5 times 4/3
+    g = mlp_graph(batch=6)
+    op = g.op_by_name["l0.fc1"]
+    ctx = rule_context(g, op, MESH.shape, 2)
+    rule = default_rules().get(op.type)
+    full = op_compute_time(rule, ctx, parse_signature("((B, B), (B, B)) -> (B, B)"), MESH)
+    dp = op_compute_time(rule, ctx, parse_signature("((S(0), B), (B, B)) -> (S(0), B)"), MESH)
+    assert dp == pytest.approx(full * 2 / 6)
+
+
 def test_zero_stage_changes_only_optimizer_keys():
     g = mlp_graph()
     for op in g.ops:

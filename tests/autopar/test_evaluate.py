@@ -100,13 +100,28 @@ def test_invalid_signature_and_inconsistent_edges_are_reported():
     assert any("l0.fc1" in e for e in ev.errors)
 
 
-def test_uneven_boxing_is_an_error():
-    g = mlp_graph(batch=6)  # 6 rows cannot split over 4
+def test_a_split_oneflow_refuses_is_an_error():
+    g = mlp_graph(batch=3)  # 3 rows cannot split over 4 (OneFlow's Storage4NdSbp)
     plan = baseline_plan("megatron", g, MESH, 2)
-    assert evaluate(g, plan).valid  # the baseline avoids the uneven split
+    assert evaluate(g, plan).valid  # the baseline avoids the split
     plan.signatures["l0.gelu"] = parse_signature("((S(0), B)) -> (S(0), B)")
     ev = evaluate(g, plan)
     assert not ev.valid
+
+
+def test_an_uneven_split_oneflow_accepts_is_valid_and_priced_by_its_largest_shard():
+    g = mlp_graph(batch=6)  # 6 rows over 4: 2, 2, 1, 1 (BalancedSplitter)
+    plan = baseline_plan("megatron", g, MESH, 2)
+    plan.signatures["l0.gelu"] = parse_signature("((S(0), B)) -> (S(0), B)")
+    ev = evaluate(g, plan)
+    assert ev.valid, ev.errors
+    gelu = next(o for o in ev.ops if o.name == "l0.gelu")
+    even = mlp_graph(batch=8)
+    plan8 = baseline_plan("megatron", even, MESH, 2)
+    plan8.signatures["l0.gelu"] = parse_signature("((S(0), B)) -> (S(0), B)")
+    gelu8 = next(o for o in evaluate(even, plan8).ops if o.name == "l0.gelu")
+    # the largest shard holds 2 of 6 rows, as a shard of 8 rows over 4 does: the same time
+    assert gelu.compute_s == gelu8.compute_s > 0
 
 
 def test_plan_with_wrong_mesh_rank_is_refused():

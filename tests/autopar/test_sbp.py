@@ -8,11 +8,14 @@ from autopar.sbp import (
     S,
     Signature,
     Split,
+    balanced_sizes,
+    is_even,
     local_shape,
     nd,
     parse_nd_sbp,
     parse_sbp,
     parse_signature,
+    shard_numel,
 )
 
 
@@ -68,13 +71,36 @@ def test_signature_with_several_outputs_round_trips_1d_and_2d():
     assert parse_signature(str(two_d), ndim=2) == two_d
 
 
-def test_local_shape_divides_and_refuses_uneven_splits():
+def test_local_shape_divides_evenly_and_refuses_what_oneflow_refuses():
     assert local_shape((8, 6), nd(S(0), S(1)), (4, 2)) == (2, 3)
     assert local_shape((8, 6), nd(S(0), S(0)), (4, 2)) == (1, 6)
     assert local_shape((8, 6), nd(P, B), (4, 2)) == (8, 6)
-    assert local_shape((6, 6), nd(S(0), B), (4, 2)) is None  # 6 % 4
     assert local_shape((8,), nd(S(1), B), (4, 2)) is None  # no dim 1
-    assert local_shape((12, 6), nd(S(0), S(0)), (4, 2)) is None  # 12 / 4 = 3, 3 % 2
+    # OneFlow's Storage4NdSbp: a split dim shorter than its axis is refused
+    assert local_shape((3, 6), nd(S(0), B), (4, 2)) is None  # 3 < 4
+    # floor-divided by the earlier axes first: 5 // 4 = 1 < 2
+    assert local_shape((5,), nd(S(0), S(0)), (4, 2)) is None
+    assert local_shape((0, 4), nd(S(0), B), (1, 2)) is None  # an empty dim is shorter than any axis
+
+
+def test_local_shape_gives_the_largest_balanced_shard_of_an_uneven_split():
+    # OneFlow's BalancedSplitter: the first size % n parts get one more row
+    assert balanced_sizes(17, 2) == (9, 8)
+    assert balanced_sizes(20, 6) == (4, 4, 3, 3, 3, 3)  # balanced_splitter.h's own example
+    assert sum(balanced_sizes(17, 8)) == 17
+    assert local_shape((6, 6), nd(S(0), B), (4, 2)) == (2, 6)  # 6 over 4: 2, 2, 1, 1
+    assert local_shape((8, 17, 64), nd(S(0), S(1)), (4, 2)) == (2, 9, 64)  # vit's 17 tokens
+    assert local_shape((12, 6), nd(S(0), S(0)), (4, 2)) == (2, 6)  # 12 / 4 = 3, then 2 and 1
+    assert local_shape((5,), nd(S(0), S(0)), (2, 2)) == (2,)  # 5 -> 3, 2 -> 2, 1, 1, 1
+
+
+def test_even_and_shard_sizes():
+    assert is_even((8, 6), nd(S(0), S(1)), (4, 2))
+    assert not is_even((8, 17, 64), nd(S(0), S(1)), (4, 2))
+    assert shard_numel((8, 6), nd(S(0), S(1)), (4, 2)) == 48 / 8
+    assert shard_numel((8, 17, 64), nd(S(0), S(1)), (4, 2)) == 2 * 9 * 64
+    with pytest.raises(ValueError):
+        shard_numel((3,), nd(S(0), B), (4, 2))
 
 
 def test_split_factor_counts_split_axes_only():

@@ -87,10 +87,12 @@ def test_megatron_bytes_within_5_percent_of_megatron_lms_hand_counts(heldout_job
     assert ev.comm_bytes_per_axis[0] == pytest.approx(dp_hand, rel=0.05)
 
 
-@pytest.mark.parametrize("family", ["llama", "bert"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_oneflows_own_plan_imports_valid(heldout_jobs: Path, family: str) -> None:
     """Every signature OneFlow's inference gave the job is one the rules offer
-    (``broadcast_div_grad`` ``(y B, z P, dz B) -> P``, ``negative`` without ``P``)."""
+    (``broadcast_div_grad`` ``(y B, z P, dz B) -> P``, ``negative`` without ``P``), and
+    every edge boxes: ViT's 17 tokens split unevenly over an axis of 2 (``var``
+    ``(S(0), S(1))`` on ``[8, 17, 64]``; OneFlow's ``BalancedSplitter``, 9 and 8)."""
     from autopar.oneflow import import_job, import_plan
 
     job = heldout_jobs / f"{family}_zero2.pb"
@@ -99,7 +101,22 @@ def test_oneflows_own_plan_imports_valid(heldout_jobs: Path, family: str) -> Non
     assert ev.errors == []
 
 
-@pytest.mark.parametrize("family", ["llama", "bert"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "llama",
+        "bert",
+        pytest.param(
+            "vit",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="56.7 % cascaded (98.2 % per op): at the first block's residual add_n "
+                "OneFlow takes (S(0), S(2)) (a local slice and a reduce-scatter), inferred "
+                "(S(0), B) (one all-reduce, less copy cost as ported), and the difference cascades",
+            ),
+        ),
+    ],
+)
 def test_inferred_agrees_with_oneflow_on_98_percent_of_ops(heldout_jobs: Path, family: str) -> None:
     """``inferred`` (OneFlow's greedy inference, cascaded from the source layouts) picks
     OneFlow's own signature on at least 98 % of the ops (issue 26's bar)."""

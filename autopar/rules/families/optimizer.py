@@ -3,7 +3,8 @@
 An update reads the parameter (``model``), its gradient (``model_diff``) and its
 states (``m``, ``v`` ...) elementwise, so all of them share one layout ``v``:
 any N-D SBP of the parameter made of ``B`` and ``S(d)`` (never ``P``: a variable
-holds values, not addends), with every split dividing evenly.
+holds values, not addends) that OneFlow accepts (:func:`autopar.sbp.local_shape`:
+uneven splits included).
 
 ZeRO (``ctx.zero_stage >= 1``; Rajbhandari et al. 2020, OneFlow's
 ``optimizer_placement_optimization_mode="distributed_split"``): on every mesh
@@ -47,7 +48,7 @@ _SCALARS = SCALAR_PORTS
 
 
 def parameter_layouts(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[NdSbp]:
-    """Every N-D SBP of ``B`` / ``S(d)`` per axis that divides ``shape`` evenly (no ``P``).
+    """Every N-D SBP of ``B`` / ``S(d)`` per axis that OneFlow accepts for ``shape`` (no ``P``).
 
     Ordered with the fully replicated layout first.
     """
@@ -132,9 +133,10 @@ def oneflow_zero_shard(
     changes ("Only split one more dim").  Axes of size 1 are skipped (autopar
     solves them away; OneFlow would split such an axis, sharding nothing).
     OneFlow accepts uneven splits
-    (``BalancedSplitter``) as long as the shard keeps ``threshold`` elements;
-    autopar keeps the layout when the split does not divide evenly (its layouts
-    are even) -- a deviation only for odd sizes.  When the new layout leaves
+    (``BalancedSplitter``) as long as the shard keeps ``threshold`` elements, and
+    so does autopar (:func:`autopar.sbp.local_shape`; the planner still chooses
+    among even parameter layouts, :func:`autopar.rules.registry.planning_signatures`).
+    When the new layout leaves
     a shard of fewer than ``min_size`` elements (:func:`oneflow_shard_is_valid`,
     OneFlow's ``shard_min_size``, default 1024) the variable keeps ``v``.
     """

@@ -128,8 +128,10 @@ def multi_sum(ctx: RuleContext) -> list[OneDSignature]:
 def reduce_sum_like(ctx: RuleContext) -> list[OneDSignature]:
     """``y = reduce_sum(x, axis)`` shaped like ``like``.
 
-    Kept dim: ``(S(d), S(d')) -> S(d')``; reduced dim: ``(S(d), B) -> P``;
-    ``(B, B) -> B``.  No ``(P, B) -> P``: OneFlow 0.9 refuses it.
+    Kept dim: ``(S(d), S(d')) -> S(d')``; reduced dim: ``(S(d), B) -> P`` and
+    ``(S(d), P) -> P`` (``like`` lends only its shape); ``(B, P) -> B``; ``(B, B) -> B``.
+    No ``(P, B) -> P``: OneFlow 0.9 refuses it.  Source: ``reduce_sum_like``'s
+    ``SetGetSbpFn`` (``oneflow/user/ops/reduce_like_ops.cpp``).
     """
     pm = port_map(ctx, ("x", "like"), ("y",))
     x = pm.input("x")
@@ -142,6 +144,8 @@ def reduce_sum_like(ctx: RuleContext) -> list[OneDSignature]:
         sigs.append(sig(pm, {"x": Split(d), "like": Split(e)}, {"y": Split(e)}))
     if partial_ok(x, y):
         sigs += [sig(pm, {"x": Split(d), "like": B}, {"y": P}) for d in reduced]
+        sigs += [sig(pm, {"x": Split(d), "like": P}, {"y": P}) for d in reduced]
+        sigs.append(sig(pm, {"x": B, "like": P}, {"y": B}))
     sigs.append(sig(pm, {}, {}))
     return sigs
 

@@ -9,8 +9,8 @@ float tensors for ``P``).  Splits map through the op:
   (``[B*S, H] -> [B, S, H]``: ``S(0) -> S(0)`` and ``S(1) -> S(2)``; splitting
   ``S`` inside ``B*S`` would not be contiguous, so it is not offered);
 * ``transpose``: ``S(perm[j]) -> S(j)``;
-* ``expand``: a kept dim maps across, an expanded dim takes ``B`` in and ``S``
-  out (each device fills its slice);
+* ``expand``: a kept dim maps across; an expanded dim is not split (OneFlow 0.9
+  offers no ``(B) -> S`` there);
 * ``slice`` / ``narrow`` and their grads: only dims the op does not cut;
 * ``concat`` / ``split_like`` / ``stack``: any dim but the concatenated one.
 
@@ -31,9 +31,9 @@ from autopar.rules.families._common import (
     uniform,
 )
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, Split
+from autopar.sbp import B, NdSbp, P, Signature, Split
 
-__all__ = ["RESHAPE_OPS"]
+__all__ = ["RESHAPE_OPS", "reshape_splits_fit"]
 
 RESHAPE_OPS = ("reshape", "flatten", "expand_dims", "squeeze")
 
@@ -45,9 +45,44 @@ def _linear_tail(ctx: RuleContext) -> list[OneDSignature]:
     return sigs
 
 
-@register(*RESHAPE_OPS, cost=CostKind.FREE)
+def _reshape_fits(ctx: RuleContext, signature: Signature) -> bool:
+    """Whether a reshape (``reshape_like``: its ``in``) may map its N-D input splits onto its
+    output's (:func:`reshape_splits_fit`)."""
+    at = port_map(ctx, ("in", "like"), ("out",)).inputs.index("in") if ctx.op.type == "reshape_like" else 0
+    x, y = ctx.inputs[at], ctx.outputs[0]
+    return reshape_splits_fit(signature.inputs[at], signature.outputs[0], x.shape, y.shape, ctx.mesh_shape)
+
+
+def reshape_splits_fit(
+    src: NdSbp, dst: NdSbp, in_shape: Sequence[int], out_shape: Sequence[int], mesh_shape: Sequence[int]
+) -> bool:
+    """Whether a reshape may map the splits of ``src`` onto those of ``dst``.
+
+    OneFlow 0.9 (``ReshapeUserOpUtil::GetGroupStartInAxis2OutAxis``,
+    ``oneflow/user/ops/reshape_user_op_util.cpp``) pairs the leading dims of the
+    blocks and offers ``S(d) -> S(e)`` on an axis of size ``n`` when the two dims
+    are equal (any split OneFlow accepts, uneven included: both sides are cut by
+    the same ``BalancedSplitter``) or both divide by ``n``.  For unequal dims autopar
+    asks that both divide by the product of the axes cutting them: rows of
+    different sizes then hold the same elements on every device (OneFlow's per-axis
+    test alone would also pass ``12 -> 6`` on ``[2, 2]``, whose nested shards differ).
+    """
+    cuts_in: dict[int, int] = {}
+    cuts_out: dict[int, int] = {}
+    unequal: set[tuple[int, int]] = set()
+    for a, b, n in zip(src, dst, mesh_shape):
+        if isinstance(a, Split) and isinstance(b, Split):
+            cuts_in[a.dim] = cuts_in.get(a.dim, 1) * n
+            cuts_out[b.dim] = cuts_out.get(b.dim, 1) * n
+            if in_shape[a.dim] != out_shape[b.dim]:
+                unequal.add((a.dim, b.dim))
+    return all(in_shape[d] % cuts_in[d] == 0 and out_shape[e] % cuts_out[e] == 0 for d, e in unequal)
+
+
+@register(*RESHAPE_OPS, cost=CostKind.FREE, fits=_reshape_fits)
 def reshape(ctx: RuleContext) -> list[OneDSignature]:
-    """``(S(d)) -> S(d')`` for each leading dim of a reshape block, ``(B) -> B``, ``(P) -> P``."""
+    """``(S(d)) -> S(d')`` for each leading dim of a reshape block, ``(B) -> B``, ``(P) -> P``
+    (N-D products where :func:`reshape_splits_fit`)."""
     x, y = ctx.inputs[0], ctx.outputs[0]
     sigs: list[OneDSignature] = [
         ((Split(d),), (Split(e),)) for d, e in reshape_dim_map(x.shape, y.shape).items()
@@ -55,7 +90,7 @@ def reshape(ctx: RuleContext) -> list[OneDSignature]:
     return sigs + _linear_tail(ctx)
 
 
-@register("reshape_like", cost=CostKind.FREE)
+@register("reshape_like", cost=CostKind.FREE, fits=_reshape_fits)
 def reshape_like(ctx: RuleContext) -> list[OneDSignature]:
     """As ``reshape``; ``like`` follows the output (``B`` when the output is ``P``)."""
     pm = port_map(ctx, ("in", "like"), ("out",))
@@ -84,7 +119,12 @@ def transpose(ctx: RuleContext) -> list[OneDSignature]:
 
 @register("expand", cost=CostKind.MEMORY)
 def expand(ctx: RuleContext) -> list[OneDSignature]:
-    """Kept dim ``(S(i)) -> S(j)``; expanded dim ``(B) -> S(j)``; ``(B) -> B``; ``(P) -> P``."""
+    """Kept dim ``(S(i)) -> S(j)``; ``(B) -> B``; ``(P) -> P``.
+
+    No split of an expanded dim: OneFlow 0.9's ``ExpandOp::GetSbp``
+    (``oneflow/user/ops/expand_op.cpp``) offers ``S`` only where the input dim equals
+    the output's, ``P -> P``, and the all-``B`` signature every user op has.
+    """
     x, y = ctx.inputs[0], ctx.outputs[0]
     offset = y.ndim - x.ndim
     sigs: list[OneDSignature] = []
@@ -92,8 +132,6 @@ def expand(ctx: RuleContext) -> list[OneDSignature]:
         i = j - offset
         if 0 <= i < x.ndim and x.shape[i] == y.shape[j]:
             sigs.append(((Split(i),), (Split(j),)))
-        else:
-            sigs.append(((B,), (Split(j),)))
     return sigs + _linear_tail(ctx)
 
 

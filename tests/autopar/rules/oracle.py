@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from autopar.oneflow.lowering import device_slices
 from autopar.rules import RuleContext
 from autopar.rules.families._common import base_name
 from autopar.sbp import Broadcast, NdSbp, Partial, Signature, Split, local_shape
@@ -60,10 +61,12 @@ def _distribute(
         pieces = [(a, offset) for a in addends]
     else:
         assert isinstance(v, Split)
-        size = x.shape[v.dim] // n
-        for i, part in enumerate(np.split(x, n, axis=v.dim)):
+        # OneFlow's BalancedSplitter: the first size % n parts one row longer (numpy's array_split)
+        start_row = 0
+        for part in np.array_split(x, n, axis=v.dim):
             start = list(offset)
-            start[v.dim] += i * size
+            start[v.dim] += start_row
+            start_row += part.shape[v.dim]
             pieces.append((part, tuple(start)))
     out = []
     for piece, piece_offset in pieces:
@@ -122,10 +125,12 @@ def check_signature(
         local_in = {p: per_port[i][dev][0] for i, p in enumerate(in_ports)}
         offsets = {p: per_port[i][dev][1] for i, p in enumerate(in_ports)}
         out_shapes = {}
+        coord = np.unravel_index(dev, mesh)
         for p, sbp in zip(out_ports, sig.outputs, strict=True):
-            local = local_shape(logical_out[base_name(p)], NdSbp(tuple(sbp.values)), mesh)
-            assert local is not None, f"{sig}: output {p} does not divide"
-            out_shapes[base_name(p)] = local
+            logical = logical_out[base_name(p)]
+            assert local_shape(logical, NdSbp(tuple(sbp.values)), mesh) is not None, f"{sig}: output {p}"
+            box = device_slices(logical, NdSbp(tuple(sbp.values)), mesh, [int(c) for c in coord])
+            out_shapes[base_name(p)] = tuple(hi - lo for lo, hi in box)
         got = kern(_named(local_in), attrs, LocalInfo(_named_offsets(offsets), out_shapes, logical_in))
         for p in out_ports:
             local_outs[p].append(np.asarray(got[base_name(p)], dtype=np.float64))

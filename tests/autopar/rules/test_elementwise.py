@@ -143,13 +143,14 @@ def test_elementwise_minimum_backward_two_outputs():
     assert "(P, B, B) -> (P, P)" in got
 
 
-def test_2d_products_and_uneven_refusal():
+def test_2d_products_and_oneflow_split_rule():
     ctx = make_ctx("gelu", {"in_0": (6, 16, 32)}, {"out_0": (6, 16, 32)}, mesh=(4, 2))
     sigs = assert_all_fit(ctx)
     got = {str(s) for s in sigs}
     assert "((S(1), S(2))) -> (S(1), S(2))" in got
     assert "((S(1), S(1))) -> (S(1), S(1))" in got  # 16 splits 4 x 2
-    assert "((S(0), B)) -> (S(0), B)" not in got  # 6 % 4
+    assert "((S(0), B)) -> (S(0), B)" in got  # 6 over 4: 2, 2, 1, 1 (BalancedSplitter)
+    assert "((S(0), S(0))) -> (S(0), S(0))" not in got  # 6 // 4 = 1 < 2: OneFlow refuses
     assert "((B, S(0))) -> (B, S(0))" in got
     assert replicated(ctx) in got
 

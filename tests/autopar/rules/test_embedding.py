@@ -38,11 +38,16 @@ def test_gather_2d_megatron_embedding():
     assert "((B, S(0)), (S(0), B)) -> (S(0), P)" in got
 
 
-def test_gather_refuses_uneven_vocab():
+def test_gather_splits_a_vocab_oneflow_can_cut():
+    # 30 rows over 4: 8, 8, 7, 7; each device looks up its own range (the oracle checks the offsets)
     ctx = make_ctx(
         "gather", {"in_0": (30, HD), "indices_0": ((8, 4), "int64")}, {"out_0": (8, 4, HD)}, mesh=(4,)
     )
-    assert "(S(0), B) -> P" not in printed(ctx)
+    assert "(S(0), B) -> P" in printed(ctx)
+    short = make_ctx(
+        "gather", {"in_0": (3, HD), "indices_0": ((8, 4), "int64")}, {"out_0": (8, 4, HD)}, mesh=(4,)
+    )
+    assert "(S(0), B) -> P" not in printed(short)  # 3 rows < 4 devices
 
 
 def test_embedding_op_uses_weight_and_indices():

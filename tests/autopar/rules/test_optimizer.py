@@ -64,11 +64,13 @@ def test_zero_shard_skips_dims_that_do_not_divide():
     assert zero_shard((8,), nd(B, B), (1, 2)) == nd(B, S(0))  # size-1 axes stay B
 
 
-def test_uneven_parameter_layouts_are_refused():
+def test_parameter_layouts_follow_oneflows_storage_rule():
     layouts = {str(v) for v in parameter_layouts((6, 3), (4, 2))}
-    assert "(S(0), B)" not in layouts  # 6 % 4
+    assert "(S(0), B)" in layouts  # 6 over 4: uneven, accepted
     assert "(B, S(0))" in layouts
-    assert "(B, S(1))" not in layouts  # 3 % 2
+    assert "(B, S(1))" in layouts  # 3 over 2: 2, 1
+    assert "(S(1), B)" not in layouts  # 3 < 4
+    assert "(S(0), S(0))" not in layouts  # 6 // 4 = 1 < 2
     assert "(B, B)" in layouts
 
 

@@ -124,3 +124,17 @@ def test_every_offered_signature_computes_the_op(mesh, op_type, inputs, outputs,
     rng = np.random.default_rng(5)
     arrays = {p: rng.standard_normal(s.shape) for p, s in zip(ctx.op.inputs, ctx.inputs, strict=True)}
     assert check_all(ctx, arrays) >= 3
+
+
+def test_reduce_sum_like_takes_a_partial_like():
+    """OneFlow's ``reduce_sum_like`` (``reduce_like_ops.cpp``): ``like`` lends only its shape,
+    so a reduced split sums to ``P`` with ``like`` ``B`` or ``P``, and ``(B, P) -> B``
+    (ViT's norm backward: ``((S(0), S(2)), (S(0), P)) -> (S(0), P)``)."""
+    ctx = make_ctx(
+        "reduce_sum_like", {"x_0": (8, 17, 64), "like_0": (8, 17, 1)}, {"y_0": (8, 17, 1)}, {"axis": [2]}
+    )
+    got = printed(ctx)
+    assert "((S(0), S(2)), (S(0), P)) -> (S(0), P)" in got
+    assert "((S(0), S(2)), (S(0), B)) -> (S(0), P)" in got
+    assert "((S(0), B), (S(0), P)) -> (S(0), B)" in got
+    assert not any(s.startswith("((P") or s.startswith("((S(0), P)") for s in got)  # never a partial x

@@ -15,10 +15,11 @@ def test_variable_any_split_or_broadcast_never_partial():
     assert {"() -> (B, S(0))", "() -> (S(0), S(1))", "() -> (B, B)"} <= got
 
 
-def test_variable_refuses_uneven_splits():
+def test_variable_splits_follow_oneflows_storage_rule():
     got = printed(make_ctx("variable", {}, {"out": (6, 3)}, mesh=(4, 2)))
-    assert "() -> (S(0), B)" not in got
-    assert "() -> (B, S(1))" not in got
+    assert "() -> (S(0), B)" in got  # 6 over 4: uneven, accepted
+    assert "() -> (B, S(1))" in got
+    assert "() -> (S(1), B)" not in got  # 3 < 4
     assert "() -> (B, S(0))" in got
 
 

@@ -86,12 +86,13 @@ def test_concat_never_splits_the_concat_dim():
     assert not any("S(1)" in s for s in got)
 
 
-def test_expand_fills_expanded_dims_from_b():
+def test_expand_splits_kept_dims_only():
     ctx = make_ctx(
         "expand", {"in_0": (8, 1, 32)}, {"out_0": (8, 16, 32)}, {"expand_shape": [8, 16, 32]}, mesh=(2,)
     )
     got = printed(ctx)
-    assert {"(S(0)) -> S(0)", "(B) -> S(1)", "(S(2)) -> S(2)"} <= got
+    assert {"(S(0)) -> S(0)", "(S(2)) -> S(2)", "(B) -> B"} <= got
+    assert "(B) -> S(1)" not in got  # OneFlow's ExpandOp::GetSbp splits no expanded dim
 
 
 def test_views_are_free_and_copies_are_not():
