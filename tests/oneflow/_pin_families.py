@@ -48,7 +48,8 @@ def module_of(job: str) -> tuple:
         return module, arrays
     family = job.removesuffix("_zero2")
     if family in zoo.NAMES:
-        return zoo.build(family, seed=0, fused=True, identity_reads=False)
+        # as _build_heldout_families.py: fused layer norms, MT5's RMSNorm as its CPU composite
+        return zoo.build(family, seed=0, fused=family != "mt5-tiny", identity_reads=False)
     return families.builder(family)()
 
 
