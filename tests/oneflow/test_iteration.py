@@ -224,13 +224,16 @@ def _check_fidelity_by_phase(iteration_jobs: Path, model: str, variant: str) -> 
         assert sum(rows[a, "recompute"][side] for a in (0, 1)) > 0
         assert sum(rows[a, "once_per_step"][side] for a in (0, 1)) > 0
     for axis in (0, 1):
-        # measured: per micro-batch within 2.6 %, once per step within 0.7 %, per step within
-        # 1.1 % (the jobs follow the plan on 93-95 % of its boxing bytes)
+        # measured: per micro-batch within 0.6 %, once per step within 0.7 %, per step within
+        # 0.5 % (the jobs follow the plan on 93-95 % of its boxing bytes)
         for phase in ("per_micro_batch", "once_per_step", "per_step"):
             assert rows[axis, phase]["predicted"] == pytest.approx(rows[axis, phase]["counted"], rel=0.05)
-        # recompute: OneFlow does not box again what a recomputed block reads from outside
-        # it (the copy reads the forward's boxed tensor), the model does: never below
-        assert rows[axis, "recompute"]["predicted"] >= rows[axis, "recompute"]["counted"]
+        # recompute: boxed again only between ops of OneFlow's recomputed copy (ZeRO casts
+        # included), autopar.iteration.boxed_again_in_recompute; measured: GPT +0.0 % (first
+        # block) and +5.0 % (both), MT5 -9.1 % (encoder block) and -6.0 % (both); 0.0 % on axis 0
+        assert rows[axis, "recompute"]["predicted"] == pytest.approx(
+            rows[axis, "recompute"]["counted"], rel=0.12, abs=1e-9
+        )
     table = report.phase_table()
     assert "K = 4" in table and "recompute" in table and "once_per_step" in table
 
