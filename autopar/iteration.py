@@ -243,8 +243,11 @@ def once_per_step_ops(graph: Graph) -> frozenset[str]:
 
 def candidate_blocks(graph: Graph) -> frozenset[str]:
     """Layer scopes (:func:`layer_of`) that can be recomputed: every scope with a numeric
-    component (``encoder.layers.3``: a transformer block) that has forward ops."""
-    blocks = {layer_of(op.name) for op in graph.ops if op.role is Role.FORWARD}
+    component (``encoder.layers.3``: a transformer block) that has forward ops OneFlow
+    copies (not only :data:`NOT_RECOMPUTED_TYPES`: ``nn.Graph``'s own
+    ``_TrainGraph_0_input.0.0_2`` has a numeric component but is no block)."""
+    copied = [op for op in graph.ops if op.role is Role.FORWARD and op.type not in NOT_RECOMPUTED_TYPES]
+    blocks = {layer_of(op.name) for op in copied}
     return frozenset(b for b in blocks if any(p.isdigit() for p in b.split(".")))
 
 
@@ -262,9 +265,9 @@ def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
     return candidate_blocks(graph)
 
 
-NOT_RECOMPUTED_TYPES = frozenset({"variable", "input"})
+NOT_RECOMPUTED_TYPES = frozenset({"variable", "input", "output"})
 """Op types OneFlow never copies into a recomputed subgraph: not user ops (a variable's
-``variable_conf``, an input's ``input_conf``), which ``checkpointing_pass.cpp``'s
+``variable_conf``, an input's ``input_conf``, an output's ``output_conf``), which ``checkpointing_pass.cpp``'s
 ``CollectAllCheckpointingOpsInForwardPass`` skips (``if (!op_conf.has_user_conf())``).
 Under ZeRO a variable is read through ``System-ZeRO-ParallelCast``, a user op that
 ``optimizer_placement_optimization_pass.cpp`` puts in its reader's scope: inside a recomputed

@@ -49,7 +49,13 @@ import zoo
 
 from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph
 from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp
-from autopar.oneflow.iteration import checkpoint_modules, configure_iteration, plan_recomputed_scopes
+from autopar.oneflow.iteration import (
+    checkpoint_modules,
+    configure_iteration,
+    job_micro_batches,
+    job_recomputed_scopes,
+    plan_recomputed_scopes,
+)
 from autopar.oneflow.planning import request_plan
 from autopar.plan import Plan
 
@@ -121,6 +127,8 @@ def run_rank(args: argparse.Namespace) -> None:
             "mesh": list(shape),
             "plan_source": plan.source,
             "training": plan.training.to_dict(),
+            "job_micro_batches": job_micro_batches(graph._full_job_proto),
+            "job_recomputed": job_recomputed_scopes(graph._full_job_proto),
             "losses": losses,
             "fidelity": fidelity.to_dict(),
             "pinned_ops": pinned,
@@ -133,6 +141,8 @@ def run_rank(args: argparse.Namespace) -> None:
         (out / "rank0.json").write_text(json.dumps(result, indent=1))
         print(f"[run] {pinned} ops pinned (OneFlow refused the planned signatures of {rejected})")
         print(f"[run] compiled job: {fidelity.summary()}")
+        read_back = f"K = {result['job_micro_batches']}, recomputed blocks {result['job_recomputed']}"
+        print(f"[run] {read_back} (read back from the compiled job)")
         print(f"[run] {len(report.hints)} activation hints; losses {losses}")
 
 
@@ -223,6 +233,8 @@ def main() -> None:
         "oneflow.distributed.launch",
         "--nproc_per_node",
         str(ranks),
+        "--master_port",
+        os.environ.get("AUTOPAR_ONEFLOW_PORT", "29500"),
         str(Path(__file__).resolve()),
         "run",
         "--model",
