@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,43 @@ def test_request_plan_solves_for_the_iteration_compile_with_plan_runs(
         timeout_s=300,
     )
     assert plan.training == TrainingConfig(4, "full")
+
+
+def test_a_solver_auto_plan_compiles_with_the_blocks_it_recomputes(
+    iteration_jobs: Path, tmp_path: Path
+) -> None:
+    """The solver's ``auto`` plan of tiny GPT at a budget under the floor of ``off`` (some
+    block must recompute), compiled by ``compile_with_plan``: the blocks OneFlow recomputes,
+    read back from the compiled job, are the plan's ``recomputed_blocks``."""
+    from autopar.oneflow.planning import autopar_python, request_plan
+
+    try:
+        python = autopar_python()
+    except Exception as exc:  # the solver needs the main environment
+        pytest.skip(f"no main autopar environment: {exc}")
+    graph_path = str(iteration_jobs / "gpt-tiny_graph.json")
+    common = {"mesh_shape": (2, 2), "cluster": "1x4", "zero_stage": 2, "micro_batches": 4, "python": python}
+    with pytest.raises(PlanError) as refused:  # off at 1 KiB: refused with its memory floor
+        request_plan(graph_path, str(tmp_path / "off.json"), memory="1KiB", checkpointing="off", **common)
+    floor_kib = float(re.search(r"smallest memory found feasible is ([\d.]+) KiB", str(refused.value))[1])
+    budget = int(0.964 * floor_kib * 1024)  # under the floor of off, above auto's
+    plan = request_plan(
+        graph_path,
+        str(tmp_path / "auto.json"),
+        memory=f"{budget}B",
+        checkpointing="auto",
+        time_limit_s=120,
+        timeout_s=600,
+        **common,
+    )
+    assert plan.training.checkpointing == "auto" and plan.training.recomputed
+    launch(
+        4,
+        Path(__file__).with_name("_build_iteration.py"),
+        str(tmp_path),
+        f"gpt-tiny:auto={tmp_path / 'auto.json'}",
+    )
+    assert job_recomputed_scopes(_job(tmp_path / "gpt-tiny_auto.pb")) == list(plan.training.recomputed)
 
 
 def _variants_models(out: Path) -> list[str]:
