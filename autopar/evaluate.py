@@ -432,6 +432,7 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                 continue
             p.copies.append(copy)
             gradient = kind is EdgeKind.GRADIENT
+            runs = p.counts.edge(graph.producer[tensor][0], op.name, gradient)
             # the plan's steps carry the unbucketed time; a bucketed gradient edge
             # spreads its saving over its steps in proportion
             scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
@@ -448,8 +449,8 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                     tuple(dataclasses.replace(step, time_s=step.time_s * scale) for step in bp.steps),
                     t_edge,
                     gradient=gradient,
-                    per_micro_batch=p.counts.edge(op.name, gradient)[0],
-                    per_step=p.counts.edge(op.name, gradient)[1],
+                    per_micro_batch=runs[0],
+                    per_step=runs[1],
                 )
             )
 

@@ -15,8 +15,10 @@ docs/runtime-profiles.md, "The iteration"):
   them; the data-parallel gradient reduction and the ZeRO parameter gather run
   once per step or once per micro-batch as the runtime places them
   (:data:`ACCUMULATION`);
-* per micro-batch: everything else, a recomputed block's forward ops and the
-  edges into them twice.
+* per micro-batch: everything else, a recomputed block's forward ops twice, and the
+  boxing into one of them twice when its producer is recomputed too
+  (:func:`boxed_again_in_recompute`: OneFlow's recompute copy reads a tensor from
+  outside the recomputed ops through the forward's boxing).
 
 Run counts are ``runs = K x per_micro_batch + per_step``; with ``K = 1`` and no
 checkpointing every count is 1, the iteration is today's step.
@@ -44,6 +46,7 @@ __all__ = [
     "ACCUMULATION",
     "BASELINE_CHECKPOINTING",
     "CHECKPOINTING_MODES",
+    "NOT_RECOMPUTED_TYPES",
     "TOP_LEVEL",
     "Accumulation",
     "RunCounts",
@@ -52,9 +55,12 @@ __all__ = [
     "activation_spans",
     "baseline_training",
     "block_readers",
+    "boxed_again_in_recompute",
     "candidate_blocks",
     "checkpoint_blocks",
+    "copied_ops",
     "layer_of",
+    "micro_batches_text",
     "once_per_step_ops",
     "recompute_table_costs",
     "run_counts",
@@ -135,6 +141,11 @@ class TrainingConfig:
         return dataclasses.replace(self, recomputed=tuple(sorted(set(blocks))))
 
 
+def micro_batches_text(k: int) -> str:
+    """``1 micro-batch``, ``8 micro-batches``: ``k`` with the noun in its number."""
+    return f"{k} micro-batch" if k == 1 else f"{k} micro-batches"
+
+
 @dataclass(frozen=True)
 class Accumulation:
     """Where a runtime puts the gradient reduction and the ZeRO gather under accumulation.
@@ -189,16 +200,19 @@ def layer_of(op_name: str) -> str:
     """The layer (module scope) of an op, from its dotted name.
 
     Up to the first numeric component when there is one (``decoder.layers.1.mlp.wo``
-    -> ``decoder.layers.1``); else the first component (``encoder.final_norm.weight.cast``
-    -> ``encoder``, ``shared.weight`` -> ``shared``); ``(top level)`` for a name
-    without dots (graph inputs such as ``input_ids``).
+    -> ``decoder.layers.1``; OneFlow names an op ``<scope>-<type>-<id>``, so
+    ``model.h.0-add_n-40``, the residual add of block ``model.h.0``, -> ``model.h.0``); else
+    the first component (``encoder.final_norm.weight.cast`` -> ``encoder``,
+    ``shared.weight`` -> ``shared``); ``(top level)`` for a name without dots (graph inputs
+    such as ``input_ids``).
     """
     parts = op_name.split(".")
     if len(parts) == 1:
         return TOP_LEVEL
     for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
+        scope = part.split("-", 1)[0]
+        if scope.isdigit():
+            return ".".join([*parts[:i], scope])
     return parts[0]
 
 
@@ -229,8 +243,11 @@ def once_per_step_ops(graph: Graph) -> frozenset[str]:
 
 def candidate_blocks(graph: Graph) -> frozenset[str]:
     """Layer scopes (:func:`layer_of`) that can be recomputed: every scope with a numeric
-    component (``encoder.layers.3``: a transformer block) that has forward ops."""
-    blocks = {layer_of(op.name) for op in graph.ops if op.role is Role.FORWARD}
+    component (``encoder.layers.3``: a transformer block) that has forward ops OneFlow
+    copies (not only :data:`NOT_RECOMPUTED_TYPES`: ``nn.Graph``'s own
+    ``_TrainGraph_0_input.0.0_2`` has a numeric component but is no block)."""
+    copied = [op for op in graph.ops if op.role is Role.FORWARD and op.type not in NOT_RECOMPUTED_TYPES]
+    blocks = {layer_of(op.name) for op in copied}
     return frozenset(b for b in blocks if any(p.isdigit() for p in b.split(".")))
 
 
@@ -248,6 +265,44 @@ def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
     return candidate_blocks(graph)
 
 
+NOT_RECOMPUTED_TYPES = frozenset({"variable", "input", "output"})
+"""Op types OneFlow never copies into a recomputed subgraph: not user ops (a variable's
+``variable_conf``, an input's ``input_conf``, an output's ``output_conf``), which ``checkpointing_pass.cpp``'s
+``CollectAllCheckpointingOpsInForwardPass`` skips (``if (!op_conf.has_user_conf())``).
+Under ZeRO a variable is read through ``System-ZeRO-ParallelCast``, a user op that
+``optimizer_placement_optimization_pass.cpp`` puts in its reader's scope: inside a recomputed
+block it is copied (:func:`copied_ops`)."""
+
+
+def boxed_again_in_recompute(producer_copied: bool, consumer_copied: bool) -> bool:
+    """Does the boxing of an edge ``producer -> consumer`` run again in the recompute?
+
+    Only when both ends are in the recomputed copy (:func:`copied_ops`): OneFlow 0.9's
+    ``checkpointing_pass.cpp`` (``CheckpointingPass::Apply``, step 3.2) copies each connected
+    subgraph of recomputed forward ops; a copy's input from inside the subgraph is
+    re-pointed to the copied producer (a new edge, boxed again), an input from outside keeps
+    the forward's blob (``else { source_node_in_fake_subgraph.insert(...) }``: the lbn is
+    left as it is), so the copy reads the tensor the forward already boxed.  Two adjacent
+    recomputed blocks form one connected subgraph, so the edge between them is boxed again;
+    an edge from a kept op or an input into a recomputed block is not.  Checked on compiled
+    K = 4 jobs (tests/oneflow/test_iteration.py; docs/runtime-profiles.md)."""
+    return producer_copied and consumer_copied
+
+
+def copied_ops(graph: Graph, blocks: frozenset[str], zero_stage: int) -> frozenset[str]:
+    """The ops of ``blocks`` in OneFlow's recomputed copy: their forward ops less
+    :data:`NOT_RECOMPUTED_TYPES`, and under ZeRO (stage >= 1) their variables too (the
+    ZeRO cast between a variable and its reader is copied; a variable too small to shard
+    has none, so its edges are counted again where OneFlow does not: an upper bound)."""
+    return frozenset(
+        op.name
+        for op in graph.ops
+        if op.role is Role.FORWARD
+        and layer_of(op.name) in blocks
+        and (op.type not in NOT_RECOMPUTED_TYPES or (zero_stage >= 1 and op.type == "variable"))
+    )
+
+
 @dataclass(frozen=True)
 class RunCounts:
     """How many times per optimizer step each op, edge and gather runs:
@@ -257,7 +312,8 @@ class RunCounts:
     once: frozenset[str]
     """Ops run once per step (:func:`once_per_step_ops`)."""
     recomputed: frozenset[str]
-    """Forward ops of recomputed blocks: twice per micro-batch."""
+    """Forward ops of recomputed blocks in OneFlow's copy (:func:`copied_ops`): their
+    compute runs twice per micro-batch (a variable's is 0)."""
     gradient_per_micro_batch: bool
     """The data-parallel gradient reduction runs every micro-batch (else once per step)."""
     gather_per_micro_batch: bool
@@ -269,12 +325,16 @@ class RunCounts:
             return 0, 1
         return (2 if name in self.recomputed else 1), 0
 
-    def edge(self, consumer: str, gradient: bool) -> tuple[int, int]:
-        """(per micro-batch, per step) runs of the boxing into ``consumer``; ``gradient``: a
-        data-parallel gradient reduction (:class:`autopar.costs.EdgeKind` ``GRADIENT``)."""
+    def edge(self, producer: str, consumer: str, gradient: bool) -> tuple[int, int]:
+        """(per micro-batch, per step) runs of the boxing ``producer -> consumer``;
+        ``gradient``: a data-parallel gradient reduction (:class:`autopar.costs.EdgeKind`
+        ``GRADIENT``).  Twice per micro-batch when :func:`boxed_again_in_recompute`."""
         if gradient:
             return (1, 0) if self.gradient_per_micro_batch else (0, 1)
-        return self.op(consumer)
+        if consumer in self.once:
+            return 0, 1
+        again = boxed_again_in_recompute(producer in self.recomputed, consumer in self.recomputed)
+        return (2 if again else 1), 0
 
     def gather(self) -> tuple[int, int]:
         """(per micro-batch, per step) runs of each ZeRO parameter gather."""
@@ -289,9 +349,7 @@ def run_counts(graph: Graph, training: TrainingConfig, runtime: RuntimeProfile, 
     """The run counts of ``graph``'s ops and edges under ``training`` on ``runtime``."""
     acc = accumulation_of(runtime)
     blocks = checkpoint_blocks(graph, training)
-    recomputed = frozenset(
-        op.name for op in graph.ops if op.role is Role.FORWARD and layer_of(op.name) in blocks
-    )
+    recomputed = copied_ops(graph, blocks, zero_stage)
     reduce_from, gather_from = acc.reduce_per_micro_batch_from, acc.gather_per_micro_batch_from
     return RunCounts(
         training.micro_batches,
@@ -532,7 +590,7 @@ def _weighted_tables(
     runs = []
     for e in tables.edges:
         kind = edge_kind(graph.op_by_name[e.consumer], e.in_port, e.tensor in gradients)
-        runs.append(counts.edge(e.consumer, kind is EdgeKind.GRADIENT))
+        runs.append(counts.edge(e.producer, e.consumer, kind is EdgeKind.GRADIENT))
     return weighted_costs(nodes, [op.name for op in order], gathers, edges, runs, counts)
 
 

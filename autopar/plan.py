@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from autopar.cluster import Mesh
 from autopar.errors import PlanError
 from autopar.graph import Graph
-from autopar.iteration import TrainingConfig
+from autopar.iteration import TrainingConfig, micro_batches_text
 from autopar.memory import data_parallel_axes
 from autopar.runtime import DEFAULT_RUNTIME
 from autopar.sbp import NdSbp, Signature, parse_nd_sbp
@@ -278,7 +278,7 @@ class Plan:
             f"{pred.get('step_time_overlapped_s', float('nan')) * 1e3:.2f} ms with gradient "
             f"reduction overlapping backward; runtime {self.runtime})",
             f"  iteration   {pred.get('iteration_time_s', float('nan')) * 1e3:10.2f} ms "
-            f"({self.training.micro_batches} micro-batches per step, checkpointing "
+            f"({micro_batches_text(self.training.micro_batches)} per step, checkpointing "
             f"{self.training.checkpointing}; "
             f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each, "
             f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step)",

@@ -54,7 +54,7 @@ from autopar.breakdown import (
 from autopar.errors import ConfigError, PlanError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph, Op, Role
-from autopar.iteration import baseline_training, checkpoint_blocks
+from autopar.iteration import baseline_training, checkpoint_blocks, micro_batches_text
 from autopar.plan import Plan
 
 __all__ = [
@@ -621,8 +621,9 @@ def build_report(
 </head><body>
 <h1>{_esc(heading)}</h1>
 <p class="meta">{len(graph.ops)} ops, {len(graph.variables)} variables &middot; mesh {list(mesh.shape)} over
-{_esc(mesh.cluster)} &middot; ZeRO-{plan.zero_stage} &middot; K = {plan.training.micro_batches}
-micro-batches per step, checkpointing {_esc(plan.training.checkpointing)} &middot;
+{_esc(mesh.cluster)} &middot; ZeRO-{plan.zero_stage} &middot;
+K = {micro_batches_text(plan.training.micro_batches)} per step,
+checkpointing {_esc(plan.training.checkpointing)} &middot;
 budget {_gib(budget)} per device &middot;
 plan <b>{_esc(main.label)}</b> compared with {compared}</p>
 <h2 id="headline">Headline</h2>

@@ -268,8 +268,20 @@ def op_phases(job: Any) -> dict[str, str]:
 
 
 def recompute_ops(job: Any) -> set[str]:
-    """The recompute copies, and the boxing ops OneFlow inserted that only feed them."""
-    return _with_feeding_boxing(job, {op.name for op in job.net.op if is_recompute_op(op.name)})
+    """The recompute copies, the boxing ops OneFlow inserted that only feed them, and the
+    boxing ops that read a copy's output (they box a recomputed tensor: a backward op that
+    shares such a boxing with a copy reads it in place of the forward's)."""
+    copies = _with_feeding_boxing(job, {op.name for op in job.net.op if is_recompute_op(op.name)})
+    lbns = job.helper.lbn2logical_blob_desc
+    boxing = [op for op in job.net.op if op.name.startswith(_BOXING_PREFIXES)]
+    changed = True
+    while changed:
+        changed = False
+        for op in boxing:
+            if op.name not in copies and any(p in copies for p in _data_inputs(op, lbns)):
+                copies.add(op.name)
+                changed = True
+    return copies
 
 
 def zero_gather_ops(job: Any) -> set[str]:
@@ -317,35 +329,27 @@ def predicted_phases(
     """Bytes per device per mesh axis that autopar predicts for ``plan`` on ``graph``, by
     phase (:data:`autopar.oneflow.traffic.PHASES`), for ``K = micro_batches``.
 
-    From :func:`autopar.evaluate.evaluate` at ``(K, off)`` with OneFlow's grouping of
-    boxings (``group_boxing``): an edge (or ZeRO gather) that runs every micro-batch adds its
-    bytes to ``per_micro_batch``; one whose consumer is a forward op of a recomputed scope
-    (:func:`autopar.iteration.layer_of`) adds them again to ``recompute`` (the iteration
-    model's rule, :func:`autopar.iteration.run_counts`: a recomputed block's forward edges
-    run twice; its ZeRO gathers once); one that runs once per step
-    (:data:`autopar.iteration.ACCUMULATION`, the update's inputs) to ``once_per_step``.
-    With ``K = 1`` once-per-step bytes count as ``per_micro_batch`` (a job without
-    accumulation has no step apart from its one micro-batch).  Units: bytes per device,
-    each hop once (per step: ``K x (per_micro_batch + recompute) + once_per_step``)."""
+    From :func:`autopar.evaluate.evaluate` at ``K`` with ``recomputed`` as the recomputed
+    blocks and OneFlow's grouping of boxings (``group_boxing``): an edge (or ZeRO gather)
+    that runs every micro-batch adds its bytes to ``per_micro_batch``, and again to
+    ``recompute`` when it runs twice per micro-batch (the iteration model's rule,
+    :meth:`autopar.iteration.RunCounts.edge`: an edge whose producer and consumer are both
+    recomputed, :func:`autopar.iteration.boxed_again_in_recompute`; ZeRO gathers once); one
+    that runs once per step (:data:`autopar.iteration.ACCUMULATION`, the update's inputs) to
+    ``once_per_step``.  With ``K = 1`` once-per-step bytes count as ``per_micro_batch`` (a
+    job without accumulation has no step apart from its one micro-batch).  Units: bytes per
+    device, each hop once (per step: ``K x (per_micro_batch + recompute) + once_per_step``)."""
     from autopar.evaluate import evaluate
-    from autopar.graph import Role
 
-    ev = evaluate(graph, plan, group_boxing=True, training=TrainingConfig(micro_batches, "off"))
-    scopes = set(recomputed)
+    training = TrainingConfig(micro_batches, "auto", tuple(recomputed))
+    ev = evaluate(graph, plan, group_boxing=True, training=training)
     phases = ("per_micro_batch", "recompute", "once_per_step")
     out: dict[str, dict[int, float]] = {ph: dict.fromkeys(range(plan.mesh.ndim), 0.0) for ph in phases}
     for e in ev.edges:
-        consumer = graph.op_by_name.get(e.consumer)
-        again = (
-            not e.zero_gather
-            and consumer is not None
-            and consumer.role is Role.FORWARD
-            and layer_of(consumer.name) in scopes
-        )
         for step in e.steps:
             if e.per_micro_batch > 0:
                 out["per_micro_batch"][step.axis] += step.bytes_per_device
-                if again:
+                if e.per_micro_batch > 1:
                     out["recompute"][step.axis] += step.bytes_per_device
             if e.per_step > 0:
                 phase = "once_per_step" if micro_batches > 1 else "per_micro_batch"

@@ -17,6 +17,15 @@
    and trains ``--steps`` steps;
 4. print the fidelity report and the losses next to the one-rank losses.
 
+The iteration follows the plan: ``--micro-batches K`` and ``--checkpointing
+{off,auto,full}`` set what the plan is solved for (``autopar plan --micro-batches
+--checkpointing``); the run then takes ``K`` and the recomputed blocks from the plan JSON
+(``micro_batches``, ``checkpointing``, ``recomputed_blocks``): ``compile_with_plan`` (or,
+with ``--no-pin``, :func:`autopar.oneflow.iteration.configure_iteration`) sets the
+gradient accumulation steps and activation checkpointing on those blocks' modules.  Each
+step feeds ``K`` copies of the reference batch, one per micro-batch, and reports the mean
+of their losses.
+
 ``result.json`` in ``--out`` holds the numbers.  Needs the OneFlow venv
 (``scripts/oneflow-env.sh``).
 """
@@ -40,6 +49,13 @@ import zoo
 
 from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph
 from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp
+from autopar.oneflow.iteration import (
+    checkpoint_modules,
+    configure_iteration,
+    job_micro_batches,
+    job_recomputed_scopes,
+    plan_recomputed_scopes,
+)
 from autopar.oneflow.planning import request_plan
 from autopar.plan import Plan
 
@@ -47,8 +63,9 @@ LEARNING_RATE = 1e-3
 
 
 def _loss_value(loss: flow.Tensor, placement: flow.placement) -> float:
+    """The loss of one step (the mean of its micro-batches' losses under accumulation)."""
     ndim = len(loss.sbp)
-    return float(loss.to_global(placement, [flow.sbp.broadcast] * ndim).to_local().numpy())
+    return float(loss.to_global(placement, [flow.sbp.broadcast] * ndim).to_local().numpy().mean())
 
 
 def export_and_reference(args: argparse.Namespace, out: Path) -> list[float]:
@@ -76,8 +93,11 @@ def run_rank(args: argparse.Namespace) -> None:
     placement = flow.placement("cpu", ranks=np.arange(int(np.prod(shape))).reshape(shape).tolist())
     broadcast = [flow.sbp.broadcast] * len(shape)
     module, arrays = zoo.build(args.model, seed=0, batch=args.batch, identity_reads=True)
+    k = plan.training.micro_batches  # the inputs hold K micro-batches: K copies of the batch
     inputs = [
-        flow.tensor(a).to_global(placement, broadcast).to_global(placement, to_flow_sbp(sbp))
+        flow.tensor(np.concatenate([a] * k))
+        .to_global(placement, broadcast)
+        .to_global(placement, to_flow_sbp(sbp))
         for a, sbp in zip(arrays, plan_input_sbps(plan))
     ]
     report = apply_plan(
@@ -94,6 +114,8 @@ def run_rank(args: argparse.Namespace) -> None:
         pinned, rejected = compiled.pinned_ops, compiled.rejected
     else:
         graph = make_train_graph(module, optimizer)
+        blocks = checkpoint_modules(module, plan_recomputed_scopes(plan, module))
+        configure_iteration(graph, k, blocks.values())  # the plan's K and recomputed blocks
         graph.build_graph(*inputs)
         graph.finish_complie_and_init_runtime()
         fidelity = check_fidelity(graph, plan)
@@ -104,6 +126,9 @@ def run_rank(args: argparse.Namespace) -> None:
         result = {
             "mesh": list(shape),
             "plan_source": plan.source,
+            "training": plan.training.to_dict(),
+            "job_micro_batches": job_micro_batches(graph._full_job_proto),
+            "job_recomputed": job_recomputed_scopes(graph._full_job_proto),
             "losses": losses,
             "fidelity": fidelity.to_dict(),
             "pinned_ops": pinned,
@@ -116,6 +141,8 @@ def run_rank(args: argparse.Namespace) -> None:
         (out / "rank0.json").write_text(json.dumps(result, indent=1))
         print(f"[run] {pinned} ops pinned (OneFlow refused the planned signatures of {rejected})")
         print(f"[run] compiled job: {fidelity.summary()}")
+        read_back = f"K = {result['job_micro_batches']}, recomputed blocks {result['job_recomputed']}"
+        print(f"[run] {read_back} (read back from the compiled job)")
         print(f"[run] {len(report.hints)} activation hints; losses {losses}")
 
 
@@ -137,6 +164,15 @@ def main() -> None:
         help="budget = this fraction of the memory of the replicated (single-device) plan",
     )
     parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit, s")
+    parser.add_argument(
+        "--micro-batches", type=int, default=1, help="micro-batches per optimizer step to plan for (K)"
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=["off", "auto", "full"],
+        default=None,
+        help="activation checkpointing to plan for (default: the planner's own)",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument(
         "--hints",
@@ -186,6 +222,8 @@ def main() -> None:
             planner=args.planner,
             memory=memory,
             time_limit_s=args.time_limit,
+            micro_batches=args.micro_batches,
+            checkpointing=args.checkpointing,
         )
         print(f"[plan] {plan.source}: planned in {time.perf_counter() - t0:.1f} s\n{plan.summary()}")
 
@@ -195,6 +233,8 @@ def main() -> None:
         "oneflow.distributed.launch",
         "--nproc_per_node",
         str(ranks),
+        "--master_port",
+        os.environ.get("AUTOPAR_ONEFLOW_PORT", "29500"),
         str(Path(__file__).resolve()),
         "run",
         "--model",

@@ -29,6 +29,7 @@ from autopar.wire import SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext, evaluate_reserve
 from autopar_solver.planner.floors import MemorySeed, memory_seed, raise_infeasible
+from autopar_solver.planner.incumbent import seed_with_full
 from autopar_solver.planner.recall import MemoRecall, Verified
 from autopar_solver.planner.recompute import recompute_choices
 from autopar_solver.planner.request import TIE_THRESHOLD_OPS
@@ -92,6 +93,8 @@ def solve_mesh(
     reserve = evaluate_reserve(len(graph.ops))
     memo = _recall(job, reserve, ctx)
     state, solve_again = _first_round(job, seed, memo, reserve, ctx)
+    if solve_again:
+        seed_with_full(job, state, ctx)  # checkpointing auto: never worse than full
     run_rounds(job, state, ctx, MAX_MEMORY_ROUNDS + 1 if solve_again else 0)
     plan_obj, ev, solution = _chosen(job, state, memo, ctx, t_tables)
     solution = with_bound(solution, state.best_bound)

@@ -12,9 +12,13 @@ choices doubled::
 * node costs: the ``keep`` half is the op's iteration cost with no block recomputed, the
   ``recompute`` half with its block recomputed (its forward compute twice per micro-batch,
   :func:`autopar.iteration.recompute_table_costs`);
-* edge costs depend on the consumer's flag only (the boxing into a recomputed op runs twice
-  per micro-batch); an edge between two ops of one block whose flags differ costs ``inf``
-  (:func:`expand_edge`, the one place that decides it), so a block recomputes as a whole.
+* edge costs depend on both ends' flags: the boxing of an edge runs twice per micro-batch
+  when its producer and its consumer both recompute
+  (:func:`autopar.iteration.boxed_again_in_recompute`, from OneFlow's
+  ``checkpointing_pass.cpp``: a recomputed op reads what it takes from outside the
+  recomputed ops through the forward's boxing); an edge between two ops of one block whose
+  flags differ costs ``inf`` (:func:`expand_edge`, the one place that decides it), so a
+  block recomputes as a whole.
   Ops of a block that no edge inside the block joins get an agreement edge (0 or ``inf``);
 * memory: a tensor's live spans depend on its home block's flag and on the flags of the
   other blocks that read it in forward (:func:`autopar.iteration.tensor_spans`).  With at
@@ -46,6 +50,7 @@ from autopar.graph import Graph, Role
 from autopar.iteration import (
     TrainingConfig,
     block_readers,
+    boxed_again_in_recompute,
     candidate_blocks,
     checkpoint_blocks,
     layer_of,
@@ -127,12 +132,17 @@ def tile(rc: RecomputeChoices, u: int, v: int | None, values: np.ndarray) -> np.
 
 
 def expand_edge(rc: RecomputeChoices, u: int, v: int, keep: np.ndarray, recompute: np.ndarray) -> np.ndarray:
-    """Edge ``u -> v``'s cost over the doubled choices: ``keep`` where ``v``'s block keeps,
-    ``recompute`` where it recomputes (the boxing into ``v`` runs twice per micro-batch);
-    ``inf`` where ``u`` and ``v`` share a block and their flags differ (the one place that
-    forbids half a block recomputed)."""
-    row = np.hstack([keep, recompute]) if rc.doubled(v) else keep
-    out = np.vstack([row, row]) if rc.doubled(u) else row
+    """Edge ``u -> v``'s cost over the doubled choices (flags ``f_u``, ``f_v``): ``recompute``
+    (the edge priced with every block recomputed) where
+    :func:`autopar.iteration.boxed_again_in_recompute` ``(f_u, f_v)``, else ``keep``.  A
+    node that is not doubled has its flag off for ``u`` and, for ``v``, its ``recompute``
+    price equals ``keep`` (it is no recomputed op); ``inf`` where ``u`` and ``v`` share a
+    block and their flags differ (the one place that forbids half a block recomputed)."""
+    flags_u = (False, True) if rc.doubled(u) else (False,)
+    flags_v = (False, True) if rc.doubled(v) else (False,)
+    out = np.block(
+        [[recompute if boxed_again_in_recompute(fu, fv) else keep for fv in flags_v] for fu in flags_u]
+    )
     if rc.doubled(u) and rc.doubled(v) and rc.block_of[u] == rc.block_of[v]:
         nu, nv = rc.signatures[u], rc.signatures[v]
         out = out.copy()

@@ -15,7 +15,9 @@ _build_iteration.py OUT [JOBS]`` (4 CPU ranks as [2, 2], ZeRO-2 with OneFlow's d
    sets ``K = 4`` and checkpointing on every block from the plan (``{model}_full.pb``, the
    compiled job);
 3. ``subset`` (standing for ``auto``): the ``off`` plan with ``recompute=`` the first
-   block's scope only (``{model}_subset.pb``).
+   block's scope only (``{model}_subset.pb``);
+4. ``auto=PLAN``: the plan file ``PLAN`` (a solver's ``auto`` plan of ``{model}_graph.json``)
+   compiled as it is (``{model}_auto.pb``).
 
 Rank 0 writes the files and ``reports.json`` (each compile's ``CompileReport``: ``K`` and
 the modules it checkpointed).  The fidelity is checked by the test, in one process.
@@ -36,6 +38,7 @@ from _libai_layout import global_inputs, libai_weights  # noqa: E402
 
 from autopar.iteration import TrainingConfig  # noqa: E402
 from autopar.oneflow import compile_with_plan, import_job, import_plan, make_train_graph  # noqa: E402
+from autopar.plan import Plan  # noqa: E402
 
 MICRO_BATCH, K = 2, 4
 IDENTITY_READS = False  # compiled, never run: the variables may feed their consumers directly
@@ -72,7 +75,11 @@ for name in models:
         one.save(str(out / f"{name}_graph.json"))
         plans["full"].save(str(out / f"{name}_full_plan.json"))
         plans["subset"].save(str(out / f"{name}_off_plan.json"))
-    for variant, recompute in (("full", None), ("subset", FIRST_BLOCK[name])):
+    for model, variant in jobs:
+        if model == name and variant.startswith("auto="):
+            plans["auto"] = Plan.load(variant.removeprefix("auto="))
+            jobs.append((name, "auto"))
+    for variant, recompute in (("full", None), ("subset", FIRST_BLOCK[name]), ("auto", None)):
         if (name, variant) not in jobs:
             continue
         module, inputs = build(name, MICRO_BATCH * K)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -224,13 +225,16 @@ def _check_fidelity_by_phase(iteration_jobs: Path, model: str, variant: str) -> 
         assert sum(rows[a, "recompute"][side] for a in (0, 1)) > 0
         assert sum(rows[a, "once_per_step"][side] for a in (0, 1)) > 0
     for axis in (0, 1):
-        # measured: per micro-batch within 2.6 %, once per step within 0.7 %, per step within
-        # 1.1 % (the jobs follow the plan on 93-95 % of its boxing bytes)
+        # measured: per micro-batch within 0.6 %, once per step within 0.7 %, per step within
+        # 0.5 % (the jobs follow the plan on 93-95 % of its boxing bytes)
         for phase in ("per_micro_batch", "once_per_step", "per_step"):
             assert rows[axis, phase]["predicted"] == pytest.approx(rows[axis, phase]["counted"], rel=0.05)
-        # recompute: OneFlow does not box again what a recomputed block reads from outside
-        # it (the copy reads the forward's boxed tensor), the model does: never below
-        assert rows[axis, "recompute"]["predicted"] >= rows[axis, "recompute"]["counted"]
+        # recompute: boxed again only between ops of OneFlow's recomputed copy (ZeRO casts
+        # included), autopar.iteration.boxed_again_in_recompute; measured: GPT +0.0 % (first
+        # block) and +5.0 % (both), MT5 -9.1 % (encoder block) and -6.0 % (both); 0.0 % on axis 0
+        assert rows[axis, "recompute"]["predicted"] == pytest.approx(
+            rows[axis, "recompute"]["counted"], rel=0.12, abs=1e-9
+        )
     table = report.phase_table()
     assert "K = 4" in table and "recompute" in table and "once_per_step" in table
 
@@ -310,6 +314,43 @@ def test_request_plan_solves_for_the_iteration_compile_with_plan_runs(
         timeout_s=300,
     )
     assert plan.training == TrainingConfig(4, "full")
+
+
+def test_a_solver_auto_plan_compiles_with_the_blocks_it_recomputes(
+    iteration_jobs: Path, tmp_path: Path
+) -> None:
+    """The solver's ``auto`` plan of tiny GPT at a budget under the floor of ``off`` (some
+    block must recompute), compiled by ``compile_with_plan``: the blocks OneFlow recomputes,
+    read back from the compiled job, are the plan's ``recomputed_blocks``."""
+    from autopar.oneflow.planning import autopar_python, request_plan
+
+    try:
+        python = autopar_python()
+    except Exception as exc:  # the solver needs the main environment
+        pytest.skip(f"no main autopar environment: {exc}")
+    graph_path = str(iteration_jobs / "gpt-tiny_graph.json")
+    common = {"mesh_shape": (2, 2), "cluster": "1x4", "zero_stage": 2, "micro_batches": 4, "python": python}
+    with pytest.raises(PlanError) as refused:  # off at 1 KiB: refused with its memory floor
+        request_plan(graph_path, str(tmp_path / "off.json"), memory="1KiB", checkpointing="off", **common)
+    floor_kib = float(re.search(r"smallest memory found feasible is ([\d.]+) KiB", str(refused.value))[1])
+    budget = int(0.964 * floor_kib * 1024)  # under the floor of off, above auto's
+    plan = request_plan(
+        graph_path,
+        str(tmp_path / "auto.json"),
+        memory=f"{budget}B",
+        checkpointing="auto",
+        time_limit_s=120,
+        timeout_s=600,
+        **common,
+    )
+    assert plan.training.checkpointing == "auto" and plan.training.recomputed
+    launch(
+        4,
+        Path(__file__).with_name("_build_iteration.py"),
+        str(tmp_path),
+        f"gpt-tiny:auto={tmp_path / 'auto.json'}",
+    )
+    assert job_recomputed_scopes(_job(tmp_path / "gpt-tiny_auto.pb")) == list(plan.training.recomputed)
 
 
 def _variants_models(out: Path) -> list[str]:

@@ -32,6 +32,7 @@ def baseline(kind: str, zero: int):
         ("shared.weight", "shared"),
         ("embedding.word", "embedding"),
         ("input_ids", TOP_LEVEL),
+        ("model.h.0-add_n-40", "model.h.0"),  # OneFlow's <scope>-<type>-<id>
     ],
 )
 def test_layer_of(name: str, layer: str) -> None:

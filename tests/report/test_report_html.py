@@ -147,7 +147,7 @@ def test_the_report_shows_the_iteration_of_each_plan(graph) -> None:
     megatron = baseline_beside("megatron", graph, plan)
     assert megatron.training == TrainingConfig(8, "full")  # Megatron recomputes every block
     html = build_report(graph, plan, [("megatron", megatron)], 2 * GIB, label="dp")
-    assert "K = 8\nmicro-batches per step, checkpointing off" in html
+    assert "K = 8 micro-batches per step,\ncheckpointing off" in html
     assert "<td>8, off</td><td>8, full</td>" in html
     row = re.search(r"evaluated iteration \(K micro-batches \+ once per step\)</th>(.*?)</tr>", html)
     assert row is not None

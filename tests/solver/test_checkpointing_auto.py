@@ -140,3 +140,14 @@ def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(
     assert ev.memory.total <= tight.budget
     assert auto.solver["bound"] <= tight.full.solver["objective"] * (1 + 1e-9)
     assert ev.recompute_time_s > 0
+
+
+def test_auto_is_never_worse_than_full_at_the_same_budget(graph, tight: Tight) -> None:
+    """Every ``full`` plan is an ``auto`` plan (every flag set to recompute): ``auto`` solves
+    ``full`` first and keeps it as its incumbent, so its objective is at most ``full``'s."""
+    auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto")
+    assert auto.solver is not None and tight.full.solver is not None
+    assert auto.solver["objective"] <= tight.full.solver["objective"] * (1 + 1e-9)
+    assert auto.memory["per_device_bytes"] <= tight.budget
+    ev = evaluate(graph, auto)
+    assert math.isclose(ev.iteration_time_s, auto.solver["objective"], rel_tol=1e-6)
