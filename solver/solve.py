@@ -38,13 +38,13 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import VerificationError
-from autopar_solver.bounds import DiffusionBound, reparametrized
+from autopar_solver.bounds import DiffusionBound, LayoutCut, reparametrized
 from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
 from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
 from autopar_solver.lns import WINDOW_TIME_S, window_search
 from autopar_solver.options import Progress, ProgressFn, SolverOptions
 from autopar_solver.problem import Problem, Solution, cost_spread, evaluate, memory_fits, trivial_bound
-from autopar_solver.reductions import Reduction, problem_size, reduce_problem
+from autopar_solver.reductions import Reduction, problem_size, reduce_problem, unreduced
 
 __all__ = ["solve"]
 
@@ -67,6 +67,13 @@ under a second where one CP-SAT model reached a 23 % gap in 50 s)."""
 _REDUCE_SHARE = 0.4
 """Share of the time limit the reductions may take before the search starts on what is
 left (they are exact one by one, so stopping early only leaves a larger problem)."""
+_DENSE_ENTRIES = 40_000_000
+_DENSE_ENTRIES_PER_EDGE = 4096
+"""Problems with more edge entries than this, and more than this many per edge on average
+(three-axis meshes: mt5-base on [2, 2, 2] has 150.9M entries, 23k per edge; on [4, 2]:
+4.3M, 650), skip the reductions: there they copied every matrix for seconds (6-10 s on
+the loaded 2-core machine, 2026-12-04) to remove 2 % of the entries, time the TRW-S bound
+needs."""
 _DETERMINISTIC_SWEEPS = 80
 _CHUNK = 10
 _MAX_ROUNDS = 120
@@ -84,15 +91,20 @@ _MARGIN_S = 0.3
 """Kept free before the deadline for the last sweep, expansion and verification."""
 _DECODE_S = 1.0
 _WINDOW_STALL = 8
-_MAX_DUAL_ENTRIES = 40_000_000
+_MAX_DUAL_ENTRIES = 250_000_000
 """Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
-every entry (16 bytes each)."""
-_SETUP_S_PER_ENTRY = 1.5e-7
-"""TRW-S setup seconds per edge entry (measured on mt5-base's reduced problem, 2.9M
-entries: 0.2-0.4 s, the compiled layout included)."""
+every entry (16 bytes each: 4 GB at this size; mt5-base on [2, 2, 2] has 150.9M entries,
+2.4 GB, whose bound is what proves a three-axis plan's gap)."""
+_SETUP_S_PER_ENTRY = 6e-8
+"""TRW-S setup seconds per edge entry (measured on mt5-base, loaded 2-core machine,
+2026-12-04: [4, 2], 4.3M entries: 0.75 s; [2, 2, 2], 150.9M entries: 3.7-13 s, most of
+it the first touch of the pages of the copies)."""
 _SETUP_SHARE = 1.0
 """TRW-S is set up only when its estimated setup fits in this share of the time left (a
 safety net: the planner already skips the untied solve of a tied graph without time)."""
+_SETUP_CUT_SHARE = 0.5
+"""A TRW-S layout still running after this share of the time left is abandoned (no time
+would be left to sweep it)."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -177,16 +189,32 @@ def _reduce(run: _Run) -> Reduction:
     options = run.options
     run.report("reduce")
     start = time.perf_counter()
-    reduction = reduce_problem(
-        run.problem,
-        None if options.reductions else (),
-        # deterministic runs reduce to the fixpoint: the clock must not change the answer
-        deadline=None if options.deterministic else run.t0 + _REDUCE_SHARE * options.time_limit_s,
-    )
+    dense = _too_dense_to_reduce(run.problem)
+    if dense is not None:
+        reduction = unreduced(run.problem, dense)
+    else:
+        reduction = reduce_problem(
+            run.problem,
+            None if options.reductions else (),
+            # deterministic runs reduce to the fixpoint: the clock must not change the answer
+            deadline=None if options.deterministic else run.t0 + _REDUCE_SHARE * options.time_limit_s,
+        )
     run.phases["reduce"] = time.perf_counter() - start
     run.stats["reductions"] = reduction.stats
     logger.debug("reductions: %s -> %s", reduction.stats["before"], reduction.stats["after"])
     return reduction
+
+
+def _too_dense_to_reduce(problem: Problem) -> str | None:
+    """Why the reductions are skipped on ``problem`` (None: they run): more than
+    :data:`_DENSE_ENTRIES` edge entries at over :data:`_DENSE_ENTRIES_PER_EDGE` per edge on
+    average, and no self-loop."""
+    entries = sum(m.size for _, _, m in problem.edges)
+    if entries <= _DENSE_ENTRIES or entries <= _DENSE_ENTRIES_PER_EDGE * len(problem.edges):
+        return None
+    if any(u == v for u, v, _ in problem.edges):
+        return None
+    return f"{entries} edge entries, {entries // len(problem.edges)} per edge"
 
 
 def _dual_and_heuristic(
@@ -377,9 +405,14 @@ class _Dual:
             self.stats["skipped"] = f"{entries} edge entries"
             return
         began = time.perf_counter()
-        self.runs = [DiffusionBound(reduced)]
+        try:
+            self.runs = [DiffusionBound(reduced, deadline=began + _SETUP_CUT_SHARE * left)]
+        except LayoutCut as cut:  # the estimate was short (a loaded machine): no bound in time
+            self.stats["skipped"] = f"{entries} edge entries; {cut}"
+            return
         self.setup_s = time.perf_counter() - began
         self.stats["sweeps"] = [0]
+        self.stats["single_precision"] = self.runs[0].single
 
     def use_heuristic(self, best: HeuristicResult, deadline: float | None = None) -> None:
         """Start from the heuristic's plan; when memory binds (the plan has prices) add a
