@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import VerificationError
-from autopar_solver.bounds import DiffusionBound, LayoutCut, reparametrized
+from autopar_solver.bounds import SINGLE_ENTRIES, DiffusionBound, LayoutCut, reparametrized
 from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
 from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
 from autopar_solver.lns import WINDOW_TIME_S, window_search
@@ -93,8 +93,9 @@ _DECODE_S = 1.0
 _WINDOW_STALL = 8
 _MAX_DUAL_ENTRIES = 250_000_000
 """Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
-every entry (16 bytes each: 4 GB at this size; mt5-base on [2, 2, 2] has 150.9M entries,
-2.4 GB, whose bound is what proves a three-axis plan's gap)."""
+every entry (a row-major and a column-major one; 4 bytes each above
+:data:`~autopar_solver.bounds.SINGLE_ENTRIES`: 2 GB at this size; mt5-base on [2, 2, 2]
+has 150.9M entries, whose bound is what proves a three-axis plan's gap)."""
 _SETUP_S_PER_ENTRY = 6e-8
 """TRW-S setup seconds per edge entry (measured on mt5-base, loaded 2-core machine,
 2026-12-04: [4, 2], 4.3M entries: 0.75 s; [2, 2, 2], 150.9M entries: 3.7-13 s, most of
@@ -105,6 +106,10 @@ safety net: the planner already skips the untied solve of a tied graph without t
 _SETUP_CUT_SHARE = 0.5
 """A TRW-S layout still running after this share of the time left is abandoned (no time
 would be left to sweep it)."""
+_DENSE_FINAL_S = 2.0
+"""Seconds a dense problem's sweeps stop before its dual phase ends, for the decode of
+their last state and the heuristic's descent from it (mt5-base on [2, 2, 2], loaded 2-core
+machine: 0.3-0.4 s to decode, 1 s of descent: 43.5 ms -> 40.6 ms)."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -396,9 +401,13 @@ class _Dual:
         self.decode_s = 0.0
         """Seconds the last decode took (time kept free for the next one)."""
         self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": []}
+        entries = sum(m.size for _, _, m in reduced.edges)
+        self.dense = entries > SINGLE_ENTRIES
+        """A problem this big sweeps slowly (three-axis meshes: about 0.3-0.5 s a sweep on
+        the loaded 2-core machine): its sweeps stop :data:`_DENSE_FINAL_S` before the dual
+        phase ends, so that their last state is decoded, with the heuristic's descent."""
         if not reduced.num_nodes:
             return  # the reductions solved it
-        entries = sum(m.size for _, _, m in reduced.edges)
         left = math.inf if deadline is None else deadline - time.perf_counter()
         if entries > _MAX_DUAL_ENTRIES or entries * _SETUP_S_PER_ENTRY > _SETUP_SHARE * left:
             # too big to lay out in the time (or memory) there is: the trivial bound only
@@ -481,11 +490,12 @@ class _Dual:
         """Sweep every run that is not converged nor sweeping yet in a thread of its own
         until ``deadline`` (e.g. while the heuristic runs); :meth:`advance` then decodes
         what they reach."""
+        until = deadline - _DENSE_FINAL_S if self.dense else deadline
         for run in self.runs:
             if run in self._retired or run.converged:
                 continue
             if all(s.run is not run for s in self.sweepers):
-                self.sweepers.append(_Sweeper(run, deadline, self._fresh))
+                self.sweepers.append(_Sweeper(run, until, self._fresh))
 
     def _advance_in_parallel(self, deadline: float, target_gap: float) -> None:
         """:meth:`advance` while the runs sweep in threads of their own (compiled, without
@@ -504,7 +514,13 @@ class _Dual:
                         if time.perf_counter() >= deadline:
                             break
                         decoded[sweeper] = state[0]
-                        self._decode(sweeper.run, deadline, state=state[1], reverse_state=state[2])
+                        self._decode(
+                            sweeper.run,
+                            deadline,
+                            state=state[1],
+                            reverse_state=state[2],
+                            descent=done and self.dense,  # its last state
+                        )
                         self.rounds += 1
                     if done:
                         self._stop(sweeper)
@@ -545,6 +561,7 @@ class _Dual:
         *,
         state: tuple[np.ndarray, np.ndarray] | None = None,
         reverse_state: tuple[np.ndarray, np.ndarray] | None = None,
+        descent: bool = False,
     ) -> None:
         """Greedy on the reparametrised costs in the forward pass's order, and in the
         backward pass's (from ``reverse_state``, the snapshot taken between the last
@@ -578,7 +595,7 @@ class _Dual:
             )
         # the compiled part: what the deadline keeps free for the next decode
         self.decode_s = time.perf_counter() - began
-        if not blocked and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:
+        if not (blocked or descent) and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:
             candidate = HeuristicResult(raw, cost, memory, True)
         else:
             if self.options.deterministic:

@@ -111,6 +111,7 @@ def test_a_dense_problem_is_solved_unreduced_to_the_optimum(problem, monkeypatch
     best, _ = brute_force(problem)
     sol = solve_module.solve(problem, SolverOptions(time_limit_s=30, workers=1))
     assert "skipped" in sol.stats["reductions"]
+    assert sol.stats["dual"].get("single_precision", True)
     if math.isfinite(best):
         assert sol.status == "optimal"
         assert sol.objective == pytest.approx(best)
@@ -127,6 +128,7 @@ def monkeypatch_dense():
     patch = pytest.MonkeyPatch()
     patch.setattr(solve_module, "_DENSE_ENTRIES", 0)
     patch.setattr(solve_module, "_DENSE_ENTRIES_PER_EDGE", 0)
+    patch.setattr(solve_module, "SINGLE_ENTRIES", 0)  # sweeps stop early for a last decode
     patch.setattr("autopar_solver.bounds.SINGLE_ENTRIES", 0)
     yield
     patch.undo()
