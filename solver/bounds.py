@@ -476,7 +476,12 @@ class DiffusionBound:
         return out
 
     def _bound(self) -> float:
-        raw = math.fsum([self.constant, *self.node_minima().tolist(), *self.edge_minima().tolist()])
+        try:
+            raw = math.fsum([self.constant, *self.node_minima().tolist(), *self.edge_minima().tolist()])
+        except OverflowError:
+            # memory prices so high that priced terms overflow (no plan fits; prices keep
+            # rising): no bound at these prices, the best one so far stays
+            return -math.inf
         # single precision: every plan costs at least the rounded problem's bound / (1 + rtol)
         return raw / (1.0 + _SINGLE_RTOL) if self.single else raw
 

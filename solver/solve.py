@@ -108,8 +108,8 @@ _SETUP_CUT_SHARE = 0.5
 would be left to sweep it)."""
 _DENSE_FINAL_S = 2.0
 """Seconds a dense problem's sweeps stop before its dual phase ends, for the decode of
-their last state and the heuristic's descent from it (mt5-base on [2, 2, 2], loaded 2-core
-machine: 0.3-0.4 s to decode, 1 s of descent: 43.5 ms -> 40.6 ms)."""
+their last state and the heuristic's descent from the best plan (mt5-base on [2, 2, 2],
+loaded 2-core machine: 0.3-0.4 s to decode, 1 s of descent: 43.5 ms -> 40.6 ms)."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -405,7 +405,7 @@ class _Dual:
         self.dense = entries > SINGLE_ENTRIES
         """A problem this big sweeps slowly (three-axis meshes: about 0.3-0.5 s a sweep on
         the loaded 2-core machine): its sweeps stop :data:`_DENSE_FINAL_S` before the dual
-        phase ends, so that their last state is decoded, with the heuristic's descent."""
+        phase ends, so that their last state is decoded and the best plan descended."""
         if not reduced.num_nodes:
             return  # the reductions solved it
         left = math.inf if deadline is None else deadline - time.perf_counter()
@@ -514,13 +514,7 @@ class _Dual:
                         if time.perf_counter() >= deadline:
                             break
                         decoded[sweeper] = state[0]
-                        self._decode(
-                            sweeper.run,
-                            deadline,
-                            state=state[1],
-                            reverse_state=state[2],
-                            descent=done and self.dense,  # its last state
-                        )
+                        self._decode(sweeper.run, deadline, state=state[1], reverse_state=state[2])
                         self.rounds += 1
                     if done:
                         self._stop(sweeper)
@@ -534,7 +528,23 @@ class _Dual:
                     break
         finally:
             self.stop_sweeping()
+        if self.dense:
+            self._final_descent(deadline)
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
+
+    def _final_descent(self, deadline: float) -> None:
+        """A dense problem: the heuristic's descent from the best plan, for the time its
+        sweeps left free (:data:`_DENSE_FINAL_S`)."""
+        left = deadline - time.perf_counter()
+        if not self.best.feasible or left < 0.1:
+            return
+        candidate = solve_heuristic(
+            self.reduced, start=self.best.choices, time_budget_s=0.8 * left, seed=self.options.seed
+        )
+        self.stats["final_descent"] = {"from": self.best.cost, "to": candidate.cost}
+        if _better(candidate, self.best):
+            candidate.price = candidate.price if candidate.price is not None else self.best.price
+            self.best = candidate
 
     def stop_sweeping(self) -> None:
         """Stop every sweeping thread after its current pass (each run keeps every sweep it
@@ -561,7 +571,6 @@ class _Dual:
         *,
         state: tuple[np.ndarray, np.ndarray] | None = None,
         reverse_state: tuple[np.ndarray, np.ndarray] | None = None,
-        descent: bool = False,
     ) -> None:
         """Greedy on the reparametrised costs in the forward pass's order, and in the
         backward pass's (from ``reverse_state``, the snapshot taken between the last
@@ -595,7 +604,7 @@ class _Dual:
             )
         # the compiled part: what the deadline keeps free for the next decode
         self.decode_s = time.perf_counter() - began
-        if not (blocked or descent) and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:
+        if not blocked and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:
             candidate = HeuristicResult(raw, cost, memory, True)
         else:
             if self.options.deterministic:
