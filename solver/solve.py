@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import VerificationError
-from autopar_solver.bounds import SINGLE_ENTRIES, DiffusionBound, LayoutCut, reparametrized
+from autopar_solver.bounds import DiffusionBound, LayoutCut, reparametrized
 from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
 from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
 from autopar_solver.lns import WINDOW_TIME_S, window_search
@@ -210,12 +210,18 @@ def _reduce(run: _Run) -> Reduction:
     return reduction
 
 
+def _dense(entries: int, edges: int) -> bool:
+    """Over :data:`_DENSE_ENTRIES` edge entries, and over :data:`_DENSE_ENTRIES_PER_EDGE` per
+    edge on average (three-axis meshes)."""
+    return entries > _DENSE_ENTRIES and entries > _DENSE_ENTRIES_PER_EDGE * edges
+
+
 def _too_dense_to_reduce(problem: Problem) -> str | None:
     """Why the reductions are skipped on ``problem`` (None: they run): more than
     :data:`_DENSE_ENTRIES` edge entries at over :data:`_DENSE_ENTRIES_PER_EDGE` per edge on
     average, and no self-loop."""
     entries = sum(m.size for _, _, m in problem.edges)
-    if entries <= _DENSE_ENTRIES or entries <= _DENSE_ENTRIES_PER_EDGE * len(problem.edges):
+    if not _dense(entries, len(problem.edges)):
         return None
     if any(u == v for u, v, _ in problem.edges):
         return None
@@ -402,7 +408,7 @@ class _Dual:
         """Seconds the last decode took (time kept free for the next one)."""
         self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": []}
         entries = sum(m.size for _, _, m in reduced.edges)
-        self.dense = entries > SINGLE_ENTRIES
+        self.dense = _dense(entries, len(reduced.edges))
         """A problem this big sweeps slowly (three-axis meshes: about 0.3-0.5 s a sweep on
         the loaded 2-core machine): its sweeps stop :data:`_DENSE_FINAL_S` before the dual
         phase ends, so that their last state is decoded and the best plan descended."""

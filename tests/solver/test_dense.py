@@ -128,7 +128,6 @@ def monkeypatch_dense():
     patch = pytest.MonkeyPatch()
     patch.setattr(solve_module, "_DENSE_ENTRIES", 0)
     patch.setattr(solve_module, "_DENSE_ENTRIES_PER_EDGE", 0)
-    patch.setattr(solve_module, "SINGLE_ENTRIES", 0)  # sweeps stop early for a last decode
     patch.setattr("autopar_solver.bounds.SINGLE_ENTRIES", 0)
     yield
     patch.undo()
