@@ -56,6 +56,7 @@ from autopar_solver.trws_kernels import (
 
 __all__ = [
     "SINGLE_ENTRIES",
+    "SINGLE_ENTRIES_PER_EDGE",
     "DiffusionBound",
     "LayoutCut",
     "compile_all",
@@ -74,9 +75,12 @@ _CHECK_ENTRIES = 4_000_000
 """Edge entries a pass reads between two deadline checks (one compiled call: about 10 ms;
 between calls another Python thread may take the interpreter)."""
 SINGLE_ENTRIES = 40_000_000
-"""Problems with more edge entries than this keep their edge matrices in single precision
-(when :func:`single_precision_allowed`): half the memory, half the bytes a sweep reads
-(mt5-base on [2, 2, 2]: 150.9M entries, 1.2 GB per copy instead of 2.4 GB)."""
+SINGLE_ENTRIES_PER_EDGE = 4096
+"""Problems with more edge entries than :data:`SINGLE_ENTRIES`, and more than this many per
+edge on average (three-axis meshes), keep their edge matrices in single precision (when
+:func:`single_precision_allowed`): half the memory, half the bytes a sweep reads
+(mt5-base on [2, 2, 2]: 150.9M entries, 23k per edge, 1.2 GB for both copies instead of
+2.4 GB)."""
 _SINGLE_RTOL = 2.0**-24
 """Relative rounding of float64 to the nearest float32 (unit roundoff)."""
 _LAYOUT_CHECK_SLOTS = 256
@@ -118,13 +122,18 @@ class DiffusionBound:
         deadline: float = math.inf,
     ) -> None:
         """``single``: edge matrices in single precision (None: when the problem has more
-        than :data:`SINGLE_ENTRIES` edge entries and :func:`single_precision_allowed`);
+        than :data:`SINGLE_ENTRIES` edge entries, over :data:`SINGLE_ENTRIES_PER_EDGE` per
+        edge, and :func:`single_precision_allowed`);
         ``deadline``: :class:`LayoutCut` is raised when laying out the matrices runs
         past it."""
         self.problem = problem
         if single is None:
             entries = sum(m.size for _, _, m in problem.edges)
-            single = entries > SINGLE_ENTRIES and single_precision_allowed(problem)
+            single = (
+                entries > SINGLE_ENTRIES
+                and entries > SINGLE_ENTRIES_PER_EDGE * len(problem.edges)
+                and single_precision_allowed(problem)
+            )
         elif single and not single_precision_allowed(problem):
             raise ValueError("single precision needs node costs >= 0 and no memory edge terms")
         self.single = single

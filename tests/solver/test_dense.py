@@ -129,5 +129,6 @@ def monkeypatch_dense():
     patch.setattr(solve_module, "_DENSE_ENTRIES", 0)
     patch.setattr(solve_module, "_DENSE_ENTRIES_PER_EDGE", 0)
     patch.setattr("autopar_solver.bounds.SINGLE_ENTRIES", 0)
+    patch.setattr("autopar_solver.bounds.SINGLE_ENTRIES_PER_EDGE", 0)
     yield
     patch.undo()
