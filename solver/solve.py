@@ -87,19 +87,30 @@ repair; Python, up to :data:`_DECODE_S`) on the round's best decoded plan, as do
 round whose decoded plans all overflow the budget."""
 _PRICE_UP = 1.5
 _PRICE_DOWN = 1.25
+_PRICE_CEILING = 1e200
+"""Most seconds per byte a memory row is priced at: where no plan fits (an infeasible
+problem the reductions did not see, e.g. a dense one they skip) prices rise each decode,
+and past this one memory already outweighs any step time (seconds <= 1e3, bytes <= 1e15)
+by 1e180 while priced terms would overflow float64 near 1e308."""
 _MARGIN_S = 0.3
 """Kept free before the deadline for the last sweep, expansion and verification."""
 _DECODE_S = 1.0
 _WINDOW_STALL = 8
-_MAX_DUAL_ENTRIES = 250_000_000
+_MAX_DUAL_ENTRIES = 40_000_000
 """Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
-every entry (a row-major and a column-major one; 4 bytes each above
-:data:`~autopar_solver.bounds.SINGLE_ENTRIES`: 2 GB at this size; mt5-base on [2, 2, 2]
-has 150.9M entries, whose bound is what proves a three-axis plan's gap)."""
-_SETUP_S_PER_ENTRY = 6e-8
-"""TRW-S setup seconds per edge entry (measured on mt5-base, loaded 2-core machine,
-2026-12-04: [4, 2], 4.3M entries: 0.75 s; [2, 2, 2], 150.9M entries: 3.7-13 s, most of
-it the first touch of the pages of the copies)."""
+every entry (16 bytes each)."""
+_MAX_DENSE_DUAL_ENTRIES = 250_000_000
+"""The same for a dense problem (:func:`_dense`), whose copies are in single precision
+(:data:`~autopar_solver.bounds.SINGLE_ENTRIES`; 8 bytes an entry: 2 GB at this size;
+mt5-base on [2, 2, 2] has 150.9M entries, whose bound is what proves a three-axis plan's
+gap)."""
+_SETUP_S_PER_ENTRY = 1.5e-7
+"""TRW-S setup seconds per edge entry (measured on mt5-base's reduced problem, 2.9M
+entries: 0.2-0.4 s, the compiled layout included)."""
+_DENSE_SETUP_S_PER_ENTRY = 6e-8
+"""The same for a dense problem (single precision; mt5-base on [2, 2, 2], 150.9M entries,
+loaded 2-core machine, 2026-12-04: 2.8-13 s, most of it the first touch of the pages of
+the copies)."""
 _SETUP_SHARE = 1.0
 """TRW-S is set up only when its estimated setup fits in this share of the time left (a
 safety net: the planner already skips the untied solve of a tied graph without time)."""
@@ -415,7 +426,12 @@ class _Dual:
         if not reduced.num_nodes:
             return  # the reductions solved it
         left = math.inf if deadline is None else deadline - time.perf_counter()
-        if entries > _MAX_DUAL_ENTRIES or entries * _SETUP_S_PER_ENTRY > _SETUP_SHARE * left:
+        most, per_entry = (
+            (_MAX_DENSE_DUAL_ENTRIES, _DENSE_SETUP_S_PER_ENTRY)
+            if self.dense
+            else (_MAX_DUAL_ENTRIES, _SETUP_S_PER_ENTRY)
+        )
+        if entries > most or entries * per_entry > _SETUP_SHARE * left:
             # too big to lay out in the time (or memory) there is: the trivial bound only
             self.stats["skipped"] = f"{entries} edge entries"
             return
@@ -605,9 +621,8 @@ class _Dual:
         if run.price.any() and self.reduced.budget_bytes is not None:
             over = np.array(memory) > self.reduced.budget_bytes
             floor = float(run.price.max())
-            self._reprice(
-                run, np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
-            )
+            price = np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
+            self._reprice(run, np.minimum(price, _PRICE_CEILING))
         # the compiled part: what the deadline keeps free for the next decode
         self.decode_s = time.perf_counter() - began
         if not blocked and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:
