@@ -54,7 +54,16 @@ from autopar_solver.trws_kernels import (
     levels_pass,
 )
 
-__all__ = ["DiffusionBound", "compile_all", "diffusion_bound", "reparametrized"]
+__all__ = [
+    "SINGLE_ENTRIES",
+    "SINGLE_ENTRIES_PER_EDGE",
+    "DiffusionBound",
+    "LayoutCut",
+    "compile_all",
+    "diffusion_bound",
+    "reparametrized",
+    "single_precision_allowed",
+]
 
 _CONVERGED_RTOL = 1e-9
 """Sweeps that raise the bound by less than this (relative) between two evaluations of it
@@ -65,6 +74,35 @@ last sweep of a run always evaluates it.  On mt5-base the bound costs a third of
 _CHECK_ENTRIES = 4_000_000
 """Edge entries a pass reads between two deadline checks (one compiled call: about 10 ms;
 between calls another Python thread may take the interpreter)."""
+SINGLE_ENTRIES = 40_000_000
+SINGLE_ENTRIES_PER_EDGE = 4096
+"""Problems with more edge entries than :data:`SINGLE_ENTRIES`, and more than this many per
+edge on average (three-axis meshes), keep their edge matrices in single precision (when
+:func:`single_precision_allowed`): half the memory, half the bytes a sweep reads
+(mt5-base on [2, 2, 2]: 150.9M entries, 23k per edge, 1.2 GB for both copies instead of
+2.4 GB)."""
+_SINGLE_RTOL = 2.0**-24
+"""Relative rounding of float64 to the nearest float32 (unit roundoff)."""
+_LAYOUT_CHECK_SLOTS = 256
+"""Slots copied between two deadline checks of the layout."""
+
+
+class LayoutCut(Exception):
+    """The layout of the edge matrices ran past its deadline (no bound to be had in time)."""
+
+
+def single_precision_allowed(problem: Problem) -> bool:
+    """Can the edge matrices of ``problem`` be kept in single precision with a proven bound?
+    When every node cost is >= 0 (and every edge entry, checked once they are copied) and
+    no memory row has edge terms (prices then never move an edge entry): rounding each
+    entry to the nearest float32 changes it by at most :data:`_SINGLE_RTOL` of itself, so
+    every plan ``x`` of cost ``E(x)`` costs ``E'(x) <= (1 + rtol) E(x)`` in the rounded
+    problem, also once memory is priced (prices only add to node costs and the constant);
+    a bound ``L'`` of the rounded problem then gives ``E(x) >= L' / (1 + rtol)`` for every
+    plan that fits (:meth:`DiffusionBound._bound`)."""
+    if any(row.edge_terms for row in problem.memory_rows):
+        return False
+    return all(float(c.min()) >= 0 for c in problem.node_costs)
 
 
 class DiffusionBound:
@@ -75,8 +113,32 @@ class DiffusionBound:
     forward and a backward pass.
     """
 
-    def __init__(self, problem: Problem, price: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        price: np.ndarray | None = None,
+        *,
+        single: bool | None = None,
+        deadline: float = math.inf,
+    ) -> None:
+        """``single``: edge matrices in single precision (None: when the problem has more
+        than :data:`SINGLE_ENTRIES` edge entries, over :data:`SINGLE_ENTRIES_PER_EDGE` per
+        edge, and :func:`single_precision_allowed`);
+        ``deadline``: :class:`LayoutCut` is raised when laying out the matrices runs
+        past it."""
         self.problem = problem
+        if single is None:
+            entries = sum(m.size for _, _, m in problem.edges)
+            single = (
+                entries > SINGLE_ENTRIES
+                and entries > SINGLE_ENTRIES_PER_EDGE * len(problem.edges)
+                and single_precision_allowed(problem)
+            )
+        elif single and not single_precision_allowed(problem):
+            raise ValueError("single precision needs node costs >= 0 and no memory edge terms")
+        self.single = single
+        """Edge matrices kept as float32 (the bound corrected for their rounding)."""
+        self._layout_deadline = deadline
         n = problem.num_nodes
         sizes = np.array([len(c) for c in problem.node_costs], dtype=np.int64)
         self.node_offset = np.zeros(n + 1, dtype=np.int64)
@@ -203,36 +265,27 @@ class DiffusionBound:
         )
 
     def _lay_out_entries(self, sk: _Skeleton, sl: _Slots) -> tuple[np.ndarray, np.ndarray]:
-        """Copy every edge matrix, twice, into per-segment contiguous runs (compiled:
-        :func:`lay_out_entries`); the messages ``alpha``.  Returns each slot's first entry and
-        each segment's length."""
+        """Copy every edge matrix, twice, into per-segment contiguous runs (where they go:
+        :func:`lay_out_entries`, compiled; the copies: one block copy per slot, a row-major
+        matrix or its transpose); the messages ``alpha``.  Returns each slot's first entry
+        and each segment's length."""
         problem, m, count = self.problem, len(self.edge_ids), sl.count
         self.alpha = np.zeros(count)
-        edge_base = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(sk.shapes[:, 0] * sk.shapes[:, 1], out=edge_base[1:])
-        flat = (
-            np.concatenate([problem.edges[e][2].ravel() for e in self.edge_ids]).astype(np.float64)
-            if m
-            else np.zeros(0)
-        )
-        self._values = np.empty(2 * len(flat))
         self._seg_other = np.empty(count, dtype=np.int64)
         seg_node_choice = np.empty(count, dtype=np.int64)
         seg_len = np.empty(count, dtype=np.int64)
         slot_entry = np.empty(len(sl.slot_node) + 1, dtype=np.int64)
         self._first_entries = np.zeros(m, dtype=np.int64)
         self._second_entries = np.zeros(m, dtype=np.int64)
+        first_node = sk.ends[:, 0].copy()
         lay_out_entries(
             sl.slot_node,
             sl.slot_edge,
-            sk.ends[:, 0].copy(),
+            first_node,
             sk.shapes,
             self.node_offset,
-            edge_base,
             sl.seg_first,
             sl.seg_second,
-            flat,
-            self._values,
             self._seg_other,
             seg_node_choice,
             seg_len,
@@ -240,6 +293,19 @@ class DiffusionBound:
             self._first_entries,
             self._second_entries,
         )
+        total = 2 * int((sk.shapes[:, 0] * sk.shapes[:, 1]).sum()) if m else 0
+        self._values = np.empty(total, dtype=np.float32 if self.single else np.float64)
+        slots = zip(sl.slot_node.tolist(), sl.slot_edge.tolist(), slot_entry.tolist())
+        for t, (i, k, start) in enumerate(slots):
+            if t % _LAYOUT_CHECK_SLOTS == 0 and time.perf_counter() > self._layout_deadline:
+                raise LayoutCut(f"laid out {t} of {len(sl.slot_node)} edge ends by the deadline")
+            matrix = problem.edges[self.edge_ids[k]][2]
+            view = matrix if first_node[k] == i else matrix.T
+            self._values[start : slot_entry[t + 1]].reshape(view.shape)[...] = view
+        if self.single and total and float(self._values.min()) < 0:
+            # a negative entry: the rounding argument needs entries >= 0 (module doc)
+            self.single = False
+            return self._lay_out_entries(sk, sl)
         self._seg_first, self._seg_second, self._shapes = sl.seg_first, sl.seg_second, sk.shapes
         self._seg_choice = seg_node_choice
         return slot_entry, seg_len
@@ -419,7 +485,14 @@ class DiffusionBound:
         return out
 
     def _bound(self) -> float:
-        return math.fsum([self.constant, *self.node_minima().tolist(), *self.edge_minima().tolist()])
+        try:
+            raw = math.fsum([self.constant, *self.node_minima().tolist(), *self.edge_minima().tolist()])
+        except OverflowError:
+            # memory prices so high that priced terms overflow (no plan fits; prices keep
+            # rising): no bound at these prices, the best one so far stays
+            return -math.inf
+        # single precision: every plan costs at least the rounded problem's bound / (1 + rtol)
+        return raw / (1.0 + _SINGLE_RTOL) if self.single else raw
 
     # -------------------------------------------------------------- sweeps
     def run(
@@ -594,9 +667,10 @@ def compile_all() -> None:
     (``python -m autopar_solver.bounds``) once at build time, so that no plan pays the
     compile."""
     problem = Problem(["a", "b"], [np.zeros(2), np.zeros(2)], [(0, 1, np.ones((2, 2)))], [], None)
-    run = DiffusionBound(problem)
-    run.run(1)
-    run.descend(run.decode())
+    for single in (False, True):  # both layouts' kernels
+        run = DiffusionBound(problem, single=single)
+        run.run(1)
+        run.descend(run.decode())
     dominated_choices(np.zeros((2, 2)))
 
 

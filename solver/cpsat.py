@@ -544,7 +544,10 @@ def _build_model(
     builder.set_objective(node_vars + edge_vars, node_coefs + edge_coefs)
     if lower_bound_s is not None and math.isfinite(lower_bound_s):
         slack = 0.5 * (problem.num_nodes + len(problem.edges)) + 1
-        floor = math.floor((lower_bound_s - builder.constant_s) * builder.scale - slack)
+        scaled = (lower_bound_s - builder.constant_s) * builder.scale - slack
+        # a bound past every plan (a Lagrangian bound of a problem nothing fits grows
+        # without limit) may overflow once scaled: no floor then
+        floor = math.floor(scaled) if math.isfinite(scaled) else 0
         ceiling = sum(abs(c) for c in node_coefs + edge_coefs) + 1
         if floor > 0 and floor < ceiling:
             builder.model.proto.objective.domain.extend([floor, ceiling])

@@ -47,7 +47,7 @@ import numpy as np
 from autopar_solver.dominance import dominated_choices
 from autopar_solver.problem import MemoryRow, Problem
 
-__all__ = ["ALL_REDUCTIONS", "Reduction", "problem_size", "reduce_problem"]
+__all__ = ["ALL_REDUCTIONS", "Reduction", "problem_size", "reduce_problem", "unreduced"]
 
 ALL_REDUCTIONS = frozenset(
     {
@@ -172,6 +172,25 @@ def reduce_problem(
     result = work.result()
     result.stats["stopped_at_deadline"] = work.stopped
     return result
+
+
+def unreduced(problem: Problem, reason: str) -> Reduction:
+    """``problem`` as it is, as a :class:`Reduction` that folds nothing (``reason`` in its
+    stats): for problems where the reductions cost more than they remove.  The problem
+    must have no self-loop (the search after the reductions expects none)."""
+    if any(u == v for u, v, _ in problem.edges):
+        raise ValueError("unreduced(): the problem has a self-loop; reduce it instead")
+    size = problem_size(problem)
+    return Reduction(
+        original=problem,
+        reduced=problem,
+        node_ids=list(range(problem.num_nodes)),
+        choice_ids=[np.arange(len(c), dtype=np.int64) for c in problem.node_costs],
+        offset=0.0,
+        infeasible=False,
+        undo=[],
+        stats={"before": size, "after": size, "removed": {}, "skipped": reason},
+    )
 
 
 @dataclass

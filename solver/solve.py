@@ -38,13 +38,13 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import VerificationError
-from autopar_solver.bounds import DiffusionBound, reparametrized
+from autopar_solver.bounds import DiffusionBound, LayoutCut, reparametrized
 from autopar_solver.cpsat import CpSatResult, find_feasible, model_size, solve_cpsat
 from autopar_solver.heuristic import HeuristicResult, greedy_assignment, solve_heuristic
 from autopar_solver.lns import WINDOW_TIME_S, window_search
 from autopar_solver.options import Progress, ProgressFn, SolverOptions
 from autopar_solver.problem import Problem, Solution, cost_spread, evaluate, memory_fits, trivial_bound
-from autopar_solver.reductions import Reduction, problem_size, reduce_problem
+from autopar_solver.reductions import Reduction, problem_size, reduce_problem, unreduced
 
 __all__ = ["solve"]
 
@@ -67,6 +67,13 @@ under a second where one CP-SAT model reached a 23 % gap in 50 s)."""
 _REDUCE_SHARE = 0.4
 """Share of the time limit the reductions may take before the search starts on what is
 left (they are exact one by one, so stopping early only leaves a larger problem)."""
+_DENSE_ENTRIES = 40_000_000
+_DENSE_ENTRIES_PER_EDGE = 4096
+"""Problems with more edge entries than this, and more than this many per edge on average
+(three-axis meshes: mt5-base on [2, 2, 2] has 150.9M entries, 23k per edge; on [4, 2]:
+4.3M, 650), skip the reductions: there they copied every matrix for seconds (6-10 s on
+the loaded 2-core machine, 2026-12-04) to remove 2 % of the entries, time the TRW-S bound
+needs."""
 _DETERMINISTIC_SWEEPS = 80
 _CHUNK = 10
 _MAX_ROUNDS = 120
@@ -80,6 +87,11 @@ repair; Python, up to :data:`_DECODE_S`) on the round's best decoded plan, as do
 round whose decoded plans all overflow the budget."""
 _PRICE_UP = 1.5
 _PRICE_DOWN = 1.25
+_PRICE_CEILING = 1e200
+"""Most seconds per byte a memory row is priced at: where no plan fits (an infeasible
+problem the reductions did not see, e.g. a dense one they skip) prices rise each decode,
+and past this one memory already outweighs any step time (seconds <= 1e3, bytes <= 1e15)
+by 1e180 while priced terms would overflow float64 near 1e308."""
 _MARGIN_S = 0.3
 """Kept free before the deadline for the last sweep, expansion and verification."""
 _DECODE_S = 1.0
@@ -87,12 +99,28 @@ _WINDOW_STALL = 8
 _MAX_DUAL_ENTRIES = 40_000_000
 """Largest problem (edge matrix entries) TRW-S is set up for: it keeps two copies of
 every entry (16 bytes each)."""
+_MAX_DENSE_DUAL_ENTRIES = 250_000_000
+"""The same for a dense problem (:func:`_dense`), whose copies are in single precision
+(:data:`~autopar_solver.bounds.SINGLE_ENTRIES`; 8 bytes an entry: 2 GB at this size;
+mt5-base on [2, 2, 2] has 150.9M entries, whose bound is what proves a three-axis plan's
+gap)."""
 _SETUP_S_PER_ENTRY = 1.5e-7
 """TRW-S setup seconds per edge entry (measured on mt5-base's reduced problem, 2.9M
 entries: 0.2-0.4 s, the compiled layout included)."""
+_DENSE_SETUP_S_PER_ENTRY = 6e-8
+"""The same for a dense problem (single precision; mt5-base on [2, 2, 2], 150.9M entries,
+loaded 2-core machine, 2026-12-04: 2.8-13 s, most of it the first touch of the pages of
+the copies)."""
 _SETUP_SHARE = 1.0
 """TRW-S is set up only when its estimated setup fits in this share of the time left (a
 safety net: the planner already skips the untied solve of a tied graph without time)."""
+_SETUP_CUT_SHARE = 0.5
+"""A TRW-S layout still running after this share of the time left is abandoned (no time
+would be left to sweep it)."""
+_DENSE_FINAL_S = 2.0
+"""Seconds a dense problem's sweeps stop before its dual phase ends, for the decode of
+their last state and the heuristic's descent from the best plan (mt5-base on [2, 2, 2],
+loaded 2-core machine: 0.3-0.4 s to decode, 1 s of descent: 43.5 ms -> 40.6 ms)."""
 _PRICED_SETUP_FACTOR = 4
 """The priced run is set up only with this many times the first run's setup time left."""
 """Windows in a row without a gain before the rest of the time goes to the bound."""
@@ -177,16 +205,38 @@ def _reduce(run: _Run) -> Reduction:
     options = run.options
     run.report("reduce")
     start = time.perf_counter()
-    reduction = reduce_problem(
-        run.problem,
-        None if options.reductions else (),
-        # deterministic runs reduce to the fixpoint: the clock must not change the answer
-        deadline=None if options.deterministic else run.t0 + _REDUCE_SHARE * options.time_limit_s,
-    )
+    dense = _too_dense_to_reduce(run.problem)
+    if dense is not None:
+        reduction = unreduced(run.problem, dense)
+    else:
+        reduction = reduce_problem(
+            run.problem,
+            None if options.reductions else (),
+            # deterministic runs reduce to the fixpoint: the clock must not change the answer
+            deadline=None if options.deterministic else run.t0 + _REDUCE_SHARE * options.time_limit_s,
+        )
     run.phases["reduce"] = time.perf_counter() - start
     run.stats["reductions"] = reduction.stats
     logger.debug("reductions: %s -> %s", reduction.stats["before"], reduction.stats["after"])
     return reduction
+
+
+def _dense(entries: int, edges: int) -> bool:
+    """Over :data:`_DENSE_ENTRIES` edge entries, and over :data:`_DENSE_ENTRIES_PER_EDGE` per
+    edge on average (three-axis meshes)."""
+    return entries > _DENSE_ENTRIES and entries > _DENSE_ENTRIES_PER_EDGE * edges
+
+
+def _too_dense_to_reduce(problem: Problem) -> str | None:
+    """Why the reductions are skipped on ``problem`` (None: they run): more than
+    :data:`_DENSE_ENTRIES` edge entries at over :data:`_DENSE_ENTRIES_PER_EDGE` per edge on
+    average, and no self-loop."""
+    entries = sum(m.size for _, _, m in problem.edges)
+    if not _dense(entries, len(problem.edges)):
+        return None
+    if any(u == v for u, v, _ in problem.edges):
+        return None
+    return f"{entries} edge entries, {entries // len(problem.edges)} per edge"
 
 
 def _dual_and_heuristic(
@@ -368,18 +418,32 @@ class _Dual:
         self.decode_s = 0.0
         """Seconds the last decode took (time kept free for the next one)."""
         self.stats: dict[str, Any] = {"decodes": 0, "improved": 0, "sweeps": []}
+        entries = sum(m.size for _, _, m in reduced.edges)
+        self.dense = _dense(entries, len(reduced.edges))
+        """A problem this big sweeps slowly (three-axis meshes: about 0.3-0.5 s a sweep on
+        the loaded 2-core machine): its sweeps stop :data:`_DENSE_FINAL_S` before the dual
+        phase ends, so that their last state is decoded and the best plan descended."""
         if not reduced.num_nodes:
             return  # the reductions solved it
-        entries = sum(m.size for _, _, m in reduced.edges)
         left = math.inf if deadline is None else deadline - time.perf_counter()
-        if entries > _MAX_DUAL_ENTRIES or entries * _SETUP_S_PER_ENTRY > _SETUP_SHARE * left:
+        most, per_entry = (
+            (_MAX_DENSE_DUAL_ENTRIES, _DENSE_SETUP_S_PER_ENTRY)
+            if self.dense
+            else (_MAX_DUAL_ENTRIES, _SETUP_S_PER_ENTRY)
+        )
+        if entries > most or entries * per_entry > _SETUP_SHARE * left:
             # too big to lay out in the time (or memory) there is: the trivial bound only
             self.stats["skipped"] = f"{entries} edge entries"
             return
         began = time.perf_counter()
-        self.runs = [DiffusionBound(reduced)]
+        try:
+            self.runs = [DiffusionBound(reduced, deadline=began + _SETUP_CUT_SHARE * left)]
+        except LayoutCut as cut:  # the estimate was short (a loaded machine): no bound in time
+            self.stats["skipped"] = f"{entries} edge entries; {cut}"
+            return
         self.setup_s = time.perf_counter() - began
         self.stats["sweeps"] = [0]
+        self.stats["single_precision"] = self.runs[0].single
 
     def use_heuristic(self, best: HeuristicResult, deadline: float | None = None) -> None:
         """Start from the heuristic's plan; when memory binds (the plan has prices) add a
@@ -448,11 +512,12 @@ class _Dual:
         """Sweep every run that is not converged nor sweeping yet in a thread of its own
         until ``deadline`` (e.g. while the heuristic runs); :meth:`advance` then decodes
         what they reach."""
+        until = deadline - _DENSE_FINAL_S if self.dense else deadline
         for run in self.runs:
             if run in self._retired or run.converged:
                 continue
             if all(s.run is not run for s in self.sweepers):
-                self.sweepers.append(_Sweeper(run, deadline, self._fresh))
+                self.sweepers.append(_Sweeper(run, until, self._fresh))
 
     def _advance_in_parallel(self, deadline: float, target_gap: float) -> None:
         """:meth:`advance` while the runs sweep in threads of their own (compiled, without
@@ -485,7 +550,23 @@ class _Dual:
                     break
         finally:
             self.stop_sweeping()
+        if self.dense:
+            self._final_descent(deadline)
         self.stats["sweeps"] = [r.sweeps for r in self.runs]
+
+    def _final_descent(self, deadline: float) -> None:
+        """A dense problem: the heuristic's descent from the best plan, for the time its
+        sweeps left free (:data:`_DENSE_FINAL_S`)."""
+        left = deadline - time.perf_counter()
+        if not self.best.feasible or left < 0.1:
+            return
+        candidate = solve_heuristic(
+            self.reduced, start=self.best.choices, time_budget_s=0.8 * left, seed=self.options.seed
+        )
+        self.stats["final_descent"] = {"from": self.best.cost, "to": candidate.cost}
+        if _better(candidate, self.best):
+            candidate.price = candidate.price if candidate.price is not None else self.best.price
+            self.best = candidate
 
     def stop_sweeping(self) -> None:
         """Stop every sweeping thread after its current pass (each run keeps every sweep it
@@ -540,9 +621,8 @@ class _Dual:
         if run.price.any() and self.reduced.budget_bytes is not None:
             over = np.array(memory) > self.reduced.budget_bytes
             floor = float(run.price.max())
-            self._reprice(
-                run, np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
-            )
+            price = np.where(over, np.maximum(run.price * _PRICE_UP, floor * 1e-3), run.price / _PRICE_DOWN)
+            self._reprice(run, np.minimum(price, _PRICE_CEILING))
         # the compiled part: what the deadline keeps free for the next decode
         self.decode_s = time.perf_counter() - began
         if not blocked and self.rounds % _DESCENT_EVERY != _DESCENT_EVERY - 1:

@@ -137,11 +137,8 @@ def lay_out_entries(
     edge_first_node: np.ndarray,
     shapes: np.ndarray,
     node_offset: np.ndarray,
-    edge_base: np.ndarray,
     seg_first: np.ndarray,
     seg_second: np.ndarray,
-    flat: np.ndarray,
-    values: np.ndarray,
     seg_other: np.ndarray,
     seg_choice: np.ndarray,
     seg_len: np.ndarray,
@@ -149,13 +146,13 @@ def lay_out_entries(
     first_entries: np.ndarray,
     second_entries: np.ndarray,
 ) -> None:
-    """Copy every edge matrix into the slot order: slot ``t`` is edge ``slot_edge[t]`` seen from
-    node ``slot_node[t]``, its rows when that node is the edge's first end (entries row-major),
-    its columns otherwise (the transpose, row-major).  ``flat[edge_base[k]:edge_base[k + 1]]``
-    is edge ``k``'s matrix, row-major; ``seg_first[k]`` / ``seg_second[k]`` the first segment
-    of each end.  Fills ``values`` (per entry), ``seg_other``, ``seg_choice``, ``seg_len`` (per
-    segment), ``slot_entry`` (first entry of each slot, and the total at the end) and where
-    each edge's two copies start."""
+    """Where every edge matrix goes in the slot order: slot ``t`` is edge ``slot_edge[t]`` seen
+    from node ``slot_node[t]``, its rows when that node is the edge's first end (entries
+    row-major), its columns otherwise (the transpose, row-major).  ``seg_first[k]`` /
+    ``seg_second[k]`` is the first segment of each end of edge ``k``.  Fills ``seg_other``,
+    ``seg_choice``, ``seg_len`` (per segment), ``slot_entry`` (first entry of each slot, and
+    the total at the end) and where each edge's two copies start; the entries themselves are
+    copied by the caller (one block copy per slot)."""
     position = 0
     for t in range(slot_node.shape[0]):
         slot_entry[t] = position
@@ -163,23 +160,20 @@ def lay_out_entries(
         i = slot_node[t]
         rows = shapes[k, 0]
         cols = shapes[k, 1]
-        base = edge_base[k]
         # the edge's rows seen from its first end, its columns from its second
         if edge_first_node[k] == i:
             first_entries[k] = position
             s0, o0 = seg_first[k], seg_second[k]
-            n_own, n_other, own_stride, other_stride = rows, cols, cols, 1
+            n_own, n_other = rows, cols
         else:
             second_entries[k] = position
             s0, o0 = seg_second[k], seg_first[k]
-            n_own, n_other, own_stride, other_stride = cols, rows, 1, cols
+            n_own, n_other = cols, rows
         for a in range(n_own):
             seg_choice[s0 + a] = node_offset[i] + a
             seg_len[s0 + a] = n_other
             seg_other[s0 + a] = o0
-            for b in range(n_other):
-                values[position] = flat[base + a * own_stride + b * other_stride]
-                position += 1
+        position += n_own * n_other
     slot_entry[slot_node.shape[0]] = position
 
 

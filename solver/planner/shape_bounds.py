@@ -27,14 +27,21 @@ from autopar.errors import InfeasibleError, TimeLimitError
 from autopar.iteration import with_training
 from autopar.progress import Deadline
 from autopar.store import KeyValueStore
-from autopar_solver.bounds import DiffusionBound
+from autopar_solver.bounds import SINGLE_ENTRIES_PER_EDGE, DiffusionBound, LayoutCut
 from autopar_solver.planner.context import PlanContext
 from autopar_solver.planner.floors import memory_seed
 from autopar_solver.planner.memory_rows import build_problem
 from autopar_solver.planner.request import PlanRequest
 from autopar_solver.problem import trivial_bound
 
-__all__ = ["BOUND_SWEEPS", "MAX_BOUND_ENTRIES", "ShapeBound", "shape_bound", "shape_tables"]
+__all__ = [
+    "BOUND_SWEEPS",
+    "MAX_BOUND_ENTRIES",
+    "MAX_DENSE_BOUND_ENTRIES",
+    "ShapeBound",
+    "shape_bound",
+    "shape_tables",
+]
 
 BOUND_SWEEPS = 30
 """Most TRW-S sweeps per shape.  On mt5-base [4, 2] (2-core machine) 15 sweeps take 0.4 s
@@ -42,6 +49,10 @@ and reach 97 % of the bound 45 sweeps reach; the solve itself runs hundreds."""
 MAX_BOUND_ENTRIES = 40_000_000
 """Largest problem (edge matrix entries) the TRW-S bound is set up for here (it keeps two
 copies of each entry); above it the trivial bound alone is used."""
+MAX_DENSE_BOUND_ENTRIES = 250_000_000
+"""The same for a dense problem (over :data:`~autopar_solver.bounds.SINGLE_ENTRIES_PER_EDGE`
+entries per edge: three-axis shapes), whose copies are in single precision.  A layout that
+does not finish within the shape's share of the time leaves the trivial bound too."""
 
 
 @dataclass
@@ -103,8 +114,15 @@ def _lower_bound(tables: CostTables, deadline: Deadline, deterministic: bool) ->
     problem = build_problem(tables, None).problem
     bound = trivial_bound(problem)
     entries = sum(m.size for _, _, m in problem.edges)
-    if entries > MAX_BOUND_ENTRIES or (not deterministic and deadline.expired()):
+    dense = entries > SINGLE_ENTRIES_PER_EDGE * len(problem.edges)
+    if entries > (MAX_DENSE_BOUND_ENTRIES if dense else MAX_BOUND_ENTRIES) or (
+        not deterministic and deadline.expired()
+    ):
         return bound
-    run = DiffusionBound(problem)
-    swept = run.run(BOUND_SWEEPS, math.inf if deterministic else deadline.at)
+    until = math.inf if deterministic else deadline.at
+    try:
+        run = DiffusionBound(problem, deadline=until)
+    except LayoutCut:
+        return bound
+    swept = run.run(BOUND_SWEEPS, until)
     return max(bound, swept)
