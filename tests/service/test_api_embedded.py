@@ -287,8 +287,8 @@ def test_sweep_too_large(server, tiny_graph: dict[str, Any]) -> None:
 def test_cancel_running_job(client: httpx.Client, server, tiny_graph: dict[str, Any]) -> None:
     body = plan_body(
         tiny_graph,
-        cluster="1x4",
-        mesh_shape=[2, 2],
+        cluster="1x8",
+        mesh_shape=[2, 2, 2],
         options={"time_limit_s": 50, "relative_gap": 0},
     )
     key = client.post("/v1/plans", json=body).json()["id"]
@@ -338,8 +338,8 @@ def test_server_timing_header(client: httpx.Client, tiny_graph: dict[str, Any]) 
 def test_solver_process_sigkilled_mid_job(tmp_path, tiny_graph: dict[str, Any], retries: int) -> None:
     body = plan_body(
         tiny_graph,
-        cluster="1x4",
-        mesh_shape=[2, 2],
+        cluster="1x8",
+        mesh_shape=[2, 2, 2],
         options={"time_limit_s": 10, "relative_gap": 0},  # the whole solve, cost tables included
     )
     with live_server(make_settings(tmp_path, job_retries=retries)) as server, server.client() as c:

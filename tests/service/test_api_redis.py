@@ -30,7 +30,7 @@ from tests.service.helpers import (
 
 pytestmark = pytest.mark.redis
 
-LONG = {"cluster": "1x4", "mesh_shape": [2, 2], "options": {"time_limit_s": 20, "relative_gap": 0}}
+LONG = {"cluster": "1x8", "mesh_shape": [2, 2, 2], "options": {"time_limit_s": 20, "relative_gap": 0}}
 
 
 @pytest.fixture
@@ -187,8 +187,8 @@ def test_worker_sigkilled_mid_job(
     settings = make_settings(tmp_path, redis_url=redis_url, job_retries=retries)
     body = plan_body(
         tiny_graph,
-        cluster="1x4",
-        mesh_shape=[2, 2],
+        cluster="1x8",
+        mesh_shape=[2, 2, 2],
         options={"time_limit_s": 10, "relative_gap": 0},  # the whole solve, cost tables included
     )
     with live_server(settings) as server, server.client() as c:

@@ -123,7 +123,7 @@ def test_refresh_of_a_running_job_with_a_worker_keeps_the_owner(
     start_worker(workers, redis_url, "w1")
     settings = make_settings(tmp_path, redis_url=redis_url, api_keys=[KEY_A, KEY_B])
     body = plan_body(
-        tiny_graph, cluster="1x4", mesh_shape=[2, 2], options={"time_limit_s": 20, "relative_gap": 0}
+        tiny_graph, cluster="1x8", mesh_shape=[2, 2, 2], options={"time_limit_s": 20, "relative_gap": 0}
     )
     with (
         live_server(settings) as server,
