@@ -883,6 +883,21 @@ class CompileReport:
     recomputed: dict[str, str] = field(default_factory=dict)
     """recomputed layer scope -> the module path given ``activation_checkpointing``"""
 
+    def summary(self, mismatches: int = 40) -> dict[str, Any]:
+        """JSON-able: attempts, ops pinned, refused types and the fidelity's op counts, with
+        at most ``mismatches`` of its mismatched ports (``fidelity`` must be set)."""
+        if self.fidelity is None:
+            raise ValueError("compile_with_plan ran without check: the report has no fidelity")
+        return {
+            "attempts": self.attempts,
+            "pinned_ops": self.pinned_ops,
+            "rejected": self.rejected,
+            "ops_total": self.fidelity.ops_total,
+            "ops_matched": self.fidelity.ops_matched,
+            "op_share": self.fidelity.op_share,
+            "mismatches": self.fidelity.mismatches[:mismatches],
+        }
+
 
 def _configure_plan_iteration(
     graph: Any, plan: Plan, graph_attr: str, recompute: Collection[str] | None

@@ -87,18 +87,7 @@ def pin_all() -> None:
         make = functools.partial(train_graph, module, int(min_size))
         graph, report = compile_with_plan(make, plan, *inputs)
         if rank0:
-            fidelity = report.fidelity
-            assert fidelity is not None
-            result = {
-                "attempts": report.attempts,
-                "pinned_ops": report.pinned_ops,
-                "rejected": report.rejected,
-                "ops_total": fidelity.ops_total,
-                "ops_matched": fidelity.ops_matched,
-                "op_share": fidelity.op_share,
-                "mismatches": fidelity.mismatches[:40],
-            }
-            (out / f"{key}.pinned.json").write_text(json.dumps(result, indent=1))
+            (out / f"{key}.pinned.json").write_text(json.dumps(report.summary(), indent=1))
             (out / f"{key}_pinned.pb").write_bytes(graph._compiled_job_proto.SerializeToString())
 
 

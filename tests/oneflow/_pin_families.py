@@ -78,16 +78,5 @@ for plan_path in sorted(out.glob("*.plan.json")):
             (out / f"{job}.pinned.json").write_text(json.dumps({"error": f"{first} {reason}".strip()}))
         continue
     if rank0:
-        fidelity = report.fidelity
-        assert fidelity is not None
-        result = {
-            "attempts": report.attempts,
-            "pinned_ops": report.pinned_ops,
-            "rejected": report.rejected,
-            "ops_total": fidelity.ops_total,
-            "ops_matched": fidelity.ops_matched,
-            "op_share": fidelity.op_share,
-            "mismatches": fidelity.mismatches[:40],
-        }
-        (out / f"{job}.pinned.json").write_text(json.dumps(result, indent=1))
+        (out / f"{job}.pinned.json").write_text(json.dumps(report.summary(), indent=1))
         print(f"{job}: pinned and compiled in {time.perf_counter() - t0:.1f} s", flush=True)
