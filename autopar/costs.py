@@ -60,7 +60,7 @@ from autopar.rules.registry import (
     work_share,
 )
 from autopar.runtime import RuntimeProfile
-from autopar.sbp import NdSbp, Signature, is_even, local_shape, shard_numel
+from autopar.sbp import NdSbp, Signature, is_even, local_shape
 
 __all__ = [
     "COST_MODEL_VERSION",
@@ -204,10 +204,9 @@ def uneven_share(ctx: RuleContext, sig: Signature, mesh_shape: Sequence[int]) ->
     ``n`` (OneFlow's ``BalancedSplitter``, :func:`autopar.sbp.shard_numel`).  Unitless."""
     worst = 1.0
     for spec, sbp in zip((*ctx.inputs, *ctx.outputs), (*sig.inputs, *sig.outputs)):
-        if is_even(spec.shape, sbp, mesh_shape) or local_shape(spec.shape, sbp, mesh_shape) is None:
-            continue
-        even = spec.numel / sbp.split_factor(mesh_shape)
-        worst = max(worst, shard_numel(spec.shape, sbp, mesh_shape) / even)
+        local = None if is_even(spec.shape, sbp, mesh_shape) else local_shape(spec.shape, sbp, mesh_shape)
+        if local is not None:  # uneven and accepted: its largest shard over the even share
+            worst = max(worst, math.prod(local) / (spec.numel / sbp.split_factor(mesh_shape)))
     return worst
 
 
