@@ -45,24 +45,37 @@ def split_of(job: str) -> str:
     return {**SPLIT, **FAMILY_SPLIT}[name]
 
 
-def plan_all(out: Path) -> None:
+def plan_job(
+    out: Path,
+    job: str,
+    runtime: str | None = None,
+    stem: str | None = None,
+    time_limit_s: float = TIME_LIMIT_S,
+) -> None:
+    """autopar's plan of ``out/{job}.pb`` on ``[4, 2]`` of ``1x8``, ZeRO-2, written to
+    ``out/{stem}.plan.json`` (``stem`` defaults to ``job``), on ``runtime`` (default: the
+    one the job was built for, :func:`autopar.oneflow.plans.job_runtime`)."""
     from autopar.oneflow import import_job, load_job
     from autopar.oneflow.planning import request_plan
     from autopar.oneflow.plans import job_runtime
 
+    proto = load_job(out / f"{job}.pb")
+    graph_path = out / f"{job}.graph.json"
+    import_job(proto).save(str(graph_path))
+    request_plan(
+        str(graph_path),
+        str(out / f"{stem or job}.plan.json"),
+        mesh_shape=[4, 2],
+        cluster="1x8",
+        zero_stage=2,
+        time_limit_s=time_limit_s,
+        runtime=runtime or job_runtime(proto),
+    )
+
+
+def plan_all(out: Path) -> None:
     for job in jobs(out):
-        proto = load_job(out / f"{job}.pb")
-        graph_path = out / f"{job}.graph.json"
-        import_job(proto).save(str(graph_path))
-        request_plan(
-            str(graph_path),
-            str(out / f"{job}.plan.json"),
-            mesh_shape=[4, 2],
-            cluster="1x8",
-            zero_stage=2,
-            time_limit_s=TIME_LIMIT_S,
-            runtime=job_runtime(proto),
-        )
+        plan_job(out, job)
         print(f"{job}: planned", flush=True)
 
 

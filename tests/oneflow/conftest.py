@@ -32,6 +32,18 @@ def oneflow_env() -> dict[str, str]:
     return env
 
 
+def skip_without_solver() -> str:
+    """The Python of the main autopar environment (the solver's,
+    :func:`autopar.oneflow.planning.autopar_python`); skips the calling test where there is none."""
+    from autopar.errors import ConfigError
+    from autopar.oneflow.planning import autopar_python
+
+    try:
+        return autopar_python()
+    except ConfigError as exc:
+        pytest.skip(f"needs the main autopar environment for the solver: {exc}")
+
+
 def launch(nproc: int, script: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run ``script`` on ``nproc`` CPU ranks with oneflow.distributed.launch; raise with its output."""
     command = [

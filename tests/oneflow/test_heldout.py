@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, launch
+from conftest import EXAMPLES, launch, skip_without_solver
 
 from autopar.cluster import Cluster
-from autopar.errors import ConfigError
 from autopar.evaluate import evaluate
 from autopar.oneflow import import_job, import_plan, load_job
-from autopar.oneflow.planning import autopar_python, request_plan
 from autopar.oneflow.plans import job_runtime
+from benchmarks.heldout_pinned import plan_job
 
 pytestmark = pytest.mark.oneflow
 
@@ -109,26 +108,12 @@ def test_oneflow_default_zero_leaves_small_variables_unsharded(heldout_jobs: Pat
 
 
 def _plan(out: Path, name: str, min_size: int, runtime: str, tag: str = "") -> None:
-    job = load_job(out / f"{name}_min{min_size}.pb")
-    graph_path = out / f"{name}_min{min_size}.graph.json"
-    import_job(job).save(str(graph_path))
-    stem = f"{name}_min{min_size}{tag}"
-    request_plan(
-        str(graph_path),
-        str(out / f"{stem}.plan.json"),
-        mesh_shape=[4, 2],
-        cluster="1x8",
-        zero_stage=2,
-        time_limit_s=60.0,
-        runtime=runtime,
-    )
+    job = f"{name}_min{min_size}"
+    plan_job(out, job, runtime=runtime, stem=f"{job}{tag}", time_limit_s=60.0)
 
 
 def test_autopar_plans_pin_into_heldout_jobs_without_a_refused_signature(heldout_jobs: Path) -> None:
-    try:
-        autopar_python()
-    except ConfigError as exc:
-        pytest.skip(f"needs the main autopar environment for the solver: {exc}")
+    skip_without_solver()
     out = heldout_jobs / "pinned"
     out.mkdir(exist_ok=True)
     for name in EVALUATION:

@@ -170,15 +170,10 @@ def test_autopar_plans_pin_into_every_family_without_a_refused_signature(heldout
     layer-norm weight gradients were once planned with a split OneFlow refuses), pinned by
     ``compile_with_plan`` at OneFlow's default ZeRO-2 and compiled: one attempt, no refused
     signature, nearly every op as planned (``benchmarks/heldout_pinned.py``)."""
-    from autopar.errors import ConfigError
-    from autopar.oneflow.planning import autopar_python
     from benchmarks.heldout_pinned import plan_all, rows
-    from tests.oneflow.conftest import launch
+    from tests.oneflow.conftest import launch, skip_without_solver
 
-    try:
-        autopar_python()
-    except ConfigError as exc:
-        pytest.skip(f"needs the main autopar environment for the solver: {exc}")
+    skip_without_solver()
     out = heldout_jobs / "pinned"
     out.mkdir(exist_ok=True)
     for family in FAMILIES:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import launch
+from conftest import launch, skip_without_solver
 
 from autopar.errors import PlanError
 from autopar.graph import Graph
@@ -294,12 +294,9 @@ def test_make_train_graph_sets_k_and_checkpointing_on_the_named_modules(flow: An
 def test_request_plan_solves_for_the_iteration_compile_with_plan_runs(
     iteration_jobs: Path, tmp_path: Path
 ) -> None:
-    from autopar.oneflow.planning import autopar_python, request_plan
+    from autopar.oneflow.planning import request_plan
 
-    try:
-        python = autopar_python()
-    except Exception as exc:  # the launcher needs the main environment
-        pytest.skip(f"no main autopar environment: {exc}")
+    python = skip_without_solver()
     model = _variants_models(iteration_jobs)[0]
     plan = request_plan(
         str(iteration_jobs / f"{model}_graph.json"),
@@ -322,12 +319,9 @@ def test_a_solver_auto_plan_compiles_with_the_blocks_it_recomputes(
     """The solver's ``auto`` plan of tiny GPT at a budget under the floor of ``off`` (some
     block must recompute), compiled by ``compile_with_plan``: the blocks OneFlow recomputes,
     read back from the compiled job, are the plan's ``recomputed_blocks``."""
-    from autopar.oneflow.planning import autopar_python, request_plan
+    from autopar.oneflow.planning import request_plan
 
-    try:
-        python = autopar_python()
-    except Exception as exc:  # the solver needs the main environment
-        pytest.skip(f"no main autopar environment: {exc}")
+    python = skip_without_solver()
     graph_path = str(iteration_jobs / "gpt-tiny_graph.json")
     common = {"mesh_shape": (2, 2), "cluster": "1x4", "zero_stage": 2, "micro_batches": 4, "python": python}
     with pytest.raises(PlanError) as refused:  # off at 1 KiB: refused with its memory floor
