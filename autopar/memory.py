@@ -48,7 +48,7 @@ from enum import Enum
 from autopar.errors import ConfigError
 from autopar.graph import DTYPE_BYTES, Graph, Variable
 from autopar.optimizer import state_count
-from autopar.sbp import Broadcast, NdSbp, is_even, local_shape
+from autopar.sbp import Broadcast, NdSbp, local_shape, shard_numel
 
 __all__ = [
     "FP32_ADAM",
@@ -255,10 +255,10 @@ def shard_bytes(shape: Sequence[int], itemsize: int, sbp: NdSbp, mesh_shape: Seq
     (:func:`autopar.sbp.local_shape`), times ``itemsize``.  A layout OneFlow
     refuses (the evaluator reports it) counts as the even share.  Units: bytes.
     """
-    local = None if is_even(shape, sbp, mesh_shape) else local_shape(shape, sbp, mesh_shape)
-    if local is None:
+    try:
+        return shard_numel(shape, sbp, mesh_shape) * itemsize
+    except ValueError:
         return math.prod(shape) * itemsize / sbp.split_factor(mesh_shape)
-    return float(math.prod(local) * itemsize)
 
 
 def boxed_copy_bytes(
