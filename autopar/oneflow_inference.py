@@ -27,8 +27,11 @@ Ported here:
    to the same SBP (``NdSbpDimReduce``); else the direct cost
    (``ComputeLazyCopyCostBetweenNdSbp``) when it is supported, else the
    cheapest route through one or two middle N-D SBPs (``BoxingCollector``).
-   Each hop costs ``AUTO_PARALLEL_TRANSFER_COST`` (1.65e8) plus a byte count
-   (:func:`lazy_copy_cost`), so the number of hops dominates and bytes break ties.
+   Each hop costs ``AUTO_PARALLEL_TRANSFER_COST`` (``GetTransferCost()``, 1.65e4 in
+   OneFlow 0.9.0: :data:`TRANSFER_COST`) plus a byte count (:func:`lazy_copy_cost`), so
+   bytes decide between routes of different hop counts once a tensor passes about 16 KiB:
+   ``x (S(0), B) + y (S(0), P)`` of 32 KiB takes ``(S(0), S(2))`` (a local slice and a
+   reduce-scatter) over ``(S(0), B)`` (one all-reduce).
 
 Sources (variables, graph inputs, constants) keep the layout the user gave them.
 What it cannot reproduce exactly: OneFlow's per-op 1-D signature order (item 1

@@ -34,8 +34,15 @@ UNSUPPORTED_BOXING = 3.4028234663852886e38
 """``kUnsupportedBoxing``: ``GetMaxVal<float>()``, the cost of a boxing OneFlow cannot do."""
 VALID_MAX_COPY_COST = 0.8 * UNSUPPORTED_BOXING
 """``GetValidMaxCopyCost()``: costs above this are unsupported."""
-TRANSFER_COST = 1.65e8
-"""``GetTransferCost()``: ``AUTO_PARALLEL_TRANSFER_COST`` default, added to every hop."""
+TRANSFER_COST = 1.65e4
+"""``GetTransferCost()`` (``sbp_infer_util.cpp``): ``ParseFloatFromEnv("AUTO_PARALLEL_TRANSFER_COST",
+1.65e4)``, added to every hop.  The default is 1.65e4 in one stored version of OneFlow's source
+and 1.65e8 in another; OneFlow 0.9.0 as installed (``oneflow-env.sh``) behaves as 1.65e4,
+measured on a synthetic ``[4, 2]`` job (``x (S(0), B) + y (S(0), P)``, float32 ``[8, L, D]``):
+its ``add_n`` takes ``(S(0), B)`` (one hop, ``T + 2 bytes``) up to 16 KiB and ``(S(0), S(2))``
+(two hops, ``2 T + 1 + bytes``) from 32 KiB on, with the variable unset or set to 1.65e4, and
+``(S(0), B)`` at every size with it set to 1.65e8 (the symptom: ViT's first residual
+``add_n``, an evaluation job)."""
 PARTIAL_IN_CONSUMER_PENALTY = 4
 """``Penalty4PartialInConsumer`` under ``kMiddle`` (default policy 2): ``4 * bytes * (n_in + n_out)``."""
 
