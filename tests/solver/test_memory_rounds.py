@@ -33,7 +33,7 @@ def graph():
 @pytest.fixture(scope="module")
 def fastest(graph):
     """The plan without a budget (proven optimal in seconds: deterministic, its own limit)."""
-    options = SolverOptions(runtime=RUNTIME, time_limit_s=20, deterministic=True)
+    options = SolverOptions(runtime=RUNTIME, time_limit_s=20, deterministic=True, workers=2)
     return plan(PlanRequest(graph, CLUSTER, SHAPE, None, 2, options))
 
 
