@@ -6,6 +6,14 @@ the budget; if the plan fits, it is optimal for the constrained problem too.  Ot
 the row of the evaluator's peak position is added and the problem solved again, from the
 plan before, until a plan fits, :data:`MAX_MEMORY_ROUNDS` run out, or the time does.
 
+A round not known to be the last keeps time for the rounds after it once memory binds:
+when the floors come near the budget (:class:`~.floors.MemorySeed`), or once a round's
+plan has overflowed it (the floors can be far below the budget while the fastest plan is
+over it: gpt-1.3b, ``full``, 13.5 GiB).  Such a round solves for :data:`ROUND_SHARE` of
+the time left; when its plan fits, the rest of the time polishes it (same rows, from that
+plan); when it breaks a row, the next round starts from it.  The last round (a polish, or
+the last memory round) runs to the gap or the limit.
+
 Each round only adds memory rows to the one before, so an earlier round's problem is a
 relaxation of a later one's and its bound holds for the later ones: the rounds carry
 their greatest bound.  With tied layers (:mod:`.tied_solve`), once a plan has overflowed
@@ -41,11 +49,17 @@ from autopar_solver.planner.tied_solve import solve_built, time_for_untied_solve
 from autopar_solver.problem import Solution
 from autopar_solver.problem import evaluate as evaluate_problem
 
-__all__ = ["ROUND_SHARE", "MeshJob", "Rounds", "run_rounds"]
+__all__ = ["ROUND_SHARE", "MeshJob", "Rounds", "run_rounds", "shares_time"]
 
 ROUND_SHARE = 0.5
-"""With a budget, each memory round but the last may use this share of the time left (a
-plan that overflows leads to another round, which needs time too)."""
+"""Once memory binds (:func:`shares_time`), each memory round but the last may use this
+share of the time left (a plan that overflows leads to another round, which needs time
+too).  gpt-1.3b, 2x4 ``a100-40g``, ``[4, 2]``, ZeRO-2, K = 8, ``full``, 13.5 GiB, 120 s:
+with the share only when the floors said memory binds, the second round (floors at under
+half the budget) took the whole limit on a plan that broke a row and no plan was verified;
+with it after the first overflow too, rounds of 58 s and 29 s and a 29 s polish verified
+2544.8 ms, gap 1.07 % (a share of 0.25 once gave 2567.9 ms, 1.99 %: its polish found a
+better plan that broke a row)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,9 @@ class Rounds:
     last: Solution | None = None
     """The last round's solution."""
     stopped_by_deadline: bool = False
+    overflowed: bool = False
+    """A round's plan has overflowed the budget: memory binds whatever the floors said, so
+    from then on the rounds share the time (:func:`shares_time`)."""
     polishing: bool = False
     tied_first: bool = False
     """With tied layers, once a plan has overflowed the budget, rounds solve the tied problem
@@ -89,6 +106,12 @@ class Rounds:
     later round)."""
     log: list[dict[str, Any]] = field(default_factory=list)
     """One entry per round (``solver["stats"]["rounds"]``)."""
+
+
+def shares_time(job: MeshJob, state: Rounds) -> bool:
+    """Does memory bind (the floors come near the budget, or a round's plan has overflowed
+    it)?  Then a round not known to be the last keeps time for the rounds after it."""
+    return job.memory_binds or state.overflowed
 
 
 def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Rounds:
@@ -171,16 +194,17 @@ def _solve_round(
     job: MeshJob, built: BuiltProblem, left: float, state: Rounds, ctx: PlanContext, round_no: int
 ) -> Solution:
     """Solve the round's problem for its share of the ``left`` seconds; log the round."""
-    if job.memory_binds and not state.polishing and round_no < MAX_MEMORY_ROUNDS - 1:
-        # a round whose plan overflows leads to another round: keep time for it
-        left *= ROUND_SHARE
+    # a round whose plan overflows leads to another round: keep time for it, unless this
+    # round is known to be the last (a polish, or the last memory round)
+    last = state.polishing or round_no >= MAX_MEMORY_ROUNDS - 1
+    share = ROUND_SHARE if shares_time(job, state) and not last else 1.0
     options = job.options
     # deterministic runs keep their limit (in CP-SAT's deterministic units): the wall clock
     # must not change their answer
     round_options = (
         options
         if options.deterministic
-        else replace(options, time_limit_s=min(options.time_limit_s, max(left, MIN_SOLVE_S)))
+        else replace(options, time_limit_s=min(options.time_limit_s, max(share * left, MIN_SOLVE_S)))
     )
     tied = job.tie_layers and not state.polishing
     solution = solve_built(
@@ -192,11 +216,13 @@ def _solve_round(
         untie_after=not state.tied_first,
         # sweeping the untied bound takes the rest of the round: only when no later
         # memory round needs that time
-        sweep_untied=not job.memory_binds,
+        sweep_untied=not shares_time(job, state),
     )
     state.log.append(
         {
             "memory_rows": len(state.positions),
+            "left_s": left,
+            "limit_s": round_options.time_limit_s,
             "status": solution.status,
             "wall_s": solution.wall_s,
             "polish": state.polishing,
@@ -236,7 +262,9 @@ def _next_round(
     )
     ctx.relay().report("evaluate", objective=solution.objective, bound=solution.bound)
     ev = evaluate(job.graph, candidate)
-    if job.budget is None or ev.memory.total <= job.budget:
+    fits = job.budget is None or ev.memory.total <= job.budget
+    state.log[-1].update(objective=solution.objective, fits=fits)
+    if fits:
         if state.kept is None or solution.objective <= state.kept[2].objective:
             state.kept = (candidate, ev, solution)
             state.kept_positions = list(state.positions)
@@ -259,7 +287,7 @@ def _after_fit(
         state.polishing = True
         state.hint = solution.choices
         return True
-    cut = job.memory_binds and round_no < MAX_MEMORY_ROUNDS - 1
+    cut = shares_time(job, state) and round_no < MAX_MEMORY_ROUNDS - 1
     if not cut or state.polishing or not _worth_polishing(job, built, solution, state, ctx):
         return False
     # the round's time was cut for rounds that did not come: spend what is left on the
@@ -274,6 +302,7 @@ def _constrain_peak(
 ) -> None:
     """The plan overflows: add the row of its peak position, start the next round from it."""
     state.tied_first = bool(job.tie_layers)
+    state.overflowed = True
     peak = ev.activation_peak_position
     if peak in state.positions:
         raise VerificationError(
