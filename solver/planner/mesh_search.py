@@ -3,14 +3,25 @@ first, the fastest verified plan wins.
 
 ::
 
-    bound phase (at most BOUND_SHARE of the limit): per shape, its cost tables and a proven
-    lower bound on its step time (:mod:`.shape_bounds`); shapes proven infeasible drop out
-        │  order by bound, least first (shapes without one last)
+    first stage (FIRST_STAGE_SHARE of the limit; deterministic runs: every shape, the whole
+    limit) over the shapes of up to two axes:
+      bound phase (at most BOUND_SHARE of the stage): per shape, its cost tables and a proven
+      lower bound on its step time (:mod:`.shape_bounds`); shapes proven infeasible drop out
+          │  order by bound, least first
+          v
+      solve phase: per shape in that order, skipped as "proved worse" when its bound is >=
+      the best verified plan's step time, else solved with an equal share of the stage left
+      among the shapes still worth solving (bound within PROMISING_RATIO of the least; a
+      shape that finishes early leaves its rest to the next)
+        │
         v
-    solve phase: per shape in that order, skipped as "proved worse" when its bound is >= the
-    best verified plan's step time, else solved with an equal share of the time left among
-    the bounded shapes still worth solving (a shape that finishes early leaves its rest to
-    the next); shapes without a bound (no time in the bound phase) share what is left after
+    second stage: the three-axis shapes (and any without a bound), the most promising
+    first (the least bound of the shapes each refines by merging two axes), one at a time,
+    each with all the time left; those the time does not reach have "no plan"
+
+Three-axis shapes are left out of the bound phase: on mt5-base 4x8 their cost tables alone
+take 4-7 s each (six shapes), and their dense TRW-S bounds seconds more, so bounding them
+all left none of them a plan within 30 s.
 
 Every shape is listed in ``plan.diagnostics["mesh_search"]`` with its bound and outcome
 (solved, proved worse, no plan); ``plan.solver["stats"]["mesh_search"]`` lists the shapes
