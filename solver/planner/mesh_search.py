@@ -51,14 +51,14 @@ __all__ = ["BOUND_SHARE", "FIRST_STAGE_SHARE", "PROMISING_RATIO", "mesh_search"]
 BOUND_SHARE = 0.5
 """Most of the time limit the bound phase takes (most of it builds the cost tables, which
 the solves then use; the TRW-S sweeps are capped at :data:`.shape_bounds.BOUND_SWEEPS`)."""
-FIRST_STAGE_SHARE = 0.4
+FIRST_STAGE_SHARE = 0.5
 """Share of the limit for bounding and solving the shapes of up to two axes, before the
 three-axis ones (off the deterministic path).  Those are solved one at a time, the most
 promising first (:func:`_promise`), each with all the time left: mt5-base on 4x8 (load 5,
 2026-12-04) takes 3.7-7.0 s per three-axis shape for its cost tables alone (120-136M edge
 entries), 1.3-1.7 s per two-axis shape, and a three-axis solve needs most of a 30 s limit
 to come near its optimum, so shared equally none of them had a plan."""
-PROMISING_RATIO = 1.25
+PROMISING_RATIO = 1.1
 """Bounded shapes share the time with the ones whose bound is within this factor of the
 least (:func:`_worth_solving`)."""
 PROVED_WORSE = "proved worse"
@@ -143,7 +143,8 @@ def _worth_solving(rest: list[ShapeBound], best: float) -> int:
     """How many of the bounded shapes ``rest`` (least bound first) share the time left: those
     whose bound is under ``best`` and within :data:`PROMISING_RATIO` of the least bound
     among them (the others are mostly proved worse by the first plans, and an equal share
-    with them left the first shapes too little: mt5-base on 4x8 gave ``[8, 4]`` 1.1 s)."""
+    with them left the first shapes too little: mt5-base on 4x8 gave ``[8, 4]`` 1.1 s, and
+    at 1.25 on 2x4 ``[2, 4]`` shared with ``[4, 2]`` had 2.3 s and no good plan)."""
     least = rest[0].bound_s if rest and rest[0].bound_s is not None else math.inf
     return max(
         1,
