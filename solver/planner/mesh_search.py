@@ -78,8 +78,11 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
     rows: dict[tuple[int, ...], dict[str, Any]] = {b.shape: _error_row(b) for b in bounds if b.error}
     best = _solve_bounded(request, bounds, rows, stage, store, ctx, bool(later))
     rest = [b for b in bounds if b.error is None and b.bound_s is None] + [ShapeBound(s) for s in later]
+    # under what the slowest bounded shape took (its tables and bound) a later one has no
+    # chance: its tables alone take longer
+    floor = max([MIN_SOLVE_S, *(b.wall_s for b in bounds)])
     for b in sorted(rest, key=lambda u: _promise(u.shape, rows)):
-        if deadline.left() < MIN_SOLVE_S:
+        if deadline.left() < floor:
             rows[b.shape] = _no_time_row(b, deadline)
             continue
         # one at a time, the whole rest each: shared, each would get less than its tables
