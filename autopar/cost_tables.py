@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
 import os
 import time
 import zlib
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from autopar.batch_pool import BatchPool, PoolTimeout
 from autopar.boxing import OneFlowBoxing, boxing_matrix, boxing_search
 from autopar.cluster import Mesh
 from autopar.costs import (
@@ -631,28 +631,14 @@ def _run_batches(
         for idx in batches:
             take(idx, fn([jobs[i] for i in idx]))
         return out
-    pool = multiprocessing.get_context().Pool(workers)
+    # own pipes per worker, no task thread: stopping at the deadline cannot hang (batch_pool)
+    tagged = [(idx, [jobs[i] for i in idx]) for idx in batches]
     try:
-        # a bounded window of batches in flight: with every batch queued up front, the
-        # pool's task thread blocks writing to workers that terminate() has killed, and
-        # join() never returns (the deadline would then not bound the command)
-        queue = list(batches)
-        pending: list[tuple[list[int], Any]] = []
-        while queue or pending:
-            while queue and len(pending) < 2 * workers:
-                idx = queue.pop(0)
-                pending.append((idx, pool.apply_async(fn, ([jobs[i] for i in idx],))))
-            idx, res = pending.pop(0)
-            left = deadline.left()
-            try:
-                entries = res.get(timeout=None if math.isinf(left) else max(left, 0.01))
-            except multiprocessing.TimeoutError:
-                raise _out_of_time(deadline, name, phase, len(out), total) from None
-            take(idx, entries)
-        pool.close()
-    finally:
-        pool.terminate()  # at the deadline: stop the workers mid-batch
-        pool.join()
+        with BatchPool(fn, workers) as pool:
+            for idx, entries in pool.run(tagged, deadline):
+                take(idx, entries)
+    except PoolTimeout:
+        raise _out_of_time(deadline, name, phase, len(out), total) from None
     return out
 
 

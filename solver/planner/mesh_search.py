@@ -3,14 +3,25 @@ first, the fastest verified plan wins.
 
 ::
 
-    bound phase (at most BOUND_SHARE of the limit): per shape, its cost tables and a proven
-    lower bound on its step time (:mod:`.shape_bounds`); shapes proven infeasible drop out
-        │  order by bound, least first (shapes without one last)
+    first stage (FIRST_STAGE_SHARE of the limit; deterministic runs: every shape, the whole
+    limit) over the shapes of up to two axes:
+      bound phase (at most BOUND_SHARE of the stage): per shape, its cost tables and a proven
+      lower bound on its step time (:mod:`.shape_bounds`); shapes proven infeasible drop out
+          │  order by bound, least first
+          v
+      solve phase: per shape in that order, skipped as "proved worse" when its bound is >=
+      the best verified plan's step time, else solved with an equal share of the stage left
+      among the shapes still worth solving (bound within PROMISING_RATIO of the least; a
+      shape that finishes early leaves its rest to the next)
+        │
         v
-    solve phase: per shape in that order, skipped as "proved worse" when its bound is >= the
-    best verified plan's step time, else solved with an equal share of the time left among
-    the bounded shapes still worth solving (a shape that finishes early leaves its rest to
-    the next); shapes without a bound (no time in the bound phase) share what is left after
+    second stage: the three-axis shapes (and any without a bound), the most promising
+    first (the least bound of the shapes each refines by merging two axes), one at a time,
+    each with all the time left; those the time does not reach have "no plan"
+
+Three-axis shapes are left out of the bound phase: on mt5-base 4x8 their cost tables alone
+take 4-7 s each (six shapes), and their dense TRW-S bounds seconds more, so bounding them
+all left none of them a plan within 30 s.
 
 Every shape is listed in ``plan.diagnostics["mesh_search"]`` with its bound and outcome
 (solved, proved worse, no plan); ``plan.solver["stats"]["mesh_search"]`` lists the shapes
@@ -35,11 +46,21 @@ from autopar_solver.planner.on_mesh import solve_mesh
 from autopar_solver.planner.request import PlanRequest
 from autopar_solver.planner.shape_bounds import ShapeBound, shape_bound, shape_tables
 
-__all__ = ["BOUND_SHARE", "mesh_search"]
+__all__ = ["BOUND_SHARE", "FIRST_STAGE_SHARE", "PROMISING_RATIO", "mesh_search"]
 
 BOUND_SHARE = 0.5
 """Most of the time limit the bound phase takes (most of it builds the cost tables, which
 the solves then use; the TRW-S sweeps are capped at :data:`.shape_bounds.BOUND_SWEEPS`)."""
+FIRST_STAGE_SHARE = 0.5
+"""Share of the limit for bounding and solving the shapes of up to two axes, before the
+three-axis ones (off the deterministic path).  Those are solved one at a time, the most
+promising first (:func:`_promise`), each with all the time left: mt5-base on 4x8 (load 5,
+2026-12-04) takes 3.7-7.0 s per three-axis shape for its cost tables alone (120-136M edge
+entries), 1.3-1.7 s per two-axis shape, and a three-axis solve needs most of a 30 s limit
+to come near its optimum, so shared equally none of them had a plan."""
+PROMISING_RATIO = 1.1
+"""Bounded shapes share the time with the ones whose bound is within this factor of the
+least (:func:`_worth_solving`)."""
 PROVED_WORSE = "proved worse"
 
 
@@ -51,28 +72,22 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
     deadline.report(ctx.progress, "mesh_search", detail={"shapes": [list(s) for s in shapes]})
     # the tables are built once per shape: kept here between the two phases when there is no memo
     store: KeyValueStore = ctx.store if ctx.store is not None else MemoryStore()
-    bounds, bound_limit_s = _bound_phase(request, shapes, store, ctx)
-    order = sorted(
-        (b for b in bounds if b.error is None),
-        key=lambda b: (b.bound_s is None, b.bound_s if b.bound_s is not None else 0.0),
-    )
+    first, later = _stages(request, shapes)
+    stage = Deadline(min(FIRST_STAGE_SHARE * deadline.left(), deadline.left())) if later else deadline
+    bounds, bound_limit_s = _bound_phase(request, first, store, ctx, stage)
     rows: dict[tuple[int, ...], dict[str, Any]] = {b.shape: _error_row(b) for b in bounds if b.error}
-    best: float = math.inf
-    for i, b in enumerate(order):
-        if b.bound_s is not None and b.bound_s >= best:
-            rows[b.shape] = {
-                "shape": list(b.shape),
-                "bound_s": b.bound_s,
-                "outcome": PROVED_WORSE,
-                "wall_s": b.wall_s,
-            }
+    best = _solve_bounded(request, bounds, rows, stage, store, ctx, bool(later))
+    rest = [b for b in bounds if b.error is None and b.bound_s is None] + [ShapeBound(s) for s in later]
+    # under what the slowest bounded shape took (its tables and bound) a later one has no
+    # chance: its tables alone take longer
+    floor = max([MIN_SOLVE_S, *(b.wall_s for b in bounds)])
+    for b in sorted(rest, key=lambda u: _promise(u.shape, rows)):
+        if deadline.left() < floor:
+            rows[b.shape] = _no_time_row(b, deadline)
             continue
-        worth = _worth_solving(order[i:], best)
-        share = Deadline(min(deadline.left() / worth, deadline.left()))
-        rows[b.shape] = {**_solve_row(request, b, share, store, ctx), "shared_by": worth}
-        b.tables = None  # solved: its tables are not needed any more
-        if "plan" in rows[b.shape]:
-            best = min(best, rows[b.shape]["plan"].step_time_s)
+        # one at a time, the whole rest each: shared, each would get less than its tables
+        # and its bound take (mt5-base on 4x8: 4-7 s of tables per three-axis shape)
+        best = _solve_into(rows, request, b, Deadline(deadline.left()), 1, store, ctx, best)
     results = [rows[s] for s in shapes]
     chosen = _fastest(results, deadline)
     if chosen.solver is not None:
@@ -83,24 +98,132 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
     return chosen
 
 
+def _stages(
+    request: PlanRequest, shapes: list[tuple[int, ...]]
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The shapes bounded and solved first (up to two axes), and the ones left for after
+    them, by promise (three axes); deterministic runs bound every shape first."""
+    if request.options.deterministic:
+        return shapes, []
+    return [s for s in shapes if len(s) <= 2], [s for s in shapes if len(s) > 2]
+
+
+def _solve_bounded(
+    request: PlanRequest,
+    bounds: list[ShapeBound],
+    rows: dict[tuple[int, ...], dict[str, Any]],
+    stage: Deadline,
+    store: KeyValueStore,
+    ctx: PlanContext,
+    more: bool,
+) -> float:
+    """Solve the shapes with a bound, least bound first, into ``rows``; a shape whose bound
+    is at least the best plan's step time is "proved worse".  Each gets an equal share of
+    what is left of ``stage`` among the shapes still worth solving (one share more when
+    ``more`` shapes come after).  The best step time."""
+    bounded = sorted(
+        (b for b in bounds if b.error is None and b.bound_s is not None),
+        key=lambda b: b.bound_s if b.bound_s is not None else math.inf,
+    )
+    best = math.inf
+    for i, b in enumerate(bounded):
+        assert b.bound_s is not None
+        if b.bound_s >= best:
+            rows[b.shape] = {
+                "shape": list(b.shape),
+                "bound_s": b.bound_s,
+                "outcome": PROVED_WORSE,
+                "wall_s": b.wall_s,
+            }
+            continue
+        worth = _worth_solving(bounded[i:], best) + (1 if more else 0)
+        share = Deadline(min(stage.left() / worth, ctx.deadline.left()))
+        best = _solve_into(rows, request, b, share, worth, store, ctx, best)
+    return best
+
+
 def _worth_solving(rest: list[ShapeBound], best: float) -> int:
-    """How many shapes share the time left: the bounded ones whose bound is under ``best``;
-    once none is left, the shapes the bound phase had no time for (they would otherwise
-    starve the bounded ones: mt5-base on 4x8 at 30 s bounds 3 of its 11 shapes)."""
-    bounded = sum(1 for o in rest if o.bound_s is not None and o.bound_s < best)
-    return bounded or sum(1 for o in rest if o.bound_s is None)
+    """How many of the bounded shapes ``rest`` (least bound first) share the time left: those
+    whose bound is under ``best`` and within :data:`PROMISING_RATIO` of the least bound
+    among them (the others are mostly proved worse by the first plans, and an equal share
+    with them left the first shapes too little: mt5-base on 4x8 gave ``[8, 4]`` 1.1 s, and
+    at 1.25 on 2x4 ``[2, 4]`` shared with ``[4, 2]`` had 2.3 s and no good plan)."""
+    least = rest[0].bound_s if rest and rest[0].bound_s is not None else math.inf
+    return max(
+        1,
+        sum(1 for o in rest if o.bound_s is not None and o.bound_s < min(best, PROMISING_RATIO * least)),
+    )
+
+
+def _solve_into(
+    rows: dict[tuple[int, ...], dict[str, Any]],
+    request: PlanRequest,
+    b: ShapeBound,
+    share: Deadline,
+    shared_by: int,
+    store: KeyValueStore,
+    ctx: PlanContext,
+    best: float,
+) -> float:
+    """Solve ``b`` within ``share`` into ``rows``; the best step time so far."""
+    rows[b.shape] = {**_solve_row(request, b, share, store, ctx), "shared_by": shared_by}
+    b.tables = None  # solved: its tables are not needed any more
+    if "plan" in rows[b.shape]:
+        best = min(best, rows[b.shape]["plan"].step_time_s)
+    return best
+
+
+def _promise(shape: tuple[int, ...], rows: dict[tuple[int, ...], dict[str, Any]]) -> tuple[float, float]:
+    """Order of the shapes solved after the bounded ones (least first), from the shapes it
+    refines by merging two neighbouring axes (``[4, 2, 4]`` refines ``[8, 4]`` and ``[4, 8]``:
+    every plan of those is one of it, each merged axis's SBP on both of its axes): the least
+    of their proven bounds, then their sum (a shape without a bound counts its plan's step
+    time, else infinity).  Not a proof, an order: mt5-base on 4x8 puts ``[4, 2, 4]`` first,
+    the best three-axis shape when each is solved alone (19.9 ms at 30 s; ``[2, 2, 8]``
+    21.9 ms)."""
+    known = []
+    for i in range(len(shape) - 1):
+        merged = (*shape[:i], shape[i] * shape[i + 1], *shape[i + 2 :])
+        row = rows.get(merged, {})
+        if row.get("bound_s") is not None:
+            known.append(float(row["bound_s"]))
+        elif "plan" in row:
+            known.append(float(row["plan"].step_time_s))
+        else:
+            known.append(math.inf)
+    return (min(known, default=math.inf), sum(known))
+
+
+def _no_time_row(b: ShapeBound, deadline: Deadline) -> dict[str, Any]:
+    """The row of a shape the time ran out before."""
+    error = TimeLimitError(
+        "time_limit",
+        f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before mesh {list(b.shape)} "
+        "was solved (shapes without a bound are solved one at a time, the most promising first)",
+    )
+    return {
+        "shape": list(b.shape),
+        "bound_s": None,
+        "error": error.to_dict(),
+        "outcome": "no plan",
+        "wall_s": b.wall_s,
+    }
 
 
 def _bound_phase(
-    request: PlanRequest, shapes: list[tuple[int, ...]], store: KeyValueStore, ctx: PlanContext
+    request: PlanRequest,
+    shapes: list[tuple[int, ...]],
+    store: KeyValueStore,
+    ctx: PlanContext,
+    stage: Deadline,
 ) -> tuple[list[ShapeBound], float]:
     """Each shape's tables and proven lower bound, each within an equal share of what is
-    left of :data:`BOUND_SHARE` of the limit (deterministic runs: of the whole limit); and
+    left of :data:`BOUND_SHARE` of ``stage`` (deterministic runs: of the whole limit); and
     the phase's limit, seconds."""
     deadline = ctx.deadline
-    phase = deadline.left() if request.options.deterministic else BOUND_SHARE * deadline.left()
+    phase = deadline.left() if request.options.deterministic else BOUND_SHARE * stage.left()
     phase_deadline = Deadline(phase)
-    out = []
+    out: list[ShapeBound] = []
     for i, shape in enumerate(shapes):
         share = Deadline(min(phase_deadline.left() / (len(shapes) - i), deadline.left()))
         relay = _ShapeRelay(ctx.progress, deadline, shape) if ctx.progress else None

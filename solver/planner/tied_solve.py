@@ -42,10 +42,16 @@ UNTIED_S_PER_NODE = 4.5e-4
 """Seconds per node below which the untied solve is not started (its reductions and
 heuristic alone took 11.7 s on 50k nodes on the loaded 2-core machine; 14-21 s on the idle
 one on 2026-12-02, when a 30 s limit that started it with 16.5 s left ended at 34-35 s)."""
-UNTIED_BOUND_S_PER_NODE = 1.2e-4
-"""Seconds per node below which no TRW-S bound of the untied problem is swept when its solve
-was skipped (measured on the 50k-op graph, idle 2-core machine, 2026-12-02: 2.9 s to lay
-the problem out, 0.17 s per sweep; 40 sweeps bring the bound to 0.01 % of the tied plan)."""
+UNTIED_BOUND_S_PER_NODE = 4e-5
+"""Seconds per node below which no TRW-S bound of the untied problem is tried when its solve
+was skipped.  The layout stops at the deadline (:class:`~autopar_solver.bounds.LayoutCut`:
+then the trivial bound; only its copying checks the clock, hence the margin), so a try
+costs only time nothing else would use: the 100k-op graph (4x8 a100-80g, load 5,
+2026-12-04) lays out in 7.8 s, then 2 s of sweeps bring its bound from the trivial 156 ms
+to 647 ms and 6 s to 698 ms (tied plan 709.6 ms).  At 1.2e-4 (12 s on that graph) a round
+left under 12 s after the tied solve kept the trivial bound: at a 30 s limit 78.00 % in
+14.7 s, now 1.45 % in 19.8 s (load 3); at 60 s and load 10, 78 % in 13.1 s (the reserve
+for the re-check grows with the build time)."""
 UNTIED_BOUND_MARGIN_S = 0.3
 """Seconds before the solve's end at which the untied problem's sweeps stop."""
 
@@ -250,14 +256,18 @@ def _untied_from(
 def _untied_bound(problem: Problem, deadline: float) -> dict[str, Any] | None:
     """A TRW-S bound of ``problem`` (not reduced; memory rows left out, so a bound of the
     problem with them too) swept until ``deadline``; None when there is not time for it
-    (:data:`UNTIED_BOUND_S_PER_NODE`).  The tied plan is a plan of ``problem``, so this is
-    what proves how far it can be from the untied optimum."""
-    from autopar_solver.bounds import DiffusionBound
+    (:data:`UNTIED_BOUND_S_PER_NODE`, or its layout is not done by ``deadline``).  The tied
+    plan is a plan of ``problem``, so this is what proves how far it can be from the untied
+    optimum."""
+    from autopar_solver.bounds import DiffusionBound, LayoutCut
 
     start = time.perf_counter()
     if deadline - start < UNTIED_BOUND_S_PER_NODE * problem.num_nodes:
         return None
-    run = DiffusionBound(problem)
+    try:
+        run = DiffusionBound(problem, deadline=deadline)
+    except LayoutCut:
+        return None
     laid_out = time.perf_counter()
     value = run.run(1_000_000, deadline)
     return {

@@ -8,7 +8,7 @@ from autopar.models import build
 from autopar_solver.cli import mesh_search_text
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan
-from autopar_solver.planner.mesh_search import BOUND_SHARE
+from autopar_solver.planner.mesh_search import BOUND_SHARE, FIRST_STAGE_SHARE
 
 CLUSTER = Cluster.parse("2x4", "a100-40g")
 OPTIONS = SolverOptions(time_limit_s=5, deterministic=True, workers=2)
@@ -81,3 +81,33 @@ def test_search_keeps_to_its_time_split(graph):
     for row in stats["solved"]:
         # each solve gets at most an equal share of what is left among the shapes still worth solving
         assert row["shared_by"] >= 1 and row["share_s"] * row["shared_by"] <= limit
+
+
+def test_three_axis_shapes_come_after_the_bounded_ones_by_what_they_refine():
+    from autopar_solver.planner.mesh_search import _promise
+
+    # proven bounds of the two-axis shapes of 4x8 (mt5-base, seconds): each three-axis shape
+    # is ranked by the shapes it refines by merging two neighbouring axes
+    rows = {(8, 4): {"bound_s": 0.0263}, (4, 8): {"bound_s": 0.0268}, (16, 2): {"bound_s": 0.0356}}
+    rows[(2, 16)] = {"bound_s": 0.0899}
+    three = [s for s in candidate_mesh_shapes(Cluster.parse("4x8")) if len(s) == 3]
+    ranked = sorted(three, key=lambda s: _promise(s, rows))
+    assert ranked[0] == (4, 2, 4)  # refines [8, 4] and [4, 8], the two least bounds
+    assert ranked[-1] == (2, 8, 2)  # refines [16, 2] and [2, 16], the two largest
+
+
+@pytest.mark.slow
+def test_search_off_the_deterministic_path_bounds_two_axes_first_and_solves_the_rest(graph):
+    limit = 30.0
+    p = plan(PlanRequest(graph, CLUSTER, None, None, 2, SolverOptions(time_limit_s=limit, workers=2)))
+    rows = {tuple(r["shape"]): r for r in p.diagnostics["mesh_search"]}
+    assert list(rows) == SHAPES
+    # the three-axis shape is not bounded first: solved after the others, with the time left
+    assert rows[(2, 2, 2)]["lower_bound_s"] is None and rows[(2, 2, 2)]["outcome"] == "solved"
+    for shape in SHAPES[:3]:
+        assert rows[shape]["lower_bound_s"] is not None
+        assert rows[shape]["outcome"] == "solved" or rows[shape]["lower_bound_s"] >= p.step_time_s
+    solved = [r["step_time_s"] for r in rows.values() if r["step_time_s"] is not None]
+    assert p.step_time_s == min(solved)
+    stats = p.solver["stats"]["mesh_search"]
+    assert stats["bound_phase_limit_s"] <= BOUND_SHARE * FIRST_STAGE_SHARE * limit
