@@ -50,7 +50,7 @@ from autopar.rules.registry import default_rules
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES, Lowering
 from autopar.sbp import NdSbp, Signature
 
-__all__ = ["import_plan", "imported_training", "job_runtime", "job_signatures"]
+__all__ = ["import_plan", "imported_training", "job_runtime", "job_signatures", "zero_update_layouts"]
 
 
 def job_runtime(job: Any) -> str:
@@ -129,26 +129,36 @@ def _variable_layouts(graph: Graph, ndim: int, pinned: dict[str, str]) -> dict[s
     ``System-ZeRO-ParallelCast`` restores (``pinned``, :func:`_zero_cast_layouts`).
 
     A variable without a cast is one the ZeRO pass left alone
-    (``optimizer_placement_optimization_pass.cpp``: ``IsSplitValid`` refused every
-    extra split, e.g. a bias under ``shard_min_size`` 1024 elements per shard): the
-    job stores it, and its update reads ``model`` and ``model_diff``, in its own
-    declared layout, which the plan keeps as OneFlow chose it, even where its
-    forward consumers all read another (a column-parallel bias stored ``(B, B)``
-    and read ``(B, S(0))``, a local slice).  Taking the consumers' read instead
-    dropped the gradient's boxing into the update (``(P, S(0)) -> (B, B)``
-    priced as ``(P, S(0)) -> (B, S(0))``: the axis-1 all-gather missing).
+    (``optimizer_placement_optimization_pass.cpp``; e.g. a bias under ``shard_min_size``
+    1024 elements per shard): the job stores it, and its update reads ``model`` and
+    ``model_diff``, in its own declared layout, which the plan keeps as OneFlow chose
+    it, even where its forward consumers all read another (a column-parallel bias
+    stored ``(B, B)`` and read ``(B, S(0))``, a local slice).  Taking the consumers'
+    read instead dropped the gradient's boxing into the update (``(P, S(0)) -> (B, B)``
+    priced as ``(P, S(0)) -> (B, S(0))``: the axis-1 all-gather missing).  Nor is its
+    gradient layout normalised: where the rules do not offer OneFlow's unsharded update
+    (ViT's ``patch_embed.weight``, which OneFlow 0.9 leaves unsharded though
+    :func:`~autopar.rules.families.optimizer.oneflow_zero_shard` would shard it), the
+    evaluator reports it.
     """
     return {v.op: parse_nd_sbp_text(pinned[v.op], ndim) for v in graph.variables if v.op in pinned}
 
 
-def _zero_update_layouts(
-    job: Any, graph: Graph, chosen: dict[str, dict[str, NdSbp]], mesh: Mesh, stage: int, runtime: str
+def zero_update_layouts(
+    graph: Graph,
+    chosen: dict[str, dict[str, NdSbp]],
+    mesh: Mesh,
+    stage: int,
+    runtime: str,
+    pinned: dict[str, str],
 ) -> list[str]:
     """Give each variable and its update the layouts autopar models ZeRO with (see the
-    module docstring), in place; return the updates whose gradient layout was normalised."""
+    module docstring), in ``chosen`` (op -> port -> OneFlow's N-D SBP, :func:`job_signatures`)
+    in place; return the updates whose gradient layout was normalised.  ``pinned``: variable
+    op -> the layout its ``System-ZeRO-ParallelCast`` restores, as N-D SBP text (the
+    variables OneFlow's ZeRO sharded; :func:`_zero_cast_layouts`)."""
     normalized: list[str] = []
     rules = default_rules()
-    pinned = _zero_cast_layouts(job, graph)
     for var, layout in _variable_layouts(graph, mesh.ndim, pinned).items():
         v = graph.variable_by_op[var]
         port = next(iter(graph.op_by_name[var].outputs))
@@ -231,7 +241,7 @@ def import_plan(
         # variable boxed from its stored layout to its consumers
         stage = 0
     if stage > 0:
-        normalized = _zero_update_layouts(job, graph, chosen, mesh, stage, runtime)
+        normalized = zero_update_layouts(graph, chosen, mesh, stage, runtime, _zero_cast_layouts(job, graph))
     signatures = {
         op.name: Signature(
             tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)
