@@ -20,7 +20,9 @@ is split (an axis where every port is ``B`` or ``P`` repeats the work).
 Per edge (producer output port -> consumer input port): boxing time from the
 producer's output N-D SBP to the consumer's input N-D SBP as the runtime
 profile lowers it (:mod:`autopar.runtime`, :mod:`autopar.boxing`), classified
-by :func:`edge_kind` and priced by :func:`edge_time`.  An edge carrying a
+by :func:`edge_kind` and priced by :func:`edge_time` (a ``like`` port, which lends
+only its shape, is free under the ideal lowering and boxed as any input under
+OneFlow 0.9's, as OneFlow boxes it).  An edge carrying a
 weight gradient is a gradient reduction: frameworks bucket those, so its
 per-step latency is scaled by ``min(1, bytes / bucket)`` (:func:`bucketed_time`).
 
