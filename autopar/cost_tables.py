@@ -507,12 +507,12 @@ _EdgeSpec = tuple[str, str, str, str, str]
 """(producer, its output port, consumer, its input port, tensor)"""
 
 
-def _edge_specs(graph: Graph) -> list[_EdgeSpec]:
-    """Every edge along which data flows (shape-only ports have none)."""
+def _edge_specs(graph: Graph, lowering: str) -> list[_EdgeSpec]:
+    """Every edge along which data flows under ``lowering`` (shape-only ports have none)."""
     specs: list[_EdgeSpec] = []
     for op in graph.ops:
         for in_port, tensor in op.inputs.items():
-            if edge_kind(op, in_port) is EdgeKind.SHAPE_ONLY:
+            if edge_kind(op, in_port, lowering=lowering) is EdgeKind.SHAPE_ONLY:
                 continue  # no data flows: no boxing, no edge
             prod, out_port = graph.producer[tensor]
             specs.append((prod, out_port, op.name, in_port, tensor))
@@ -521,7 +521,7 @@ def _edge_specs(graph: Graph) -> list[_EdgeSpec]:
 
 def _edge_tables(run: _Build, tables: dict[str, OpTable]) -> tuple[list[EdgeTable], dict[str, int]]:
     """Each edge's matrix (its distinct entry fetched, or computed and stored), and counts."""
-    edge_specs = _edge_specs(run.graph)
+    edge_specs = _edge_specs(run.graph, run.profile.lowering.value)
     distinct, edge_index = _edge_keys(run, tables, edge_specs)
     edge_keys = list(distinct)
     found_e = run.store.get_many(edge_keys)
@@ -580,7 +580,7 @@ def _edge_keys(
         src = port_sbps(tables[prod], True, list(pop.outputs).index(out_port))
         dst = port_sbps(tables[cons], False, list(cop.inputs).index(in_port))
         spec = graph.tensors[tensor]
-        kind = edge_kind(cop, in_port, tensor in gradients)
+        kind = edge_kind(cop, in_port, tensor in gradients, run.profile.lowering.value)
         edge_content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
         ekey = key_memo.get(edge_content)
         if ekey is None:

@@ -20,7 +20,9 @@ is split (an axis where every port is ``B`` or ``P`` repeats the work).
 Per edge (producer output port -> consumer input port): boxing time from the
 producer's output N-D SBP to the consumer's input N-D SBP as the runtime
 profile lowers it (:mod:`autopar.runtime`, :mod:`autopar.boxing`), classified
-by :func:`edge_kind` and priced by :func:`edge_time`.  An edge carrying a
+by :func:`edge_kind` and priced by :func:`edge_time` (a ``like`` port, which lends
+only its shape, is free under the ideal lowering and boxed as any input under
+OneFlow 0.9's, as OneFlow boxes it).  An edge carrying a
 weight gradient is a gradient reduction: frameworks bucket those, so its
 per-step latency is scaled by ``min(1, bytes / bucket)`` (:func:`bucketed_time`).
 
@@ -59,7 +61,7 @@ from autopar.rules.registry import (
     nd_signatures,
     work_share,
 )
-from autopar.runtime import RuntimeProfile
+from autopar.runtime import Lowering, RuntimeProfile
 from autopar.sbp import NdSbp, Signature, is_even, local_shape
 
 __all__ = [
@@ -303,7 +305,8 @@ class EdgeKind(str, Enum):
     BOXING = "boxing"
     """Data flows: boxing time from the producer's SBP to the consumer's."""
     SHAPE_ONLY = "shape_only"
-    """The port only lends its shape (``like`` of ``reduce_sum_like``, ``ones_like`` ...): free."""
+    """The port only lends its shape (``like`` of ``reduce_sum_like``, ``ones_like`` ...): free
+    under the ideal lowering.  OneFlow 0.9 boxes it as any other input (:func:`edge_kind`)."""
     IN_PLACE = "in_place"
     """The op updates the tensor in place (optimizer ``model``): the layouts must be equal,
     any other pair is forbidden (``inf``)."""
@@ -315,15 +318,22 @@ class EdgeKind(str, Enum):
 SHAPE_ONLY_PORTS = frozenset({"like"})
 
 
-def edge_kind(op: Op, port: str, gradient: bool = False) -> EdgeKind:
+def edge_kind(op: Op, port: str, gradient: bool = False, lowering: str = Lowering.IDEAL.value) -> EdgeKind:
     """Classify the edge into ``op``'s input ``port`` (the one place that forbids layout changes).
 
     ``gradient``: the tensor is on a weight gradient's path to its optimizer
     (:func:`autopar.optimizer.weight_gradient_path`); so is the optimizer's
-    ``model_diff`` port.
+    ``model_diff`` port.  ``lowering``: the runtime's (:class:`autopar.runtime.Lowering`
+    value).  A ``like`` port is shape-only (free) under the ideal lowering; OneFlow 0.9
+    boxes it as any other input: the op's SBP signature gives ``like`` a layout of its
+    own (``oneflow/user/ops/split_like_op.cpp`` ``GetSbp``: ``S(i)``, ``B`` or ``P``,
+    e.g. ``(in P, like B) -> P``) and the boxing of an input blob is inserted whatever
+    the kernel reads of it (``InsertNcclLogicalOpPass`` walks every op edge; the
+    compiled LLaMA job of ``benchmarks/heldout_truth.py`` carries ``(S(0), P) -> (S(0), B)``
+    and ``(S(0), S(3)) -> (S(0), B)`` into ``split_like``'s ``like`` ports).
     """
     base = base_name(port)
-    if base in SHAPE_ONLY_PORTS:
+    if base in SHAPE_ONLY_PORTS and lowering != Lowering.ONEFLOW_0_9.value:
         return EdgeKind.SHAPE_ONLY
     if op.role is Role.OPTIMIZER and base in IN_PLACE_PORTS:
         return EdgeKind.IN_PLACE

@@ -407,7 +407,7 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
             src = p.tensor_sbp.get(tensor)
             if src is None or src == dst:
                 continue
-            kind = edge_kind(op, port, tensor in gradients)
+            kind = edge_kind(op, port, tensor in gradients, p.runtime.lowering.value)
             if kind is EdgeKind.SHAPE_ONLY:
                 continue
             if kind is EdgeKind.IN_PLACE:

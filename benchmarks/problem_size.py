@@ -35,7 +35,7 @@ def problem_size(graph: Graph, mesh_shape: tuple[int, ...], zero_stage: int = 2)
     edges = entries = 0
     for op in graph.ops:
         for port, tensor in op.inputs.items():
-            if edge_kind(op, port) is EdgeKind.SHAPE_ONLY:
+            if edge_kind(op, port, lowering=runtime_profile(None).lowering.value) is EdgeKind.SHAPE_ONLY:
                 continue
             producer, _ = graph.producer[tensor]
             edges += 1

@@ -28,10 +28,31 @@ with code and conventions of its own, written from:
   bytes on a ``[m0, m1]`` mesh); point-to-point messages count on the outermost
   axis where sender and receiver differ.
 
-Differences from ``lower_hop`` are findings, not errors: a flat collective's
-bytes per axis follow NCCL's ring here and the hierarchical decomposition
-there; send/recv is counted here by visiting device pairs (the receiver's
-slice intersected with each sender's), there by tensor contraction.
+What the two formulas count, and where they differ.  Both give every hop the
+same total.  Send/recv and the 2-D (one-axis) kernels they count alike, here by
+visiting device pairs (the receiver's slice intersected with each sender's),
+there by tensor contraction.  They split a *flat* collective (both ends one
+value on every axis, ``InOutParallelDimReduce`` to 1-D over all ``N`` devices)
+differently between the axes:
+
+* here, as NCCL's ring sends it: OneFlow 0.9 launches one collective on the
+  communicator of all ``N`` ranks (``nccl_logical_kernels.cpp``,
+  ``NcclLogicalKernelCommState``; the task-graph path's ``FlatSubTskGphBuilder``
+  likewise), and a ring enters and leaves each node (axis-0 index) once per
+  channel, so axis 0 carries ``n0 / N`` of the ring's bytes per device on
+  average (on ``[4, 2]`` an all-gather of ``T``: 0.44 T on each axis).  With one
+  NIC per device (the cluster profiles' per-device inter-node bandwidth) NCCL
+  spreads the channels over the NICs and a device's inter-node bytes are exactly
+  that;
+* in ``lower_hop``, as the volumes of a hierarchical schedule OneFlow does not run
+  (:func:`autopar.oneflow.lowering._flat_terms`: 0.75 T on axis 0, 0.125 T on axis
+  1): the model's convention for pricing such a hop.
+
+On the held-out compiled jobs (``benchmarks/heldout_truth.py``) that is the whole
+difference: every flat all-gather, reduce-scatter and all-reduce differs by this
+split and no other hop differs.  This formula is the count of what the kernels
+send per axis (given NCCL's ring algorithm and node-major ranks; NCCL's tree
+all-reduce would split otherwise); ``lower_hop``'s is what autopar prices.
 Units: bytes per device (averaged over the devices of the mesh), per mesh axis.
 """
 

@@ -1,4 +1,4 @@
-"""How OneFlow 0.9 lowers one boxing hop, and the bytes each device moves for it.
+"""How OneFlow 0.9 lowers one boxing hop, and the bytes per device autopar prices it with.
 
 Written from OneFlow's source rather than from autopar's ideal cost model
 (:mod:`autopar.boxing`).  The ``oneflow-0.9`` runtime profile prices predicted
@@ -46,9 +46,25 @@ Bytes per device (the unit of :mod:`autopar.evaluate`'s ``comm_bytes_per_axis``)
 * ring collectives on a group of ``n`` holding ``T`` bytes (the tensor as the
   group sees it): all-gather and reduce-scatter ``(n-1)/n * T``, all-reduce
   ``2 (n-1)/n * T``, all-to-all ``(n-1)/n^2 * T`` (NCCL's ring and pairwise
-  algorithms); a 1-D collective over all devices of an N-D mesh is counted per
-  axis as its hierarchical decomposition (innermost axis first), whose per-axis
-  sum equals the flat volume;
+  algorithms); a 1-D collective over all devices of an N-D mesh is split between
+  the axes as a hierarchical schedule would move it (:func:`_flat_terms`: on
+  ``[n0, n1]`` an all-gather puts ``(n0-1)/n0 * T`` on axis 0 and
+  ``(n1-1)/n1 * T/n0`` on axis 1), whose per-axis sum equals the flat volume.
+  That split is this model's convention, not what OneFlow's kernel sends: OneFlow
+  0.9 runs such a hop as one collective on a communicator of all ``N`` devices
+  (``nccl_logical_kernels.cpp``: ``NcclLogicalKernelCommState`` takes the
+  communicator of the op's whole 1-D placement, one ``AllGather`` / ``AllReduce``
+  / ``ReduceScatter`` launch; the task-graph path, ``FlatSubTskGphBuilder`` in
+  ``hierarchical_sub_task_graph_builder_impl.cpp``, boxes a hop reduced to 1-D as
+  one collective too), so which link each byte crosses is NCCL's choice.  With
+  NCCL's ring (every node entered and left once per channel) axis 0 carries
+  ``n0/N`` of the ring's bytes, ``(N-1)/N * T / n1`` for an all-gather: 0.44 T on
+  ``[4, 2]`` where this split says 0.75 T (axis 1: 0.44 T against 0.125 T);
+  :mod:`autopar.oneflow.kernel_bytes` counts that ring split.  On the held-out
+  compiled jobs the two formulas differ on these flat collectives and nowhere
+  else (docs/oneflow-boxing.md, "Flat collectives: the split between axes").  The
+  split is what the ``oneflow-0.9`` runtime profile prices time with, so a count
+  made with it checks the SBPs, not where the bytes go;
 * send/recv (``_nccl_logical_send_recv``, ``NcclLogicalSendRecv`` kernel): each
   device receives, from every other device, the intersection of that device's
   input slice with its own output slice (``GetRankSendRecvIntersection``); a
@@ -482,14 +498,17 @@ def _two_d_rule(shape: Sequence[int], src: NdSbp, dst: NdSbp, rh: tuple[int, int
 def _flat_terms(kind: str, hierarchy: Sequence[int]) -> dict[int, Term]:
     """A collective over all devices of an N-D mesh, counted per axis.
 
-    Ring collectives as their hierarchical decomposition, innermost axis first:
-    an all-gather of ``T`` over ``[n0, n1]`` is an all-gather of the ``T/n0``
+    Ring collectives as a hierarchical schedule's volumes, innermost axis first:
+    an all-gather of ``T`` over ``[n0, n1]`` as an all-gather of the ``T/n0``
     group piece on axis 1, then of ``T`` on axis 0; on axis ``a`` the group
     holds ``T / prod(n[:a])`` and moves ``(n_a-1)/n_a`` of it.  The per-axis
     bytes add up to the flat ring volume ``(N-1)/N * T`` (twice that for an
-    all-reduce).  All-to-all: every device sends ``T/N^2`` to each of the other
-    ``N-1`` devices; a message counts on the outermost axis where the two
-    devices' coordinates differ.
+    all-reduce).  OneFlow 0.9 runs no such schedule: it launches one NCCL
+    collective over all ``N`` ranks, whose ring puts ``n0/N`` of that volume on
+    axis 0 (see the module doc; :mod:`autopar.oneflow.kernel_bytes` counts that).
+    All-to-all: every device sends ``T/N^2`` to each of the other ``N-1``
+    devices; a message counts on the outermost axis where the two devices'
+    coordinates differ (the same in both formulas).
     """
     out: dict[int, Term] = {}
     n_all = math.prod(int(h) for h in hierarchy)

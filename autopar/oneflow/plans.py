@@ -11,11 +11,13 @@ Normalisations (each keeps the meaning of OneFlow's choice):
 
 * one value on an N-D mesh stands for itself on every axis (OneFlow writes
   ``(B, B)`` as ``B``);
-* under ZeRO a variable is stored split over its data-parallel axes and
-  gathered back for the forward pass; autopar models this with the ZeRO stage,
-  so the variable's layout in the plan is the layout its forward consumers
-  read (the ``System-ZeRO-ParallelCast`` target, or the consumers' common
-  SBP), and its optimizer op reads the parameter in that layout.  The
+* under ZeRO a variable OneFlow shards is stored split over its data-parallel
+  axes and gathered back for the forward pass; autopar models this with the
+  ZeRO stage, so the variable's layout in the plan is the layout its forward
+  consumers read (the ``System-ZeRO-ParallelCast`` target), and its optimizer
+  op reads the parameter in that layout.  A variable OneFlow's ZeRO leaves
+  unsharded (no cast: under ``shard_min_size``) keeps the layout the job
+  stores it in, which its update reads (:func:`_variable_layouts`).  The
   optimizer's gradient layout is OneFlow's own (the ``oneflow-0.9`` runtime's
   one-axis ZeRO, :func:`autopar.rules.families.optimizer.oneflow_zero_shard`);
   where the rule does not offer it, it is taken from the ``adam_update`` rule
@@ -38,7 +40,7 @@ from typing import Any
 from autopar.cluster import PRESETS, Cluster, Mesh
 from autopar.costs import op_signatures, rule_context
 from autopar.errors import ConfigError, PlanError
-from autopar.graph import Graph, Role
+from autopar.graph import Graph
 from autopar.iteration import TrainingConfig
 from autopar.oneflow.convert import nd_sbp_from_proto, parse_nd_sbp_text
 from autopar.oneflow.importer import import_job
@@ -48,7 +50,7 @@ from autopar.rules.registry import default_rules
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES, Lowering
 from autopar.sbp import NdSbp, Signature
 
-__all__ = ["import_plan", "imported_training", "job_runtime", "job_signatures"]
+__all__ = ["import_plan", "imported_training", "job_runtime", "job_signatures", "zero_update_layouts"]
 
 
 def job_runtime(job: Any) -> str:
@@ -122,34 +124,42 @@ def _zero_cast_layouts(job: Any, graph: Graph) -> dict[str, str]:
     return pinned
 
 
-def _variable_layouts(
-    graph: Graph, chosen: dict[str, dict[str, NdSbp]], ndim: int, pinned: dict[str, str]
-) -> dict[str, NdSbp]:
-    """Layout each variable is computed with under ZeRO (see the module docstring)."""
-    layouts: dict[str, NdSbp] = {}
-    for v in graph.variables:
-        if v.op in pinned:
-            layouts[v.op] = parse_nd_sbp_text(pinned[v.op], ndim)
-            continue
-        reads = {
-            chosen[c][port]
-            for c, port in graph.consumers.get(v.tensor, [])
-            if graph.op_by_name[c].role is not Role.OPTIMIZER
-        }
-        if len(reads) == 1:
-            layouts[v.op] = next(iter(reads))
-    return layouts
+def _variable_layouts(graph: Graph, ndim: int, pinned: dict[str, str]) -> dict[str, NdSbp]:
+    """Layout each variable OneFlow's ZeRO sharded is computed with: the layout its
+    ``System-ZeRO-ParallelCast`` restores (``pinned``, :func:`_zero_cast_layouts`).
+
+    A variable without a cast is one the ZeRO pass left alone
+    (``optimizer_placement_optimization_pass.cpp``; e.g. a bias under ``shard_min_size``
+    1024 elements per shard): the job stores it, and its update reads ``model`` and
+    ``model_diff``, in its own declared layout, which the plan keeps as OneFlow chose
+    it, even where its forward consumers all read another (a column-parallel bias
+    stored ``(B, B)`` and read ``(B, S(0))``, a local slice).  Taking the consumers'
+    read instead dropped the gradient's boxing into the update (``(P, S(0)) -> (B, B)``
+    priced as ``(P, S(0)) -> (B, S(0))``: the axis-1 all-gather missing).  Nor is its
+    gradient layout normalised: where the rules do not offer OneFlow's unsharded update
+    (ViT's ``patch_embed.weight``, which OneFlow 0.9 leaves unsharded though
+    :func:`~autopar.rules.families.optimizer.oneflow_zero_shard` would shard it), the
+    evaluator reports it.
+    """
+    return {v.op: parse_nd_sbp_text(pinned[v.op], ndim) for v in graph.variables if v.op in pinned}
 
 
-def _zero_update_layouts(
-    job: Any, graph: Graph, chosen: dict[str, dict[str, NdSbp]], mesh: Mesh, stage: int, runtime: str
+def zero_update_layouts(
+    graph: Graph,
+    chosen: dict[str, dict[str, NdSbp]],
+    mesh: Mesh,
+    stage: int,
+    runtime: str,
+    pinned: dict[str, str],
 ) -> list[str]:
     """Give each variable and its update the layouts autopar models ZeRO with (see the
-    module docstring), in place; return the updates whose gradient layout was normalised."""
+    module docstring), in ``chosen`` (op -> port -> OneFlow's N-D SBP, :func:`job_signatures`)
+    in place; return the updates whose gradient layout was normalised.  ``pinned``: variable
+    op -> the layout its ``System-ZeRO-ParallelCast`` restores, as N-D SBP text (the
+    variables OneFlow's ZeRO sharded; :func:`_zero_cast_layouts`)."""
     normalized: list[str] = []
     rules = default_rules()
-    pinned = _zero_cast_layouts(job, graph)
-    for var, layout in _variable_layouts(graph, chosen, mesh.ndim, pinned).items():
+    for var, layout in _variable_layouts(graph, mesh.ndim, pinned).items():
         v = graph.variable_by_op[var]
         port = next(iter(graph.op_by_name[var].outputs))
         chosen[var][port] = layout
@@ -231,7 +241,7 @@ def import_plan(
         # variable boxed from its stored layout to its consumers
         stage = 0
     if stage > 0:
-        normalized = _zero_update_layouts(job, graph, chosen, mesh, stage, runtime)
+        normalized = zero_update_layouts(graph, chosen, mesh, stage, runtime, _zero_cast_layouts(job, graph))
     signatures = {
         op.name: Signature(
             tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)

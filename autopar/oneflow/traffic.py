@@ -13,8 +13,11 @@ from ``job_parallel_view_conf`` and, where they differ, prices the hop twice:
   (which the compiled job, not autopar, decides), not the formula;
 * ``kernel_bytes_per_axis``: with :func:`autopar.oneflow.kernel_bytes.kernel_hop_bytes`,
   a formula of its own written from OneFlow's boxing kernels and NCCL's collective
-  definitions, shared with nothing autopar predicts with.  Where the two differ,
-  one of them is wrong about OneFlow; that is a finding to report.
+  definitions, shared with nothing autopar predicts with.  The two give every hop
+  the same total; they split a flat collective (one NCCL collective over all
+  devices) differently between the axes: this one as NCCL's ring sends it, which
+  is what the kernels send, ``lower_hop`` as the hierarchical-schedule volumes the
+  model prices with (see :mod:`autopar.oneflow.kernel_bytes`).
 
 Nothing here calls autopar's cost model, rules or evaluator.
 
@@ -81,8 +84,9 @@ class JobTraffic:
     """the largest hops (``keep_edges`` of them): producer, consumer, port, src, dst, kind, bytes"""
     kernel_bytes_per_axis: dict[int, float] = field(default_factory=dict)
     """the same hops counted with :func:`autopar.oneflow.kernel_bytes.kernel_hop_bytes`, the
-    formula of its own (OneFlow's kernels, NCCL's collective definitions); a difference
-    from ``bytes_per_axis`` is a finding about one of the two formulas"""
+    formula of its own (OneFlow's kernels, NCCL's collective definitions): the same total as
+    ``bytes_per_axis``, flat collectives split between the axes as NCCL's ring sends them
+    (``bytes_per_axis``: as the model prices them)"""
     micro_batches: int = 1
     """``K``: the job's ``num_gradient_accumulation_steps``"""
     bytes_per_phase: dict[str, dict[int, float]] = field(default_factory=dict)

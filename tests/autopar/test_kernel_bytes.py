@@ -42,7 +42,8 @@ def test_flat_collectives_follow_the_ring_over_ranks_in_mesh_order():
 @pytest.mark.parametrize(("mesh", "shape"), [((4, 2), (8, 16, 4)), ((2, 2), (6, 10)), ((8,), (16, 8))])
 def test_totals_agree_with_lower_hop_on_every_pair(mesh, shape):
     """The two formulas are written apart; their per-hop totals must still agree (their
-    split over axes differs only for collectives over all ranks: ring vs hierarchy)."""
+    split over axes differs only for collectives over all ranks: NCCL's ring vs the model's
+    hierarchical schedule)."""
     for a in itertools.product(VALUES, repeat=len(mesh)):
         for b in itertools.product(VALUES, repeat=len(mesh)):
             src, dst = NdSbp(a), NdSbp(b)
@@ -52,3 +53,25 @@ def test_totals_agree_with_lower_hop_on_every_pair(mesh, shape):
             if len(set(a)) > 1 or len(set(b)) > 1:
                 for axis in range(len(mesh)):
                     assert kernel[axis] == pytest.approx(lowered.bytes_per_axis.get(axis, 0.0)), (src, dst)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "factor"),
+    [
+        (NdSbp((S(0), S(0))), NdSbp((B, B)), 1),  # all-gather
+        (NdSbp((P, P)), NdSbp((S(1), S(1))), 1),  # reduce-scatter
+        (NdSbp((P, P)), NdSbp((B, B)), 2),  # all-reduce
+    ],
+)
+def test_flat_collective_split_ring_against_hierarchical_schedule(src, dst, factor):
+    """The one place the formulas differ (docs/oneflow-boxing.md, "Flat collectives"): OneFlow
+    runs the hop as one NCCL collective over all 8 ranks of [4, 2]; the ring sends n0/N of its
+    volume across axis 0 (0.4375 T per axis), lower_hop prices the volumes of a hierarchical
+    schedule (axis 0 (n0-1)/n0 T = 0.75 T, axis 1 (n1-1)/n1 T/n0 = 0.125 T); same total."""
+    shape, mesh = (16, 32), (4, 2)
+    t = 16 * 32 * 4
+    ring = kernel_hop_bytes(shape, 4, src, dst, mesh)
+    hierarchical = lower_hop(shape, 4, src, dst, mesh).bytes_per_axis
+    assert ring[0] == pytest.approx(factor * 0.4375 * t) and ring[1] == pytest.approx(factor * 0.4375 * t)
+    assert hierarchical[0] == pytest.approx(factor * 0.75 * t)
+    assert hierarchical[1] == pytest.approx(factor * 0.125 * t)

