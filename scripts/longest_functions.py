@@ -19,7 +19,6 @@ PACKAGES = ("autopar", "solver", "service", "cache")
 LIMIT = 80
 
 
-
 def functions(path: Path) -> list[tuple[str, int, int]]:
     """(qualified name, first line, length in lines) of every function in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
