@@ -40,15 +40,16 @@ from typing import Any
 from autopar.cluster import PRESETS, Cluster, Mesh
 from autopar.costs import op_signatures, rule_context
 from autopar.errors import ConfigError, PlanError
-from autopar.graph import Graph
+from autopar.graph import Graph, Variable
 from autopar.iteration import TrainingConfig
 from autopar.oneflow.convert import nd_sbp_from_proto, parse_nd_sbp_text
 from autopar.oneflow.importer import import_job
 from autopar.oneflow.jobs import load_job
 from autopar.plan import Plan
+from autopar.rules.families.optimizer import zero_shard
 from autopar.rules.registry import default_rules
 from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES, Lowering
-from autopar.sbp import NdSbp, Signature
+from autopar.sbp import NdSbp, Signature, local_shape
 
 __all__ = ["import_plan", "imported_training", "job_runtime", "job_signatures", "zero_update_layouts"]
 
@@ -124,24 +125,79 @@ def _zero_cast_layouts(job: Any, graph: Graph) -> dict[str, str]:
     return pinned
 
 
-def _variable_layouts(graph: Graph, ndim: int, pinned: dict[str, str]) -> dict[str, NdSbp]:
+def _variable_layouts(
+    graph: Graph, chosen: dict[str, dict[str, NdSbp]], mesh: Mesh, runtime: str, pinned: dict[str, str]
+) -> dict[str, NdSbp]:
     """Layout each variable OneFlow's ZeRO sharded is computed with: the layout its
-    ``System-ZeRO-ParallelCast`` restores (``pinned``, :func:`_zero_cast_layouts`).
+    ``System-ZeRO-ParallelCast`` restores (``pinned``, :func:`_zero_cast_layouts`), or,
+    where the job holds no cast for it, the layout its forward reader reads
+    (:func:`_uncast_zero_layout`).
 
-    A variable without a cast is one the ZeRO pass left alone
+    A variable without a cast that OneFlow's rule
+    (:func:`~autopar.rules.families.optimizer.oneflow_zero_shard`) would not shard
+    further is one the ZeRO pass left alone
     (``optimizer_placement_optimization_pass.cpp``; e.g. a bias under ``shard_min_size``
     1024 elements per shard): the job stores it, and its update reads ``model`` and
     ``model_diff``, in its own declared layout, which the plan keeps as OneFlow chose
     it, even where its forward consumers all read another (a column-parallel bias
     stored ``(B, B)`` and read ``(B, S(0))``, a local slice).  Taking the consumers'
     read instead dropped the gradient's boxing into the update (``(P, S(0)) -> (B, B)``
-    priced as ``(P, S(0)) -> (B, S(0))``: the axis-1 all-gather missing).  Nor is its
-    gradient layout normalised: where the rules do not offer OneFlow's unsharded update
-    (ViT's ``patch_embed.weight``, which OneFlow 0.9 leaves unsharded though
-    :func:`~autopar.rules.families.optimizer.oneflow_zero_shard` would shard it), the
-    evaluator reports it.
+    priced as ``(P, S(0)) -> (B, S(0))``: the axis-1 all-gather missing).
     """
-    return {v.op: parse_nd_sbp_text(pinned[v.op], ndim) for v in graph.variables if v.op in pinned}
+    layouts = {v.op: parse_nd_sbp_text(pinned[v.op], mesh.ndim) for v in graph.variables if v.op in pinned}
+    sharding = RUNTIMES[runtime].zero_sharding.value
+    consumers = graph.consumers
+    for v in graph.variables:
+        if v.op not in layouts and v.optimizer is not None:
+            read = _uncast_zero_layout(graph, v, chosen, mesh, sharding, consumers[v.tensor])
+            if read is not None:
+                layouts[v.op] = read
+    return layouts
+
+
+def _uncast_zero_layout(
+    graph: Graph,
+    v: Variable,
+    chosen: dict[str, dict[str, NdSbp]],
+    mesh: Mesh,
+    sharding: str,
+    readers: list[tuple[str, str]],
+) -> NdSbp | None:
+    """The forward layout of a variable OneFlow's ZeRO sharded and left without a cast, or None.
+
+    OneFlow 0.9 drops the ``System-ZeRO-ParallelCast`` it adds after a sharded
+    variable (or the last op of its sequence) when the cast has a single consumer and
+    that consumer reads the cast's own N-D SBP: the consumer then reads the sharded
+    variable directly, boxing it to the layout the cast would have restored.  Observed
+    with ``tests/oneflow/_probe_zero_shard.py`` on ``[4, 2]`` (ZeRO-2, default
+    ``shard_min_size``): a ``(B, B)`` ``[64, 3, 8, 8]`` conv weight (or ``[64, 192]``
+    matmul weight) whose input needs no gradient is stored ``(B, S(0))``, as
+    :func:`~autopar.rules.families.optimizer.oneflow_zero_shard` predicts, with no cast,
+    its conv reading ``(B, B)``; with a second reader (``conv_data_grad`` when the input
+    needs a gradient, or a second conv) the ``(B, B)`` cast stays; a ``(B, S(0))``
+    weight's cast to ``(B, S(0))`` stays while the conv reads ``(B, B)``.  ViT's
+    ``patch_embed.weight`` (replicated, the first layer) is the first case.
+
+    So: when the stored layout is not one OneFlow's rule leaves alone (the pass would
+    shard it further) and the variable's one forward read ``r`` has ``r`` as its
+    pre-ZeRO layout (``oneflow_zero_shard(r)`` is the stored layout), ``r`` is the
+    layout the missing cast restored.
+    """
+    shape = graph.tensors[v.tensor].shape
+    port = next(iter(graph.op_by_name[v.op].outputs))
+    stored = chosen[v.op][port]
+
+    def sharded(layout: NdSbp) -> NdSbp | None:
+        fits = local_shape(shape, layout, mesh.shape) is not None
+        return zero_shard(shape, layout, mesh.shape, sharding) if fits else None
+
+    if sharded(stored) in (None, stored):
+        return None
+    reads = {chosen[op][p] for op, p in readers if op != v.optimizer}
+    if len(reads) != 1:
+        return None
+    (read,) = reads
+    return read if sharded(read) == stored else None
 
 
 def zero_update_layouts(
@@ -159,7 +215,7 @@ def zero_update_layouts(
     variables OneFlow's ZeRO sharded; :func:`_zero_cast_layouts`)."""
     normalized: list[str] = []
     rules = default_rules()
-    for var, layout in _variable_layouts(graph, mesh.ndim, pinned).items():
+    for var, layout in _variable_layouts(graph, chosen, mesh, runtime, pinned).items():
         v = graph.variable_by_op[var]
         port = next(iter(graph.op_by_name[var].outputs))
         chosen[var][port] = layout

@@ -11,6 +11,7 @@ from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
 from autopar.oneflow.plans import zero_update_layouts
 from autopar.plan import Plan
+from autopar.rules.families.optimizer import oneflow_zero_shard
 from autopar.sbp import NdSbp, Signature, parse_nd_sbp
 from tests.graphs import mlp_graph
 
@@ -68,3 +69,51 @@ def test_sharded_variable_takes_the_layout_its_zero_cast_restores():
     zero_update_layouts(g, chosen, MESH, 2, "oneflow-0.9", pinned={"l0.w2": "(B, S(1))"})
     assert str(chosen["l0.w2"]["out"]) == "(B, S(1))"
     assert str(chosen["l0.w2_adam"]["model_0"]) == "(B, S(1))"
+
+
+def _sharded_without_cast(read: NdSbp) -> tuple:
+    """An MLP whose ``l0.w1`` (``[256, 64]``: 8192 elements per ``(B, S(0))`` shard) OneFlow's
+    ZeRO stored ``(B, S(0))`` (:func:`oneflow_zero_shard` of ``(B, B)``) with no
+    ``System-ZeRO-ParallelCast`` (OneFlow drops the cast when its one consumer reads it in
+    the cast's layout, ``tests/oneflow/_probe_zero_shard.py``), its forward reader reading
+    ``read`` and its update ``(B, S(0))``, model and gradient alike."""
+    g = mlp_graph(batch=8, hidden=64, ffn=256, layers=1)
+    plan = baseline_plan("megatron", g, MESH, 2)
+    chosen: dict[str, dict[str, NdSbp]] = {}
+    for op in g.ops:
+        sig = plan.signatures[op.name]
+        chosen[op.name] = {**dict(zip(op.inputs, sig.inputs)), **dict(zip(op.outputs, sig.outputs))}
+    assert oneflow_zero_shard((256, 64), BB, MESH.shape) == BS0
+    chosen["l0.w1"]["out"] = BS0
+    chosen["l0.w1_cast"].update(in_0=read, out_0=read)
+    chosen["l0.w1_adam"].update(model_0=BS0, model_diff_0=BS0)
+    return g, chosen
+
+
+def test_sharded_variable_without_cast_takes_its_readers_layout():
+    """ViT's ``patch_embed.weight`` case: replicated, sharded ``(B, S(0))`` by ZeRO, its one
+    reader (a conv whose input needs no gradient) reading ``(B, B)``, no cast.  The plan
+    models it as a ``(B, B)`` variable whose update's gradient is the ``(B, S(0))`` shard,
+    and evaluates without errors (taken as a ``(B, S(0))`` variable the rules shard it
+    ``(S(0), S(0))`` and reject OneFlow's ``(B, S(0))`` update)."""
+    g, chosen = _sharded_without_cast(BB)
+    zero_update_layouts(g, chosen, MESH, 2, "oneflow-0.9", pinned={})
+    assert chosen["l0.w1"]["out"] == BB
+    assert chosen["l0.w1_adam"]["model_0"] == BB
+    assert chosen["l0.w1_adam"]["model_diff_0"] == BS0
+    sigs = {
+        op.name: Signature(
+            tuple(chosen[op.name][p] for p in op.inputs), tuple(chosen[op.name][p] for p in op.outputs)
+        )
+        for op in g.ops
+    }
+    ev = evaluate(g, Plan.from_assignment(g, MESH, 2, sigs, source="test", runtime="oneflow-0.9"))
+    assert ev.valid, ev.errors
+
+
+def test_sharded_variable_without_cast_keeps_a_read_that_zero_does_not_lead_to():
+    """A reader whose layout ZeRO would not shard into the stored one is no evidence of a
+    dropped cast: the variable keeps its stored layout (the evaluator reports the mismatch)."""
+    g, chosen = _sharded_without_cast(BS0)
+    zero_update_layouts(g, chosen, MESH, 2, "oneflow-0.9", pinned={})
+    assert chosen["l0.w1"]["out"] == BS0

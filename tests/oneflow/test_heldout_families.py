@@ -87,24 +87,7 @@ def test_megatron_bytes_within_5_percent_of_megatron_lms_hand_counts(heldout_job
     assert ev.comm_bytes_per_axis[0] == pytest.approx(dp_hand, rel=0.05)
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "bert",
-        pytest.param(
-            "vit",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="OneFlow 0.9's ZeRO leaves patch_embed.weight ([64, 3, 8, 8], stored (B, S(0))) "
-                "unsharded, its adam_update ((B, S(0)), (B, S(0))), where oneflow_zero_shard shards "
-                "it (S(0), S(0)) (every shard 1536 elements); the pass visits it (the next variable's "
-                "ctrl edge names it) and keeps its layout for a reason not yet found. import_plan "
-                "hid this while it took the conv's (B, B) read as the variable's layout",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_oneflows_own_plan_imports_valid(heldout_jobs: Path, family: str) -> None:
     """Every signature OneFlow's inference gave the job is one the rules offer
     (``broadcast_div_grad`` ``(y B, z P, dz B) -> P``, ``negative`` without ``P``), and
