@@ -31,7 +31,11 @@ The cost model prices the same plan differently depending on who runs it.  A
     (``(B, S(1)) -> (S(1), S(1))``, ``(S(0), B) -> (S(0), S(0))``).  The
     variable itself, ``model`` and ``model_diff`` of its update and the
     optimizer states all take that layout; a ``System-ZeRO-ParallelCast``
-    restores the original layout for the forward consumers.  A variable
+    restores the original layout for the forward consumers (OneFlow's
+    ``PruneParallelCastOpsPass`` drops the cast when one op reads it, in its
+    layout: that op then boxes the sharded variable itself; observed with
+    ``tests/oneflow/_probe_zero_shard.py``, e.g. ViT's replicated patch-embedding
+    conv weight, stored ``(B, S(0))`` with no cast).  A variable
     stays unsharded (its gradient and states too) when the split would leave
     a shard of fewer than ``shard_min_size`` elements (``IsSplitValid``:
     every split axis of the new layout, floor division, checked in turn;

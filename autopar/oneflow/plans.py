@@ -15,7 +15,9 @@ Normalisations (each keeps the meaning of OneFlow's choice):
   axes and gathered back for the forward pass; autopar models this with the
   ZeRO stage, so the variable's layout in the plan is the layout its forward
   consumers read (the ``System-ZeRO-ParallelCast`` target), and its optimizer
-  op reads the parameter in that layout.  A variable OneFlow's ZeRO leaves
+  op reads the parameter in that layout.  Where OneFlow pruned the cast (one
+  op reads it, in its layout: ``PruneParallelCastOpsPass``), that op's read is
+  the layout (:func:`_uncast_zero_layout`).  A variable OneFlow's ZeRO leaves
   unsharded (no cast: under ``shard_min_size``) keeps the layout the job
   stores it in, which its update reads (:func:`_variable_layouts`).  The
   optimizer's gradient layout is OneFlow's own (the ``oneflow-0.9`` runtime's
@@ -167,8 +169,10 @@ def _uncast_zero_layout(
 
     OneFlow 0.9 drops the ``System-ZeRO-ParallelCast`` it adds after a sharded
     variable (or the last op of its sequence) when the cast has a single consumer and
-    that consumer reads the cast's own N-D SBP: the consumer then reads the sharded
-    variable directly, boxing it to the layout the cast would have restored.  Observed
+    that consumer reads the cast's own N-D SBP (``PruneParallelCastOpsPass``,
+    ``prune_parallel_cast_op_pass.cpp``, after the ZeRO pass): the consumer then reads
+    the sharded variable directly, boxing it to the layout the cast would have
+    restored.  Observed
     with ``tests/oneflow/_probe_zero_shard.py`` on ``[4, 2]`` (ZeRO-2, default
     ``shard_min_size``): a ``(B, B)`` ``[64, 3, 8, 8]`` conv weight (or ``[64, 192]``
     matmul weight) whose input needs no gradient is stored ``(B, S(0))``, as
