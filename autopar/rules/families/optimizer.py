@@ -139,6 +139,10 @@ def oneflow_zero_shard(
     When the new layout leaves
     a shard of fewer than ``min_size`` elements (:func:`oneflow_shard_is_valid`,
     OneFlow's ``shard_min_size``, default 1024) the variable keeps ``v``.
+    Checked on OneFlow 0.9 (``tests/oneflow/test_oneflow_zero_shard.py``: conv and
+    matmul weights, ``(B, B)`` and ``(B, S(0))``, one or two readers, all stored as
+    this says; where the job lacks the forward cast, OneFlow pruned it, see
+    ``autopar/oneflow/plans.py``).
     """
     values = list(v.values)
     # size-1 mesh axes hold nothing (the planner solves them away): neighbours and the
