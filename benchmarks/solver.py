@@ -289,16 +289,23 @@ def main() -> None:
 
 
 def _search_line(chosen: list[int], stats: dict[str, Any]) -> str:
-    """The mesh search's shapes: chosen, solved and proved worse (with their bounds, ms)."""
+    """The mesh search's shapes: chosen; solved (plan's step time and bound, ms); proved
+    worse (bound); no plan (bound, where one was proven before the time ran out)."""
 
     def ms(b: float | None) -> str:
         return "-" if b is None else f"{b * 1e3:.1f}"
 
-    solved = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["solved"])
+    solved = ", ".join(
+        f"{s['shape']} {ms(s.get('step_time_s'))} ms (bound {ms(s['bound_s'])})" for s in stats["solved"]
+    )
     pruned = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["proved_worse"])
+    no_plan = ", ".join(
+        f"{s['shape']} (bound {ms(s['bound_s'])})"
+        for s in stats.get("no_plan_bounds", [{"shape": p, "bound_s": None} for p in stats["no_plan"]])
+    )
     return (
-        f"    chosen {chosen}; solved: {solved}; proved worse: {pruned or 'none'}; "
-        f"no plan: {stats['no_plan'] or 'none'}; bound phase {stats['bound_phase_s']:.1f} s"
+        f"    chosen {chosen}; solved: {solved or 'none'}; proved worse: {pruned or 'none'}; "
+        f"no plan: {no_plan or 'none'}; bound phase {stats['bound_phase_s']:.1f} s"
     )
 
 
