@@ -15,13 +15,21 @@ first, the fastest verified plan wins.
       shape that finishes early leaves its rest to the next)
         │
         v
-    second stage: the three-axis shapes (and any without a bound), the most promising
-    first (the least bound of the shapes each refines by merging two axes), one at a time,
-    each with all the time left; those the time does not reach have "no plan"
+    second stage: the three-axis shapes (and any without a bound), ranked by promise (the
+    least bound of the shapes each refines by merging two axes):
+      the first (likeliest best): solved at once, SECOND_FIRST_SHARE of the time left;
+      its row has its solve's proven bound
+          │  then the others, the least promising first, one at a time:
+          v
+      bound first with all the time left (tables, TRW-S swept until the bound reaches
+      the best plan's step time, :data:`.shape_bounds.TARGET_SWEEPS` at most): "proved
+      worse" when it does, else solved with an equal share of what is left; those the
+      time does not reach have "no plan" (with their bound, when they have one)
 
-Three-axis shapes are left out of the bound phase: on mt5-base 4x8 their cost tables alone
-take 4-7 s each (six shapes), and their dense TRW-S bounds seconds more, so bounding them
-all left none of them a plan within 30 s.
+Three-axis shapes are left out of the first stage's bound phase: on mt5-base 4x8 their cost
+tables alone take 2-6 s each (six shapes) and their TRW-S layout 3-5 s more, so bounding
+them all left none of them a plan within 30 s; bounded after the best three-axis plan, most
+are proved worse within a few sweeps.
 
 Every shape is listed in ``plan.diagnostics["mesh_search"]`` with its bound and outcome
 (solved, proved worse, no plan); ``plan.solver["stats"]["mesh_search"]`` lists the shapes
@@ -53,16 +61,16 @@ BOUND_SHARE = 0.5
 the solves then use; the TRW-S sweeps are capped at :data:`.shape_bounds.BOUND_SWEEPS`)."""
 FIRST_STAGE_SHARE = 0.5
 """Share of the limit for bounding and solving the shapes of up to two axes, before the
-three-axis ones (off the deterministic path).  Those are solved one at a time, the most
-promising first (:func:`_promise`), each with all the time left: mt5-base on 4x8 (load 5,
+three-axis ones (off the deterministic path; :func:`_second_stage`): mt5-base on 4x8 (load 5,
 2026-12-04) takes 3.7-7.0 s per three-axis shape for its cost tables alone (120-136M edge
 entries), 1.3-1.7 s per two-axis shape, and a three-axis solve needs most of a 30 s limit
-to come near its optimum, so shared equally none of them had a plan."""
-SECOND_FIRST_SHARE = 0.75
-"""Share of the time left for the first shape of the second stage, when others follow
-(:func:`_second_stage`): the likeliest best three-axis shape, whose plan is the target the
-others' bounds are swept to (mt5-base on 4x8: ``[4, 2, 4]``, 19.9 ms; the other five reach
-it within 3-30 sweeps, each after 2-6 s of tables and a 3-5 s TRW-S layout, load 4.5)."""
+to come near its optimum."""
+SECOND_FIRST_SHARE = 1.0
+"""Share of the time left for the first shape of the second stage (:func:`_second_stage`):
+the likeliest best three-axis shape, whose plan is the target the others' bounds are swept
+to.  All of it: its solve stops at its gap target and leaves the rest to the others' bounds.
+mt5-base on 4x8: ``[4, 2, 4]`` reaches 19.86 ms (0.18 % gap) after 36-42 s of a 60 s limit;
+at 75 % of the time left, under load 8, it had 20.5 ms at 60 s and 33.2 ms at 30 s."""
 PROMISING_RATIO = 1.1
 """Bounded shapes share the time with the ones whose bound is within this factor of the
 least (:func:`_worth_solving`)."""
@@ -111,7 +119,8 @@ def _second_stage(
 
     - the first is solved at once, within :data:`SECOND_FIRST_SHARE` of the time left (all
       of it when it is alone): it is the likeliest best, and a bound first would cost its
-      TRW-S layout and sweeps twice; its row has its solve's proven bound;
+      TRW-S layout and sweeps twice (and on mt5-base 4x8 never reaches the two-axis plans'
+      26.7 ms); its row has its solve's proven bound;
     - the others, the least promising first (the soonest proved worse), are each bounded
       first (:func:`shape_bound`, sweeping until the bound reaches the best plan's step time,
       at most :data:`.shape_bounds.TARGET_SWEEPS` sweeps), with all the time left (their
