@@ -123,15 +123,15 @@ def _second_stage(
       26.7 ms); its row has its solve's proven bound;
     - the others, the least promising first (the soonest proved worse), are each bounded
       first (:func:`shape_bound`, sweeping until the bound reaches the best plan's step time,
-      at most :data:`.shape_bounds.TARGET_SWEEPS` sweeps), with all the time left (their
-      tables and TRW-S layout alone take 5-10 s on mt5-base 4x8; an equal share left each
-      only the trivial bound): "proved worse" when the bound reaches the best step time,
-      else solved within an equal share of what is left among the shapes not done yet;
+      at most :data:`.shape_bounds.TARGET_SWEEPS` sweeps), within :func:`_bound_share` of
+      the time left: "proved worse" when the bound reaches the best step time, else solved
+      within an equal share of what is left among the shapes not done yet;
     - a shape reached with less than ``floor`` seconds left has "no plan"."""
     deadline = ctx.deadline
     ranked = sorted(rest, key=lambda u: _promise(u.shape, rows))
     # after the likeliest best, the least promising first: proved worse in the fewest sweeps
     order = ranked[:1] + ranked[:0:-1]
+    setups: list[float] = []  # the later shapes' seconds to their first sweep
     for i, b in enumerate(order):
         n = len(order) - i
         if deadline.left() < floor:
@@ -142,7 +142,9 @@ def _second_stage(
             best = _solve_into(rows, request, b, Deadline(share), 1, store, ctx, best)
             continue
         relay = _ShapeRelay(ctx.progress, deadline, b.shape) if ctx.progress else None
-        b = shape_bound(request, b.shape, store, ctx.for_shape(b.shape, deadline, relay), target=best)
+        bounding = Deadline(_bound_share(deadline.left(), n, setups))
+        b = shape_bound(request, b.shape, store, ctx.for_shape(b.shape, bounding, relay), target=best)
+        setups += [b.setup_s] if b.setup_s is not None else []
         ctx.relay().report("mesh_search:bound", detail={"shape": list(b.shape), "bound_s": b.bound_s})
         if b.error is not None:
             rows[b.shape] = _error_row(b)
@@ -153,6 +155,20 @@ def _second_stage(
             rows[b.shape] = _no_time_row(b, deadline)  # its bound, not a plan
         else:
             best = _solve_into(rows, request, b, Deadline(deadline.left() / n), n, store, ctx, best)
+
+
+def _bound_share(left: float, n: int, setups: list[float]) -> float:
+    """Seconds for the bound of one of the ``n`` shapes still to bound in the second stage:
+    the time ``left`` less what the ``n - 1`` after it need to reach their first sweep (the
+    slowest of the ``setups`` so far: tables and TRW-S layout, 5-10 s each on mt5-base 4x8),
+    but at least twice that (its own setup and sweeps), and all of it before any setup is
+    known.  So one shape's slow sweeps (``[4, 4, 2]`` on 4x8 needs about 30) do not take the
+    time the others need to be proved worse in a few (``[2, 4, 4]``, ``[8, 2, 2]``: 5);
+    an equal share left each only the trivial bound (its tables and layout did not fit)."""
+    if not setups:
+        return left
+    setup = max(setups)
+    return min(left, max(left - (n - 1) * setup, 2 * setup))
 
 
 def _stages(

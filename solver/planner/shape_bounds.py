@@ -74,6 +74,9 @@ class ShapeBound:
     error: InfeasibleError | TimeLimitError | None = None
     """Proven infeasible (memory floor over the budget), or no time for its tables."""
     wall_s: float = 0.0
+    setup_s: float | None = None
+    """Seconds from the start of its bound to its first TRW-S sweep (tables, memory floor,
+    problem and layout; None: no sweep)."""
 
 
 def shape_tables(
@@ -114,18 +117,26 @@ def shape_bound(
         out.tables = shape_tables(request, shape, store, ctx)
         priced = with_training(out.tables, request.options.training)
         memory_seed(priced, request.memory_budget_bytes, out.tables.mesh, deadline)
-        out.bound_s = _lower_bound(priced, deadline, request.options.deterministic, target)
+        out.bound_s = _lower_bound(priced, deadline, request.options.deterministic, target, out, started)
     except (InfeasibleError, TimeLimitError) as exc:
         out.error = exc
     out.wall_s = time.perf_counter() - started
     return out
 
 
-def _lower_bound(tables: CostTables, deadline: Deadline, deterministic: bool, target: float) -> float:
+def _lower_bound(
+    tables: CostTables,
+    deadline: Deadline,
+    deterministic: bool,
+    target: float,
+    out: ShapeBound,
+    started: float,
+) -> float:
     """max(trivial bound, TRW-S bound) of the tables' problem without memory rows, seconds.
     Deterministic runs sweep :data:`BOUND_SWEEPS` times whatever the clock says; with a
     finite ``target``, up to :data:`TARGET_SWEEPS`, :data:`_TARGET_CHUNK` at a time, until
-    the bound is at least ``target`` (or the deadline)."""
+    the bound is at least ``target`` (or the deadline).  Sets ``out.setup_s`` (the clock
+    started at ``started``) when the TRW-S layout is done."""
     problem = build_problem(tables, None).problem
     bound = trivial_bound(problem)
     entries = sum(m.size for _, _, m in problem.edges)
@@ -141,6 +152,7 @@ def _lower_bound(tables: CostTables, deadline: Deadline, deterministic: bool, ta
         run = DiffusionBound(problem, deadline=until)
     except LayoutCut:
         return bound
+    out.setup_s = time.perf_counter() - started
     if math.isinf(target):
         return max(bound, run.run(BOUND_SWEEPS, until))
     swept = bound
