@@ -21,19 +21,20 @@ first, the fastest verified plan wins.
       its row has its solve's proven bound
           │  then the others, the least promising first, one at a time:
           v
-      bound first with all the time left (tables, TRW-S swept until the bound reaches
-      the best plan's step time, :data:`.shape_bounds.TARGET_SWEEPS` at most): "proved
+      bound first (tables, TRW-S swept until the bound reaches the best plan's step time,
+      :data:`.shape_bounds.TARGET_SWEEPS` at most), within the time left less what the
+      shapes after it need to reach their first sweep (:func:`_bound_share`): "proved
       worse" when it does, else solved with an equal share of what is left; those the
       time does not reach have "no plan" (with their bound, when they have one)
 
 Three-axis shapes are left out of the first stage's bound phase: on mt5-base 4x8 their cost
 tables alone take 2-6 s each (six shapes) and their TRW-S layout 3-5 s more, so bounding
 them all left none of them a plan within 30 s; bounded after the best three-axis plan, most
-are proved worse within a few sweeps.
+are proved worse within a few sweeps (mt5-base 4x8 at 60 s, load 1.3: all five in 57 s).
 
 Every shape is listed in ``plan.diagnostics["mesh_search"]`` with its bound and outcome
 (solved, proved worse, no plan); ``plan.solver["stats"]["mesh_search"]`` lists the shapes
-solved and the shapes pruned with their bounds.
+solved (with their step time), the shapes pruned and those without a plan, with their bounds.
 """
 
 from __future__ import annotations
