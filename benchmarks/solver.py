@@ -27,10 +27,10 @@ first plan fits it: answered by the memo's entry without a budget); ZeRO 3 after
 
 ``--scale`` runs the three-axis cases (mt5-base on ``[2,2,2]`` of 2x4, ``[4,2,4]`` and
 ``[2,2,8]`` of 4x8), the mesh search of mt5-base on 2x4 and 4x8 (every factorisation with
-up to 3 axes; a second line lists the shapes solved and those proved worse by their
-bound) and the 100k-op graph on 4x8 ``a100-80g`` (meant for ``--time-limit 60``,
-``--cases gpt-100k-ops-4x8-80g``).  The cost tables across 1 vs 2 RQ workers are
-``python -m benchmarks.table_workers``.
+up to 3 axes; a second line lists the shapes solved (step time and bound), those proved
+worse by their bound and those without a plan) and the 100k-op graph on 4x8 ``a100-80g``
+(meant for ``--time-limit 60``, ``--cases gpt-100k-ops-4x8-80g``).  The cost tables across
+1 vs 2 RQ workers are ``python -m benchmarks.table_workers``.
 
 ``--imported DIR`` adds the case ``oneflow-mt5-imported``: the graph of a real
 OneFlow MT5 job, built and imported by ``benchmarks/oneflow_mt5.py --out DIR``
@@ -289,16 +289,23 @@ def main() -> None:
 
 
 def _search_line(chosen: list[int], stats: dict[str, Any]) -> str:
-    """The mesh search's shapes: chosen, solved and proved worse (with their bounds, ms)."""
+    """The mesh search's shapes: chosen; solved (plan's step time and bound, ms); proved
+    worse (bound); no plan (bound, where one was proven before the time ran out)."""
 
     def ms(b: float | None) -> str:
         return "-" if b is None else f"{b * 1e3:.1f}"
 
-    solved = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["solved"])
+    solved = ", ".join(
+        f"{s['shape']} {ms(s.get('step_time_s'))} ms (bound {ms(s['bound_s'])})" for s in stats["solved"]
+    )
     pruned = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["proved_worse"])
+    no_plan = ", ".join(
+        f"{s['shape']} (bound {ms(s['bound_s'])})"
+        for s in stats.get("no_plan_bounds", [{"shape": p, "bound_s": None} for p in stats["no_plan"]])
+    )
     return (
-        f"    chosen {chosen}; solved: {solved}; proved worse: {pruned or 'none'}; "
-        f"no plan: {stats['no_plan'] or 'none'}; bound phase {stats['bound_phase_s']:.1f} s"
+        f"    chosen {chosen}; solved: {solved or 'none'}; proved worse: {pruned or 'none'}; "
+        f"no plan: {no_plan or 'none'}; bound phase {stats['bound_phase_s']:.1f} s"
     )
 
 

@@ -15,17 +15,26 @@ first, the fastest verified plan wins.
       shape that finishes early leaves its rest to the next)
         │
         v
-    second stage: the three-axis shapes (and any without a bound), the most promising
-    first (the least bound of the shapes each refines by merging two axes), one at a time,
-    each with all the time left; those the time does not reach have "no plan"
+    second stage: the three-axis shapes (and any without a bound), ranked by promise (the
+    least bound of the shapes each refines by merging two axes):
+      the first (likeliest best): solved at once, SECOND_FIRST_SHARE of the time left;
+      its row has its solve's proven bound
+          │  then the others, the least promising first, one at a time:
+          v
+      bound first (tables, TRW-S swept until the bound reaches the best plan's step time,
+      :data:`.shape_bounds.TARGET_SWEEPS` at most), within the time left less what the
+      shapes after it need to reach their first sweep (:func:`_bound_share`): "proved
+      worse" when it does, else solved with an equal share of what is left; those the
+      time does not reach have "no plan" (with their bound, when they have one)
 
-Three-axis shapes are left out of the bound phase: on mt5-base 4x8 their cost tables alone
-take 4-7 s each (six shapes), and their dense TRW-S bounds seconds more, so bounding them
-all left none of them a plan within 30 s.
+Three-axis shapes are left out of the first stage's bound phase: on mt5-base 4x8 their cost
+tables alone take 2-6 s each (six shapes) and their TRW-S layout 3-5 s more, so bounding
+them all left none of them a plan within 30 s; bounded after the best three-axis plan, most
+are proved worse within a few sweeps (mt5-base 4x8 at 60 s, load 1.3: all five in 57 s).
 
 Every shape is listed in ``plan.diagnostics["mesh_search"]`` with its bound and outcome
 (solved, proved worse, no plan); ``plan.solver["stats"]["mesh_search"]`` lists the shapes
-solved and the shapes pruned with their bounds.
+solved (with their step time), the shapes pruned and those without a plan, with their bounds.
 """
 
 from __future__ import annotations
@@ -46,18 +55,23 @@ from autopar_solver.planner.on_mesh import solve_mesh
 from autopar_solver.planner.request import PlanRequest
 from autopar_solver.planner.shape_bounds import ShapeBound, shape_bound, shape_tables
 
-__all__ = ["BOUND_SHARE", "FIRST_STAGE_SHARE", "PROMISING_RATIO", "mesh_search"]
+__all__ = ["BOUND_SHARE", "FIRST_STAGE_SHARE", "PROMISING_RATIO", "SECOND_FIRST_SHARE", "mesh_search"]
 
 BOUND_SHARE = 0.5
 """Most of the time limit the bound phase takes (most of it builds the cost tables, which
 the solves then use; the TRW-S sweeps are capped at :data:`.shape_bounds.BOUND_SWEEPS`)."""
 FIRST_STAGE_SHARE = 0.5
 """Share of the limit for bounding and solving the shapes of up to two axes, before the
-three-axis ones (off the deterministic path).  Those are solved one at a time, the most
-promising first (:func:`_promise`), each with all the time left: mt5-base on 4x8 (load 5,
+three-axis ones (off the deterministic path; :func:`_second_stage`): mt5-base on 4x8 (load 5,
 2026-12-04) takes 3.7-7.0 s per three-axis shape for its cost tables alone (120-136M edge
 entries), 1.3-1.7 s per two-axis shape, and a three-axis solve needs most of a 30 s limit
-to come near its optimum, so shared equally none of them had a plan."""
+to come near its optimum."""
+SECOND_FIRST_SHARE = 1.0
+"""Share of the time left for the first shape of the second stage (:func:`_second_stage`):
+the likeliest best three-axis shape, whose plan is the target the others' bounds are swept
+to.  All of it: its solve stops at its gap target and leaves the rest to the others' bounds.
+mt5-base on 4x8: ``[4, 2, 4]`` reaches 19.86 ms (0.18 % gap) after 36-42 s of a 60 s limit;
+at 75 % of the time left, under load 8, it had 20.5 ms at 60 s and 33.2 ms at 30 s."""
 PROMISING_RATIO = 1.1
 """Bounded shapes share the time with the ones whose bound is within this factor of the
 least (:func:`_worth_solving`)."""
@@ -81,13 +95,7 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
     # under what the slowest bounded shape took (its tables and bound) a later one has no
     # chance: its tables alone take longer
     floor = max([MIN_SOLVE_S, *(b.wall_s for b in bounds)])
-    for b in sorted(rest, key=lambda u: _promise(u.shape, rows)):
-        if deadline.left() < floor:
-            rows[b.shape] = _no_time_row(b, deadline)
-            continue
-        # one at a time, the whole rest each: shared, each would get less than its tables
-        # and its bound take (mt5-base on 4x8: 4-7 s of tables per three-axis shape)
-        best = _solve_into(rows, request, b, Deadline(deadline.left()), 1, store, ctx, best)
+    _second_stage(request, rest, rows, floor, store, ctx, best)
     results = [rows[s] for s in shapes]
     chosen = _fastest(results, deadline)
     if chosen.solver is not None:
@@ -96,6 +104,72 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
             results, bounds, bound_limit_s, deadline
         )
     return chosen
+
+
+def _second_stage(
+    request: PlanRequest,
+    rest: list[ShapeBound],
+    rows: dict[tuple[int, ...], dict[str, Any]],
+    floor: float,
+    store: KeyValueStore,
+    ctx: PlanContext,
+    best: float,
+) -> None:
+    """The shapes without a bound after the first stage (the three-axis ones), the most
+    promising first (:func:`_promise`), into ``rows``:
+
+    - the first is solved at once, within :data:`SECOND_FIRST_SHARE` of the time left (all
+      of it when it is alone): it is the likeliest best, and a bound first would cost its
+      TRW-S layout and sweeps twice (and on mt5-base 4x8 never reaches the two-axis plans'
+      26.7 ms); its row has its solve's proven bound;
+    - the others, the least promising first (the soonest proved worse), are each bounded
+      first (:func:`shape_bound`, sweeping until the bound reaches the best plan's step time,
+      at most :data:`.shape_bounds.TARGET_SWEEPS` sweeps), within :func:`_bound_share` of
+      the time left: "proved worse" when the bound reaches the best step time, else solved
+      within an equal share of what is left among the shapes not done yet;
+    - a shape reached with less than ``floor`` seconds left has "no plan"."""
+    deadline = ctx.deadline
+    ranked = sorted(rest, key=lambda u: _promise(u.shape, rows))
+    # after the likeliest best, the least promising first: proved worse in the fewest sweeps
+    order = ranked[:1] + ranked[:0:-1]
+    setups: list[float] = []  # the later shapes' seconds to their first sweep
+    for i, b in enumerate(order):
+        n = len(order) - i
+        if deadline.left() < floor:
+            rows[b.shape] = _no_time_row(b, deadline)
+            continue
+        if i == 0:
+            share = deadline.left() * (SECOND_FIRST_SHARE if n > 1 else 1.0)
+            best = _solve_into(rows, request, b, Deadline(share), 1, store, ctx, best)
+            continue
+        relay = _ShapeRelay(ctx.progress, deadline, b.shape) if ctx.progress else None
+        bounding = Deadline(_bound_share(deadline.left(), n, setups))
+        b = shape_bound(request, b.shape, store, ctx.for_shape(b.shape, bounding, relay), target=best)
+        setups += [b.setup_s] if b.setup_s is not None else []
+        ctx.relay().report("mesh_search:bound", detail={"shape": list(b.shape), "bound_s": b.bound_s})
+        if b.error is not None:
+            rows[b.shape] = _error_row(b)
+        elif b.bound_s is not None and b.bound_s >= best:
+            rows[b.shape] = _proved_worse_row(b)
+            b.tables = None
+        elif deadline.left() < MIN_SOLVE_S:
+            rows[b.shape] = _no_time_row(b, deadline)  # its bound, not a plan
+        else:
+            best = _solve_into(rows, request, b, Deadline(deadline.left() / n), n, store, ctx, best)
+
+
+def _bound_share(left: float, n: int, setups: list[float]) -> float:
+    """Seconds for the bound of one of the ``n`` shapes still to bound in the second stage:
+    the time ``left`` less what the ``n - 1`` after it need to reach their first sweep (the
+    slowest of the ``setups`` so far: tables and TRW-S layout, 5-10 s each on mt5-base 4x8),
+    but at least twice that (its own setup and sweeps), and all of it before any setup is
+    known.  So one shape's slow sweeps (``[4, 4, 2]`` on 4x8 needs about 30) do not take the
+    time the others need to be proved worse in a few (``[2, 4, 4]``, ``[8, 2, 2]``: 5);
+    an equal share left each only the trivial bound (its tables and layout did not fit)."""
+    if not setups:
+        return left
+    setup = max(setups)
+    return min(left, max(left - (n - 1) * setup, 2 * setup))
 
 
 def _stages(
@@ -129,12 +203,7 @@ def _solve_bounded(
     for i, b in enumerate(bounded):
         assert b.bound_s is not None
         if b.bound_s >= best:
-            rows[b.shape] = {
-                "shape": list(b.shape),
-                "bound_s": b.bound_s,
-                "outcome": PROVED_WORSE,
-                "wall_s": b.wall_s,
-            }
+            rows[b.shape] = _proved_worse_row(b)
             continue
         worth = _worth_solving(bounded[i:], best) + (1 if more else 0)
         share = Deadline(min(stage.left() / worth, ctx.deadline.left()))
@@ -194,16 +263,22 @@ def _promise(shape: tuple[int, ...], rows: dict[tuple[int, ...], dict[str, Any]]
     return (min(known, default=math.inf), sum(known))
 
 
+def _proved_worse_row(b: ShapeBound) -> dict[str, Any]:
+    """The row of a shape whose proven bound is at least the best plan's step time."""
+    return {"shape": list(b.shape), "bound_s": b.bound_s, "outcome": PROVED_WORSE, "wall_s": b.wall_s}
+
+
 def _no_time_row(b: ShapeBound, deadline: Deadline) -> dict[str, Any]:
-    """The row of a shape the time ran out before."""
+    """The row of a shape the time ran out before (with its bound, when it has one)."""
     error = TimeLimitError(
         "time_limit",
         f"the time limit ({round(deadline.limit_s, 2):g} s) ran out before mesh {list(b.shape)} "
-        "was solved (shapes without a bound are solved one at a time, the most promising first)",
+        "was solved or proved worse (the three-axis shapes are solved or bounded one at a "
+        "time, after the others)",
     )
     return {
         "shape": list(b.shape),
-        "bound_s": None,
+        "bound_s": b.bound_s,
         "error": error.to_dict(),
         "outcome": "no plan",
         "wall_s": b.wall_s,
@@ -250,10 +325,18 @@ def _solve_row(
     except (InfeasibleError, TimeLimitError) as exc:
         row.update(error=exc.to_dict(), outcome="no plan")
     else:
-        row.update(plan=p, outcome="solved")
+        row.update(plan=p, outcome="solved", bound_s=_proven_bound(b.bound_s, p))
     row["wall_s"] = time.perf_counter() - started + b.wall_s
     row["share_s"] = deadline.limit_s
     return row
+
+
+def _proven_bound(before: float | None, p: Plan) -> float | None:
+    """The greater of the shape's bound before its solve and its solve's own proven bound
+    (``plan.solver["bound"]``, seconds): both bound every plan the solve can return."""
+    solved = (p.solver or {}).get("bound")
+    known = [v for v in (before, solved) if isinstance(v, (int, float)) and math.isfinite(v)]
+    return float(max(known)) if known else None
 
 
 def _error_row(b: ShapeBound) -> dict[str, Any]:
@@ -270,18 +353,25 @@ def _error_row(b: ShapeBound) -> dict[str, Any]:
 def _search_stats(
     results: list[dict[str, Any]], bounds: list[ShapeBound], bound_limit_s: float, deadline: Deadline
 ) -> dict[str, Any]:
-    """``solver.stats.mesh_search``: the shapes solved and the shapes proved worse, with their
-    bounds (seconds), and the bound phase's wall time."""
+    """``solver.stats.mesh_search``: the shapes solved (with their plan's step time), the
+    shapes proved worse and those without a plan, with their bounds (seconds), and the
+    first stage's bound phase's wall time."""
     return {
         "solved": [
-            {k: r[k] for k in ("shape", "bound_s", "share_s", "shared_by")}
+            {
+                **{k: r[k] for k in ("shape", "bound_s", "share_s", "shared_by")},
+                "step_time_s": r["plan"].step_time_s,
+            }
             for r in results
-            if r["outcome"] != PROVED_WORSE and "share_s" in r
+            if r["outcome"] == "solved"
         ],
         "proved_worse": [
             {"shape": r["shape"], "bound_s": r["bound_s"]} for r in results if r["outcome"] == PROVED_WORSE
         ],
         "no_plan": [r["shape"] for r in results if r["outcome"] == "no plan"],
+        "no_plan_bounds": [
+            {"shape": r["shape"], "bound_s": r["bound_s"]} for r in results if r["outcome"] == "no plan"
+        ],
         "bound_phase_s": sum(b.wall_s for b in bounds),
         "bound_phase_limit_s": bound_limit_s,
         "limit_s": deadline.limit_s,

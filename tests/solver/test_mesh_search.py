@@ -102,8 +102,10 @@ def test_search_off_the_deterministic_path_bounds_two_axes_first_and_solves_the_
     p = plan(PlanRequest(graph, CLUSTER, None, None, 2, SolverOptions(time_limit_s=limit, workers=2)))
     rows = {tuple(r["shape"]): r for r in p.diagnostics["mesh_search"]}
     assert list(rows) == SHAPES
-    # the three-axis shape is not bounded first: solved after the others, with the time left
-    assert rows[(2, 2, 2)]["lower_bound_s"] is None and rows[(2, 2, 2)]["outcome"] == "solved"
+    # the three-axis shape is not bounded first: solved after the others, with the time
+    # left; its bound is its solve's own
+    assert rows[(2, 2, 2)]["outcome"] == "solved"
+    assert 0 < rows[(2, 2, 2)]["lower_bound_s"] <= rows[(2, 2, 2)]["step_time_s"] * (1 + 1e-9)
     for shape in SHAPES[:3]:
         assert rows[shape]["lower_bound_s"] is not None
         assert rows[shape]["outcome"] == "solved" or rows[shape]["lower_bound_s"] >= p.step_time_s
@@ -111,3 +113,31 @@ def test_search_off_the_deterministic_path_bounds_two_axes_first_and_solves_the_
     assert p.step_time_s == min(solved)
     stats = p.solver["stats"]["mesh_search"]
     assert stats["bound_phase_limit_s"] <= BOUND_SHARE * FIRST_STAGE_SHARE * limit
+    # a shape listed as solved has a plan; one without is not
+    solved_shapes = [s for s in SHAPES if rows[s]["outcome"] == "solved"]
+    assert [tuple(s["shape"]) for s in stats["solved"]] == solved_shapes
+
+
+@pytest.mark.slow
+def test_later_three_axis_shapes_are_bounded_against_the_best_plan_before_a_solve(graph):
+    """On 2x8 (three three-axis shapes) every three-axis shape gets a proven bound: the first
+    from its solve, the others before theirs, swept towards the best plan's step time; each
+    ends solved (a plan no better than its bound) or proved worse (a bound at least the
+    chosen plan's step time)."""
+    cluster = Cluster.parse("2x8", "a100-40g")
+    p = plan(PlanRequest(graph, cluster, None, None, 2, SolverOptions(time_limit_s=120, workers=2)))
+    rows = {tuple(r["shape"]): r for r in p.diagnostics["mesh_search"]}
+    three = [s for s in rows if len(s) == 3]
+    assert len(three) == 3
+    for shape in three:
+        row = rows[shape]
+        assert row["lower_bound_s"] is not None and row["lower_bound_s"] > 0, shape
+        assert row["outcome"] in ("solved", "proved worse"), row
+        if row["outcome"] == "solved":
+            assert row["step_time_s"] >= row["lower_bound_s"] * (1 - 1e-9), shape
+        else:
+            assert row["lower_bound_s"] >= p.step_time_s and row["step_time_s"] is None, shape
+    # each bound is proven: the shape solved on its own costs no less
+    for shape in three:
+        alone = plan(PlanRequest(graph, cluster, shape, None, 2, SolverOptions(time_limit_s=60, workers=2)))
+        assert alone.step_time_s >= rows[shape]["lower_bound_s"] * (1 - 1e-9), shape
