@@ -148,7 +148,11 @@ section() {
         tests/oneflow/_pin_families.py "$OUT/heldout" >"$OUT/heldout-pin.log" 2>&1
       run heldout-pinned oneflow python -m benchmarks.heldout_pinned table "$OUT/heldout"
       ;;
-    scale) run scale $PY -m benchmarks.solver --scale ;;
+    scale)  # issue 25: three-axis meshes and the mesh searches at 30 s; the 4x8 search and the 100k-op graph at 60 s
+      run scale $PY -m benchmarks.solver --scale \
+        --cases mt5-base-2,2,2,mt5-base-4,2,4,mt5-base-2,2,8,mt5-base-search-2x4,mt5-base-search-4x8
+      run scale-60 $PY -m benchmarks.solver --scale --time-limit 60 --cases mt5-base-search-4x8,gpt-100k-ops-4x8-80g
+      ;;
     table-workers) run table-workers $PY -m benchmarks.table_workers ;;
     table-workers-compose)  # the same tables built by the compose stack's workers (podman): 2, then 1
       run table-workers-compose bash -c 'AUTOPAR_CONTAINERS_TABLE_BENCH=1 bash scripts/test-containers.sh 2>&1 \
