@@ -11,7 +11,7 @@
 # Timing figures need an idle machine: run nothing else meanwhile.  The sections on the
 # imported OneFlow MT5 job need /tmp/of-mt5 (and /tmp/of-mt5-fkv); section `of-mt5`
 # builds them with the OneFlow venv (minutes; `bash scripts/oneflow-env.sh` first) when
-# they are missing.  OUT defaults to /tmp/measure.
+# they are missing; of-eval re-imports them first, so later sections read this code's import.  OUT defaults to /tmp/measure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +24,7 @@ IMPORTED_FKV=/tmp/of-mt5-fkv
 MT5="$OUT/mt5.json"
 PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --time-limit 30 --no-progress)
 
-SECTIONS=(of-mt5 baselines model-truth model-truth-fkv seed-replay of-eval of-eval-fkv cost-tables
+SECTIONS=(of-mt5 of-eval of-eval-fkv baselines model-truth model-truth-fkv seed-replay cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
   iteration-fidelity heldout-truth scale table-workers table-workers-compose promise problem-size report service service-429)
 
