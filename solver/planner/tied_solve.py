@@ -161,6 +161,14 @@ def _solve_tied(
     return _TiedRun(classes, tied, sol, t0, t_tie)
 
 
+def _tied_phases(run: _TiedRun, **after: float) -> dict[str, float]:
+    """Seconds per phase of a tied solve: tying, the tied problem's own phases (``tied_*``),
+    then ``after`` (the untied bound's sweeps, or the untied solve's phases), so that the
+    phases add up to the whole solve."""
+    tied = {f"tied_{k}": v for k, v in run.solution.stats.get("phases_s", {}).items()}
+    return {"tie": run.t_tie, **tied, **after}
+
+
 def _tied_hint(hint: list[int] | None, classes: list[int], num_classes: int) -> list[int] | None:
     """``hint`` on the tied problem: each class takes its first hinted node's choice; None
     when a class has no hinted node."""
@@ -185,6 +193,7 @@ def _tied_plan(
     tied_objective = run.tied_objective
     bound = min(trivial_bound(problem), tied_objective)
     untied_bound: dict[str, Any] | None = None
+    t_bound = time.perf_counter()
     if untie_after and sweep_untied and not options.deterministic:
         untied_bound = _untied_bound(problem, run.t0 + options.time_limit_s - UNTIED_BOUND_MARGIN_S)
         if untied_bound is not None:
@@ -192,6 +201,7 @@ def _tied_plan(
     gap = 0.0 if tied_objective <= 0 else max(0.0, (tied_objective - bound) / tied_objective)
     stats = {
         **run.solution.stats,
+        "phases_s": _tied_phases(run, untied_bound=time.perf_counter() - t_bound),
         "tying": {
             "nodes": problem.num_nodes,
             "classes": run.tied.num_nodes,
@@ -219,6 +229,9 @@ def _untied_from(
     untied_options = replace(options, time_limit_s=max(MIN_SOLVE_S, remaining))
     untied = solve(problem, untied_options, progress=progress, hint=run.expanded)
     stats = dict(untied.stats)
+    stats["phases_s"] = _tied_phases(
+        run, **{f"untied_{k}": v for k, v in untied.stats.get("phases_s", {}).items()}
+    )
     stats["tying"] = {
         "nodes": problem.num_nodes,
         "classes": run.tied.num_nodes,

@@ -211,6 +211,10 @@ def test_a_tied_plan_without_time_to_untie_gets_the_untied_problems_swept_bound(
     tying = p.solver["stats"]["tying"]
     assert tying["untied"].startswith("skipped: no time left")
     assert tying["untied_bound"] is not None and tying["untied_bound"]["sweeps"] >= 1
+    # the phases add up to the whole solve: tying, the tied problem's phases, the bound's sweeps
+    phases = p.solver["stats"]["phases_s"]
+    assert {"tie", "untied_bound"} <= set(phases) and any(k.startswith("tied_") for k in phases)
+    assert phases["untied_bound"] > 0
     s = p.solver
     assert trivial < s["bound"] <= min(best.solver["objective"], s["objective"]) * (1 + 1e-12)
     assert evaluate(graph, p).valid
