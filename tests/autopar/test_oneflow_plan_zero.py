@@ -9,6 +9,7 @@ variable it leaves alone is stored, and updated, in its own declared layout.
 from autopar.baselines import baseline_plan
 from autopar.cluster import Cluster, Mesh
 from autopar.evaluate import evaluate
+from autopar.graph import Graph
 from autopar.oneflow.plans import zero_update_layouts
 from autopar.plan import Plan
 from autopar.rules.families.optimizer import oneflow_zero_shard
@@ -19,16 +20,22 @@ MESH = Mesh(Cluster.parse("1x4"), (2, 2))
 BB, BS0 = parse_nd_sbp("(B, B)"), parse_nd_sbp("(B, S(0))")
 
 
-def _chosen() -> tuple:
-    """A tiny MLP (every weight under 1024 elements: OneFlow's ZeRO shards none) as a OneFlow
-    job holds it: Megatron's signatures, ``l0.w1`` stored ``(B, B)`` and read ``(B, S(0))``
-    by its forward cast (a local slice), its update reading ``(B, B)``."""
-    g = mlp_graph(batch=8, hidden=16, ffn=32, layers=1)
+def _megatron_ports(g: Graph) -> dict[str, dict[str, NdSbp]]:
+    """Each op's ports in Megatron's plan of ``g`` on :data:`MESH`, by port name."""
     plan = baseline_plan("megatron", g, MESH, 2)
     chosen: dict[str, dict[str, NdSbp]] = {}
     for op in g.ops:
         sig = plan.signatures[op.name]
         chosen[op.name] = {**dict(zip(op.inputs, sig.inputs)), **dict(zip(op.outputs, sig.outputs))}
+    return chosen
+
+
+def _chosen() -> tuple:
+    """A tiny MLP (every weight under 1024 elements: OneFlow's ZeRO shards none) as a OneFlow
+    job holds it: Megatron's signatures, ``l0.w1`` stored ``(B, B)`` and read ``(B, S(0))``
+    by its forward cast (a local slice), its update reading ``(B, B)``."""
+    g = mlp_graph(batch=8, hidden=16, ffn=32, layers=1)
+    chosen = _megatron_ports(g)
     chosen["l0.w1"]["out"] = BB
     chosen["l0.w1_cast"]["in_0"] = BS0
     chosen["l0.w1_adam"].update(model_0=BB, model_diff_0=BB)
@@ -78,11 +85,7 @@ def _sharded_without_cast(read: NdSbp) -> tuple:
     the cast's layout, ``tests/oneflow/_probe_zero_shard.py``), its forward reader reading
     ``read`` and its update ``(B, S(0))``, model and gradient alike."""
     g = mlp_graph(batch=8, hidden=64, ffn=256, layers=1)
-    plan = baseline_plan("megatron", g, MESH, 2)
-    chosen: dict[str, dict[str, NdSbp]] = {}
-    for op in g.ops:
-        sig = plan.signatures[op.name]
-        chosen[op.name] = {**dict(zip(op.inputs, sig.inputs)), **dict(zip(op.outputs, sig.outputs))}
+    chosen = _megatron_ports(g)
     assert oneflow_zero_shard((256, 64), BB, MESH.shape) == BS0
     chosen["l0.w1"]["out"] = BS0
     chosen["l0.w1_cast"].update(in_0=read, out_0=read)
