@@ -114,6 +114,18 @@ def shares_time(job: MeshJob, state: Rounds) -> bool:
     return job.memory_binds or state.overflowed
 
 
+def _is_last(state: Rounds, round_no: int) -> bool:
+    """Is round ``round_no`` known to be the last (a polish, or the last memory round)?"""
+    return state.polishing or round_no >= MAX_MEMORY_ROUNDS - 1
+
+
+def _keeps_time(job: MeshJob, state: Rounds, round_no: int) -> bool:
+    """Does round ``round_no`` solve for :data:`ROUND_SHARE` of the time left, keeping the
+    rest for the rounds after it?  Yes when memory binds (a round whose plan overflows leads
+    to another round) and the round is not known to be the last (:func:`_is_last`)."""
+    return shares_time(job, state) and not _is_last(state, round_no)
+
+
 def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Rounds:
     """Run up to ``rounds`` memory rounds from ``state``; return it, advanced."""
     relay = ctx.relay()
@@ -194,10 +206,7 @@ def _solve_round(
     job: MeshJob, built: BuiltProblem, left: float, state: Rounds, ctx: PlanContext, round_no: int
 ) -> Solution:
     """Solve the round's problem for its share of the ``left`` seconds; log the round."""
-    # a round whose plan overflows leads to another round: keep time for it, unless this
-    # round is known to be the last (a polish, or the last memory round)
-    last = state.polishing or round_no >= MAX_MEMORY_ROUNDS - 1
-    share = ROUND_SHARE if shares_time(job, state) and not last else 1.0
+    share = ROUND_SHARE if _keeps_time(job, state, round_no) else 1.0
     options = job.options
     # deterministic runs keep their limit (in CP-SAT's deterministic units): the wall clock
     # must not change their answer
@@ -269,7 +278,7 @@ def _next_round(
             state.kept = (candidate, ev, solution)
             state.kept_positions = list(state.positions)
         return _after_fit(job, built, solution, state, ctx, round_no)
-    if state.polishing or round_no >= MAX_MEMORY_ROUNDS - 1:
+    if _is_last(state, round_no):
         return False  # over the budget elsewhere: keep the verified plan of the round before
     _constrain_peak(job, built, ev, solution, state, ctx)
     return True
@@ -287,8 +296,7 @@ def _after_fit(
         state.polishing = True
         state.hint = solution.choices
         return True
-    cut = shares_time(job, state) and round_no < MAX_MEMORY_ROUNDS - 1
-    if not cut or state.polishing or not _worth_polishing(job, built, solution, state, ctx):
+    if not _keeps_time(job, state, round_no) or not _worth_polishing(job, built, solution, state, ctx):
         return False
     # the round's time was cut for rounds that did not come: spend what is left on the
     # same rows, from this plan
