@@ -587,9 +587,10 @@ def _weighted_tables(
     nodes = [tables.ops[op.name].compute_s for op in order]
     edges = [(index[e.producer], index[e.consumer], e.matrix) for e in tables.edges]
     gradients = weight_gradient_path(graph)
+    lowering = tables.runtime.lowering.value
     runs = []
     for e in tables.edges:
-        kind = edge_kind(graph.op_by_name[e.consumer], e.in_port, e.tensor in gradients)
+        kind = edge_kind(graph.op_by_name[e.consumer], e.in_port, e.tensor in gradients, lowering)
         runs.append(counts.edge(e.producer, e.consumer, kind is EdgeKind.GRADIENT))
     return weighted_costs(nodes, [op.name for op in order], gathers, edges, runs, counts)
 

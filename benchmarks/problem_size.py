@@ -27,7 +27,8 @@ from autopar.runtime import runtime_profile
 def problem_size(graph: Graph, mesh_shape: tuple[int, ...], zero_stage: int = 2) -> dict[str, int]:
     """Ops, choices (all and the most of one op), edges and edge entries."""
     rules = default_rules()
-    sharding = runtime_profile(None).zero_sharding.value
+    profile = runtime_profile(None)  # the default runtime's
+    sharding, lowering = profile.zero_sharding.value, profile.lowering.value
     counts: dict[str, int] = {}
     for op in graph.ops:
         sigs, _ = op_signatures(rules, rule_context(graph, op, mesh_shape, zero_stage, sharding))
@@ -35,7 +36,7 @@ def problem_size(graph: Graph, mesh_shape: tuple[int, ...], zero_stage: int = 2)
     edges = entries = 0
     for op in graph.ops:
         for port, tensor in op.inputs.items():
-            if edge_kind(op, port, lowering=runtime_profile(None).lowering.value) is EdgeKind.SHAPE_ONLY:
+            if edge_kind(op, port, lowering=lowering) is EdgeKind.SHAPE_ONLY:
                 continue
             producer, _ = graph.producer[tensor]
             edges += 1

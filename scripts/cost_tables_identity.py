@@ -87,7 +87,8 @@ def reference_matrix(tables: object, edge: object) -> np.ndarray:
     cols = range(len(t.ops[e.consumer].signatures))  # type: ignore[attr-defined]
     src = [t.port_sbp(e.producer, i, e.out_port, True) for i in rows]  # type: ignore[attr-defined]
     dst = [t.port_sbp(e.consumer, j, e.in_port, False) for j in cols]  # type: ignore[attr-defined]
-    kind = edge_kind(cons, e.in_port, e.tensor in weight_gradient_path(graph))  # type: ignore[attr-defined]
+    gradient = e.tensor in weight_gradient_path(graph)  # type: ignore[attr-defined]
+    kind = edge_kind(cons, e.in_port, gradient, t.runtime.lowering.value)  # type: ignore[attr-defined]
     if kind is EdgeKind.GRADIENT:
         return np.array([[edge_time(spec, a, b, mesh, kind, t.runtime)[0] for b in dst] for a in src])  # type: ignore[attr-defined]
     if kind is EdgeKind.IN_PLACE:
