@@ -117,7 +117,8 @@ def shape_bound(
         out.tables = shape_tables(request, shape, store, ctx)
         priced = with_training(out.tables, request.options.training)
         memory_seed(priced, request.memory_budget_bytes, out.tables.mesh, deadline)
-        out.bound_s = _lower_bound(priced, deadline, request.options.deterministic, target, out, started)
+        out.bound_s, laid_out = _lower_bound(priced, deadline, request.options.deterministic, target)
+        out.setup_s = None if laid_out is None else laid_out - started
     except (InfeasibleError, TimeLimitError) as exc:
         out.error = exc
     out.wall_s = time.perf_counter() - started
@@ -125,18 +126,13 @@ def shape_bound(
 
 
 def _lower_bound(
-    tables: CostTables,
-    deadline: Deadline,
-    deterministic: bool,
-    target: float,
-    out: ShapeBound,
-    started: float,
-) -> float:
-    """max(trivial bound, TRW-S bound) of the tables' problem without memory rows, seconds.
+    tables: CostTables, deadline: Deadline, deterministic: bool, target: float
+) -> tuple[float, float | None]:
+    """max(trivial bound, TRW-S bound) of the tables' problem without memory rows, seconds,
+    and when the TRW-S layout was done (``time.perf_counter()``; None: no sweep).
     Deterministic runs sweep :data:`BOUND_SWEEPS` times whatever the clock says; with a
     finite ``target``, up to :data:`TARGET_SWEEPS`, :data:`_TARGET_CHUNK` at a time, until
-    the bound is at least ``target`` (or the deadline).  Sets ``out.setup_s`` (the clock
-    started at ``started``) when the TRW-S layout is done."""
+    the bound is at least ``target`` (or the deadline)."""
     problem = build_problem(tables, None).problem
     bound = trivial_bound(problem)
     entries = sum(m.size for _, _, m in problem.edges)
@@ -146,19 +142,19 @@ def _lower_bound(
         or entries > (MAX_DENSE_BOUND_ENTRIES if dense else MAX_BOUND_ENTRIES)
         or (not deterministic and deadline.expired())
     ):
-        return bound
+        return bound, None
     until = math.inf if deterministic else deadline.at
     try:
         run = DiffusionBound(problem, deadline=until)
     except LayoutCut:
-        return bound
-    out.setup_s = time.perf_counter() - started
+        return bound, None
+    laid_out = time.perf_counter()
     if math.isinf(target):
-        return max(bound, run.run(BOUND_SWEEPS, until))
+        return max(bound, run.run(BOUND_SWEEPS, until)), laid_out
     swept = bound
     while run.sweeps < TARGET_SWEEPS and swept < target and not run.converged:
         before = run.sweeps
         swept = max(swept, run.run(_TARGET_CHUNK, until))
         if run.sweeps == before:  # the deadline cut the sweep
             break
-    return swept
+    return swept, laid_out
