@@ -136,7 +136,18 @@ class Plan:
 
     @property
     def step_time_s(self) -> float:
+        """Seconds of one micro-batch's forward and backward with its gradient reduction
+        (deprecated as a headline figure: :attr:`iteration_time_s` is what a job runs)."""
         return float(self.predicted.get("step_time_s", float("nan")))
+
+    @property
+    def iteration_time_s(self) -> float:
+        """Seconds of one optimizer step as the job runs it: ``K x micro-batch +
+        once-per-step``, with recomputation (:mod:`autopar.iteration`); the objective the
+        solver minimises and the figure plans are compared by.  Plans priced before
+        iterations carry only ``step_time_s``, which is the iteration at K = 1."""
+        pred = self.predicted
+        return float(pred.get("iteration_time_s", pred.get("step_time_s", float("nan"))))
 
     @property
     def memory_per_device_bytes(self) -> float:
