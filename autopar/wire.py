@@ -315,16 +315,27 @@ class MemoryReport(TypedDict, total=False):
 
 @with_config(_SECTION)
 class MeshSearchEntry(TypedDict, total=False):
-    """One mesh shape the search tried: its plan's step time and memory, or why it failed."""
+    """One mesh shape the search tried: its plan's iteration time and memory, or why it failed."""
 
     shape: list[int]
-    step_time_s: float | None
+    iteration_time_s: Annotated[
+        float | None,
+        Field(
+            description="seconds of one optimizer step: K micro-batches plus once per step (the objective)"
+        ),
+    ]
+    micro_batch_time_s: Annotated[float | None, Field(description="seconds of one micro-batch")]
+    step_time_s: Annotated[
+        float | None,
+        Field(description="deprecated: one micro-batch with its gradient reduction; use iteration_time_s"),
+    ]
     memory_per_device_bytes: float | None
     gap: float | None
     wall_s: float
     error: str | None
     lower_bound_s: Annotated[
-        float | None, Field(description="proven least step time of any plan on the shape, before solving it")
+        float | None,
+        Field(description="proven least iteration time of any plan on the shape, before solving it"),
     ]
     outcome: Annotated[str, Field(description="solved, proved worse (bound >= the best plan), or no plan")]
 

@@ -27,7 +27,7 @@ first plan fits it: answered by the memo's entry without a budget); ZeRO 3 after
 
 ``--scale`` runs the three-axis cases (mt5-base on ``[2,2,2]`` of 2x4, ``[4,2,4]`` and
 ``[2,2,8]`` of 4x8), the mesh search of mt5-base on 2x4 and 4x8 (every factorisation with
-up to 3 axes; a second line lists the shapes solved (step time and bound), those proved
+up to 3 axes; a second line lists the shapes solved (iteration time and bound), those proved
 worse by their bound and those without a plan) and the 100k-op graph on 4x8 ``a100-80g``
 (meant for ``--time-limit 60``, ``--cases gpt-100k-ops-4x8-80g``).  The cost tables across
 1 vs 2 RQ workers are ``python -m benchmarks.table_workers``.
@@ -182,7 +182,7 @@ def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
                 tables_s=st.get("time_cost_tables_s"),
                 solve_phases_s=st.get("phases_s"),
                 memory_rounds=s.get("memory_rows"),
-                step_ms=p.step_time_s * 1e3,
+                iteration_ms=p.iteration_time_s * 1e3,
                 memory_gib=p.memory_per_device_bytes / GIB,
                 mesh_shape=list(p.mesh.shape),
                 mesh_search=st.get("mesh_search"),
@@ -252,7 +252,7 @@ def main() -> None:
     print(
         f"{'case':<{width}}{'ops':>7}{'mesh':>11}{'wall s':>8}{'<=lim+2':>8}{'load s':>7}"
         f"{'tables s':>9}{'solve s':>8}"
-        f"{'gap':>8}{'step ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
+        f"{'gap':>8}{'iter ms':>9}{'mem GiB':>8}{'RSS GiB':>8}  status"
     )
     for name in names:
         case = {**CASES, **PROMISE, **WARM, **SCALE, **table}[name]
@@ -277,7 +277,7 @@ def main() -> None:
             f"{name:<{width}}{row['ops']:>7}{mesh:>11}{row['wall_s']:>8.1f}"
             f"{'yes' if row['wall_s'] <= limit + 2 else 'NO':>8}"
             f"{row.get('load_s') or 0:>7.1f}{row.get('tables_s') or 0:>9.1f}{sum(phases.values()):>8.1f}"
-            f"{'' if gap is None else f'{100 * gap:.2f}%':>8}{row.get('step_ms') or 0:>9.1f}"
+            f"{'' if gap is None else f'{100 * gap:.2f}%':>8}{row.get('iteration_ms') or 0:>9.1f}"
             f"{row.get('memory_gib') or 0:>8.2f}{row['peak_rss_gib']:>8.2f}  "
             + (row.get("status") or row.get("error", ""))
             + (f" (solve memo: {row['memo']})" if row.get("memo") else "")
@@ -289,14 +289,14 @@ def main() -> None:
 
 
 def _search_line(chosen: list[int], stats: dict[str, Any]) -> str:
-    """The mesh search's shapes: chosen; solved (plan's step time and bound, ms); proved
+    """The mesh search's shapes: chosen; solved (plan's iteration time and bound, ms); proved
     worse (bound); no plan (bound, where one was proven before the time ran out)."""
 
     def ms(b: float | None) -> str:
         return "-" if b is None else f"{b * 1e3:.1f}"
 
     solved = ", ".join(
-        f"{s['shape']} {ms(s.get('step_time_s'))} ms (bound {ms(s['bound_s'])})" for s in stats["solved"]
+        f"{s['shape']} {ms(s.get('iteration_time_s'))} ms (bound {ms(s['bound_s'])})" for s in stats["solved"]
     )
     pruned = ", ".join(f"{s['shape']} (bound {ms(s['bound_s'])})" for s in stats["proved_worse"])
     no_plan = ", ".join(

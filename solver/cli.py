@@ -126,19 +126,22 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
 
 
 def mesh_search_text(entries: list[Any]) -> str:
-    """The ``mesh search:`` lines: each shape's step time, memory, proven gap and wall time,
+    """The ``mesh search:`` lines: each shape's iteration time (and one micro-batch's when
+    K > 1), memory, proven gap and wall time,
     the shapes proved worse than the chosen plan with their lower bound, or why a shape has
     no plan."""
-    lines = ["mesh search:"]
+    lines = ["mesh search (iteration: K micro-batches plus once per step):"]
     for r in entries:
-        t, gap, bound = r.get("step_time_s"), r.get("gap"), r.get("lower_bound_s")
+        t, gap, bound = r.get("iteration_time_s"), r.get("gap"), r.get("lower_bound_s")
         if t:
+            micro = r.get("micro_batch_time_s")
+            each = f" ({micro * 1e3:.2f} ms per micro-batch)" if micro and abs(micro - t) > 1e-12 else ""
             what = (
-                f"{t * 1e3:.2f} ms, {format_bytes(r.get('memory_per_device_bytes'))}, "
+                f"iteration {t * 1e3:.2f} ms{each}, {format_bytes(r.get('memory_per_device_bytes'))}, "
                 f"proven gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
             )
         elif r.get("outcome") == "proved worse" and bound is not None:
-            what = f"proved worse: no plan under {bound * 1e3:.2f} ms (lower bound), not solved"
+            what = f"proved worse: no iteration under {bound * 1e3:.2f} ms (lower bound), not solved"
         else:
             what = str(r.get("error"))
         lines.append(f"  {r['shape']!s:<10} {what}")

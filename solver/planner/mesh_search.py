@@ -6,11 +6,11 @@ first, the fastest verified plan wins.
     first stage (FIRST_STAGE_SHARE of the limit; deterministic runs: every shape, the whole
     limit) over the shapes of up to two axes:
       bound phase (at most BOUND_SHARE of the stage): per shape, its cost tables and a proven
-      lower bound on its step time (:mod:`.shape_bounds`); shapes proven infeasible drop out
+      lower bound on its iteration time (:mod:`.shape_bounds`); shapes proven infeasible drop out
           │  order by bound, least first
           v
       solve phase: per shape in that order, skipped as "proved worse" when its bound is >=
-      the best verified plan's step time, else solved with an equal share of the stage left
+      the best verified plan's iteration time, else solved with an equal share of the stage left
       among the shapes still worth solving (bound within PROMISING_RATIO of the least; a
       shape that finishes early leaves its rest to the next)
         │
@@ -21,7 +21,7 @@ first, the fastest verified plan wins.
       its row has its solve's proven bound
           │  then the others, the least promising first, one at a time:
           v
-      bound first (tables, TRW-S swept until the bound reaches the best plan's step time,
+      bound first (tables, TRW-S swept until the bound reaches the best plan's iteration time,
       :data:`.shape_bounds.TARGET_SWEEPS` at most), within the time left less what the
       shapes after it need to reach their first sweep (:func:`_bound_share`): "proved
       worse" when it does, else solved with an equal share of what is left; those the
@@ -34,7 +34,7 @@ are proved worse within a few sweeps (mt5-base 4x8 at 60 s, load 1.3: all five i
 
 Every shape is listed in ``plan.diagnostics["mesh_search"]`` with its bound and outcome
 (solved, proved worse, no plan); ``plan.solver["stats"]["mesh_search"]`` lists the shapes
-solved (with their step time), the shapes pruned and those without a plan, with their bounds.
+solved (with their iteration time), the shapes pruned and those without a plan, with their bounds.
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def _second_stage(
       TRW-S layout and sweeps twice (and on mt5-base 4x8 never reaches the two-axis plans'
       26.7 ms); its row has its solve's proven bound;
     - the others, the least promising first (the soonest proved worse), are each bounded
-      first (:func:`shape_bound`, sweeping until the bound reaches the best plan's step time,
+      first (:func:`shape_bound`, sweeping until the bound reaches the best plan's iteration time,
       at most :data:`.shape_bounds.TARGET_SWEEPS` sweeps), within :func:`_bound_share` of
-      the time left: "proved worse" when the bound reaches the best step time, else solved
+      the time left: "proved worse" when the bound reaches the best iteration time, else solved
       within an equal share of what is left among the shapes not done yet;
     - a shape reached with less than ``floor`` seconds left has "no plan"."""
     deadline = ctx.deadline
@@ -192,9 +192,9 @@ def _solve_bounded(
     more: bool,
 ) -> float:
     """Solve the shapes with a bound, least bound first, into ``rows``; a shape whose bound
-    is at least the best plan's step time is "proved worse".  Each gets an equal share of
+    is at least the best plan's iteration time is "proved worse".  Each gets an equal share of
     what is left of ``stage`` among the shapes still worth solving (one share more when
-    ``more`` shapes come after).  The best step time."""
+    ``more`` shapes come after).  The best iteration time."""
     bounded = sorted(
         (b for b in bounds if b.error is None and b.bound_s is not None),
         key=lambda b: b.bound_s if b.bound_s is not None else math.inf,
@@ -234,11 +234,11 @@ def _solve_into(
     ctx: PlanContext,
     best: float,
 ) -> float:
-    """Solve ``b`` within ``share`` into ``rows``; the best step time so far."""
+    """Solve ``b`` within ``share`` into ``rows``; the best iteration time so far."""
     rows[b.shape] = {**_solve_row(request, b, share, store, ctx), "shared_by": shared_by}
     b.tables = None  # solved: its tables are not needed any more
     if "plan" in rows[b.shape]:
-        best = min(best, rows[b.shape]["plan"].step_time_s)
+        best = min(best, rows[b.shape]["plan"].iteration_time_s)
     return best
 
 
@@ -257,14 +257,14 @@ def _promise(shape: tuple[int, ...], rows: dict[tuple[int, ...], dict[str, Any]]
         if row.get("bound_s") is not None:
             known.append(float(row["bound_s"]))
         elif "plan" in row:
-            known.append(float(row["plan"].step_time_s))
+            known.append(float(row["plan"].iteration_time_s))
         else:
             known.append(math.inf)
     return (min(known, default=math.inf), sum(known))
 
 
 def _proved_worse_row(b: ShapeBound) -> dict[str, Any]:
-    """The row of a shape whose proven bound is at least the best plan's step time."""
+    """The row of a shape whose proven bound is at least the best plan's iteration time."""
     return {"shape": list(b.shape), "bound_s": b.bound_s, "outcome": PROVED_WORSE, "wall_s": b.wall_s}
 
 
@@ -353,14 +353,15 @@ def _error_row(b: ShapeBound) -> dict[str, Any]:
 def _search_stats(
     results: list[dict[str, Any]], bounds: list[ShapeBound], bound_limit_s: float, deadline: Deadline
 ) -> dict[str, Any]:
-    """``solver.stats.mesh_search``: the shapes solved (with their plan's step time), the
+    """``solver.stats.mesh_search``: the shapes solved (with their plan's iteration time), the
     shapes proved worse and those without a plan, with their bounds (seconds), and the
     first stage's bound phase's wall time."""
     return {
         "solved": [
             {
                 **{k: r[k] for k in ("shape", "bound_s", "share_s", "shared_by")},
-                "step_time_s": r["plan"].step_time_s,
+                "iteration_time_s": r["plan"].iteration_time_s,
+                "micro_batch_time_s": _micro_batch_s(r["plan"]),
             }
             for r in results
             if r["outcome"] == "solved"
@@ -421,16 +422,18 @@ class _ShapeRelay:
 
 
 def _fastest(results: list[dict[str, Any]], deadline: Deadline) -> Plan:
-    """The plan of least step time among ``results``, with every shape's row in its
+    """The plan of least iteration time among ``results``, with every shape's row in its
     diagnostics; when no shape has a plan, the error that says why."""
     feasible = [r for r in results if "plan" in r]
     if not feasible:
         _raise_no_shape(results, deadline)
-    chosen: Plan = min(feasible, key=lambda r: r["plan"].step_time_s)["plan"]
+    chosen: Plan = min(feasible, key=lambda r: r["plan"].iteration_time_s)["plan"]
     chosen.diagnostics["mesh_search"] = [
         {
             "shape": r["shape"],
-            "step_time_s": r["plan"].step_time_s if "plan" in r else None,
+            "iteration_time_s": r["plan"].iteration_time_s if "plan" in r else None,
+            "micro_batch_time_s": _micro_batch_s(r["plan"]) if "plan" in r else None,
+            "step_time_s": r["plan"].step_time_s if "plan" in r else None,  # deprecated alias
             "memory_per_device_bytes": r["plan"].memory_per_device_bytes if "plan" in r else None,
             "gap": r["plan"].solver["gap"] if "plan" in r and r["plan"].solver else None,
             "wall_s": r["wall_s"],
@@ -441,6 +444,13 @@ def _fastest(results: list[dict[str, Any]], deadline: Deadline) -> Plan:
         for r in results
     ]
     return chosen
+
+
+def _micro_batch_s(p: Plan) -> float | None:
+    """One micro-batch's seconds of plan ``p`` (its forward, backward and their boxing, with
+    recomputation), or None when the plan was priced without an iteration."""
+    value = p.predicted.get("micro_batch_time_s")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _raise_no_shape(results: list[dict[str, Any]], deadline: Deadline) -> None:

@@ -1,4 +1,6 @@
-"""Proven lower bounds on a mesh shape's step time, before it is solved (mesh search pruning).
+"""Proven lower bounds on a mesh shape's iteration time, before it is solved (mesh search
+pruning).  The iteration is the objective every plan is compared by: K micro-batches plus
+once per step, with recomputation (:mod:`autopar.iteration`).
 
 For one shape: its cost tables, the numeric problem of :func:`build_problem` without
 memory rows, and::
@@ -8,7 +10,7 @@ memory rows, and::
 The trivial bound is every node and every edge at its least
 (:func:`~autopar_solver.problem.trivial_bound`); the TRW-S bound is the dual of the
 local-polytope relaxation (:mod:`autopar_solver.bounds`, Kolmogorov 2006), valid after any
-number of sweeps.  Both bound the cost of every assignment, and a plan's step time is its
+number of sweeps.  Both bound the cost of every assignment, and a plan's iteration time is its
 assignment's cost (:mod:`.verify` checks the two agree); memory rows only remove
 assignments, and tied layers only restrict them, so every plan the solve can return on
 the shape costs at least ``bound``.  A shape whose memory floor is over the budget is
@@ -70,7 +72,7 @@ class ShapeBound:
     tables: CostTables | None = None
     """Its cost tables (as built, before the iteration is priced), handed to the solve."""
     bound_s: float | None = None
-    """Proven lower bound on the step time of any plan on the shape (None: not computed)."""
+    """Proven lower bound on the iteration time of any plan on the shape (None: not computed)."""
     error: InfeasibleError | TimeLimitError | None = None
     """Proven infeasible (memory floor over the budget), or no time for its tables."""
     wall_s: float = 0.0
@@ -107,7 +109,7 @@ def shape_bound(
 ) -> ShapeBound:
     """The tables and proven lower bound of ``shape``, within ``ctx.deadline`` (its share
     of the search's bound phase); the error when there is no time or the budget is proven
-    out of reach.  With a finite ``target`` (the best verified plan's step time, seconds)
+    out of reach.  With a finite ``target`` (the best verified plan's iteration time, seconds)
     the TRW-S sweeps go on until the bound reaches it (up to :data:`TARGET_SWEEPS`), and
     stop there: the shape is then proved worse."""
     started = time.perf_counter()

@@ -50,7 +50,7 @@ def test_every_shape_has_a_bound_and_an_outcome(searched):
     assert solved | pruned == set(SHAPES) and not solved & pruned
     assert tuple(searched.mesh.shape) in solved
     text = mesh_search_text(rows)
-    assert text.count("proved worse: no plan under") == len(pruned)
+    assert text.count("proved worse: no iteration under") == len(pruned)
 
 
 @pytest.mark.slow
@@ -58,17 +58,17 @@ def test_pruned_shapes_bounds_hold_and_exceed_the_chosen_plan(searched, each_sha
     for row in searched.diagnostics["mesh_search"]:
         shape, bound = tuple(row["shape"]), row["lower_bound_s"]
         # the bound is proven: the shape's own plan, solved on its own, costs no less
-        assert each_shape[shape].step_time_s >= bound * (1 - 1e-9), shape
+        assert each_shape[shape].iteration_time_s >= bound * (1 - 1e-9), shape
         if row["outcome"] == "proved worse":
-            assert bound >= searched.step_time_s, shape
-            assert row["step_time_s"] is None
+            assert bound >= searched.iteration_time_s, shape
+            assert row["iteration_time_s"] is None
 
 
 @pytest.mark.slow
 def test_chosen_shape_is_the_best_of_solving_every_shape(searched, each_shape):
-    best = min(SHAPES, key=lambda s: each_shape[s].step_time_s)
+    best = min(SHAPES, key=lambda s: each_shape[s].iteration_time_s)
     assert tuple(searched.mesh.shape) == best
-    assert searched.step_time_s == pytest.approx(each_shape[best].step_time_s, rel=1e-9)
+    assert searched.iteration_time_s == pytest.approx(each_shape[best].iteration_time_s, rel=1e-9)
 
 
 def test_search_keeps_to_its_time_split(graph):
@@ -105,12 +105,12 @@ def test_search_off_the_deterministic_path_bounds_two_axes_first_and_solves_the_
     # the three-axis shape is not bounded first: solved after the others, with the time
     # left; its bound is its solve's own
     assert rows[(2, 2, 2)]["outcome"] == "solved"
-    assert 0 < rows[(2, 2, 2)]["lower_bound_s"] <= rows[(2, 2, 2)]["step_time_s"] * (1 + 1e-9)
+    assert 0 < rows[(2, 2, 2)]["lower_bound_s"] <= rows[(2, 2, 2)]["iteration_time_s"] * (1 + 1e-9)
     for shape in SHAPES[:3]:
         assert rows[shape]["lower_bound_s"] is not None
-        assert rows[shape]["outcome"] == "solved" or rows[shape]["lower_bound_s"] >= p.step_time_s
-    solved = [r["step_time_s"] for r in rows.values() if r["step_time_s"] is not None]
-    assert p.step_time_s == min(solved)
+        assert rows[shape]["outcome"] == "solved" or rows[shape]["lower_bound_s"] >= p.iteration_time_s
+    solved = [r["iteration_time_s"] for r in rows.values() if r["iteration_time_s"] is not None]
+    assert p.iteration_time_s == min(solved)
     stats = p.solver["stats"]["mesh_search"]
     assert stats["bound_phase_limit_s"] <= BOUND_SHARE * FIRST_STAGE_SHARE * limit
     # a shape listed as solved has a plan; one without is not
@@ -134,10 +134,10 @@ def test_later_three_axis_shapes_are_bounded_against_the_best_plan_before_a_solv
         assert row["lower_bound_s"] is not None and row["lower_bound_s"] > 0, shape
         assert row["outcome"] in ("solved", "proved worse"), row
         if row["outcome"] == "solved":
-            assert row["step_time_s"] >= row["lower_bound_s"] * (1 - 1e-9), shape
+            assert row["iteration_time_s"] >= row["lower_bound_s"] * (1 - 1e-9), shape
         else:
-            assert row["lower_bound_s"] >= p.step_time_s and row["step_time_s"] is None, shape
+            assert row["lower_bound_s"] >= p.iteration_time_s and row["iteration_time_s"] is None, shape
     # each bound is proven: the shape solved on its own costs no less
     for shape in three:
         alone = plan(PlanRequest(graph, cluster, shape, None, 2, SolverOptions(time_limit_s=60, workers=2)))
-        assert alone.step_time_s >= rows[shape]["lower_bound_s"] * (1 - 1e-9), shape
+        assert alone.iteration_time_s >= rows[shape]["lower_bound_s"] * (1 - 1e-9), shape
