@@ -165,3 +165,18 @@ def test_a_valid_lower_bound_keeps_the_optimum(problem):
     result = solve_cpsat(problem, EXACT, lower_bound_s=best)  # the tightest valid bound
     assert result.status == "optimal"
     assert abs(evaluate(problem, result.choices)[0] - best) <= 2 * result.rounding_error_s + 1e-9
+
+
+def test_find_feasible_counts_building_the_model_in_its_time_limit():
+    """Off the deterministic path a feasibility model whose build would pass the limit is
+    abandoned (None) instead of being built and solved past it."""
+    problem = reduce_problem(synthetic_problem(400, seed=3)).reduced
+    assert problem.budget_bytes is not None
+    live = SolverOptions(time_limit_s=30, workers=1)
+    found = find_feasible(problem, live, time_limit_s=30)
+    assert found is not None and is_feasible(problem, found)
+    assert find_feasible(problem, live, time_limit_s=1e-9) is None
+    # deterministic runs ignore the clock while building: the same answer as with time
+    deterministic = SolverOptions(time_limit_s=30, workers=1, deterministic=True)
+    again = find_feasible(problem, deterministic, time_limit_s=30)
+    assert again is not None and is_feasible(problem, again)
