@@ -180,3 +180,13 @@ def test_find_feasible_counts_building_the_model_in_its_time_limit():
     deterministic = SolverOptions(time_limit_s=30, workers=1, deterministic=True)
     again = find_feasible(problem, deterministic, time_limit_s=30)
     assert again is not None and is_feasible(problem, again)
+
+
+def test_solve_cpsat_counts_building_the_model_in_its_time_limit():
+    problem = reduce_problem(synthetic_problem(400, seed=3)).reduced
+    live = SolverOptions(time_limit_s=30, workers=1)
+    out = solve_cpsat(problem, live, time_limit_s=1e-9)
+    assert out.status == "unknown" and out.choices is None
+    assert out.stats["solve_s"] == 0.0 and out.stats["build_s"] >= 0.0
+    solved = solve_cpsat(problem, live, time_limit_s=30)
+    assert solved.choices is not None and is_feasible(problem, solved.choices)
