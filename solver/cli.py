@@ -131,7 +131,10 @@ def mesh_search_text(entries: list[Any]) -> str:
     the shapes proved worse than the chosen plan with their lower bound, or why a shape has
     no plan."""
     lines = ["mesh search (iteration: K micro-batches plus once per step):"]
+    unreached = [r for r in entries if _unreached(r)]
     for r in entries:
+        if _unreached(r):
+            continue
         t, gap, bound = r.get("iteration_time_s"), r.get("gap"), r.get("lower_bound_s")
         if t:
             micro = r.get("micro_batch_time_s")
@@ -144,8 +147,22 @@ def mesh_search_text(entries: list[Any]) -> str:
             what = f"proved worse: no iteration under {bound * 1e3:.2f} ms (lower bound), not solved"
         else:
             what = str(r.get("error"))
+            if bound is not None:
+                what += f" (lower bound {bound * 1e3:.2f} ms)"
         lines.append(f"  {r['shape']!s:<10} {what}")
+    if unreached:
+        shapes = ", ".join(str(r["shape"]) for r in unreached)
+        lines.append(f"  not reached before the time limit ({len(unreached)} shapes, no bound): {shapes}")
     return "\n".join(lines) + "\n"
+
+
+def _unreached(row: Any) -> bool:
+    """A shape the search's time never reached: no plan, no bound, and a time-limit error."""
+    return (
+        row.get("outcome") == "no plan"
+        and row.get("lower_bound_s") is None
+        and "ran out before mesh" in str(row.get("error") or "")
+    )
 
 
 def _cache_dir() -> Path:
