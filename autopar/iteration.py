@@ -171,10 +171,15 @@ ACCUMULATION: dict[str, Accumulation] = {
     # gradient locally; it is reduced into model_diff's layout once per step.  Checked on
     # compiled K = 4 jobs: tests/oneflow/test_iteration.py (docs/runtime-profiles.md).
     "oneflow-0.9": Accumulation(None, 1, True),
-    # Megatron DDP / distributed optimizer: grads accumulate in the main_grad buffer, one
-    # reduction at the last micro-batch; DeepSpeed ZeRO-2/3 reduce-scatter every
-    # micro-batch into the partitioned gradient; ZeRO-3 gathers before every use.
+    # ideal collectives with DeepSpeed's placement: ZeRO-2/3 reduce-scatter every micro-batch
+    # into the partitioned gradient (no full-size buffer); ZeRO-3 gathers before every use;
+    # ZeRO-0/1 reduce once per step
     "ideal": Accumulation(2, 3, False),
+    # Megatron-LM DDP and distributed optimizer: gradients accumulate in the full-size
+    # main_grad buffer (kept across micro-batches), one all-reduce / reduce-scatter at the
+    # last micro-batch, the parameters all-gathered once after the update
+    # (megatron/core/distributed/param_and_grad_buffer.py, distrib_optimizer.py)
+    "megatron-lm": Accumulation(None, None, True),
 }
 
 

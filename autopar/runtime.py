@@ -167,6 +167,19 @@ RUNTIMES: dict[str, RuntimeProfile] = {
             "docs/runtime-profiles.md"
         ),
     ),
+    "megatron-lm": RuntimeProfile(
+        "megatron-lm",
+        Lowering.IDEAL,
+        overlap_grad_comm=False,
+        source=(
+            "Megatron-LM (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py, "
+            "megatron/core/optimizer/distrib_optimizer.py): NCCL ring collectives; gradients "
+            "accumulate in a full-size main_grad buffer and are all-reduced (DDP) or "
+            "reduce-scattered (--use-distributed-optimizer) once per optimizer step, the "
+            "updated parameters all-gathered once per step; --overlap-grad-reduce is off by "
+            "default (the serial iteration)"
+        ),
+    ),
     "oneflow-0.9-shard-min-1": RuntimeProfile(
         "oneflow-0.9-shard-min-1",
         Lowering.ONEFLOW_0_9,

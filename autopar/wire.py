@@ -355,6 +355,14 @@ class Diagnostics(TypedDict, total=False):
     zero_gradient_layout_normalized: Annotated[
         list[str], Field(description="updates whose ZeRO gradient layout was normalised on import")
     ]
+    baseline_configuration: Annotated[
+        dict[str, Any],
+        Field(
+            description="a baseline's configuration (autopar.baseline_configs): mesh, ZeRO stage, "
+            "runtime, tensor/data/pipeline-parallel degrees, whether the user named it, whether it "
+            "fits the budget, and every configuration tried"
+        ),
+    ]
 
 
 @with_config(_SECTION)

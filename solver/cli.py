@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,7 +25,7 @@ from autopar.cli_args import (
     graph_arg_help,
     wrote,
 )
-from autopar.cluster import Mesh, parse_mesh_shape
+from autopar.cluster import Cluster, Mesh, parse_mesh_shape
 from autopar.graph import Graph
 from autopar.iteration import TrainingConfig, baseline_training
 from autopar.plan import Plan, format_bytes
@@ -226,9 +227,74 @@ def baseline_evaluated(
     return b
 
 
+def compared_rows(
+    result: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    budget: int | None,
+    args: argparse.Namespace,
+    training: TrainingConfig,
+    report: Callable[[str], None] | None = None,
+) -> list[tuple[str, Plan]]:
+    """``autopar`` and each baseline at its own best configuration
+    (:mod:`autopar.baseline_configs`; ``--megatron-config`` prices the one the user runs),
+    each plan carrying its configuration and the others tried in
+    ``diagnostics["baseline_configuration"]``.  After the plan: outside its time limit."""
+    from autopar.baseline_configs import best_config, candidate_configs, parse_config
+
+    rows: list[tuple[str, Plan]] = [("autopar", result)]
+    for kind in BASELINES:
+        if report is not None:
+            report(kind)
+        if kind == "single-device":  # one configuration: every op replicated
+            rows.append(
+                (
+                    kind,
+                    baseline_evaluated(
+                        kind, graph, result.mesh, args.zero, _cache_dir(), args.runtime, training
+                    ),
+                )
+            )
+            continue
+        named = getattr(args, "megatron_config", None) if kind == "megatron" else None
+        configs = (
+            [parse_config(kind, named, cluster)]
+            if named
+            else candidate_configs(kind, cluster, args.zero, args.runtime)
+        )
+
+        def price(c: Any, kind: str = kind) -> Plan:
+            mesh = Mesh(cluster, c.mesh_shape)
+            return baseline_evaluated(kind, graph, mesh, c.zero_stage, _cache_dir(), c.runtime, training)
+
+        chosen, priced = best_config(configs, price, budget)
+        assert chosen.plan is not None
+        chosen.plan.diagnostics["baseline_configuration"] = {
+            **chosen.config.to_dict(),
+            "named_by_user": bool(named),
+            "fits_budget": chosen.fits(budget),
+            "tried": [p.to_dict() for p in priced],
+        }
+        rows.append((kind, chosen.plan))
+    return rows
+
+
+def configurations_text(rows: list[tuple[str, Plan]]) -> str:
+    """One line per baseline: the configuration it was priced at and what else was tried."""
+    lines = ["baseline configurations (each system at its users' best configuration, or the one named):"]
+    for name, p in rows[1:]:
+        conf = p.diagnostics.get("baseline_configuration")
+        if not conf:
+            lines.append(f"  {name:<15}mesh {list(p.mesh.shape)} (as autopar's plan)")
+            continue
+        how = "named" if conf.get("named_by_user") else f"best of {len(conf['tried'])}"
+        fits = "" if conf.get("fits_budget", True) else "; none fits the budget: least memory shown"
+        lines.append(f"  {name:<15}{conf['describe']}, runtime {conf['runtime']} ({how}{fits})")
+    return "\n".join(lines)
+
+
 def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.cli_args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
-    from autopar.cluster import Mesh
     from autopar.progress import Deadline
     from autopar.store import DirectoryStore
     from autopar_solver.options import SolverOptions
@@ -260,20 +326,14 @@ def run_plan_command(args: argparse.Namespace) -> int:
     result.save(args.out)
     sys.stdout.write(result.summary() + "\n")
     if args.compare:
-        rows: list[tuple[str, Plan]] = [("autopar", result)]
-        mesh = Mesh(cluster, result.mesh.shape)
-        for kind in BASELINES:
-            if progress:  # after the plan: outside the time limit
-                progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed()))
-            rows.append(
-                (
-                    kind,
-                    baseline_evaluated(
-                        kind, graph, mesh, args.zero, _cache_dir(), args.runtime, options.training
-                    ),
-                )
-            )
+        report = (
+            (lambda kind: progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed())))
+            if progress
+            else None
+        )
+        rows = compared_rows(result, graph, cluster, budget, args, options.training, report)
         sys.stdout.write(summary_table(rows) + "\n")
+        sys.stdout.write(configurations_text(rows) + "\n")
     if result.diagnostics.get("mesh_search"):
         sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
     wrote("plan", args.out)
@@ -302,7 +362,15 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.add_argument(
-        "--compare", action="store_true", help="also evaluate the baselines (each once, cached by content)"
+        "--compare",
+        action="store_true",
+        help="also evaluate the baselines, each at its own best configuration (each once, cached by content)",
+    )
+    p.add_argument(
+        "--megatron-config",
+        default=None,
+        metavar="tp=T,dp=D[,optimizer=ddp|distributed]",
+        help="with --compare: price megatron at the configuration you run, not at its best",
     )
     p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
 
