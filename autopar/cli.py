@@ -137,7 +137,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
     # the iteration the real system runs: K as asked, checkpointing as it uses it by default
     plan.training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
-    attach_evaluation(plan, evaluate(graph, plan))
+    # a tensor boxed to one layout for several consumers is boxed once, as the system runs it
+    attach_evaluation(plan, evaluate(graph, plan, group_boxing=True))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
     wrote("plan", args.out)

@@ -199,6 +199,7 @@ def baseline_evaluated(
             "mesh": mesh.key(),
             "zero_stage": zero_stage,
             "runtime": runtime,
+            "boxing": "grouped by (tensor, layout)",
             **({} if training.is_default else {"training": training.to_dict()}),
             "versions": {
                 "autopar": autopar_version,
@@ -215,7 +216,9 @@ def baseline_evaluated(
             path.unlink(missing_ok=True)
     b = baseline_plan(kind, graph, mesh, zero_stage, runtime=runtime)
     b.training = training
-    attach_evaluation(b, evaluate(graph, b))
+    attach_evaluation(
+        b, evaluate(graph, b, group_boxing=True)
+    )  # one boxing per (tensor, layout), as runtimes run it
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
