@@ -11,7 +11,10 @@
 The page is plain HTML and JavaScript (no build step).  It talks to the same
 API as any client: ``POST /v1/plans``, the job's server-sent events read with
 ``fetch`` (so the ``X-API-Key`` header travels with it), ``POST /v1/sweeps``.
-The report needs the API key like every ``/v1`` route (when keys are configured),
+Every ``/v1`` route here needs the API key (when keys are configured); the page and its
+files do not.  A bundled model's graph is built once per process and kept
+(:func:`autopar_service.graphs.model_json`: room for every bundled model), so clients
+cycling through models cannot force rebuilds.  The report
 is memoized per plan and canonical compare set, is rendered at most
 ``max_report_renders`` at a time (429 beyond), and needs the plan's graph,
 which the service keeps for ``job_ttl_s`` after a solve.
@@ -35,6 +38,7 @@ from autopar.graph import Graph
 from autopar.plan import Plan
 from autopar_cache import codec
 from autopar_service.deps import Auth
+from autopar_service.graphs import model_json
 from autopar_service.problems import PROBLEM_JSON, ApiError
 from autopar_service.report import baseline_beside, build_report, plotly_js
 from autopar_service.tasks import graph_key
@@ -74,13 +78,6 @@ def _plotly_bytes() -> bytes:
     return plotly_js().encode()
 
 
-@functools.lru_cache(maxsize=4)
-def _model_graph_json(name: str) -> bytes:
-    from autopar.models import build
-
-    return build(name).to_json().encode()
-
-
 @router.get("/", include_in_schema=False)
 async def index() -> Response:
     """The experimenter page."""
@@ -102,7 +99,7 @@ async def static_file(name: str) -> Response:
 
 
 @router.get("/v1/explorer/options", summary="Choices for the explorer page's form")
-async def options() -> dict[str, Any]:
+async def options(_auth: Auth) -> dict[str, Any]:
     """Bundled model names, device presets with their memory, ZeRO stages, baselines to compare."""
     from autopar.models import MODEL_NAMES
 
@@ -120,10 +117,13 @@ async def options() -> dict[str, Any]:
     response_class=Response,
     responses={
         200: {"description": "The graph.", "content": {"application/json": {"schema": {"type": "object"}}}},
-        **_problems(_404="No bundled model of that name."),
+        **_problems(
+            _401="Missing or wrong X-API-Key (when the server has keys).",
+            _404="No bundled model of that name.",
+        ),
     },
 )
-async def model_graph(name: str) -> Response:
+async def model_graph(name: str, _auth: Auth) -> Response:
     """The training-step graph of a bundled model, ready to send as ``graph`` in ``POST /v1/plans``."""
     from autopar.models import MODEL_NAMES
 
@@ -131,7 +131,7 @@ async def model_graph(name: str) -> Response:
         raise ApiError(
             404, "model_not_found", f"no bundled model {name!r}; choose one of {list(MODEL_NAMES)}"
         )
-    body = await run_in_threadpool(_model_graph_json, name)
+    body = await run_in_threadpool(model_json, name)
     return Response(body, media_type="application/json", headers={"Cache-Control": "public, max-age=3600"})
 
 

@@ -15,8 +15,8 @@ content-addressed record; a bundled model's name travels with it, so the plan sa
 from __future__ import annotations
 
 import difflib
-import functools
 import json
+import threading
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,7 +28,14 @@ from autopar_service.problems import ApiError
 from autopar_service.schemas import GraphDoc
 from autopar_service.settings import Settings
 
-__all__ = ["MAX_TENSOR_BYTES", "check_rules", "graph_data", "parse_graph", "shared_graph_data"]
+__all__ = [
+    "MAX_TENSOR_BYTES",
+    "check_rules",
+    "graph_data",
+    "model_json",
+    "parse_graph",
+    "shared_graph_data",
+]
 
 MAX_TENSOR_BYTES = 2**50
 """Largest logical tensor, bytes (1 PiB): far above any real model's tensor, far below
@@ -97,11 +104,27 @@ def _check_types(data: dict[str, Any]) -> None:
         ) from None
 
 
-@functools.lru_cache(maxsize=4)
-def _model_json(name: str) -> bytes:
-    from autopar.models import build
+_MODEL_JSON: dict[str, bytes] = {}
+_MODEL_LOCK = threading.Lock()
 
-    return build(name).to_json().encode()
+
+def model_json(name: str) -> bytes:
+    """A bundled model's graph as JSON bytes, built once per process and kept for every model.
+
+    The bundled models are a fixed, small set (:data:`autopar.models.MODEL_NAMES`), so the
+    cache has room for all of them: a client cycling through models never forces a rebuild.
+    Built under a lock: concurrent first requests for one model build it once.
+    """
+    cached = _MODEL_JSON.get(name)
+    if cached is not None:
+        return cached
+    with _MODEL_LOCK:
+        cached = _MODEL_JSON.get(name)
+        if cached is None:
+            from autopar.models import build
+
+            cached = _MODEL_JSON[name] = build(name).to_json().encode()
+    return cached
 
 
 def graph_data(data: Any) -> Any:
@@ -118,7 +141,7 @@ def graph_data(data: Any) -> Any:
             f"graph {data[:80]!r} is not a bundled model; {hint}send a graph object or one of "
             f"{', '.join(MODEL_NAMES)}",
         )
-    return json.loads(_model_json(data))
+    return json.loads(model_json(data))
 
 
 def parse_graph(data: Any, settings: Settings) -> Graph:
