@@ -35,6 +35,7 @@ from autopar.costs import (
     model_digest,
     op_compute_time,
     op_signatures,
+    zero_gather_dtype,
 )
 from autopar.errors import ConfigError, TimeLimitError
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
@@ -107,6 +108,7 @@ def op_key(graph: Graph, op: Op, mesh: Mesh, zero_stage: int, runtime: RuntimePr
         "out": [(p, list(graph.tensors[t].shape), graph.tensors[t].dtype) for p, t in op.outputs.items()],
         "mesh": mesh.key(),
         "zero": zero_stage if op.role is Role.OPTIMIZER else None,
+        "gather": zero_gather_dtype(graph, op),
     }
     return "op:" + hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -279,10 +281,17 @@ def _compute_op_entry(
     zero: int,
     lowering: str,
     zero_sharding: str = "all_axes",
+    gather_dtype: str | None = None,
 ) -> bytes:
     rules = default_rules()
     ctx = RuleContext(
-        op=op, inputs=ins, outputs=outs, mesh_shape=mesh.shape, zero_stage=zero, zero_sharding=zero_sharding
+        op=op,
+        inputs=ins,
+        outputs=outs,
+        mesh_shape=mesh.shape,
+        zero_stage=zero,
+        zero_sharding=zero_sharding,
+        gather_dtype=gather_dtype,
     )
     sigs, fallback = op_signatures(rules, ctx)
     sigs = planning_signatures(ctx, sigs)
@@ -303,7 +312,7 @@ def _read_op_table(raw: bytes, ndim: int) -> OpTable:
 
 
 def _compute_op_batch(
-    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int, str, str]],
+    batch: list[tuple[Op, tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mesh, int, str, str, str | None]],
 ) -> list[bytes]:
     return [_compute_op_entry(*item) for item in batch]
 
@@ -476,6 +485,7 @@ def _op_tables(run: _Build) -> tuple[dict[str, str], dict[str, OpTable], dict[st
             repr(op.attrs),
             tuple((p, graph.tensors[t].shape, graph.tensors[t].dtype) for p, t in op.inputs.items()),
             tuple((p, graph.tensors[t].shape, graph.tensors[t].dtype) for p, t in op.outputs.items()),
+            zero_gather_dtype(graph, op),
         )
         k = key_by_content.get(content)
         if k is None:
@@ -494,6 +504,7 @@ def _op_tables(run: _Build) -> tuple[dict[str, str], dict[str, OpTable], dict[st
             run.zero_stage,
             profile.lowering.value,
             profile.zero_sharding.value,
+            zero_gather_dtype(graph, first_op_for_key[k]),
         )
         for k in missing
     ]
@@ -733,8 +744,13 @@ def _encode_jobs(phase: str, jobs: list[Any]) -> dict[str, Any]:
             "lowering": jobs[0][5],
             "zero_sharding": jobs[0][6],
             "jobs": [
-                {"op": op.to_dict(), "in": [_spec_json(t) for t in ins], "out": [_spec_json(t) for t in outs]}
-                for op, ins, outs, *_ in jobs
+                {
+                    "op": op.to_dict(),
+                    "in": [_spec_json(t) for t in ins],
+                    "out": [_spec_json(t) for t in outs],
+                    "gather": gather,
+                }
+                for op, ins, outs, *_, gather in jobs
             ],
         }
     runtime: RuntimeProfile = jobs[0][5]
@@ -789,6 +805,7 @@ def compute_remote_batch(payload: dict[str, Any]) -> list[bytes]:
                     zero,
                     lowering,
                     sharding,
+                    job.get("gather"),
                 )
                 for job in payload["jobs"]
             ]

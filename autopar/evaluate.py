@@ -45,6 +45,7 @@ from autopar.costs import (
     op_signature_set,
     optimizer_gather_plan,
     rule_context,
+    zero_gather_dtype,
     zero_gathers_per_step,
 )
 from autopar.graph import Graph, Op, Role
@@ -367,7 +368,8 @@ def _checked_signature(p: _Pricing, op: Op) -> Signature | None:
 
 
 def _gather_cost(graph: Graph, op: Op, gather: BoxingPlan, runs: tuple[int, int]) -> EdgeCost:
-    """The record of one ZeRO parameter gather of optimizer op ``op``."""
+    """The record of one ZeRO parameter gather of optimizer op ``op``, in the dtype it moves
+    (:func:`autopar.costs.zero_gather_dtype`)."""
     model_index = model_port_index(op)
     assert model_index is not None  # a gather needs the parameter port
     model_port = list(op.inputs)[model_index]
@@ -379,7 +381,7 @@ def _gather_cost(graph: Graph, op: Op, gather: BoxingPlan, runs: tuple[int, int]
         model_port,
         tensor,
         tuple(spec.shape),
-        spec.dtype,  # the parameter, in its own dtype (optimizer_gather_plan)
+        zero_gather_dtype(graph, op) or spec.dtype,  # the forward's copy (optimizer_gather_plan)
         gather.src,
         gather.dst,
         tuple(gather.steps),

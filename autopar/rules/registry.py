@@ -78,6 +78,9 @@ class RuleContext:
     zero_sharding: str = "all_axes"
     """``all_axes`` or ``one_axis``: where ZeRO shards a replicated parameter
     (:class:`autopar.runtime.ZeroSharding`)."""
+    gather_dtype: str | None = None
+    """An optimizer op's: the dtype its parameter's ZeRO gather moves (the forward's copy,
+    :func:`autopar.costs.zero_gather_dtype`); None: the parameter's own dtype."""
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -60,18 +60,22 @@ def test_zero3_is_slower_than_zero2_and_uses_less_memory():
     assert dp_bytes_3 > dp_bytes_2
 
 
-def test_zero_gather_is_priced_in_the_parameter_dtype():
-    g = mlp_graph(layers=1, batch=64)
+def test_zero_gather_moves_the_forward_copy_in_its_half_precision_dtype():
+    """The ZeRO all-gather moves the fp16 copy the forward reads, not the fp32 master
+    (OneFlow 0.9: System-ZeRO-ParallelCast after the AMP cast, tests/oneflow/test_amp_gather.py;
+    Megatron-LM's distributed optimizer gathers the model parameters in their training dtype)."""
+    g = mlp_graph(layers=1, batch=64)  # fp32 variables, each read through one cast to fp16
     plan = baseline_plan("data-parallel", g, MESH, 2, runtime="ideal")  # ZeRO over all 8 devices
     ctx_op = next(op for op in g.ops if op.type == "adam_update")
     ctx = costs.rule_context(g, ctx_op, MESH.shape, 2)
+    assert ctx.gather_dtype == "float16"
     gather = costs.optimizer_gather_plan(ctx, plan.signatures[ctx_op.name], MESH)
     assert gather is not None
     param = g.tensors[next(iter(ctx_op.inputs.values()))]
     assert DTYPE_BYTES[param.dtype] == 4
-    # all-gather over the whole mesh of a fp32 parameter: (n-1)/n * numel * 4 bytes per device
+    # hand count: all-gather over the whole mesh of the fp16 copy: (n-1)/n * numel * 2 bytes per device
     moved = sum(s.bytes_per_device for s in gather.steps)
-    assert moved == pytest.approx(7 / 8 * param.numel * 4)
+    assert moved == pytest.approx(7 / 8 * param.numel * 2)
 
 
 def test_half_precision_graph_moves_half_the_bytes():
