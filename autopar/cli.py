@@ -154,11 +154,12 @@ def _evaluation_text(name: str, plan: Any, ev: Any) -> str:
     mem = ev.memory
     lines = [
         f"{name}: {'valid' if ev.valid else 'INVALID'} ({plan.source})",
-        f"  step time  {ev.step_time_s * 1e3:10.2f} ms  (compute {ev.compute_time_s * 1e3:.2f} ms, "
-        f"comm {ev.comm_time_s * 1e3:.2f} ms)",
-        f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  ({ev.training.micro_batches} x "
+        f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  (one optimizer step: "
+        f"{ev.training.micro_batches} x "
         f"{ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
         f"once per step; checkpointing {ev.training.checkpointing})",
+        f"  at K = 1   {ev.step_time_s * 1e3:10.2f} ms  (one micro-batch with the once-per-step work, "
+        f"compute {ev.compute_time_s * 1e3:.2f} ms, comm {ev.comm_time_s * 1e3:.2f} ms)",
         "  comm/axis  "
         + ", ".join(
             f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"

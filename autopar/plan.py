@@ -283,16 +283,17 @@ class Plan:
         lines = [
             f"plan for {self.graph_name} ({self.source}) on mesh {list(self.mesh.shape)} "
             f"over {self.mesh.cluster}, ZeRO-{self.zero_stage}",
-            f"  step time   {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms "
-            f"(compute {pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, "
-            f"comm {pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; "
-            f"{pred.get('step_time_overlapped_s', float('nan')) * 1e3:.2f} ms with gradient "
-            f"reduction overlapping backward; runtime {self.runtime})",
             f"  iteration   {pred.get('iteration_time_s', float('nan')) * 1e3:10.2f} ms "
-            f"({micro_batches_text(self.training.micro_batches)} per step, checkpointing "
-            f"{self.training.checkpointing}; "
-            f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each, "
-            f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step)",
+            f"(one optimizer step: {micro_batches_text(self.training.micro_batches)} of "
+            f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each + "
+            f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step; checkpointing "
+            f"{self.training.checkpointing}; runtime {self.runtime})",
+            f"              {pred.get('iteration_time_overlapped_s', float('nan')) * 1e3:10.2f} ms the same "
+            "iteration with the gradient reduction overlapping backward",
+            f"  at K = 1    {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms one micro-batch with the "
+            f"once-per-step work, without recomputation (compute "
+            f"{pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, comm "
+            f"{pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; the deprecated step_time_s)",
             f"  memory/dev  {format_bytes(mem.get('per_device_bytes', float('nan'))):>13} "
             f"(params {format_bytes(mem.get('params_bytes', 0))}, "
             f"grads {format_bytes(mem.get('grads_bytes', 0))}, "

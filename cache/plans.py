@@ -111,10 +111,11 @@ class PlanCache:
         etag = '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'
         return PlanRecord(key, body, etag)
 
-    def put(self, key: str, record: Mapping[str, Any], step_time_s: float) -> bool:
-        """Store ``record`` unless a plan at least as cheap is stored; True when stored."""
+    def put(self, key: str, record: Mapping[str, Any], iteration_time_s: float) -> bool:
+        """Store ``record`` unless a plan at least as cheap (by its iteration time: K
+        micro-batches plus once per step) is stored; True when stored."""
         value = codec.encode(dict(record))
-        return self.store.put_if_lower(self._key(key), value, step_time_s, self.ttl_s)
+        return self.store.put_if_lower(self._key(key), value, iteration_time_s, self.ttl_s)
 
     def delete(self, key: str) -> None:
         self.store.delete(self._key(key))

@@ -32,6 +32,7 @@ __all__ = [
     "PlanBody",
     "SolverOptionsBody",
     "SweepBody",
+    "answers_within_gap",
     "build_request",
     "cluster_of",
     "key_dict_of",
@@ -214,8 +215,25 @@ def key_dict_of(request: PlanRequest) -> dict[str, Any]:
     if request.options.training.is_default:  # keys of K = 1 without checkpointing stay as they were
         options.pop("micro_batches", None)
         options.pop("checkpointing", None)
+    if not request.options.deterministic:
+        # the key is the problem, not the effort: the time limit and the gap asked for go to
+        # the solve memo (a cached plan answers when its proven gap is within the asked one:
+        # answers_within_gap), so a launcher that changes its limit still hits the cache
+        options.pop("time_limit_s", None)
+        options.pop("relative_gap", None)
     key["options"] = options
     return key
+
+
+def answers_within_gap(record: dict[str, Any], request: PlanRequest) -> bool:
+    """Whether a cached plan ``record`` answers ``request``: its proven gap is within the gap
+    the request asks for (deterministic requests key on the gap and the time limit, so any
+    record under their key answers them).  A plan of a larger gap is improved by a new solve,
+    which starts from it through the solve memo."""
+    if request.options.deterministic:
+        return True
+    gap = (record.get("solver") or {}).get("gap")
+    return isinstance(gap, (int, float)) and gap <= request.options.relative_gap
 
 
 def payload_of(

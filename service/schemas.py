@@ -136,7 +136,21 @@ class PlanRecordView(BaseModel):
     mesh_shape: list[int]
     zero_stage: int
     memory_budget_bytes: int | None
-    step_time_s: float | None
+    iteration_time_s: float | None = Field(
+        default=None,
+        description="seconds of one optimizer step as the job runs it: K micro-batches plus once "
+        "per step, with recomputation (what the solver minimises)",
+    )
+    micro_batch_time_s: float | None = Field(default=None, description="seconds of one micro-batch")
+    once_per_step_s: float | None = Field(
+        default=None, description="seconds of the once-per-step work (reduction, update, gather)"
+    )
+    step_time_s: float | None = Field(
+        default=None,
+        description="deprecated, kept one version: one micro-batch with its gradient reduction; "
+        "use iteration_time_s",
+        json_schema_extra={"deprecated": True},
+    )
     memory_per_device_bytes: float | None
     solver: dict[str, Any]
     summary: str

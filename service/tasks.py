@@ -119,6 +119,11 @@ def plan_record(
             "mesh_shape": list(result.mesh.shape),
             "zero_stage": result.zero_stage,
             "memory_budget_bytes": request.memory_budget_bytes,
+            # one optimizer step as the job runs it: K micro-batches plus once per step
+            "iteration_time_s": result.iteration_time_s,
+            "micro_batch_time_s": result.predicted.get("micro_batch_time_s", result.step_time_s),
+            "once_per_step_s": result.predicted.get("once_per_step_time_s", 0.0),
+            # deprecated (one version): one micro-batch with its gradient reduction
             "step_time_s": result.step_time_s,
             "memory_per_device_bytes": result.memory_per_device_bytes,
             "solver": solver,
@@ -215,12 +220,17 @@ def run_job(
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)
     stored = with_retries(
-        lambda: plans.put(job_id, record, result.step_time_s), settings.outage_grace_s, "store the plan"
+        lambda: plans.put(job_id, record, result.iteration_time_s), settings.outage_grace_s, "store the plan"
     )
     solver = result.solver or {}
     log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)
     return finite(
         {
+            # one optimizer step as the job runs it: K micro-batches plus once per step
+            "iteration_time_s": result.iteration_time_s,
+            "micro_batch_time_s": result.predicted.get("micro_batch_time_s", result.step_time_s),
+            "once_per_step_s": result.predicted.get("once_per_step_time_s", 0.0),
+            # deprecated (one version): one micro-batch with its gradient reduction
             "step_time_s": result.step_time_s,
             "memory_per_device_bytes": result.memory_per_device_bytes,
             "mesh_shape": list(result.mesh.shape),

@@ -189,8 +189,9 @@ function iterationLine(record) {
   const plan = record.plan || {};
   const predicted = plan.predicted || {};
   const k = plan.micro_batches || 1;
-  return `iteration ${ms(predicted.iteration_time_s)} (K = ${k} micro-batch${k === 1 ? "" : "es"}, ` +
-    `checkpointing ${plan.checkpointing || "off"})`;
+  const micro = record.micro_batch_time_s ?? predicted.micro_batch_time_s;
+  return `iteration ${ms(record.iteration_time_s ?? predicted.iteration_time_s)} (K = ${k} ` +
+    `micro-batch${k === 1 ? "" : "es"} of ${ms(micro)} each, checkpointing ${plan.checkpointing || "off"})`;
 }
 
 function showRecord(record) {
@@ -217,14 +218,14 @@ async function submitPlan(ev) {
     setStatus("submitting...");
     const { status, data } = await api("POST", "/v1/plans", body);
     if (status === 200) {
-      setStatus(`cached plan · ${iterationLine(data)} · step ${ms(data.step_time_s)}`, "succeeded");
+      setStatus(`cached plan · ${iterationLine(data)}`, "succeeded");
       showRecord(data);
       return;
     }
     const final = await followJob(data);
     if (final.status === "succeeded") {
       const record = (await api("GET", `/v1/plans/${final.id}`)).data;
-      setStatus(`succeeded · ${iterationLine(record)} · step ${ms(record.step_time_s)} · ` +
+      setStatus(`succeeded · ${iterationLine(record)} · ` +
         `${(record.memory_per_device_bytes / GIB).toFixed(2)} GiB per device`, "succeeded");
       showRecord(record);
     } else {

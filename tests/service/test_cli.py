@@ -80,7 +80,7 @@ def test_submit_serve_wait_writes_the_plan(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     plan = Plan.load(str(tmp_path / "plan.json"))
     assert plan.mesh.shape == (2,) and plan.step_time_s > 0
-    assert "step time" in first.stdout and "plan.json" in first.stdout
+    assert "iteration" in first.stdout and "plan.json" in first.stdout
     assert "succeeded" in first.stderr  # the progress line's last state
     second = run_cli(*args, cwd=tmp_path)  # same cache directory: answered from the cache
     assert second.returncode == 0, second.stderr
