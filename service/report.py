@@ -7,8 +7,10 @@
 
 :func:`build_report` renders, for a plan and any plans to compare it with:
 
-* the headline: step time (compute, communication per mesh axis, the planner's
-  exposed / overlapped figures when the plan carries them), memory per device
+* the headline: the iteration (one optimizer step: K micro-batches plus the
+  once-per-step work), one micro-batch at K = 1 (compute, communication per mesh
+  axis), the planner's iteration and the same iteration under overlap when the
+  plan carries them, memory per device
   against the budget, solver status, gap and time;
 * per layer (module scope read from op names, :func:`autopar.breakdown.layer_of`):
   compute and communication time, and per module the layout of its weight and
@@ -16,7 +18,7 @@
   layout, differences marked;
 * communication by collective and mesh axis (bar chart) and the ten most
   expensive boxing edges with their tensor shapes;
-* the memory timeline over the step (liveness along the topological order),
+* the memory timeline over one micro-batch (liveness along the topological order),
   stacked parameters / gradients / optimizer states / activations, with the
   budget line.
 
@@ -146,7 +148,8 @@ class PlanView:
 
     @property
     def step_time_s(self) -> float:
-        """Serial step time: compute plus communication (the evaluator's sum)."""
+        """One micro-batch with its once-per-step work (the iteration at K = 1): compute plus
+        communication, serial (the evaluator's sum)."""
         return self.parts.compute_time_s + self.parts.comm_time_s
 
     @property
@@ -252,7 +255,7 @@ def _step_chart(views: Sequence[PlanView]) -> go.Figure:
         )
     fig.update_layout(
         barmode="stack",
-        title="Step time (serial sum of compute and communication)",
+        title="One micro-batch with its once-per-step work (K = 1): compute and communication, serial",
         yaxis_title="ms",
         height=360,
     )
@@ -274,8 +277,8 @@ def _comm_chart(views: Sequence[PlanView]) -> go.Figure:
         )
     fig.update_layout(
         barmode="group",
-        title="Communication by collective and mesh axis",
-        yaxis_title="ms per step",
+        title="Communication by collective and mesh axis (one micro-batch with its once-per-step work)",
+        yaxis_title="ms at K = 1",
         height=360,
     )
     return fig
@@ -371,7 +374,7 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
             row=1,
             col=col,
         )
-        fig.update_xaxes(title_text="position in the step (topological order)", row=1, col=col)
+        fig.update_xaxes(title_text="position in the micro-batch (topological order)", row=1, col=col)
     if cut:
         # a budget far above every plan's peak would flatten the timelines: cut the axis, say so
         fig.update_yaxes(range=[0, 1.3 * peak / scale])
@@ -386,7 +389,7 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
             yanchor="top",
         )
     fig.update_yaxes(title_text=f"{unit} per device", row=1, col=1)
-    fig.update_layout(title="Memory per device over the step", height=420)
+    fig.update_layout(title="Memory per device over a micro-batch", height=420)
     return fig
 
 
@@ -405,6 +408,12 @@ def _solver_cell(v: PlanView) -> str:
         f"{'n/a' if gap is None else f'{100 * float(gap):.2f}%'}, "
         f"{'n/a' if wall is None else f'{float(wall):.1f} s'}"
     )
+
+
+def _predicted(view: PlanView, name: str) -> float | None:
+    """A number the plan file predicts (None when it does not carry it)."""
+    x = view.plan.predicted.get(name)
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
 def _headline_table(views: Sequence[PlanView], budget: float) -> str:
@@ -426,7 +435,10 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
         "&nbsp; blocks recomputed, time recomputing per step",
         [f"{v.recomputed_blocks}, {_ms(v.recompute_time_s)}" for v in views],
     )
-    row("evaluated step time (one micro-batch)", [f"<b>{_ms(v.step_time_s)}</b>" for v in views])
+    row(
+        "evaluated at K = 1 (one micro-batch with its once-per-step work)",
+        [f"<b>{_ms(v.step_time_s)}</b>" for v in views],
+    )
     row("&nbsp; compute", [_ms(v.parts.compute_time_s) for v in views])
     axes = sorted({a for v in views for a in v.comm_time_s_per_axis})
     mesh_shape = views[0].plan.mesh.shape
@@ -440,21 +452,11 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
                 for v in views
             ],
         )
-    predicted_keys = sorted(
-        {
-            k
-            for v in views
-            for k, x in v.plan.predicted.items()
-            if isinstance(x, int | float) and ("overlap" in k or "exposed" in k or "serial" in k)
-        }
+    row("planner: predicted iteration", [_ms(_predicted(v, "iteration_time_s")) for v in views])
+    row(
+        "planner: the same iteration, gradient reduction overlapping backward",
+        [_ms(_predicted(v, "iteration_time_overlapped_s")) for v in views],
     )
-    for k in predicted_keys:
-        values: list[Any] = [dict(v.plan.predicted).get(k) for v in views]  # numbers, by the filter above
-        row(
-            f"planner: {_esc(k.removesuffix('_s').replace('_', ' '))}",
-            [_ms(x) if k.endswith("_s") else _esc(x if x is not None else "") for x in values],
-        )
-    row("planner: predicted step time", [_ms(v.plan.predicted.get("step_time_s")) for v in views])
     cells = []
     for v in views:
         total = v.timeline.peak
@@ -636,8 +638,9 @@ itself predicts.</p>
 {rendered["chart-comm"]}
 <h3>The {TOP_EDGES} most expensive boxing edges</h3>
 {"".join(_edges_table(v) for v in views)}
-<h2 id="memory">Memory over the step</h2>
-<p class="note">Model states are held for the whole step; activations are live from their producer to
+<h2 id="memory">Memory over a micro-batch</h2>
+<p class="note">Model states are held for the whole optimizer step; activations are live from their producer
+to
 their last consumer. Peak of <b>{_esc(main.label)}</b>: {_gib(main.timeline.peak)} at op
 <code>{_esc(peak_op)}</code>.</p>
 {rendered["chart-memory"]}

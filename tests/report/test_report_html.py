@@ -173,3 +173,28 @@ def test_cli_report_prices_the_plan_and_its_baselines_at_the_asked_iteration(tmp
     bad = _cli(*args, "c.html", "--micro-batches", "0", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("autopar: error: [bad_micro_batches]"), bad.stderr
     assert not (tmp_path / "c.html").exists()
+
+
+def test_the_planner_rows_are_the_iteration_and_the_same_iteration_under_overlap(graph) -> None:
+    """Issue 34: one iteration figure; an overlapped figure is the same iteration under overlap."""
+    plan = baseline("tiny-gpt", "data-parallel", 2)
+    plan.training = TrainingConfig(4, "full")
+    ev = evaluate(graph, plan)
+    plan.predicted = dict(plan.predicted) | {
+        "iteration_time_s": ev.iteration_time_s,
+        "iteration_time_overlapped_s": ev.iteration_time_overlapped_s,
+        "step_time_overlapped_s": ev.step_time_overlapped_s,
+    }
+    html = build_report(graph, plan, [], 2 * GIB, label="dp")
+
+    def cell(name: str) -> str:
+        row = re.search(re.escape(name) + r"</th><td>(.*?)</td>", html)
+        assert row is not None, name
+        return row.group(1)
+
+    assert cell("planner: predicted iteration") == f"{ev.iteration_time_s * 1e3:,.2f} ms"
+    overlapped = cell("planner: the same iteration, gradient reduction overlapping backward")
+    assert overlapped == f"{ev.iteration_time_overlapped_s * 1e3:,.2f} ms"
+    assert ev.iteration_time_overlapped_s <= ev.iteration_time_s
+    # no competing figure: the step under overlap and "step time" rows are gone
+    assert "step time overlapped" not in html and "step time" not in html.lower()
