@@ -24,7 +24,6 @@ on stderr with exit status 2; Ctrl-C exits with 130.
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib.metadata
 import json
 import logging
@@ -42,6 +41,7 @@ from autopar.cli_args import (
     add_mesh_args,
     add_training_args,
     check_writable,
+    closest_name,
     graph_arg_help,
     graph_from_arg,
     mesh_from_args,
@@ -72,9 +72,9 @@ class ArgumentParser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             options = re.findall(r"'([^']*)'", choice.group(2))
-            close = difflib.get_close_matches(choice.group(1), options, n=1, cutoff=0.6)
+            close = closest_name(choice.group(1), options)
             if close:
-                message += f"; did you mean {close[0]!r}?"
+                message += f"; did you mean {close!r}?"
         self.exit(2, f"autopar: error: [bad_args] {message} (see `{self.prog} --help`)\n")
 
 

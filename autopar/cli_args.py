@@ -42,6 +42,7 @@ __all__ = [
     "add_mesh_args",
     "add_time_limit_arg",
     "check_writable",
+    "closest_name",
     "graph_arg_help",
     "graph_from_arg",
     "graph_json_from_arg",
@@ -224,23 +225,26 @@ def add_mesh_args(
     )
 
 
-def add_training_args(p: argparse.ArgumentParser, defaults_from: str | None = None) -> None:
+def add_training_args(p: argparse.ArgumentParser, defaults_from: str | tuple[str, str] | None = None) -> None:
     """``--micro-batches K`` and ``--checkpointing``: the iteration priced (:mod:`autopar.iteration`).
 
-    ``defaults_from``: what an omitted option means (e.g. "the plan's"); None: K = 1, ``off``."""
-    default = defaults_from or "%(default)s"
+    ``defaults_from``: what an omitted option means, one text for both (e.g. "the plan's") or
+    one for each (``("1", "off")``); None: K = 1, ``off``."""
+    texts = defaults_from if isinstance(defaults_from, tuple) else (defaults_from, defaults_from)
     p.add_argument(
         "--micro-batches",
         type=int,
         default=None if defaults_from else 1,
         metavar="K",
-        help=f"micro-batches per optimizer step (gradient accumulation; default: {default})",
+        help="micro-batches per optimizer step (gradient accumulation; "
+        f"default: {texts[0] or '%(default)s'})",
     )
     p.add_argument(
         "--checkpointing",
         choices=list(CHECKPOINTING_MODES),
         default=None if defaults_from else "off",
-        help=f"activation checkpointing: off, full (every transformer block) or auto (default: {default})",
+        help="activation checkpointing: off, full (every transformer block) or auto "
+        f"(default: {texts[1] or '%(default)s'})",
     )
 
 
@@ -298,13 +302,39 @@ def _read(path: Path, what: str) -> bytes:
         raise ConfigError("unreadable_file", f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
 
 
+_SIZE_WORD = re.compile(r"(tiny|small|base|medium|large|xl|xxl|\d+(\.\d+)?[bm])", re.IGNORECASE)
+
+
+def _family(name: str) -> str:
+    """The model family of a name: its first word that is not a size (``mt5-large`` -> ``mt5``,
+    ``tiny-gpt`` -> ``gpt``); the name itself when every word is a size."""
+    words = name.lower().split("-")
+    return next((w for w in words if not _SIZE_WORD.fullmatch(w)), name.lower())
+
+
+def closest_name(given: str, names: list[str] | tuple[str, ...]) -> str | None:
+    """The name of ``names`` a mistyped ``given`` most likely meant, or None: one of the same
+    family first (``mt5-large`` -> ``mt5-base``, not ``bert-large``), words in any order
+    (``gpt-tiny`` -> ``tiny-gpt``); else the closest spelling (difflib, cutoff 0.6)."""
+    family = _family(given)
+    same = [n for n in names if _family(n) == family]
+
+    def words(s: str) -> str:
+        return "-".join(sorted(s.lower().split("-")))
+
+    pool = same or list(names)
+    by_words = {words(n): n for n in reversed(pool)}
+    close = difflib.get_close_matches(words(given), list(by_words), n=1, cutoff=0.0 if same else 0.6)
+    return by_words[close[0]] if close else None
+
+
 def _unknown_graph(spec: str) -> ConfigError:
     names = model_names()
     looks_like_path = spec.endswith(".json") or os.sep in spec or "/" in spec
     if looks_like_path:
         return ConfigError("missing_file", f"graph file {spec!r} does not exist")
-    close = difflib.get_close_matches(spec, names, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    close = closest_name(spec, names)
+    hint = f"did you mean {close!r}? " if close else ""
     return ConfigError(
         "bad_graph_arg",
         f"{spec!r} is neither a graph file nor a bundled model; {hint}models: {', '.join(names)}",

@@ -298,7 +298,7 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
     add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
     add_memory_arg(s)
     add_time_limit_arg(s, ", on the server; waiting in its queue is not counted")
-    add_training_args(s, defaults_from="1; checkpointing off")
+    add_training_args(s, defaults_from=("1", "off"))
     s.add_argument(
         "--gap", type=float, default=None, help="relative gap to stop at (default: the server's, 0.01)"
     )

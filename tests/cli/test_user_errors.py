@@ -57,11 +57,28 @@ def test_near_miss_model_name(tmp_path: Path) -> None:
         (("model", "tiny-gtp", "--out", "g.json"), "tiny-gpt"),
         (("baseline", "megatorn", "tiny-gpt", "--out", "p.json"), "megatron"),
         (("evalute", "g.json", "p.json"), "evaluate"),
+        # issue 34: a model of the same family, not the nearest spelling (bert-large)
+        (("model", "mt5-large", "--out", "g.json"), "mt5-base"),
+        (("model", "gpt-tiny", "--out", "g.json"), "tiny-gpt"),
     ],
 )
 def test_near_miss_choice(tmp_path: Path, args: tuple[str, ...], suggestion: str) -> None:
     message = assert_user_error(run_cli(*args, cwd=tmp_path), "bad_args")
     assert f"did you mean {suggestion!r}?" in message
+
+
+def test_a_graph_of_another_size_suggests_its_family(tmp_path: Path) -> None:
+    message = assert_user_error(run_cli("plan", "t5-large", "--out", "p.json", cwd=tmp_path), "bad_graph_arg")
+    assert "did you mean 't5-base'?" in message
+
+
+def test_submit_help_gives_each_training_default_its_own_value(tmp_path: Path) -> None:
+    """Issue 34: ``--checkpointing`` said "(default: 1; ...)", the text of ``--micro-batches``."""
+    result = run_cli("submit", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "gradient accumulation; default: 1)" in text
+    assert "auto (default: off)" in text and "default: 1; " not in text
 
 
 def test_missing_required_argument(tmp_path: Path) -> None:
