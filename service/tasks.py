@@ -37,7 +37,7 @@ from autopar_service.requests import key_dict_of, request_from_payload
 from autopar_service.settings import Settings
 from autopar_solver.planner import PlanRequest, Progress, plan
 
-__all__ = ["Reporter", "error_of", "graph_key", "plan_record", "run_job", "with_retries"]
+__all__ = ["Reporter", "error_of", "graph_key", "iteration_fields", "plan_record", "run_job", "with_retries"]
 
 T = TypeVar("T")
 
@@ -99,6 +99,18 @@ def with_retries(fn: Callable[[], T], grace_s: float, what: str) -> T:
             delay = min(2 * delay, 2.0)
 
 
+def iteration_fields(result: Plan) -> dict[str, float]:
+    """The time fields of a plan record and a job result: one optimizer step as the job runs
+    it (K micro-batches plus once per step) and its parts; ``step_time_s`` is deprecated,
+    kept one version (one micro-batch with its once-per-step work)."""
+    return {
+        "iteration_time_s": result.iteration_time_s,
+        "micro_batch_time_s": float(result.predicted.get("micro_batch_time_s", result.step_time_s)),
+        "once_per_step_s": float(result.predicted.get("once_per_step_time_s", 0.0)),
+        "step_time_s": result.step_time_s,
+    }
+
+
 def plan_record(
     key: str,
     key_dict: dict[str, Any],
@@ -119,12 +131,7 @@ def plan_record(
             "mesh_shape": list(result.mesh.shape),
             "zero_stage": result.zero_stage,
             "memory_budget_bytes": request.memory_budget_bytes,
-            # one optimizer step as the job runs it: K micro-batches plus once per step
-            "iteration_time_s": result.iteration_time_s,
-            "micro_batch_time_s": result.predicted.get("micro_batch_time_s", result.step_time_s),
-            "once_per_step_s": result.predicted.get("once_per_step_time_s", 0.0),
-            # deprecated (one version): one micro-batch with its gradient reduction
-            "step_time_s": result.step_time_s,
+            **iteration_fields(result),
             "memory_per_device_bytes": result.memory_per_device_bytes,
             "solver": solver,
             "summary": result.summary(),
@@ -226,12 +233,7 @@ def run_job(
     log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)
     return finite(
         {
-            # one optimizer step as the job runs it: K micro-batches plus once per step
-            "iteration_time_s": result.iteration_time_s,
-            "micro_batch_time_s": result.predicted.get("micro_batch_time_s", result.step_time_s),
-            "once_per_step_s": result.predicted.get("once_per_step_time_s", 0.0),
-            # deprecated (one version): one micro-batch with its gradient reduction
-            "step_time_s": result.step_time_s,
+            **iteration_fields(result),
             "memory_per_device_bytes": result.memory_per_device_bytes,
             "mesh_shape": list(result.mesh.shape),
             "solver_status": solver.get("status"),
