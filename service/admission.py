@@ -69,17 +69,18 @@ class Admission:
                 count += 1
         return count
 
-    async def precheck(self, client: str, jobs: JobManager) -> None:
+    async def precheck(self, client: str, jobs: JobManager, *, parsing: int = 0) -> None:
         """Refuse (429) before parsing a body when this client or the server is at its bound.
 
         Shedding load before the parse is the point: a large graph takes seconds to read.
         A client at its bound can still follow its jobs (``GET /v1/jobs/{id}``) and get
-        byte-identical cache hits (answered before this check).
+        byte-identical cache hits (answered before this check).  The client's bodies still
+        being parsed (``parsing``) count as unfinished jobs: a parse may start one.
         """
-        await self._check_bounds(client, jobs)
+        await self._check_bounds(client, jobs, parsing)
 
-    async def _check_bounds(self, client: str, jobs: JobManager) -> None:
-        if await self._unfinished_of(client, jobs) >= self.settings.max_jobs_per_client:
+    async def _check_bounds(self, client: str, jobs: JobManager, parsing: int = 0) -> None:
+        if await self._unfinished_of(client, jobs) + parsing >= self.settings.max_jobs_per_client:
             raise self._too_many(
                 f"you have {self.settings.max_jobs_per_client} unfinished jobs, the most one client "
                 "may have; wait for one to end (or cancel one) and retry"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -36,9 +38,11 @@ from autopar_service.settings import Settings
 __all__ = [
     "BodyRoute",
     "DecodedRequest",
+    "JsonStats",
     "graph_object_budget",
     "json_depth",
     "json_shape",
+    "json_stats",
     "parse_json_model",
 ]
 
@@ -55,6 +59,13 @@ _SCAN_CHUNK = 1 << 19
 GRAPH_ITEM_DEPTH = 4
 """Nesting depth of one op, tensor or variable of a request's graph: ``{"graph": {"ops": [{``."""
 _QUOTE, _BACKSLASH, _OPENS, _CLOSES = ord('"'), ord("\\"), (ord("["), ord("{")), (ord("]"), ord("}"))
+_COMMA = ord(",")
+VALUES_PER_ITEM = 64
+"""JSON values a body may hold per graph item (op, tensor, variable), beyond
+:data:`FREE_VALUES`: the bundled models hold about 6.  Bounds the Python objects a parse builds
+(so its memory) by the body's shape, before any parser runs."""
+FREE_VALUES = 65_536
+"""JSON values any body may hold whatever its graph items (a small graph, its meta, options)."""
 
 
 @dataclass
@@ -67,6 +78,13 @@ class _Scan:
     depth: int = 0
     deepest: int = 0
     objects: int = 0
+    values: int = 0
+    """Commas outside strings: one fewer than the values in the body's arrays and objects."""
+    item_open_at: int = -1
+    """Byte offset of the container open at :data:`GRAPH_ITEM_DEPTH` (-1: none)."""
+    largest_item: int = 0
+    """Bytes of the largest container at :data:`GRAPH_ITEM_DEPTH` (an op, tensor, variable,
+    a value of ``meta``, a plan entry)."""
 
 
 def _unescaped_quotes(b: np.ndarray, st: _Scan) -> np.ndarray:
@@ -87,7 +105,22 @@ def _unescaped_quotes(b: np.ndarray, st: _Scan) -> np.ndarray:
     return quote & (run % 2 == 0)
 
 
-def _scan_chunk(b: np.ndarray, st: _Scan) -> None:
+def _item_spans(st: _Scan, opens: np.ndarray, closes: np.ndarray, offset: int, end: int) -> None:
+    """Pair the chunk's opens and closes at :data:`GRAPH_ITEM_DEPTH` (they alternate in valid
+    JSON) with the one carried over, and keep the largest span; one may stay open."""
+    starts = np.flatnonzero(opens) + offset
+    ends = np.flatnonzero(closes) + offset
+    if st.item_open_at >= 0:
+        starts = np.concatenate(([st.item_open_at], starts))
+    pairs = min(len(starts), len(ends))
+    if pairs:
+        st.largest_item = max(st.largest_item, int((ends[:pairs] - starts[:pairs]).max()) + 1)
+    st.item_open_at = int(starts[-1]) if len(starts) > len(ends) else -1
+    if st.item_open_at >= 0:
+        st.largest_item = max(st.largest_item, end - st.item_open_at)
+
+
+def _scan_chunk(b: np.ndarray, st: _Scan, offset: int = 0) -> None:
     """Advance ``st`` over the bytes ``b``: unescaped quotes toggle strings; brackets outside
     strings move the depth.  (A backslash outside a string is invalid JSON: the parser stops
     there, so the depth scanned up to it is what it could reach.)"""
@@ -99,9 +132,36 @@ def _scan_chunk(b: np.ndarray, st: _Scan) -> None:
     closes = ((b == _CLOSES[0]) | (b == _CLOSES[1])) & outside
     depth = st.depth + np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int64)
     st.deepest = max(st.deepest, int(depth.max()))
-    st.objects += int(np.count_nonzero(opens & is_object & (depth == GRAPH_ITEM_DEPTH)))
+    at_item = depth == GRAPH_ITEM_DEPTH
+    st.objects += int(np.count_nonzero(opens & is_object & at_item))
+    st.values += int(np.count_nonzero((b == _COMMA) & outside))
+    _item_spans(st, opens & at_item, closes & (depth == GRAPH_ITEM_DEPTH - 1), offset, offset + len(b))
     st.depth = int(depth[-1])
     st.in_string = int(st.in_string + quotes[-1]) % 2
+
+
+@dataclass(frozen=True)
+class JsonStats:
+    """What :func:`json_stats` learns of JSON text without parsing it."""
+
+    depth: int
+    """Deepest ``[``/``{`` nesting."""
+    items: int
+    """Objects opened at :data:`GRAPH_ITEM_DEPTH` (ops, tensors, variables, plan entries)."""
+    values: int
+    """Commas outside strings (about the number of values in arrays and objects)."""
+    largest_item: int
+    """Bytes of the largest array or object at :data:`GRAPH_ITEM_DEPTH`."""
+
+
+def json_stats(raw: bytes) -> JsonStats:
+    """Depth, graph items, values and the largest item of JSON text, scanned in chunks of
+    :data:`_SCAN_CHUNK` without recursion and without building anything (strings skipped)."""
+    state = _Scan()
+    view = memoryview(raw)
+    for start in range(0, len(raw), _SCAN_CHUNK):
+        _scan_chunk(np.frombuffer(view[start : start + _SCAN_CHUNK], dtype=np.uint8), state, start)
+    return JsonStats(state.deepest, state.objects, state.values, state.largest_item)
 
 
 def json_shape(raw: bytes) -> tuple[int, int]:
@@ -111,11 +171,8 @@ def json_shape(raw: bytes) -> tuple[int, int]:
     chunks of :data:`_SCAN_CHUNK`.  The object count bounds the ops, tensors and variables of
     a body's graph (and a plan's entries) before any parser builds them.
     """
-    state = _Scan()
-    view = memoryview(raw)
-    for start in range(0, len(raw), _SCAN_CHUNK):
-        _scan_chunk(np.frombuffer(view[start : start + _SCAN_CHUNK], dtype=np.uint8), state)
-    return state.deepest, state.objects
+    stats = json_stats(raw)
+    return stats.depth, stats.items
 
 
 def json_depth(raw: bytes) -> int:
@@ -129,40 +186,123 @@ def graph_object_budget(settings: Settings) -> int:
     return 2 * (settings.max_graph_ops + settings.max_graph_tensors)
 
 
-def parse_json_model(model: type[M], raw: bytes, max_depth: int, max_objects: int | None = None) -> M:
+def parse_json_model(
+    model: type[M],
+    raw: bytes,
+    max_depth: int,
+    max_objects: int | None = None,
+    max_item_bytes: int | None = None,
+) -> M:
     """``raw`` validated strictly into ``model`` (400 bad JSON, 422 too deep or invalid fields).
 
-    ``max_objects`` (see :func:`graph_object_budget`): 413 ``graph_too_large`` when the body
-    holds more graph items, decided by a scan before the body is parsed (a refused graph is
-    never built in memory).
+    Decided by a scan before anything is parsed (:func:`json_stats`), so a refused body is
+    never built in memory and a parse's memory is bounded by the body's shape:
+
+    * ``max_objects`` (see :func:`graph_object_budget`): 413 ``graph_too_large`` beyond;
+    * 413 ``too_many_values`` beyond :data:`VALUES_PER_ITEM` per graph item plus :data:`FREE_VALUES`;
+    * ``max_item_bytes``: 413 ``graph_item_too_large`` when one op, tensor, variable or value
+      of ``meta`` is larger (its attrs are inside it).
+
+    The parse itself refuses duplicate keys (422 ``duplicate_key``) and numbers that are not
+    finite (422 ``non_finite_number``: ``NaN``, ``Infinity``, ``1e999``).
     """
-    depth, objects = json_shape(raw)
-    if depth > max_depth:
-        raise ApiError(
-            422,
-            "json_too_deep",
-            f"the body nests {depth} levels deep; this server accepts at most {max_depth}",
-            limit=max_depth,
-        )
-    if max_objects is not None and objects > max_objects:
-        raise ApiError(
-            413,
-            "graph_too_large",
-            f"the body holds {objects} ops, tensors and variables; this server reads at most "
-            f"{max_objects} (AUTOPAR_MAX_GRAPH_OPS, AUTOPAR_MAX_GRAPH_TENSORS)",
-            limit=max_objects,
-        )
+    stats = json_stats(raw)
+    _check_stats(stats, max_depth, max_objects, max_item_bytes)
     return _validate(model, raw)
 
 
-def _validate(model: type[M], raw: bytes) -> M:
+def _check_stats(
+    stats: JsonStats, max_depth: int, max_objects: int | None, max_item_bytes: int | None
+) -> None:
+    if stats.depth > max_depth:
+        raise ApiError(
+            422,
+            "json_too_deep",
+            f"the body nests {stats.depth} levels deep; this server accepts at most {max_depth}",
+            limit=max_depth,
+        )
+    if max_objects is not None and stats.items > max_objects:
+        raise ApiError(
+            413,
+            "graph_too_large",
+            f"the body holds {stats.items} ops, tensors and variables; this server reads at most "
+            f"{max_objects} (AUTOPAR_MAX_GRAPH_OPS, AUTOPAR_MAX_GRAPH_TENSORS)",
+            limit=max_objects,
+        )
+    most_values = VALUES_PER_ITEM * stats.items + FREE_VALUES
+    if stats.values > most_values:
+        raise ApiError(
+            413,
+            "too_many_values",
+            f"the body holds about {stats.values} JSON values for {stats.items} graph items; this "
+            f"server reads at most {VALUES_PER_ITEM} per item plus {FREE_VALUES} ({most_values}): "
+            "move bulky data out of attrs and meta",
+            limit=most_values,
+        )
+    if max_item_bytes is not None and stats.largest_item > max_item_bytes:
+        raise ApiError(
+            413,
+            "graph_item_too_large",
+            f"one op, tensor, variable or meta value of the body has {stats.largest_item} bytes; this "
+            f"server reads at most {max_item_bytes} (AUTOPAR_MAX_GRAPH_ITEM_BYTES): keep attrs small",
+            limit=max_item_bytes,
+        )
+
+
+class _BadValue(ValueError):
+    """A duplicate key or a non-finite number met by the parser (:func:`_load`)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _BadValue(
+            "duplicate_key", f"the key {duplicate[:80]!r} appears twice in one object; send it once"
+        )
+    return obj
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadValue("non_finite_number", f"the number {text[:40]} is out of range; send finite numbers")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _BadValue("non_finite_number", f"{text} is not a JSON number; send finite numbers")
+
+
+def _load(raw: bytes) -> Any:
+    """JSON text as Python objects: duplicate keys and non-finite numbers refused (422)."""
     try:
-        return model.model_validate_json(raw, strict=True)
+        return json.loads(
+            raw, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant
+        )
+    except _BadValue as exc:
+        raise ApiError(422, exc.code, exc.detail) from None
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"the body is not UTF-8 text: {exc.reason}") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(
+            400, "invalid_json", f"the body is not valid JSON: {exc.msg} at byte {exc.pos}"
+        ) from None
+
+
+def _validate(model: type[M], raw: bytes) -> M:
+    data = _load(raw)
+    try:
+        return model.model_validate(data, strict=True)
     except ValidationError as exc:
         errors = json.loads(exc.json(include_url=False, include_input=False))
         first = errors[0] if errors else {}
-        if first.get("type") == "json_invalid":
-            raise ApiError(400, "invalid_json", f"the body is not valid JSON: {first.get('msg')}") from None
         where = ".".join(str(p) for p in first.get("loc", [])) or "body"
         raise ApiError(
             422,
@@ -256,13 +396,34 @@ class DecodedRequest(Request):
         return body
 
 
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters of a route and all its dependencies."""
+    names: set[str] = set()
+    pending = [dependant]
+    while pending:
+        current = pending.pop()
+        names.update(param.alias for param in current.query_params)
+        pending.extend(current.dependencies)
+    return names
+
+
 class BodyRoute(APIRoute):
-    """Routes whose endpoints receive a :class:`DecodedRequest`."""
+    """Routes whose endpoints receive a :class:`DecodedRequest`; a query parameter the route
+    does not take is refused (422 ``unknown_query_parameter``), not ignored."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         original = super().get_route_handler()
+        known = _query_names(self.dependant)
 
         async def handler(request: Request) -> Response:
+            unknown = [name for name in request.query_params if name not in known]
+            if unknown:
+                allowed = ", ".join(sorted(known)) or "none"
+                raise ApiError(
+                    422,
+                    "unknown_query_parameter",
+                    f"query parameter {unknown[0][:40]!r} is not one this route takes (allowed: {allowed})",
+                )
             return await original(DecodedRequest(request.scope, request.receive))
 
         return handler

@@ -98,7 +98,11 @@ async def static_file(name: str) -> Response:
     return Response(path.read_bytes(), media_type=kind, headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/v1/explorer/options", summary="Choices for the explorer page's form")
+@router.get(
+    "/v1/explorer/options",
+    summary="Choices for the explorer page's form",
+    responses=_problems(_401="Missing or wrong X-API-Key (when the server has keys)."),
+)
 async def options(_auth: Auth) -> dict[str, Any]:
     """Bundled model names, device presets with their memory, ZeRO stages, baselines to compare."""
     from autopar.models import MODEL_NAMES

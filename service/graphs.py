@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import threading
 from typing import Any
 
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from autopar.errors import AutoparError, GraphError
 from autopar.graph import Graph
 from autopar.rules.check import check_graph_rules
+from autopar_service.cancel import Canceled, checkpoint
 from autopar_service.problems import ApiError
 from autopar_service.schemas import GraphDoc
 from autopar_service.settings import Settings
@@ -70,6 +72,62 @@ def _check_counts(data: Any, settings: Settings) -> None:
         if value is not None and not isinstance(value, kind):
             what = "an object" if kind is dict else "a list" if kind is list else "a string"
             raise GraphError("bad_format", f"graph {field} must be {what}, got {type(value).__name__}")
+
+
+ATTR_DEPTH = 4
+"""Deepest nesting of one attr's value (``[[1, 2], [3, 4]]`` is 2)."""
+
+
+def _attr_problem(value: Any, settings: Settings, depth: int = 1) -> str | None:
+    """What makes one attr value too large (or not finite), else None."""
+    if depth > ATTR_DEPTH:
+        return f"nests deeper than {ATTR_DEPTH} levels, the most this server reads"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
+    if isinstance(value, str | list | dict) and len(value) > settings.max_attr_elements:
+        return (
+            f"has {len(value)} elements; this server reads at most {settings.max_attr_elements} "
+            "(AUTOPAR_MAX_ATTR_ELEMENTS)"
+        )
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        problem = _attr_problem(child, settings, depth + 1)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _check_attrs(data: dict[str, Any], settings: Settings) -> None:
+    """Attrs and meta within the server's limits (422 ``attrs_too_large``, 413 ``meta_too_large``)."""
+    for op in data.get("ops") or ():
+        attrs = op.get("attrs") if isinstance(op, dict) else None
+        if not isinstance(attrs, dict):
+            continue
+        name = str(op.get("name"))[:80]
+        if len(attrs) > settings.max_attrs_per_op:
+            raise GraphError(
+                "attrs_too_large",
+                f"op {name!r} has {len(attrs)} attrs; this server reads at most "
+                f"{settings.max_attrs_per_op} (AUTOPAR_MAX_ATTRS_PER_OP)",
+                op=name,
+                limit=settings.max_attrs_per_op,
+            )
+        for attr, value in attrs.items():
+            problem = _attr_problem(value, settings)
+            if problem is not None:
+                code = "non_finite_number" if "finite" in problem else "attrs_too_large"
+                raise GraphError(code, f"op {name!r} attr {attr[:80]!r} {problem}", op=name)
+    meta = data.get("meta")
+    if meta:
+        size = len(json.dumps(meta, separators=(",", ":")))
+        if size > settings.max_meta_bytes:
+            raise ApiError(
+                413,
+                "meta_too_large",
+                f"the graph's meta has {size} bytes of JSON; this server reads at most "
+                f"{settings.max_meta_bytes} (AUTOPAR_MAX_META_BYTES)",
+                limit=settings.max_meta_bytes,
+            )
 
 
 def _check_sizes(graph: Graph) -> None:
@@ -151,9 +209,13 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
     data = graph_data(data)
     _check_counts(data, settings)
     _check_types(data)
+    _check_attrs(data, settings)
+    checkpoint()
     try:
-        graph = check_graph_rules(Graph.from_dict(data).validate())
-    except AutoparError:
+        graph = Graph.from_dict(data).validate()
+        checkpoint()
+        graph = check_graph_rules(graph)
+    except (AutoparError, Canceled):
         raise
     except Exception as exc:  # the reader's own checks missed it: still the client's graph
         raise GraphError("bad_format", f"malformed graph: {_short(exc)}") from None

@@ -50,6 +50,11 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.parses_canceled = Counter(
+            "autopar_parses_canceled",
+            "Request bodies whose parse timed out (503) and was canceled, freeing its slot",
+            registry=r,
+        )
         self.cache_hits = Counter(
             "autopar_plan_cache_hits", "Plan requests answered from the cache.", registry=r
         )
@@ -78,6 +83,9 @@ class Metrics:
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+
+    def parse_canceled(self) -> None:
+        self.parses_canceled.inc()
 
     def cache(self, hit: bool) -> None:
         (self.cache_hits if hit else self.cache_misses).inc()

@@ -61,8 +61,21 @@ class Settings(BaseSettings):
     """Most ops a graph may have (413 beyond)."""
     max_graph_tensors: int = Field(default=200_000, ge=1)
     """Most tensors a graph may declare (413 beyond)."""
+    max_graph_item_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Largest op, tensor, variable or value of ``meta`` in a body, bytes of JSON (413 beyond;
+    the bundled models' largest op has 1.7 KB): bounds attrs before any parser runs."""
+    max_attrs_per_op: int = Field(default=64, ge=1)
+    """Most attrs one op may have (422 ``attrs_too_large`` beyond; the bundled models have 12)."""
+    max_attr_elements: int = Field(default=1024, ge=1)
+    """Most elements of one attr's list, or characters of its string (422 ``attrs_too_large``)."""
+    max_meta_bytes: int = Field(default=64 * 1024, ge=0)
+    """Largest ``meta`` of a graph, bytes of JSON (413 ``meta_too_large`` beyond)."""
     max_parse_s: float = Field(default=20.0, gt=0)
-    """Longest time a body may take to parse and validate, seconds (503 beyond)."""
+    """Longest time a body may take to parse and validate, seconds (503 beyond; the parse
+    stops at its next phase and frees its slot)."""
+    max_parses_per_client: int = Field(default=2, ge=1)
+    """Bodies of one client parsed at once (429 ``too_many_parses`` beyond): one client cannot
+    hold every parse slot.  Parses in progress count toward ``max_jobs_per_client`` too."""
     max_jobs_per_client: int = Field(default=8, ge=1)
     """Most unfinished jobs one client (API key, else address) may have started (429 beyond)."""
     max_active_jobs: int = Field(default=64, ge=1)

@@ -7,8 +7,10 @@ The :class:`Service` is built in the app's lifespan and reached through the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from autopar_cache import codec
@@ -66,6 +68,25 @@ class Service:
         self.admission = Admission(settings)
         self.parse_slots = asyncio.Semaphore(settings.max_concurrent_parses)
         """Bodies parsed at once (:func:`autopar_service.routers.common.in_thread_bounded`)."""
+        self.parsing: dict[str, int] = {}
+        """Bodies being parsed per client (``max_parses_per_client``; they count toward
+        ``max_jobs_per_client`` too)."""
+
+    @contextlib.contextmanager
+    def parsing_by(self, client: str | None) -> Iterator[None]:
+        """Count one body of ``client`` as being parsed while the block runs."""
+        if client is None:
+            yield
+            return
+        self.parsing[client] = self.parsing.get(client, 0) + 1
+        try:
+            yield
+        finally:
+            left = self.parsing[client] - 1
+            if left:
+                self.parsing[client] = left
+            else:
+                del self.parsing[client]
 
     def cached_body(self, digest: str) -> PlanRecord | None:
         """The cached plan of a byte-identical earlier body, if any (sync: call from a thread)."""

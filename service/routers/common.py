@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from autopar_cache.plans import PlanRecord
+from autopar_service.cancel import CancelToken
 from autopar_service.jobs import DETERMINISTIC_ERRORS, JobInfo, JobStatus
 from autopar_service.problems import ApiError, from_job_error
 from autopar_service.state import Service
@@ -58,28 +59,46 @@ def job_response(service: Service, info: JobInfo, status: int = 202) -> Response
     return JSONResponse(info.view(), status_code=status, headers=headers)
 
 
-async def in_thread_bounded(service: Service, fn: Callable[[], T]) -> T:
-    """``fn()`` in a worker thread, at most ``max_concurrent_parses`` at once.
+def _busy(code: str, detail: str, retry_after_s: int) -> ApiError:
+    return ApiError(429, code, detail, headers={"Retry-After": str(retry_after_s)})
 
-    429 when no slot frees within ``max_parse_s`` (admission for every body, whether
-    or not it starts a job); 503 when ``fn`` then takes longer than ``max_parse_s``.
-    A slot is held until the thread ends, even after the 503.
+
+async def in_thread_bounded(service: Service, fn: Callable[[], T], client: str | None = None) -> T:
+    """``fn()`` in a worker thread, at most ``max_concurrent_parses`` at once, and at most
+    ``max_parses_per_client`` of one ``client`` (429 ``too_many_parses`` at once beyond).
+
+    429 ``server_busy`` when no slot frees within ``max_parse_s``; 503 ``parse_timeout`` when
+    ``fn`` then takes longer than ``max_parse_s``.  A timed-out parse frees its slot at once
+    and is canceled: it stops at its next phase (:func:`autopar_service.cancel.checkpoint`),
+    each phase bounded by the body's pre-parse limits.
     """
+    settings = service.settings
+    if client is not None and service.parsing.get(client, 0) >= settings.max_parses_per_client:
+        raise _busy(
+            "too_many_parses",
+            f"you have {settings.max_parses_per_client} request bodies being parsed, the most one "
+            "client may have; wait for one to be answered",
+            settings.retry_after_s,
+        )
+    with service.parsing_by(client):
+        return await _in_slot(service, fn)
+
+
+async def _in_slot(service: Service, fn: Callable[[], T]) -> T:
     settings = service.settings
     slots = service.parse_slots
     try:
         await asyncio.wait_for(slots.acquire(), settings.max_parse_s)
     except asyncio.TimeoutError:
-        raise ApiError(
-            429,
+        raise _busy(
             "server_busy",
             f"the server is parsing {settings.max_concurrent_parses} request bodies, its limit; retry later",
-            headers={"Retry-After": str(settings.retry_after_s)},
+            settings.retry_after_s,
         ) from None
-    work = asyncio.ensure_future(run_in_threadpool(fn))
+    token = CancelToken()
+    work = asyncio.ensure_future(run_in_threadpool(token.run, fn))
 
     def finished(done: asyncio.Future[T]) -> None:
-        slots.release()
         if not done.cancelled():
             done.exception()  # retrieved: a failure after a 503 is not "never retrieved"
 
@@ -87,6 +106,8 @@ async def in_thread_bounded(service: Service, fn: Callable[[], T]) -> T:
     try:
         return await asyncio.wait_for(asyncio.shield(work), settings.max_parse_s)
     except asyncio.TimeoutError:
+        token.cancel()
+        service.metrics.parse_canceled()
         raise ApiError(
             503,
             "parse_timeout",
@@ -94,6 +115,8 @@ async def in_thread_bounded(service: Service, fn: Callable[[], T]) -> T:
             "send a smaller graph or retry later",
             headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
+    finally:
+        slots.release()
 
 
 async def refuse_known_failure(service: Service, key: str) -> None:

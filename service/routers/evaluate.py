@@ -12,7 +12,8 @@ from autopar.graph import Graph
 from autopar.plan import Plan, check_plan_graph
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
-from autopar_service.deps import Auth, ServiceDep
+from autopar_service.cancel import checkpoint
+from autopar_service.deps import Auth, Client, ServiceDep
 from autopar_service.graphs import parse_graph
 from autopar_service.jobs import finite
 from autopar_service.openapi import WRITE_ERRORS, json_body, problem_responses
@@ -55,9 +56,15 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     from autopar.evaluate import evaluate
 
     body = parse_json_model(
-        EvaluateBody, raw, service.settings.max_json_depth, graph_object_budget(service.settings)
+        EvaluateBody,
+        raw,
+        service.settings.max_json_depth,
+        graph_object_budget(service.settings),
+        service.settings.max_graph_item_bytes,
     )
+    checkpoint()
     graph = parse_graph(body.graph, service.settings)
+    checkpoint()
     if body.plan is not None:
         plan = _plan_of(body.plan)
     elif body.plan_key is not None:
@@ -90,8 +97,8 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     openapi_extra=json_body("EvaluateBody"),
     responses=problem_responses(*WRITE_ERRORS, 404),
 )
-async def evaluate_plan(request: Request, service: ServiceDep, _auth: Auth) -> Response:
+async def evaluate_plan(request: Request, service: ServiceDep, _auth: Auth, client: Client) -> Response:
     """Recompute validity, step time, iteration time, communication and memory of a plan on its
     graph, at the plan's micro-batches and checkpointing or at the ones the body gives."""
     raw = await request.body()
-    return JSONResponse(await in_thread_bounded(service, lambda: evaluate_body(service, raw)))
+    return JSONResponse(await in_thread_bounded(service, lambda: evaluate_body(service, raw), client))

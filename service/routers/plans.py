@@ -12,12 +12,20 @@ from starlette.concurrency import run_in_threadpool
 from autopar.graph import Graph
 from autopar_cache.plans import PlanRecord, plan_key
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
+from autopar_service.cancel import checkpoint
 from autopar_service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
 from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
 from autopar_service.jobs import JobStatus
 from autopar_service.openapi import JOB_LINKS, PLAN_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
 from autopar_service.problems import ApiError
-from autopar_service.requests import PlanBody, build_request, cluster_of, key_dict_of, payload_of
+from autopar_service.requests import (
+    PlanBody,
+    answers_within_gap,
+    build_request,
+    cluster_of,
+    key_dict_of,
+    payload_of,
+)
 from autopar_service.routers.common import (
     deadline_after,
     etag_matches,
@@ -49,23 +57,30 @@ class Prepared:
 def prepare(service: Service, raw: bytes, refresh: bool) -> Prepared:
     """Parse and validate a plan body; its key, cached plan and job payload (runs in a thread)."""
     settings = service.settings
-    body = parse_json_model(PlanBody, raw, settings.max_json_depth, graph_object_budget(settings))
+    body = parse_json_model(
+        PlanBody, raw, settings.max_json_depth, graph_object_budget(settings), settings.max_graph_item_bytes
+    )
+    checkpoint()
     graph = parse_graph(body.graph, settings)
+    checkpoint()
     cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
     request = build_request(
         graph, cluster, body.mesh_shape, body.memory_budget_bytes, body.zero_stage, body.options, settings
     )
     key_dict = key_dict_of(request)
     key = plan_key(key_dict, service.versions)
+    checkpoint()
     payload = payload_of(request, service.versions, graph_hash=key_dict["graph"])
     cached = None if refresh else service.plans.get(key)
+    if cached is not None and not answers_within_gap(cached.data(), request):
+        cached = None  # a larger gap than asked: solved again, from it (the solve memo)
     return Prepared(key, payload, cached, shared_graph_data(body.graph, key_dict["graph"]), graph)
 
 
-async def _check_new(service: Service, key: str, prepared: Prepared) -> None:
+async def _check_new(service: Service, key: str, prepared: Prepared, client: str) -> None:
     """Before a new job: every op's rule must read the graph; then store the graph for the workers."""
     try:
-        await in_thread_bounded(service, lambda: check_rules(prepared.graph))
+        await in_thread_bounded(service, lambda: check_rules(prepared.graph), client)
     except Exception:
         service.admission.owners.pop(key, None)  # no job will exist
         raise
@@ -110,8 +125,8 @@ async def create_plan(
         if hit is not None:
             service.metrics.cache(True)
             return plan_response(hit)
-    await service.admission.precheck(client, service.jobs)
-    prepared = await in_thread_bounded(service, lambda: prepare(service, raw, refresh))
+    await service.admission.precheck(client, service.jobs, parsing=service.parsing.get(client, 0))
+    prepared = await in_thread_bounded(service, lambda: prepare(service, raw, refresh), client)
     key = prepared.key
     if prepared.cached is not None:
         service.bodies.put(digest, key)
@@ -124,7 +139,7 @@ async def create_plan(
     await service.admission.admit(client, key, service.jobs, new=new)
     service.metrics.cache(False)
     if new:
-        await _check_new(service, key, prepared)
+        await _check_new(service, key, prepared, client)
     info = await service.jobs.submit(key, prepared.payload, refresh=refresh)
     if info.status is JobStatus.SUCCEEDED and not refresh:
         # the job finished but its plan was evicted: solve again

@@ -15,6 +15,7 @@ from autopar_cache import codec
 from autopar_cache.plans import plan_key
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
+from autopar_service.cancel import checkpoint
 from autopar_service.deps import Auth, Client, Key, ServiceDep
 from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
 from autopar_service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
@@ -34,9 +35,14 @@ _NEVER = 1 << 62
 def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any]]]:
     """Parse the sweep, store its graph and record; its id and points (runs in a thread)."""
     settings = service.settings
-    body = parse_json_model(SweepBody, raw, settings.max_json_depth, graph_object_budget(settings))
+    body = parse_json_model(
+        SweepBody, raw, settings.max_json_depth, graph_object_budget(settings), settings.max_graph_item_bytes
+    )
+    checkpoint()
     graph = parse_graph(body.graph, settings)
+    checkpoint()
     check_rules(graph)
+    checkpoint()
     cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
     product = itertools.product(body.mesh_shapes, body.memory_budgets_bytes, body.zero_stages)
     combos = list(dict.fromkeys((tuple(m) if m else None, b, z) for m, b, z in product))
@@ -175,8 +181,8 @@ async def create_sweep(
     """Plan every (mesh shape, budget, ZeRO stage) combination; returns step time vs memory."""
     deadline = deadline_after(wait, service)
     raw = await request.body()
-    await service.admission.precheck(client, service.jobs)
-    sweep_id, points = await in_thread_bounded(service, lambda: prepare_sweep(service, raw))
+    await service.admission.precheck(client, service.jobs, parsing=service.parsing.get(client, 0))
+    sweep_id, points = await in_thread_bounded(service, lambda: prepare_sweep(service, raw), client)
     await _submit_points(service, client, points)
     for p in points:
         remaining = deadline - time.monotonic()

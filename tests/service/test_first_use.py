@@ -11,19 +11,28 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.service.helpers import live_server, make_settings, plan_body, wait_job
+from autopar.plan import Plan
+from tests.service.helpers import REPO, LiveServer, live_server, make_settings, plan_body, wait_job
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    with live_server(make_settings(tmp_path_factory.mktemp("first-use"))) as server, server.client() as c:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(make_settings(tmp_path_factory.mktemp("first-use"))) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> Iterator[httpx.Client]:
+    with server.client() as c:
         yield c
 
 
@@ -120,3 +129,69 @@ def test_an_unknown_model_name_is_422_with_a_suggestion(client: httpx.Client) ->
     r = _post(client, plan_body("tiny-gtp"))
     assert r.status_code == 422 and r.json()["code"] == "unknown_model"
     assert "did you mean 'tiny-gpt'" in r.json()["detail"]
+
+
+# ------------------------------------------------------------------ issue 34, first use
+
+
+def test_the_plan_record_carries_the_iteration_at_its_top_level(
+    client: httpx.Client, tiny_graph: dict[str, Any]
+) -> None:
+    """One iteration figure: K micro-batches plus once per step, with recompute."""
+    options = {"time_limit_s": 30, "micro_batches": 4, "checkpointing": "full"}
+    record = _solved(client, _post(client, plan_body(tiny_graph, options=options)))
+    plan = Plan.from_dict(record["plan"])
+    assert record["iteration_time_s"] == pytest.approx(plan.iteration_time_s)
+    assert record["iteration_time_s"] == pytest.approx(
+        4 * record["micro_batch_time_s"] + record["once_per_step_s"]
+    )
+    # the independent evaluator prices the same iteration
+    evaluated = client.post("/v1/evaluate", json={"graph": tiny_graph, "plan_key": record["key"]})
+    assert evaluated.status_code == 200, evaluated.text
+    assert evaluated.json()["iteration_time_s"] == pytest.approx(record["iteration_time_s"], rel=1e-6)
+    # the deprecated field is one micro-batch with its once-per-step work, well under K of them
+    assert record["step_time_s"] < record["iteration_time_s"]
+    figures = [line.split()[0] for line in record["summary"].splitlines()[1:] if line.strip()]
+    assert figures[0] == "iteration"
+
+
+def test_the_key_is_the_problem_not_the_time_limit(client: httpx.Client, tiny_graph: dict[str, Any]) -> None:
+    """The same request at 30 s and at 15 s is one key: the second is a cache hit, no job.
+    Another K is another problem."""
+    first = _solved(client, _post(client, plan_body(tiny_graph, options={"time_limit_s": 30})))
+    assert first["solver"]["gap"] <= 0.01  # within the default gap asked
+    again = _post(client, plan_body(tiny_graph, options={"time_limit_s": 15}))
+    assert again.status_code == 200, again.text
+    assert again.json()["key"] == first["key"]
+    other = _post(client, plan_body(tiny_graph, options={"time_limit_s": 15, "micro_batches": 2}))
+    assert other.status_code in (200, 202) and other.json().get("key", other.json().get("id")) != first["key"]
+
+
+ONEFLOW_PYTHON = REPO / ".venv-oneflow" / "bin" / "python"
+
+
+@pytest.mark.skipif(not ONEFLOW_PYTHON.exists(), reason="no OneFlow venv (scripts/oneflow-env.sh)")
+def test_the_oneflow_example_requests_its_plan_from_the_service(
+    server: LiveServer, client: httpx.Client, tmp_path: Any
+) -> None:
+    """``train_with_plan.py plan --server URL``: exports the job, asks the service, and writes
+    the service's plan (the one it then applies); the model is named as the CLI names it."""
+    site = subprocess.run(
+        [str(ONEFLOW_PYTHON), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    libs = [f"{site}/nvidia/cudnn/lib", f"{site}/nvidia/cublas/lib", os.environ.get("LD_LIBRARY_PATH", "")]
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(libs), "PYTHONPATH": str(REPO)}
+    command = [
+        str(ONEFLOW_PYTHON), str(REPO / "examples" / "oneflow" / "train_with_plan.py"), "plan",
+        "--model", "tiny-gpt", "--mesh", "2", "--server", server.url, "--time-limit", "30",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+    asked = re.search(r"/v1/plans/([0-9a-f]+): iteration", done.stdout)
+    assert asked is not None, done.stdout
+    record = client.get(f"/v1/plans/{asked.group(1)}").json()
+    written = Plan.load(str(tmp_path / "plan.json"))
+    assert written.to_dict() == Plan.from_dict(record["plan"]).to_dict()
+    assert written.mesh.shape == (2,) and written.graph_hash == record["graph"]["hash"]

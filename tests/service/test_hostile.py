@@ -23,7 +23,11 @@ pytestmark = pytest.mark.timeout(300)
 
 KEY_A, KEY_B = "key-a-123", "key-b-456"
 # three axes: tiny-gpt on [2, 2] proves its optimum in about a second, [2, 2, 2] takes several
-SLOW = {"cluster": "1x8", "mesh_shape": [2, 2, 2], "options": {"time_limit_s": 30, "relative_gap": 0}}
+SLOW: dict[str, Any] = {
+    "cluster": "1x8",
+    "mesh_shape": [2, 2, 2],
+    "options": {"time_limit_s": 30, "relative_gap": 0},
+}
 
 
 def slow(graph: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -190,20 +191,31 @@ def test_bodies_that_start_no_job_are_admitted_a_few_at_a_time(
         return {}
 
     monkeypatch.setattr(evaluate, "evaluate_body", held)
-    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=1.0)
+    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=3.0, max_parses_per_client=8)
     body = {"graph": tiny_graph, "plan": {}}
-    with live_server(settings) as server, server.client() as c:
-        first = threading.Thread(target=lambda: c.post("/v1/evaluate", json=body))
-        first.start()
+    with live_server(settings) as server, server.client() as c, ThreadPoolExecutor(4) as pool:
         try:
+            holder = pool.submit(c.post, "/v1/evaluate", json=body)
             assert entered.wait(30)
-            r = c.post("/v1/evaluate", json=body)
-            assert r.status_code == 429 and r.json()["code"] == "server_busy"
-            r = c.post("/v1/plans", json=plan_body(tiny_graph))  # a plan request waits its turn too
-            assert r.status_code == 429
+            entered.clear()
+            queued = pool.submit(c.post, "/v1/evaluate", json=body)  # first in line for the slot
+            while not server.app.state.service.parse_slots._waiters:
+                time.sleep(0.01)
+            # the holder's 503 frees the slot for the first in line, which holds it past the
+            # deadlines of those behind it: a body waits at most max_parse_s for a slot
+            late = [
+                pool.submit(c.post, "/v1/evaluate", json=body),
+                pool.submit(c.post, "/v1/plans", json=plan_body(tiny_graph)),
+            ]
+            while len(server.app.state.service.parse_slots._waiters or ()) < 3 and not holder.done():
+                time.sleep(0.01)
+            assert holder.result().status_code == 503  # its slot freed at the timeout
+            for answer in late:
+                r = answer.result()
+                assert r.status_code == 429 and r.json()["code"] == "server_busy", r.text
+            assert queued.result().status_code == 503
         finally:
             release.set()
-            first.join(60)
         assert c.post("/v1/plans", json=plan_body(tiny_graph)).status_code == 202
 
 

@@ -12,12 +12,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.service.helpers import LiveServer, live_server, make_settings
+from autopar_service.cancel import Canceled, checkpoint
+from tests.service.helpers import LiveServer, live_server, make_settings, plan_body
 from tests.service.test_hostile import KEY_A, KEY_B
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,3 +84,148 @@ def test_bundled_graphs_are_built_once_for_every_model(monkeypatch: pytest.Monke
         for name in names:
             assert graphs.model_json(name).startswith(b"{")
     assert built == names
+
+
+# ---------------------------------------------------------------- 2. parses per client
+
+
+def _blocking_prepare(
+    monkeypatch: pytest.MonkeyPatch, marker: str
+) -> tuple[threading.Event, threading.Event]:
+    """``prepare`` waits (at checkpoints) for bodies holding ``marker``: (release, canceled)."""
+    from autopar_service.routers import plans
+
+    release, canceled = threading.Event(), threading.Event()
+    real = plans.prepare
+
+    def prepare(service: Any, raw: bytes, refresh: bool) -> Any:
+        if marker.encode() in raw:
+            try:
+                while not release.wait(0.01):
+                    checkpoint()
+            except Canceled:
+                canceled.set()
+                raise
+        return real(service, raw, refresh)
+
+    monkeypatch.setattr(plans, "prepare", prepare)
+    return release, canceled
+
+
+def test_one_client_cannot_hold_every_parse_slot(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, tiny_graph: dict[str, Any]
+) -> None:
+    settings = make_settings(
+        tmp_path, api_keys=[KEY_A, KEY_B], max_concurrent_parses=2, max_parses_per_client=1, max_parse_s=60
+    )
+    release, _ = _blocking_prepare(monkeypatch, "hold-me")
+    held = plan_body({**tiny_graph, "name": "hold-me"})
+    with (
+        live_server(settings) as server,
+        server.client(headers={"X-API-Key": KEY_A}) as a,
+        server.client(headers={"X-API-Key": KEY_B}) as b,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        first = pool.submit(a.post, "/v1/plans", json=held)
+        while not server.app.state.service.parsing:
+            time.sleep(0.01)
+        second = a.post("/v1/plans", json=held)
+        assert second.status_code == 429 and second.json()["code"] == "too_many_parses"
+        assert second.headers["Retry-After"]
+        other = b.post("/v1/plans", json=plan_body(tiny_graph))  # B parses beside A's parse
+        assert other.status_code in (200, 202), other.text
+        release.set()
+        assert first.result().status_code in (200, 202)
+
+
+def test_a_timed_out_parse_frees_its_slot_and_stops(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, tiny_graph: dict[str, Any]
+) -> None:
+    settings = make_settings(tmp_path, api_keys=[KEY_A, KEY_B], max_concurrent_parses=1, max_parse_s=0.5)
+    _, canceled = _blocking_prepare(monkeypatch, "hold-me")
+    with (
+        live_server(settings) as server,
+        server.client(headers={"X-API-Key": KEY_A}) as a,
+        server.client(headers={"X-API-Key": KEY_B}) as b,
+    ):
+        r = a.post("/v1/plans", json=plan_body({**tiny_graph, "name": "hold-me"}))
+        assert r.status_code == 503 and r.json()["code"] == "parse_timeout"
+        assert canceled.wait(30)  # the parse thread stopped at its next checkpoint
+        other = b.post("/v1/plans", json=plan_body(tiny_graph))  # the one slot is free
+        assert other.status_code in (200, 202), other.text
+        assert server.app.state.service.parsing == {}
+
+
+# ---------------------------------------------------------------- 3. bounded bodies
+
+
+def _mutated(graph: dict[str, Any], mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    copy = json.loads(json.dumps(graph))
+    mutate(copy)
+    return copy
+
+
+BOUNDED: list[tuple[str, Callable[[dict[str, Any]], None], int, str]] = [
+    ("5M junk", lambda g: g["ops"][5]["attrs"].update(junk=[7] * 5_000_000), 413, "too_many_values"),
+    ("one large op", lambda g: g["ops"][5]["attrs"].update(junk="x" * 100_000), 413, "graph_item_too_large"),
+    ("long attr", lambda g: g["ops"][5]["attrs"].update(junk=[7] * 2000), 422, "attrs_too_large"),
+    (
+        "many attrs",
+        lambda g: g["ops"][5]["attrs"].update({f"a{i}": i for i in range(100)}),
+        422,
+        "attrs_too_large",
+    ),
+    ("deep attr", lambda g: g["ops"][5]["attrs"].update(junk=[[[[[1]]]]]), 422, "attrs_too_large"),
+    ("large meta", lambda g: g.update(meta={f"k{i}": i for i in range(20_000)}), 413, "meta_too_large"),
+    ("flat meta", lambda g: g.update(meta={f"k{i}": i for i in range(200_000)}), 413, "too_many_values"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "status", "code"), [c[1:] for c in BOUNDED], ids=[c[0] for c in BOUNDED])
+def test_attrs_and_meta_are_bounded(
+    keyed: LiveServer,
+    tiny_graph: dict[str, Any],
+    mutate: Callable[[dict[str, Any]], None],
+    status: int,
+    code: str,
+) -> None:
+    with keyed.client(headers={"X-API-Key": KEY_A}) as a:
+        r = a.post("/v1/plans", json=plan_body(_mutated(tiny_graph, mutate)))
+        assert r.status_code == status, r.text
+        problem = r.json()
+        assert problem["code"] == code, problem
+        assert "most" in problem["detail"]  # names the limit
+
+
+RAW_REFUSED = [
+    (
+        "NaN",
+        b'{"graph": "tiny-gpt", "cluster": "1x2", "options": {"time_limit_s": NaN}}',
+        "non_finite_number",
+    ),
+    (
+        "1e999",
+        b'{"graph": "tiny-gpt", "cluster": "1x2", "options": {"time_limit_s": 1e999}}',
+        "non_finite_number",
+    ),
+    ("duplicate", b'{"graph": "tiny-gpt", "cluster": "1x2", "cluster": "2x4"}', "duplicate_key"),
+]
+
+
+@pytest.mark.parametrize(("raw", "code"), [c[1:] for c in RAW_REFUSED], ids=[c[0] for c in RAW_REFUSED])
+def test_non_finite_numbers_and_duplicate_keys_are_refused(keyed: LiveServer, raw: bytes, code: str) -> None:
+    with keyed.client(headers={"X-API-Key": KEY_A, "Content-Type": "application/json"}) as a:
+        for path in ("/v1/plans", "/v1/sweeps", "/v1/evaluate"):
+            r = a.post(path, content=raw)
+            assert r.status_code == 422 and r.json()["code"] == code, (path, r.text)
+
+
+@pytest.mark.parametrize("attrs", [{"alpha": float("nan")}, {"epsilon": float("-inf")}], ids=["nan", "-inf"])
+def test_non_finite_attrs_are_refused(
+    keyed: LiveServer, tiny_graph: dict[str, Any], attrs: dict[str, float]
+) -> None:
+    graph = _mutated(tiny_graph, lambda g: g["ops"][5]["attrs"].update(attrs))
+    raw = json.dumps(plan_body(graph)).encode()  # Python writes NaN and -Infinity
+    with keyed.client(headers={"X-API-Key": KEY_A, "Content-Type": "application/json"}) as a:
+        r = a.post("/v1/plans", content=raw)
+        assert r.status_code == 422 and r.json()["code"] == "non_finite_number", r.text
