@@ -2,20 +2,26 @@
 
 ::
 
-    python train_with_plan.py --model mt5-tiny --mesh 2,2 --planner solver --steps 3 --out /tmp/run
+    python train_with_plan.py --model tiny-mt5 --mesh 2,2 --server http://planner:8000 --steps 3
+    python train_with_plan.py --model tiny-mt5 --mesh 2,2 --planner solver --steps 3 --out /tmp/run
 
 1. **export** (this process, one CPU rank): build the training job once, write
    ``job.pb``, import it as ``graph.json``, and run ``--steps`` reference steps
    on that one rank (the losses every plan must reproduce);
-2. **plan**: ``autopar plan graph.json`` (``--planner solver``) or ``autopar
-   baseline KIND`` with the main autopar environment's Python (the solver's
-   ortools cannot live beside OneFlow), or ``--plan FILE``;
+2. **plan**: with ``--server URL``, request it from the planning service over HTTP
+   (:class:`autopar.client.PlanClient`: submit ``graph.json``, wait for the job, read
+   the plan record; ``--api-key`` or ``AUTOPAR_API_KEY`` when the service has keys);
+   without, ``autopar plan graph.json`` (``--planner solver``) or ``autopar baseline
+   KIND`` with the main autopar environment's Python (the solver's ortools cannot live
+   beside OneFlow); or ``--plan FILE``;
 3. **launch** ``python -m oneflow.distributed.launch --nproc_per_node N
    train_with_plan.py run ...``: every rank lays out the parameters and adds the
    activation hints of the plan (:func:`autopar.oneflow.apply_plan`), builds the
    job, checks it against the plan (:func:`autopar.oneflow.check_fidelity`),
    and trains ``--steps`` steps;
 4. print the fidelity report and the losses next to the one-rank losses.
+
+``train_with_plan.py plan ...`` stops after step 2 (export and plan, no launch).
 
 The iteration follows the plan: ``--micro-batches K`` and ``--checkpointing
 {off,auto,full}`` set what the plan is solved for (``autopar plan --micro-batches
@@ -47,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo
 
+from autopar.cli_args import parse_bytes
+from autopar.client import PlanClient
 from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph
 from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp
 from autopar.oneflow.iteration import (
@@ -146,15 +154,100 @@ def run_rank(args: argparse.Namespace) -> None:
         print(f"[run] {len(report.hints)} activation hints; losses {losses}")
 
 
+def plan_from_service(args: argparse.Namespace, graph_path: Path, shape: list[int], cluster: str) -> Plan:
+    """The plan of ``graph_path`` from the planning service at ``args.server``: submit, wait
+    for the job (server-sent events, else long-polling), read the plan record."""
+    client = PlanClient(args.server, api_key=args.api_key)
+    options: dict[str, object] = {"time_limit_s": args.time_limit, "micro_batches": args.micro_batches}
+    if args.checkpointing is not None:
+        options["checkpointing"] = args.checkpointing
+    record = client.plan(
+        graph_path.read_bytes(),
+        cluster=cluster,
+        preset=args.preset,
+        mesh_shape=shape,
+        memory_budget_bytes=parse_bytes(args.memory) if args.memory else None,
+        zero_stage=args.zero,
+        options=options,
+        on_progress=lambda job: print(f"[plan] job {job.get('status')}", flush=True),
+    )
+    iteration_ms = record["iteration_time_s"] * 1e3
+    print(f"[plan] {args.server}/v1/plans/{record['key']}: iteration {iteration_ms:.2f} ms")
+    return Plan.from_dict(record["plan"])
+
+
+def make_plan(args: argparse.Namespace, out: Path, shape: list[int], ranks: int) -> str:
+    """Plan the exported job (from the service with ``--server``, else with autopar in a
+    subprocess); the path of the plan JSON."""
+    plan_path = str(out / "plan.json")
+    cluster = args.cluster or f"1x{ranks}"
+    t0 = time.perf_counter()
+    if args.server:
+        plan = plan_from_service(args, out / "graph.json", shape, cluster)
+        plan.save(plan_path)
+        print(f"[plan] {plan.source}: planned in {time.perf_counter() - t0:.1f} s\n{plan.summary()}")
+        return plan_path
+    memory = args.memory
+    if args.memory_fraction is not None:
+        replicated = request_plan(
+            str(out / "graph.json"),
+            str(out / "plan_single_device.json"),
+            mesh_shape=shape,
+            cluster=cluster,
+            zero_stage=args.zero,
+            planner="single-device",
+            preset=args.preset,
+        )
+        memory = f"{int(args.memory_fraction * replicated.memory_per_device_bytes)}B"
+        print(f"[plan] budget {memory}: {args.memory_fraction} x the replicated plan's memory")
+    plan = request_plan(
+        str(out / "graph.json"),
+        plan_path,
+        mesh_shape=shape,
+        cluster=cluster,
+        zero_stage=args.zero,
+        planner=args.planner,
+        preset=args.preset,
+        memory=memory,
+        time_limit_s=args.time_limit,
+        micro_batches=args.micro_batches,
+        checkpointing=args.checkpointing,
+    )
+    print(f"[plan] {plan.source}: planned in {time.perf_counter() - t0:.1f} s\n{plan.summary()}")
+    return plan_path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", nargs="?", default="all", choices=["all", "run"])
-    parser.add_argument("--model", default="mt5-tiny", choices=zoo.NAMES)
+    parser.add_argument(
+        "phase",
+        nargs="?",
+        default="all",
+        choices=["all", "plan", "run"],
+        help="all: export, plan, launch; plan: export and plan only (no launch); run: one rank",
+    )
+    parser.add_argument(
+        "--model",
+        default="tiny-mt5",
+        choices=zoo.KNOWN,
+        metavar="MODEL",
+        help=f"model, named as the CLI's: {', '.join(zoo.NAMES)} (default: %(default)s)",
+    )
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--mesh", default="2,2", help="mesh shape, e.g. 2,2 (ranks = product)")
     parser.add_argument("--cluster", default=None, help="NODESxDEVICES to plan for (default 1xRANKS)")
     parser.add_argument("--planner", default="solver", help="solver, megatron, inferred, data-parallel")
     parser.add_argument("--plan", default=None, help="use this plan JSON instead of planning")
+    parser.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help="request the plan from this planning service (autopar serve) instead of running autopar",
+    )
+    parser.add_argument(
+        "--api-key", default=os.environ.get("AUTOPAR_API_KEY"), help="the service's key (AUTOPAR_API_KEY)"
+    )
+    parser.add_argument("--preset", default="a100-40g", help="device preset to plan for")
     parser.add_argument("--zero", type=int, default=0, help="ZeRO stage to plan for")
     parser.add_argument("--memory", default=None, help="per-device budget for the solver, e.g. 6MiB")
     parser.add_argument(
@@ -196,37 +289,10 @@ def main() -> None:
     reference = export_and_reference(args, out)
     print(f"[export] one-rank losses {reference}")
 
-    plan_path = args.plan
-    if plan_path is None:
-        plan_path = str(out / "plan.json")
-        cluster = args.cluster or f"1x{ranks}"
-        memory = args.memory
-        if args.memory_fraction is not None:
-            replicated = request_plan(
-                str(out / "graph.json"),
-                str(out / "plan_single_device.json"),
-                mesh_shape=shape,
-                cluster=cluster,
-                zero_stage=args.zero,
-                planner="single-device",
-            )
-            memory = f"{int(args.memory_fraction * replicated.memory_per_device_bytes)}B"
-            print(f"[plan] budget {memory}: {args.memory_fraction} x the replicated plan's memory")
-        t0 = time.perf_counter()
-        plan = request_plan(
-            str(out / "graph.json"),
-            plan_path,
-            mesh_shape=shape,
-            cluster=cluster,
-            zero_stage=args.zero,
-            planner=args.planner,
-            memory=memory,
-            time_limit_s=args.time_limit,
-            micro_batches=args.micro_batches,
-            checkpointing=args.checkpointing,
-        )
-        print(f"[plan] {plan.source}: planned in {time.perf_counter() - t0:.1f} s\n{plan.summary()}")
-
+    plan_path = args.plan or make_plan(args, out, shape, ranks)
+    if args.phase == "plan":
+        print(f"[plan] {plan_path}")
+        return
     command = [
         sys.executable,
         "-m",

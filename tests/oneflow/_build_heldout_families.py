@@ -40,7 +40,7 @@ broadcast = [flow.sbp.broadcast] * 2
 for family in chosen:
     t0 = time.perf_counter()
     flow.manual_seed(0)
-    if family.removesuffix("+identity") in zoo.NAMES:
+    if family.removesuffix("+identity") in zoo.KNOWN:
         # "+identity": parameters read through identity ops (examples/oneflow/oflayers.py)
         name = family.removesuffix("+identity")
         # fused layer norms (they have CPU kernels); MT5's RMSNorm as its CPU composite:

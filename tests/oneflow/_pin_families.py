@@ -47,7 +47,7 @@ def module_of(job: str) -> tuple:
         module, arrays, _ = heldout.build(job.removesuffix("_min1024"), seed=0)
         return module, arrays
     family = job.removesuffix("_zero2")
-    if family in zoo.NAMES:
+    if family in zoo.KNOWN:
         # as _build_heldout_families.py: fused layer norms, MT5's RMSNorm as its CPU composite
         return zoo.build(family, seed=0, fused=family != "mt5-tiny", identity_reads=False)
     return families.builder(family)()
