@@ -39,7 +39,7 @@ from autopar.errors import ConfigError
 from autopar.graph import Graph, Role
 from autopar.memory import StateBytes, activation_intervals, variable_state_bytes
 from autopar.optimizer import model_port_index, weight_gradient_path
-from autopar.runtime import RuntimeProfile
+from autopar.runtime import Lowering, RuntimeProfile
 from autopar.sbp import NdSbp
 
 __all__ = [
@@ -198,7 +198,13 @@ def baseline_training(kind: str, training: TrainingConfig) -> TrainingConfig:
 
 
 def accumulation_of(runtime: RuntimeProfile) -> Accumulation:
-    return ACCUMULATION.get(runtime.name, ACCUMULATION["ideal"])
+    """``runtime``'s :data:`ACCUMULATION` entry; a profile without one follows its lowering's
+    (``oneflow-0.9-shard-min-1`` and calibrated OneFlow profiles run OneFlow 0.9's
+    accumulation: the repeat / acc ops do not depend on ``shard_min_size``), else ``ideal``'s."""
+    found = ACCUMULATION.get(runtime.name)
+    if found is not None:
+        return found
+    return ACCUMULATION["oneflow-0.9" if runtime.lowering is Lowering.ONEFLOW_0_9 else "ideal"]
 
 
 def layer_of(op_name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -149,3 +150,71 @@ def test_the_plan_records_its_training_configuration() -> None:
     assert data["recomputed_blocks"] == ["layers.1"]
     assert Plan.from_dict(data).training == plan.training
     assert "recompute   1 blocks: layers.1" in plan.summary()
+
+
+# ------------------------------------------------------------------ closed forms, by hand
+
+MESH_4 = Mesh(Cluster.parse("1x4"), (4,))
+FP32_GRAD = 4
+"""Bytes per element of the accumulated gradient: OneFlow's ``acc`` op sums the fp32 gradient
+after the AMP cast (compiled K = 4 job, tests/oneflow/test_amp_gather.py); Megatron-LM's
+``main_grad`` is fp32 (``--accumulate-allreduce-grads-in-fp32``, forced for bf16)."""
+
+
+def _oneflow_shards(shape: tuple[int, ...], n: int, min_size: int) -> bool:
+    """OneFlow 0.9 ZeRO shards a replicated variable over ``n`` ranks when its dim-0 shard
+    keeps at least ``min_size`` elements (``IsSplitValid``: ``shape[0] / n`` rows, floored)."""
+    rows = shape[0] // n
+    return rows >= 1 and rows * math.prod(shape[1:]) >= min_size
+
+
+@pytest.mark.parametrize(
+    ("runtime", "min_size"),
+    [("oneflow-0.9", 1024), ("oneflow-0.9-shard-min-1", 1), ("megatron-lm", 1), ("ideal", None)],
+)
+def test_accumulation_buffer_is_the_parameters_times_one_less_one_over_dp(
+    runtime: str, min_size: int | None
+) -> None:
+    """Under ZeRO-2 with K > 1 a runtime that accumulates before reducing keeps the full-size
+    gradient beside its 1/N shard: ``buffer = sum Psi_v x 4 x (1 - 1/N_dp)`` over the sharded
+    variables (OneFlow: those of at least ``shard_min_size`` elements per shard; Megatron-LM:
+    every one, its ``main_grad`` buffer), 0 where the runtime reduces every micro-batch
+    into the shard (``ideal``, DeepSpeed) and under ZeRO-0/1 (the gradient is full-size)."""
+    g = build("tiny-mt5")
+    n = MESH_4.shape[0]
+    hand = 0.0
+    if min_size is not None:
+        shapes = [g.tensors[v.tensor].shape for v in g.variables]
+        hand = sum(math.prod(s) * FP32_GRAD * (1 - 1 / n) for s in shapes if _oneflow_shards(s, n, min_size))
+    plan = baseline_plan("data-parallel", g, MESH_4, 2, runtime=runtime)
+    assert evaluate(g, plan, training=TrainingConfig(8)).accumulation_bytes == pytest.approx(hand, rel=1e-9)
+    assert evaluate(g, plan, training=TrainingConfig(1)).accumulation_bytes == 0  # K = 1: no buffer
+    for stage in (0, 1):
+        zero = baseline_plan("data-parallel", g, MESH_4, stage, runtime=runtime)
+        assert evaluate(g, zero, training=TrainingConfig(8)).accumulation_bytes == 0
+
+
+def test_full_checkpointing_keeps_each_block_input_and_one_blocks_internals() -> None:
+    """Recomputing every block keeps each block's input (``b/dp x s x h x itemsize``) and,
+    at the peak, one block's internals (its recompute): ``activations(L) = L x input + C``
+    with ``C`` the same for every depth and at least one block's saved activations
+    without checkpointing (Chen et al. 2016; Megatron-LM ``--recompute-granularity full``).
+    Without gradient clipping and dropout: their pre-clip fp32 gradients and masks are other
+    terms."""
+    cfg = {"clip_grad_max_norm": None, "dropout": 0.0}
+    full: dict[int, float] = {}
+    off: dict[int, float] = {}
+    for layers in (2, 3, 4):
+        g = build("tiny-gpt", layers=layers, **cfg)
+        plan = baseline_plan("data-parallel", g, MESH_4, 0, runtime="ideal")
+        full[layers] = evaluate(g, plan, training=TrainingConfig(1, "full")).memory.activations
+        off[layers] = evaluate(g, plan, training=TrainingConfig(1, "off")).memory.activations
+    c = g.meta["config"]
+    block_input = c["batch"] // MESH_4.shape[0] * c["seq"] * c["hidden"] * 2  # float16
+    assert full[3] - full[2] == block_input
+    assert full[4] - full[3] == block_input
+    constant = full[2] - 2 * block_input
+    assert full[4] - 4 * block_input == constant
+    internals = off[3] - off[2]  # one more block without checkpointing: its saved activations
+    assert internals > block_input
+    assert constant >= internals
