@@ -12,8 +12,9 @@ reads one nccl-tests output file per mesh axis and collective::
 
 (any extension, or none; a collective left out keeps the link's default
 numbers) and, optionally, a GEMM timing table (``--gemm-table``, CSV
-``m,n,k,dtype,seconds``) and a device-copy timing table (``--copy-table``,
-CSV ``bytes,seconds``).  How to run the tests per axis: ``docs/calibration.md``.
+``m,n,k,dtype,seconds`` or ``m,n,k,dtype,tflops``, optional ``batch``) and a
+device-copy timing table (``--copy-table``, CSV ``bytes,seconds``).  How to run the
+tests per axis: ``docs/calibration.md``.
 
 The fit
 -------
@@ -37,10 +38,11 @@ minimises the *relative* error): small sizes, where ``t`` is mostly ``A``,
 set the intercept, large sizes set the slope.  Rows of size 0 (an all-gather
 whose per-rank count rounds to 0) are skipped.
 
-Matmul efficiency = total FLOPs (``2 m n k`` per GEMM) / total seconds /
-``peak_flops`` over the GEMM table (fp16 / bf16 rows: the peak is the dense
-fp16/bf16 tensor-core peak).  Memory efficiency = the bandwidth fitted, the
-same way, to the copy table (``bytes`` = bytes read + bytes written) /
+Matmul efficiency is the ceiling of the GEMM model (:func:`autopar.costs.gemm_time`)
+fitted to the GEMM table (:func:`fit_gemm_ceiling`: fp16 / bf16 rows, the peak is the
+dense fp16/bf16 tensor-core peak; each row's fill of the SMs is the model's, rows under
+their memory roofline are left out).  Memory efficiency = the bandwidth fitted, the
+same way as a collective, to the copy table (``bytes`` = bytes read + bytes written) /
 ``memory_bandwidth``.
 """
 
@@ -81,6 +83,7 @@ __all__ = [
     "AxisCalibration",
     "Calibration",
     "CollectiveCalibration",
+    "GemmFit",
     "GemmTiming",
     "LinearFit",
     "NcclRow",
@@ -91,8 +94,8 @@ __all__ = [
     "calibrate_collective",
     "calibrate_profile",
     "cmd_calibrate",
+    "fit_gemm_ceiling",
     "fit_latency_bandwidth",
-    "matmul_efficiency",
     "memory_efficiency",
     "parse_copy_table",
     "parse_gemm_table",
@@ -353,17 +356,20 @@ def _binary(collective: str) -> str:
 
 @dataclass(frozen=True)
 class GemmTiming:
+    """One timed GEMM: ``batch`` products ``[m, k] x [k, n]`` in ``seconds``."""
+
     m: int
     n: int
     k: int
     dtype: str
     seconds: float
     line: int
+    batch: int = 1
 
     @property
     def flops(self) -> float:
-        """``2 m n k``: one multiply and one add per inner-product term."""
-        return 2.0 * self.m * self.n * self.k
+        """``2 batch m n k``: one multiply and one add per inner-product term."""
+        return 2.0 * self.batch * self.m * self.n * self.k
 
 
 def _csv_rows(text: str, source: str, columns: Sequence[str], code: str) -> list[tuple[int, dict[str, str]]]:
@@ -398,49 +404,112 @@ def _csv_rows(text: str, source: str, columns: Sequence[str], code: str) -> list
     return out
 
 
+GEMM_TIME_COLUMNS = ("seconds", "tflops")
+"""A GEMM table times each row by one of these columns: seconds, or achieved TFLOP/s
+(``2 batch m n k / seconds / 1e12``, what cuBLAS / mamf-finder style benchmarks print)."""
+
+
 def parse_gemm_table(text: str, source: str = "<gemm table>") -> list[GemmTiming]:
-    """CSV ``m,n,k,dtype,seconds`` (one timed ``[m,k] x [k,n]`` GEMM per row; ``#`` lines are comments)."""
+    """CSV ``m,n,k,dtype,seconds`` or ``m,n,k,dtype,tflops`` (optional ``batch`` column, default
+    1): one timed ``batch x [m,k] x [k,n]`` GEMM per row; ``#`` lines are comments
+    (``docs/calibration.md``)."""
+    header = next((ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")), "")
+    names = {h.strip().lower() for h in header.split(",")}
+    timed = [c for c in GEMM_TIME_COLUMNS if c in names]
+    if len(timed) > 1:
+        raise ConfigError(
+            "bad_gemm_table", f"{source}: the header has both seconds and tflops; keep one", path=source
+        )
+    column = timed[0] if timed else "seconds"
     rows = []
-    for lineno, r in _csv_rows(text, source, ("m", "n", "k", "dtype", "seconds"), "bad_gemm_table"):
-        try:
-            m, n, k, seconds = int(r["m"]), int(r["n"]), int(r["k"]), float(r["seconds"])
-        except ValueError:
-            raise ConfigError(
-                "bad_gemm_table",
-                f"{source}:{lineno}: m, n, k must be integers and seconds a number",
-                path=source,
-                line=lineno,
-            ) from None
-        dtype = r["dtype"].lower()
-        if dtype not in GEMM_DTYPES:
-            raise ConfigError(
-                "bad_gemm_table",
-                f"{source}:{lineno}: dtype {r['dtype']!r}: the device peak is the dense fp16/bf16 "
-                f"tensor-core peak, so time float16 or bfloat16 GEMMs",
-                path=source,
-                line=lineno,
-            )
-        if min(m, n, k) < 1 or not (math.isfinite(seconds) and seconds > 0):
-            raise ConfigError(
-                "bad_gemm_table",
-                f"{source}:{lineno}: m, n, k must be >= 1 and seconds > 0",
-                path=source,
-                line=lineno,
-            )
-        rows.append(GemmTiming(m, n, k, dtype, seconds, lineno))
+    for lineno, r in _csv_rows(text, source, ("m", "n", "k", "dtype", column), "bad_gemm_table"):
+        rows.append(_gemm_row(r, column, source, lineno))
     return rows
 
 
-def matmul_efficiency(gemms: Sequence[GemmTiming], peak_flops: float) -> float:
-    """``sum(2 m n k) / sum(seconds) / peak_flops``: the FLOP-weighted fraction of peak, in (0, 1]."""
-    eff = sum(g.flops for g in gemms) / sum(g.seconds for g in gemms) / peak_flops
-    if eff > 1:
+def _gemm_row(r: Mapping[str, str], column: str, source: str, lineno: int) -> GemmTiming:
+    def bad(message: str) -> ConfigError:
+        return ConfigError("bad_gemm_table", f"{source}:{lineno}: {message}", path=source, line=lineno)
+
+    try:
+        m, n, k, batch = int(r["m"]), int(r["n"]), int(r["k"]), int(r.get("batch") or 1)
+        value = float(r[column])
+    except ValueError:
+        raise bad(f"batch, m, n, k must be integers and {column} a number") from None
+    dtype = r["dtype"].lower()
+    if dtype not in GEMM_DTYPES:
+        raise bad(
+            f"dtype {r['dtype']!r}: the device peak is the dense fp16/bf16 tensor-core peak, "
+            f"so time float16 or bfloat16 GEMMs"
+        )
+    if min(m, n, k, batch) < 1 or not (math.isfinite(value) and value > 0):
+        raise bad(f"batch, m, n, k must be >= 1 and {column} > 0")
+    seconds = value if column == "seconds" else 2.0 * batch * m * n * k / (value * 1e12)
+    return GemmTiming(m, n, k, dtype, seconds, lineno, batch)
+
+
+@dataclass(frozen=True)
+class GemmFit:
+    """The GEMM model's ceiling (``DeviceSpec.matmul_efficiency``) fitted to a GEMM table."""
+
+    ceiling: float
+    """fraction of ``peak_flops`` a large GEMM reaches, in (0, 1]"""
+    points: int
+    compute_bound: int
+    """rows the model times by their compute term (the rows that set the ceiling)"""
+    max_relative_error: float
+    """max over the rows of |t_model - t| / t, with the fitted ceiling"""
+
+
+def fit_gemm_ceiling(gemms: Sequence[GemmTiming], device: DeviceSpec) -> GemmFit:
+    """Fit ``matmul_efficiency`` of :func:`autopar.costs.gemm_time` to timed GEMMs on ``device``.
+
+    Each row's fill (its output tiles over ``device.compute_units``) and memory roofline
+    (``batch (m k + k n + m n) 2 bytes / (memory_bandwidth x memory_efficiency)``) are the
+    model's.  The rows the model times by their compute term set the ceiling:
+
+        ceiling = sum(2 batch m n k / fill) / sum(seconds) / peak_flops
+
+    (the FLOP-weighted fraction of peak, as each kernel would run if it filled the device).
+    A row is compute-bound at ceiling ``c`` when ``2 batch m n k / (peak_flops c fill)`` is
+    at least its memory roofline; starting from ``c = 1`` (the rows compute-bound at any
+    ceiling), the set and ``c`` are updated until ``c`` settles (the set only grows as ``c``
+    falls).  Thin rows (memory-bound) are left out of the ceiling but counted in
+    ``max_relative_error``.
+    """
+    from autopar.costs import GEMM_TILE, gemm_time, memory_time  # the cost model, only when fitting
+
+    rows: list[tuple[float, float, float]] = []  # FLOPs / fill, seconds, largest compute-bound ceiling
+    for g in gemms:
+        tiles = g.batch * math.ceil(g.m / GEMM_TILE) * math.ceil(g.n / GEMM_TILE)
+        fill = min(1.0, tiles / device.compute_units) if device.compute_units > 0 else 1.0
+        roofline = memory_time(device, float(g.batch) * (g.m * g.k + g.k * g.n + g.m * g.n) * 2)
+        rows.append((g.flops / fill, g.seconds, g.flops / fill / device.peak_flops / roofline))
+    ceiling, used = 1.0, 0
+    for _ in range(len(rows) + 1):
+        chosen = [(f, t) for f, t, bound in rows if bound >= ceiling]
+        if not chosen:
+            break
+        new = sum(f for f, _ in chosen) / sum(t for _, t in chosen) / device.peak_flops
+        settled = len(chosen) == used and abs(new - ceiling) <= 1e-9 * ceiling
+        ceiling, used = new, len(chosen)
+        if settled:
+            break
+    if not used:
+        raise ConfigError(
+            "bad_gemm_table",
+            "every GEMM of the table is under its memory roofline's ridge, so none measures the compute "
+            "ceiling: time large GEMMs (e.g. 4096 x 4096 x 4096)",
+        )
+    if ceiling > 1:
         raise ConfigError(
             "gemm_above_peak",
-            f"the GEMM table runs at {eff:.2f}x the device's peak {peak_flops / 1e12:.0f} TFLOP/s; "
-            f"choose the preset (or base profile) of the GPU that was timed",
+            f"the GEMM table runs at {ceiling:.2f}x the device's peak {device.peak_flops / 1e12:.0f} "
+            f"TFLOP/s; choose the preset (or base profile) of the GPU that was timed",
         )
-    return eff
+    fitted = replace(device, matmul_efficiency=ceiling)
+    error = max(abs(gemm_time(fitted, g.batch, g.m, g.n, g.k, 2) - g.seconds) / g.seconds for g in gemms)
+    return GemmFit(ceiling, len(gemms), used, error)
 
 
 def parse_copy_table(text: str, source: str = "<copy table>") -> list[tuple[float, float]]:
@@ -538,17 +607,19 @@ def calibrate_profile(
     sources = dict(base.sources)
     axes, mesh_links = _calibrate_axes(nodes, devices_per_node, shape, runs, sources)
     device, link_costs = _node_links(base, axes, nodes, devices_per_node, shape, sources)
-    if gemms:
-        eff = matmul_efficiency(gemms, device.peak_flops)
-        device = replace(device, matmul_efficiency=eff)
-        sources["device.matmul_efficiency"] = (
-            f"{gemm_source}: {len(gemms)} GEMMs, total 2mnk FLOPs / total seconds / peak_flops"
-        )
-    if copies:
+    if copies:  # first: the GEMM fit's memory roofline uses the memory efficiency
         eff = memory_efficiency(copies, device.memory_bandwidth)
         device = replace(device, memory_efficiency=eff)
         sources["device.memory_efficiency"] = (
             f"{copy_source}: {len(copies)} copies, fitted bandwidth (read + write bytes) / memory_bandwidth"
+        )
+    if gemms:
+        fit = fit_gemm_ceiling(gemms, device)
+        device = replace(device, matmul_efficiency=fit.ceiling)
+        sources["device.matmul_efficiency"] = (
+            f"{gemm_source}: {fit.points} GEMMs ({fit.compute_bound} compute-bound), ceiling = "
+            f"sum(2 batch m n k / fill) / sum(seconds) / peak_flops over the compute-bound rows; "
+            f"autopar.costs.gemm_time reproduces every row within {100 * fit.max_relative_error:.1f} %"
         )
     device = replace(device, name=name or f"{base.name}-calibrated")
     profile = ClusterProfile(
@@ -699,7 +770,10 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         help=f"base profile for what is not measured (default {DEFAULT_PRESET})",
     )
     base.add_argument("--base-profile", help="a profile JSON file to start from instead of a preset")
-    p.add_argument("--gemm-table", help="CSV m,n,k,dtype,seconds of timed fp16/bf16 GEMMs")
+    p.add_argument(
+        "--gemm-table",
+        help="CSV m,n,k,dtype,seconds (or m,n,k,dtype,tflops; optional batch) of timed fp16/bf16 GEMMs",
+    )
     p.add_argument("--copy-table", help="CSV bytes,seconds of timed device copies (bytes = read + written)")
     p.add_argument("--name", help="profile name (default: <base>-calibrated)")
     p.add_argument("--out", required=True, help="profile JSON to write")
@@ -749,7 +823,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             )
     dev = profile.device
     out.write(
-        f"  matmul efficiency {dev.matmul_efficiency:.3f}"
+        f"  matmul efficiency (large-GEMM ceiling) {dev.matmul_efficiency:.3f}"
         f"{'' if gemms else ' (from ' + base.name + ')'}, memory efficiency {dev.memory_efficiency:.3f}"
         f"{'' if copies else ' (from ' + base.name + ')'}\n"
     )

@@ -82,9 +82,16 @@ class DeviceSpec:
     inter_node_latency: float
     """Per-step latency of an inter-node collective, seconds."""
     matmul_efficiency: float = 0.5
-    """Fraction of ``peak_flops`` that matmul-like ops reach."""
+    """Fraction of ``peak_flops`` a large, well-shaped fp16/bf16 GEMM reaches: the ceiling of
+    the GEMM model (:func:`autopar.costs.gemm_time`), which lowers it for GEMMs too small
+    to fill the device or too thin to be compute-bound.  Presets: a kernel measurement,
+    cited in the profile's ``sources``."""
     memory_efficiency: float = 0.7
-    """Fraction of ``memory_bandwidth`` that memory-bound ops reach."""
+    """Fraction of ``memory_bandwidth`` that streaming (memory-bound) kernels reach: a
+    STREAM-like measurement in the presets, cited in the profile's ``sources``."""
+    compute_units: int = 0
+    """Streaming multiprocessors: a GEMM of fewer output tiles than this leaves SMs idle
+    (:func:`autopar.costs.gemm_time`).  0: not modelled (every GEMM fills the device)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -109,6 +116,11 @@ class DeviceSpec:
                 raise ConfigError(
                     "bad_device", f"device {self.name!r}: {name} must be in (0, 1], got {value}"
                 )
+        units = self.compute_units
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ConfigError(
+                "bad_device", f"device {self.name!r}: compute_units must be an integer >= 0, got {units!r}"
+            )
 
 
 # ------------------------------------------------------------- measured links
@@ -316,7 +328,10 @@ _DEVICE_FIELDS = {
     "memory_bytes": "memory_bytes",
     "matmul_efficiency": "matmul_efficiency",
     "memory_efficiency": "memory_efficiency",
+    "compute_units": "compute_units",
 }
+_OPTIONAL_DEVICE_FIELDS = ("matmul_efficiency", "memory_efficiency", "compute_units")
+"""Device fields a profile may leave out (the :class:`DeviceSpec` defaults apply)."""
 _LINK_FIELDS = {"latency_s": "latency", "bandwidth_bytes_per_s": "bandwidth", "collectives": "collectives"}
 
 
@@ -329,7 +344,7 @@ class ClusterProfile:
         {"format": "autopar-cluster-profile", "version": 1, "name": "a100-40g",
          "description": "...",
          "device": {"peak_flops": ..., "memory_bandwidth_bytes_per_s": ..., "memory_bytes": ...,
-                    "matmul_efficiency": ..., "memory_efficiency": ...},
+                    "matmul_efficiency": ..., "memory_efficiency": ..., "compute_units": ...},
          "links": {"intra_node": {"latency_s": ..., "bandwidth_bytes_per_s": ..., "collectives": {...}},
                    "inter_node": {...}, "mesh_axes": [...]},
          "sources": {"device.peak_flops": "NVIDIA A100 datasheet ...", ...}}
@@ -402,11 +417,13 @@ class ClusterProfile:
         numbers: dict[str, Any] = {
             attr: _number(device, key, f"{where}.device")
             for key, attr in _DEVICE_FIELDS.items()
-            if key in device or key not in ("matmul_efficiency", "memory_efficiency")
+            if key in device or key not in _OPTIONAL_DEVICE_FIELDS
         }
-        if not float(numbers["memory_bytes"]).is_integer():
-            raise ConfigError("bad_profile", f"{where}.device.memory_bytes must be a whole number of bytes")
-        numbers["memory_bytes"] = int(numbers["memory_bytes"])
+        for key in ("memory_bytes", "compute_units"):
+            if key in numbers:
+                if not float(numbers[key]).is_integer():
+                    raise ConfigError("bad_profile", f"{where}.device.{key} must be a whole number")
+                numbers[key] = int(numbers[key])
         sources = data.get("sources", {})
         if not isinstance(sources, Mapping) or not all(isinstance(v, str) for v in sources.values()):
             raise ConfigError("bad_profile", f"{where}.sources must map field names to strings")

@@ -2,12 +2,15 @@
 
 Per op and N-D signature (pure functions, seconds):
 
-* ``CostKind.MATMUL``: ``flops / work_share / (peak_flops * matmul_efficiency)``,
-  times :func:`uneven_share` when a split does not divide (the device with the
-  largest shard finishes last);
-* ``CostKind.MEMORY``: ``(local input bytes + local output bytes) /
-  (memory_bandwidth * memory_efficiency)`` (roofline for memory-bound ops; local =
-  the largest shard, :func:`autopar.sbp.local_shape`);
+* ``CostKind.MATMUL``: :func:`gemm_time` of the GEMM one device runs under the
+  signature (:func:`local_gemm`: ``batch, m, n, k`` of its shard): a roofline whose
+  compute side is ``peak_flops * matmul_efficiency`` (a large GEMM's measured
+  fraction) scaled down when the GEMM has fewer output tiles than the device has SMs,
+  and whose memory side binds thin GEMMs; times :func:`uneven_share` when a split does
+  not divide (the device with the largest shard finishes last);
+* ``CostKind.MEMORY``: :func:`memory_time` of ``local input bytes + local output bytes``
+  (``/ (memory_bandwidth * memory_efficiency)``, a streaming kernel's measured
+  fraction; local = the largest shard, :func:`autopar.sbp.local_shape`);
 * ``CostKind.FREE``: 0 (views, variables, ticks);
 * optimizer ops (role ``optimizer``) additionally pay ZeRO's parameter
   all-gathers: boxing of the parameter (in its forward copy's dtype,
@@ -34,6 +37,7 @@ pool) live in :mod:`autopar.cost_tables`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -43,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.boxing import BoxingPlan, boxing_plan, step_latency
-from autopar.cluster import Mesh
+from autopar.cluster import DeviceSpec, Mesh
 from autopar.content_key import python_sources, source_digest
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.optimizer import (
@@ -71,6 +75,11 @@ __all__ = [
     "bucketed_time",
     "edge_kind",
     "edge_time",
+    "gemm_efficiency",
+    "gemm_time",
+    "local_gemm",
+    "matmul_time",
+    "memory_time",
     "model_digest",
     "op_compute_time",
     "op_signatures",
@@ -215,6 +224,99 @@ def uneven_share(ctx: RuleContext, sig: Signature, mesh_shape: Sequence[int]) ->
     return worst
 
 
+GEMM_TILE = 128
+"""Rows (and columns) of the output tile one thread block of a GEMM computes, elements.
+
+NVIDIA, "Matrix Multiplication Background User's Guide" (DU-09799-001, 2023), section 2.3
+"Typical Tile Dimensions in cuBLAS and Performance": cuBLAS tiles are 256x128, 128x256,
+128x128 down to 64x64; 128x128 is the middle of that range."""
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def gemm_time(dev: DeviceSpec, batch: int, m: int, n: int, k: int, itemsize: int) -> float:
+    """Seconds of ``batch`` GEMMs ``[m, k] x [k, n]`` on one device: a roofline with a fill term.
+
+    ``t = max(2 batch m n k / (peak_flops x matmul_efficiency x fill),
+    batch (m k + k n + m n) itemsize / (memory_bandwidth x memory_efficiency))``
+
+    * the compute term: ``matmul_efficiency`` is what a large, well-shaped GEMM reaches (the
+      preset's kernel measurement, ``autopar/profiles``);
+    * ``fill = min(1, tiles / compute_units)`` with ``tiles = batch ceil(m / T) ceil(n / T)``,
+      ``T`` = :data:`GEMM_TILE`: a GEMM of fewer output tiles than the device has SMs leaves
+      the others idle (NVIDIA "Matrix Multiplication Background", sections 2.1 and 3.2, wave
+      quantization: one thread block per tile, one tile per SM at a time).  Only the first,
+      partial wave is charged: past it cuBLAS's heuristics pick among tile shapes and
+      split-K, which a one-tile quantization would overstate.  ``compute_units = 0``: 1;
+    * the memory term: reading both operands and writing the result once (NVIDIA "GPU
+      Performance Background User's Guide", section 4 "Understanding Performance":
+      arithmetic intensity ``2 m n k / ((m k + k n + m n) bytes)`` against the device's
+      ops:byte ratio); it binds for thin GEMMs (one of ``m``, ``n``, ``k`` small).
+
+    Units: elements for ``m, n, k``, bytes for ``itemsize``, FLOP/s and bytes/s in ``dev``.
+    Cached per (device, shape, itemsize): a cost table asks for the same shapes per layer.
+    """
+    flops = 2.0 * batch * m * n * k
+    fill = 1.0
+    if dev.compute_units > 0:
+        tiles = batch * math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+        fill = min(1.0, tiles / dev.compute_units)
+    compute = flops / (dev.peak_flops * dev.matmul_efficiency * fill)
+    moved = float(batch) * (m * k + k * n + m * n) * itemsize
+    return max(compute, memory_time(dev, moved))
+
+
+def gemm_efficiency(dev: DeviceSpec, batch: int, m: int, n: int, k: int, itemsize: int = 2) -> float:
+    """Achieved fraction of ``peak_flops`` of :func:`gemm_time`'s GEMMs: ``2 batch m n k /
+    (t x peak_flops)``, in (0, ``matmul_efficiency``]; unitless."""
+    return 2.0 * batch * m * n * k / (gemm_time(dev, batch, m, n, k, itemsize) * dev.peak_flops)
+
+
+def memory_time(dev: DeviceSpec, moved_bytes: float) -> float:
+    """Seconds to stream ``moved_bytes`` (read + written) through device memory:
+    ``bytes / (memory_bandwidth x memory_efficiency)``, the roofline of a memory-bound kernel
+    with the preset's measured fraction of the HBM bandwidth (``autopar/profiles``)."""
+    return moved_bytes / (dev.memory_bandwidth * dev.memory_efficiency)
+
+
+BATCHED_GEMM_OPS = frozenset({"batch_matmul"})
+"""Matmul-like ops whose leading output dims are separate GEMMs (a strided batched GEMM);
+the others fold their leading dims into the rows (one GEMM, the weight read once)."""
+
+
+def local_gemm(ctx: RuleContext, sig: Signature, mesh_shape: Sequence[int], flops: float) -> tuple[int, ...]:
+    """``(batch, m, n, k)`` of the GEMM one device runs for matmul-like ``ctx.op`` under ``sig``.
+
+    ``m``, ``n`` (and ``batch`` for :data:`BATCHED_GEMM_OPS`) from the output's local shape
+    (the largest shard, :func:`autopar.sbp.local_shape`); ``k`` = the contracted length
+    ``flops / (2 numel(out))`` (the rule's logical FLOPs) divided by the devices that split
+    it: ``work_share / split factor of the output``.
+    """
+    out, out_sbp = ctx.outputs[0], sig.outputs[0]
+    local = local_shape(out.shape, out_sbp, mesh_shape) or out.shape
+    split_out = out_sbp.split_factor(mesh_shape)
+    k = max(1, round(flops / (2.0 * max(1, out.numel)) * split_out / work_share(sig, mesh_shape)))
+    dims = tuple(int(d) for d in local) or (1,)
+    if len(dims) == 1:
+        return 1, 1, dims[0], k
+    if ctx.op.type in BATCHED_GEMM_OPS:
+        return math.prod(dims[:-2]), dims[-2], dims[-1], k
+    return 1, math.prod(dims[:-1]), dims[-1], k
+
+
+def matmul_time(
+    ctx: RuleContext, sig: Signature, mesh_shape: Sequence[int], dev: DeviceSpec, flops: float
+) -> float:
+    """Seconds of matmul-like ``ctx.op`` under ``sig``: :func:`gemm_time` of its local GEMM
+    (:func:`local_gemm`), in the output's dtype, times the unevenness the output's shard
+    does not already carry (:func:`uneven_share` over the output's own)."""
+    batch, m, n, k = local_gemm(ctx, sig, mesh_shape, flops)
+    out, out_sbp = ctx.outputs[0], sig.outputs[0]
+    time = gemm_time(dev, batch, m, n, k, DTYPE_BYTES[out.dtype])
+    even_out = out.numel / out_sbp.split_factor(mesh_shape)
+    out_uneven = batch * m * n / even_out if even_out > 0 else 1.0
+    return time * max(1.0, uneven_share(ctx, sig, mesh_shape) / max(1.0, out_uneven))
+
+
 def op_compute_time(
     rule: Rule | None, ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal"
 ) -> float:
@@ -233,19 +335,17 @@ def op_compute_time(
             per_element = optimizer_update_bytes(
                 DTYPE_BYTES[param.dtype], DTYPE_BYTES[spec.dtype], state_count(ctx.op.type, ctx.op.attrs)
             )
-            t += float(numel * per_element) / (dev.memory_bandwidth * dev.memory_efficiency)
+            t += memory_time(dev, float(numel * per_element))
         return t + optimizer_gather_time(ctx, sig, mesh, lowering)
     kind = rule.cost if rule is not None else CostKind.MEMORY
     if kind is CostKind.FREE:
         return 0.0
     if kind is CostKind.MATMUL and rule is not None and rule.flops is not None:
-        flops = rule.flops(ctx)
-        time = flops / work_share(sig, mesh.shape) / (dev.peak_flops * dev.matmul_efficiency)
-        return time * uneven_share(ctx, sig, mesh.shape)
+        return matmul_time(ctx, sig, mesh.shape, dev, rule.flops(ctx))
     moved = _local_bytes(ctx.inputs, sig.inputs, mesh.shape) + _local_bytes(
         ctx.outputs, sig.outputs, mesh.shape
     )
-    return moved / (dev.memory_bandwidth * dev.memory_efficiency)
+    return memory_time(dev, moved)
 
 
 def zero_gathers_per_step(zero_stage: int) -> int:

@@ -224,6 +224,7 @@ class DeviceModel(_Strict):
     inter_node_latency: float = Field(ge=0)
     matmul_efficiency: float = Field(default=0.5, gt=0, le=1)
     memory_efficiency: float = Field(default=0.7, gt=0, le=1)
+    compute_units: int = Field(default=0, ge=0, description="streaming multiprocessors; 0: not modelled")
 
 
 class ClusterModel(_Strict):

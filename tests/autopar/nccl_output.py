@@ -176,6 +176,25 @@ GEMM_FIXTURE = """\
 # synthetic: rendered by tests/autopar/nccl_output.py at 60 % of 312 TFLOP/s, not measured
 m,n,k,dtype,seconds
 {rows}"""
+GEMM_TFLOPS_FIXTURE = """\
+# synthetic: rendered by tests/autopar/nccl_output.py from autopar.costs.gemm_time on a100-40g
+# with matmul_efficiency 0.7, not measured
+batch,m,n,k,dtype,tflops
+{rows}"""
+GEMM_TFLOPS_CEILING = 0.7
+"""The large-GEMM ceiling the ``gemm-tflops.csv`` fixture is rendered with."""
+GEMM_TFLOPS_SHAPES = (
+    (1, 4096, 4096, 4096),
+    (1, 8192, 8192, 8192),
+    (1, 16384, 4096, 1024),
+    (1, 2048, 12288, 4096),
+    (1, 1024, 1024, 1024),
+    (1, 512, 512, 512),
+    (1, 16, 4096, 4096),
+    (96, 2048, 2048, 128),
+    (96, 2048, 128, 2048),
+)
+"""batch, m, n, k: large, under-filled (1024^3, 512^3), thin (m = 16) and attention-like GEMMs."""
 COPY_FIXTURE = """\
 # synthetic: rendered by tests/autopar/nccl_output.py at 1.2 TB/s + 5 us, not measured
 bytes,seconds
@@ -193,10 +212,24 @@ def fixture_files() -> dict[str, str]:
     files["gemm.csv"] = GEMM_FIXTURE.format(
         rows="".join(f"{m},{n},{k},bfloat16,{2 * m * n * k / (0.6 * 312e12):.6e}\n" for m, n, k in gemms)
     )
+    files["gemm-tflops.csv"] = GEMM_TFLOPS_FIXTURE.format(rows="".join(_gemm_tflops_rows()))
     files["copy.csv"] = COPY_FIXTURE.format(
         rows="".join(f"{b},{5e-6 + b / 1.2e12:.6e}\n" for b in (1 << 20, 1 << 24, 1 << 28, 1 << 30))
     )
     return files
+
+
+def _gemm_tflops_rows() -> list[str]:
+    from dataclasses import replace
+
+    from autopar.cluster import PRESETS
+    from autopar.costs import gemm_time
+
+    dev = replace(PRESETS["a100-40g"], matmul_efficiency=GEMM_TFLOPS_CEILING)
+    return [
+        f"{b},{m},{n},{k},float16,{2 * b * m * n * k / gemm_time(dev, b, m, n, k, 2) / 1e12:.4f}\n"
+        for b, m, n, k in GEMM_TFLOPS_SHAPES
+    ]
 
 
 def write_fixtures(root: Path = FIXTURES) -> None:

@@ -7,6 +7,7 @@ No GPU here: the nccl-tests outputs are synthetic, rendered in nccl-tests' own f
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from autopar.calibrate import (
     bus_factor,
     calibrate_collective,
     calibrate_profile,
-    matmul_efficiency,
+    fit_gemm_ceiling,
     memory_efficiency,
     parse_copy_table,
     parse_gemm_table,
@@ -34,7 +35,14 @@ from autopar.cli import main
 from autopar.cluster import PROFILES, Cluster, ClusterProfile, Mesh, load_cluster_profile
 from autopar.errors import ConfigError
 from autopar.sbp import B, P, S, nd
-from tests.autopar.nccl_output import FIXTURE_LINKS, FIXTURES, Link, fixture_files, render
+from tests.autopar.nccl_output import (
+    FIXTURE_LINKS,
+    FIXTURES,
+    GEMM_TFLOPS_CEILING,
+    Link,
+    fixture_files,
+    render,
+)
 from tests.graphs import mlp_graph
 
 RESULTS = FIXTURES / "2x4-mesh4x2"
@@ -200,14 +208,49 @@ def test_unmeasured_numbers_and_their_sources_stay_the_base_profiles():
 
 def test_gemm_and_copy_tables_give_efficiencies():
     gemms = parse_gemm_table((FIXTURES / "gemm.csv").read_text())
-    assert matmul_efficiency(gemms, 312e12) == pytest.approx(0.6, rel=1e-3)
+    # large GEMMs (every one fills the 108 SMs): the ceiling is their FLOP-weighted fraction of peak
+    fit = fit_gemm_ceiling(gemms, A100.device)
+    assert fit.ceiling == pytest.approx(0.6, rel=1e-3) and fit.compute_bound == fit.points == len(gemms)
     copies = parse_copy_table((FIXTURES / "copy.csv").read_text())
     assert memory_efficiency(copies, 1.555e12) == pytest.approx(1.2e12 / 1.555e12, rel=1e-3)
     # the same table on a faster device is a smaller fraction of its peak
-    assert matmul_efficiency(gemms, 989e12) < matmul_efficiency(gemms, 312e12)
+    assert fit_gemm_ceiling(gemms, PROFILES["h100-80g"].device).ceiling < fit.ceiling
     with pytest.raises(ConfigError) as e:
-        matmul_efficiency(gemms, 100e12)
+        fit_gemm_ceiling(gemms, replace(A100.device, peak_flops=100e12))
     assert e.value.code == "gemm_above_peak"
+
+
+def test_gemm_ceiling_is_recovered_from_a_table_of_mixed_shapes():
+    # rendered from the cost model with a known ceiling: thin and under-filled rows included
+    gemms = parse_gemm_table((FIXTURES / "gemm-tflops.csv").read_text(), "gemm-tflops.csv")
+    fit = fit_gemm_ceiling(gemms, A100.device)
+    assert fit.ceiling == pytest.approx(GEMM_TFLOPS_CEILING, rel=1e-3)
+    assert fit.max_relative_error < 1e-3
+    assert 0 < fit.compute_bound < fit.points  # the thin (m = 16) rows are memory-bound: left out
+    assert {g.batch for g in gemms} == {1, 96}
+
+
+def test_gemm_table_in_seconds_or_tflops_is_the_same_measurement():
+    tflops = parse_gemm_table("m,n,k,dtype,tflops\n4096,4096,4096,bf16,200\n")
+    seconds = parse_gemm_table(f"m,n,k,dtype,seconds\n4096,4096,4096,bf16,{2 * 4096**3 / 200e12!r}\n")
+    assert tflops[0].seconds == pytest.approx(seconds[0].seconds)
+    assert fit_gemm_ceiling(tflops, A100.device).ceiling == pytest.approx(200 / 312)
+
+
+def test_calibrated_profile_carries_the_gemm_ceiling_and_its_source():
+    runs = read_results_dir(RESULTS)
+    gemms = parse_gemm_table((FIXTURES / "gemm-tflops.csv").read_text(), "gemm-tflops.csv")
+    profile = calibrate_profile(A100, 2, 4, (4, 2), runs, gemms=gemms, gemm_source="gemm-tflops.csv").profile
+    assert profile.device.matmul_efficiency == pytest.approx(GEMM_TFLOPS_CEILING, rel=1e-3)
+    assert profile.device.compute_units == A100.device.compute_units
+    assert profile.sources["device.matmul_efficiency"].startswith("gemm-tflops.csv: 9 GEMMs")
+
+
+def test_a_table_of_memory_bound_gemms_measures_no_ceiling():
+    thin = parse_gemm_table("m,n,k,dtype,tflops\n1,8192,8192,bf16,1.0\n", "thin.csv")
+    with pytest.raises(ConfigError, match="memory roofline.s ridge") as e:
+        fit_gemm_ceiling(thin, A100.device)
+    assert e.value.code == "bad_gemm_table"
 
 
 # ------------------------------------------------------------------ bad input
@@ -283,6 +326,10 @@ def test_bad_tables_name_the_line():
     assert e.value.code == "bad_gemm_table" and e.value.details["line"] == 3
     with pytest.raises(ConfigError, match=r"g\.csv:1: header lacks column\(s\) \['seconds'\]"):
         parse_gemm_table("m,n,k,dtype,time\n", "g.csv")
+    with pytest.raises(ConfigError, match="both seconds and tflops"):
+        parse_gemm_table("m,n,k,dtype,seconds,tflops\n1,1,1,bf16,1,1\n", "g.csv")
+    with pytest.raises(ConfigError, match=r"g\.csv:2: batch, m, n, k must be >= 1 and tflops > 0"):
+        parse_gemm_table("batch,m,n,k,dtype,tflops\n0,1024,1024,1024,bf16,100\n", "g.csv")
     with pytest.raises(ConfigError, match=r"c\.csv:2: bytes and seconds must be numbers") as e:
         parse_copy_table("bytes,seconds\n1MiB,1e-3\n", "c.csv")
     assert e.value.code == "bad_copy_table"

@@ -74,7 +74,9 @@ def test_edge_matrix_zero_on_matching_sbp():
 
 
 def test_matmul_compute_divides_by_work_share():
-    g = mlp_graph()
+    # rows of 8192 tokens: every shard below fills the device and is compute-bound, so the
+    # time is the FLOPs over the device's large-GEMM throughput, divided by the work share
+    g = mlp_graph(batch=8192)
     op = g.op_by_name["l0.fc1"]
     ctx = rule_context(g, op, MESH.shape, 2)
     rule = default_rules().get(op.type)
@@ -82,21 +84,33 @@ def test_matmul_compute_divides_by_work_share():
     dp = op_compute_time(rule, ctx, parse_signature("((S(0), B), (B, B)) -> (S(0), B)"), MESH)
     both = op_compute_time(rule, ctx, parse_signature("((S(0), B), (B, S(0))) -> (S(0), S(1))"), MESH)
     assert full == pytest.approx(4 * dp) and dp == pytest.approx(2 * both)
-    flops = 2 * 16 * 1024 * 4096
+    flops = 2 * 8192 * 1024 * 4096
     dev = MESH.cluster.device
     assert full == pytest.approx(flops / (dev.peak_flops * dev.matmul_efficiency))
 
 
-def test_uneven_matmul_is_timed_by_its_largest_shard():
-    # 6 rows over 4 devices: 2, 2, 1, 1 (OneFlow's BalancedSplitter); the device with 2 rows
-    # finishes last, so the time is that of 2 rows -- the even share 1.5 times 4/3
-    g = mlp_graph(batch=6)
+def test_thin_matmul_split_saves_less_than_its_work_share():
+    # 16 tokens: the GEMM is thin (memory-bound: each device still reads the whole weight),
+    # so splitting its rows 4 ways saves far less than 4x
+    g = mlp_graph(batch=16)
     op = g.op_by_name["l0.fc1"]
     ctx = rule_context(g, op, MESH.shape, 2)
     rule = default_rules().get(op.type)
     full = op_compute_time(rule, ctx, parse_signature("((B, B), (B, B)) -> (B, B)"), MESH)
     dp = op_compute_time(rule, ctx, parse_signature("((S(0), B), (B, B)) -> (S(0), B)"), MESH)
-    assert dp == pytest.approx(full * 2 / 6)
+    assert full / 4 < dp <= full
+
+
+def test_uneven_matmul_is_timed_by_its_largest_shard():
+    # 4098 rows over 4 devices: 1025, 1025, 1024, 1024 (OneFlow's BalancedSplitter); the device
+    # with 1025 rows finishes last, so the time is that of 1025 rows (compute-bound shards)
+    g = mlp_graph(batch=4098)
+    op = g.op_by_name["l0.fc1"]
+    ctx = rule_context(g, op, MESH.shape, 2)
+    rule = default_rules().get(op.type)
+    full = op_compute_time(rule, ctx, parse_signature("((B, B), (B, B)) -> (B, B)"), MESH)
+    dp = op_compute_time(rule, ctx, parse_signature("((S(0), B), (B, B)) -> (S(0), B)"), MESH)
+    assert dp == pytest.approx(full * 1025 / 4098)
 
 
 def test_zero_stage_changes_only_optimizer_keys():
