@@ -132,6 +132,28 @@ class Variable:
         return {"op": self.op, "tensor": self.tensor, "grad": self.grad, "optimizer": self.optimizer}
 
 
+def _not_finite(value: Any) -> bool:
+    """Whether an attr value holds a float that is not finite (NaN, an infinity), at any depth."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, list | tuple):
+        return False
+    return any(_not_finite(v) for v in value)
+
+
+def _check_finite_attrs(op: Op) -> None:
+    """``non_finite_number`` naming the attr of ``op`` that holds NaN or an infinity."""
+    for name, value in op.attrs.items():
+        if _not_finite(value):
+            raise GraphError(
+                "non_finite_number",
+                f"op {op.name!r} attr {name!r} holds a number that is not finite; send finite numbers",
+                op=op.name,
+            )
+
+
 class Graph:
     """A training-step graph.  Build it, then call :meth:`validate`."""
 
@@ -265,6 +287,7 @@ class Graph:
         for op in self.ops:
             if not op.name or not op.type:
                 raise GraphError("bad_op", f"op {op.name!r} needs a name and a type", op=op.name)
+            _check_finite_attrs(op)
             for port, tensor in op.inputs.items():
                 if tensor not in producer:  # every produced tensor is an op's output, checked below
                     raise GraphError(

@@ -13,6 +13,7 @@ that its plan key equals the job id (same request, same code versions).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, replace
 from typing import Annotated, Any, Literal
 
@@ -36,6 +37,7 @@ __all__ = [
     "build_request",
     "cluster_of",
     "key_dict_of",
+    "least_time_limit_s",
     "payload_of",
     "request_from_payload",
 ]
@@ -201,7 +203,27 @@ def build_request(
     if shape is not None:
         Mesh(cluster, shape)  # ConfigError naming the shape and the device count
     budget = memory_budget_bytes or cluster.device.memory_bytes
-    return PlanRequest(graph, cluster, shape, budget, zero_stage, _options(options, settings))
+    solver_options = _options(options, settings)
+    _check_least_time(solver_options.time_limit_s, graph, settings)
+    return PlanRequest(graph, cluster, shape, budget, zero_stage, solver_options)
+
+
+def least_time_limit_s(graph: Graph, settings: Settings) -> float:
+    """The least time limit that can load ``graph`` (read it and start its cost tables):
+    ``min_time_limit_s`` plus ``min_time_limit_s_per_op`` per op, rounded up to 0.01 s."""
+    least = settings.min_time_limit_s + settings.min_time_limit_s_per_op * len(graph.ops)
+    return math.ceil(least * 100) / 100
+
+
+def _check_least_time(time_limit_s: float, graph: Graph, settings: Settings) -> None:
+    least = least_time_limit_s(graph, settings)
+    if time_limit_s < least:
+        raise ConfigError(
+            "time_limit_too_small",
+            f"time_limit_s {time_limit_s:g} is below {least:g} s, the least that can load this "
+            f"graph of {len(graph.ops)} ops; ask for at least {least:g} s",
+            minimum_s=least,
+        )
 
 
 def key_dict_of(request: PlanRequest) -> dict[str, Any]:

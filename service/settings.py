@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     job_ttl_s: float = Field(default=86400, gt=0)
     """How long job records, uploaded graphs and sweep records are kept, seconds."""
 
+    min_time_limit_s: float = Field(default=0.5, ge=0)
+    """Least solver time limit for any graph, seconds (422 ``time_limit_too_small`` below it plus
+    ``min_time_limit_s_per_op`` per op: a limit that cannot load the graph fails every solve)."""
+    min_time_limit_s_per_op: float = Field(default=1e-4, ge=0)
+    """Seconds per op added to ``min_time_limit_s`` (mt5-base's 4,700 ops: 0.97 s in all)."""
     default_time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0)
     """Time limit of a request that gives none, seconds: the whole solve (cost tables, every
     mesh shape, verification), as ``autopar plan --time-limit`` (same default)."""

@@ -3,7 +3,9 @@
 :func:`check_graph_rules` runs each op's rule (signatures and FLOPs) on a two-device mesh:
 an op its rule cannot read (a rank-0 tensor where it needs dims, a renamed port, an attr of
 the wrong type) is :class:`GraphError` ``op_unsupported`` naming it, a zero-size tensor of a
-matmul-like op or a zero-size parameter ``bad_shape``, instead of a failure inside a solve.
+matmul-like op or a zero-size parameter ``bad_shape``, shapes its family's check refuses
+(:mod:`autopar.rules.shapes`: matmul dims, reshape element counts, broadcasts)
+``shape_mismatch``, instead of a failure inside a solve or a plan of a graph that cannot run.
 Importing :mod:`autopar.rules` registers it with :func:`autopar.graph.register_validator`,
 so :meth:`Graph.validate` runs it wherever the rules are loaded (every planning path: the
 planner, the cost tables, the evaluator); the command line
@@ -22,6 +24,7 @@ from autopar.collector import collector_paused
 from autopar.errors import GraphError
 from autopar.graph import Graph, Op, TensorSpec, register_validator
 from autopar.rules.registry import CostKind, RuleContext, default_rules, nd_signatures
+from autopar.rules.shapes import shape_problem
 
 __all__ = ["check_graph_rules"]
 
@@ -61,6 +64,20 @@ def _op_signature_key(graph: Graph, op: Op) -> tuple[Any, ...]:
     return op.type, ports, json.dumps(op.attrs, sort_keys=True, default=repr)
 
 
+def _check_shapes(ctx: RuleContext) -> None:
+    """The op's family's shape check (:mod:`autopar.rules.shapes`): ``shape_mismatch`` naming the dims."""
+    try:
+        problem = shape_problem(ctx)
+    except Exception:  # a check that cannot read the op: the rule's probe below says why
+        problem = None
+    if problem is not None:
+        raise GraphError(
+            "shape_mismatch",
+            f"op {ctx.op.name!r} ({ctx.op.type}) {problem}; check the exported shapes",
+            op=ctx.op.name,
+        )
+
+
 def _probe_rules(graph: Graph) -> None:
     """Run every op's sharding rule once on a two-device mesh: an op its rule cannot read (a
     rank-0 tensor where it needs dims, a renamed port, an attr of the wrong type) is refused
@@ -94,6 +111,7 @@ def _probe_rules(graph: Graph) -> None:
                 "check its ports, shapes and attributes against the graph format",
                 op=op.name,
             ) from None
+        _check_shapes(ctx)
 
 
 register_validator(check_graph_rules)

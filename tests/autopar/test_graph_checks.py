@@ -158,3 +158,65 @@ def test_the_hash_ignores_name_and_meta_but_not_values(tiny: dict[str, Any]) -> 
     data = _copy(tiny)
     _first(data, "broadcast_matmul")["attrs"]["alpha"] = 0.5
     assert Graph.from_dict(data).content_hash() != h
+
+
+# ------------------------------------------------------------------ issue 34: shapes and numbers
+
+
+def _op_with(data: dict[str, Any], op_type: str, **ports: list[int]) -> dict[str, Any]:
+    """The first ``op_type`` op; its ports' tensors reshaped as given (``a_0=[8, 32, 63]``)."""
+    op = _first(data, op_type)
+    for port, shape in ports.items():
+        tensor = {**op["inputs"], **op["outputs"]}[port]
+        data["tensors"][tensor]["shape"] = shape
+    return op
+
+
+@pytest.mark.parametrize(
+    ("op_type", "ports", "words"),
+    [
+        ("broadcast_matmul", {"a_0": [8, 32, 63]}, "contracts a's dim of 63 with b's of 64"),
+        ("broadcast_matmul", {"out_0": [8, 32, 65]}, "expected [8, 32, 64]"),
+        ("batch_matmul", {"out_0": [8, 4, 32, 31]}, "gives [8, 4, 32, 31]"),
+        ("broadcast_matmul_grad_b", {"out_0": [64, 63]}, "the output [a.last, b.last]"),
+        ("reshape", {"out_0": [8, 32, 4, 17]}, "(17408 elements)"),
+        ("broadcast_add", {"z_0": [8, 32, 63]}, "which broadcast to [8, 32, 64]"),
+        ("gelu", {"out_0": [8, 32, 255]}, "where one shape belongs"),
+    ],
+)
+def test_shapes_that_disagree_are_refused(
+    tiny: dict[str, Any], op_type: str, ports: dict[str, list[int]], words: str
+) -> None:
+    data = _copy(tiny)
+    op = _op_with(data, op_type, **ports)
+    err = _refused(data)
+    assert err.code == "shape_mismatch", err
+    assert err.details["op"] == op["name"] and words in str(err), str(err)
+
+
+def test_every_bundled_model_passes_the_shape_checks() -> None:
+    from autopar.models import MODEL_NAMES
+    from autopar.rules.check import check_graph_rules
+
+    for name in MODEL_NAMES:
+        check_graph_rules(build(name))  # no shape_mismatch on any op
+
+
+def test_the_shape_checks_cover_the_families_of_the_issue() -> None:
+    from autopar.rules.shapes import SHAPE_CHECKS, broadcast_shape
+
+    for op_type in ("matmul", "batch_matmul", "broadcast_matmul", "reshape", "broadcast_add", "relu"):
+        assert op_type in SHAPE_CHECKS
+    assert broadcast_shape([8, 1, 64], [32, 1]) == (8, 32, 64)
+    assert broadcast_shape([8, 32, 63], [64]) is None
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf"), [1.0, float("inf")], {"a": float("nan")}])
+def test_attrs_hold_finite_numbers_only(tiny: dict[str, Any], value: Any) -> None:
+    data = _copy(tiny)
+    op = data["ops"][5]
+    op["attrs"]["alpha"] = value
+    graph = Graph.from_dict(data)
+    with pytest.raises(GraphError) as err:
+        graph.validate()
+    assert err.value.code == "non_finite_number" and err.value.details["op"] == op["name"]

@@ -229,3 +229,19 @@ def test_non_finite_attrs_are_refused(
     with keyed.client(headers={"X-API-Key": KEY_A, "Content-Type": "application/json"}) as a:
         r = a.post("/v1/plans", content=raw)
         assert r.status_code == 422 and r.json()["code"] == "non_finite_number", r.text
+
+
+# ---------------------------------------------------------------- 4. inconsistent requests
+
+
+def test_a_time_limit_below_the_least_is_refused_naming_it(keyed: LiveServer) -> None:
+    with keyed.client(headers={"X-API-Key": KEY_A}) as a:
+        r = a.post(
+            "/v1/plans", json={"graph": "tiny-gpt", "cluster": "1x2", "options": {"time_limit_s": 1e-9}}
+        )
+        assert r.status_code == 422, r.text
+        problem = r.json()
+        assert problem["code"] == "time_limit_too_small" and problem["minimum_s"] > 0
+        assert f"at least {problem['minimum_s']:g} s" in problem["detail"]
+        ok = a.post("/v1/plans", json={"graph": "tiny-gpt", "cluster": "1x2", "options": {"time_limit_s": 1}})
+        assert ok.status_code in (200, 202), ok.text
