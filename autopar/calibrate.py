@@ -602,11 +602,17 @@ def calibrate_profile(
             f"mesh shape {list(shape)} has {math.prod(shape)} devices but cluster "
             f"{nodes}x{devices_per_node} has {nodes * devices_per_node}",
         )
-    if not runs:
-        raise ConfigError("no_measurements", "no nccl-tests output given for any mesh axis")
+    if not (runs or gemms or copies):
+        raise ConfigError(
+            "no_measurements", "no nccl-tests output for any mesh axis, GEMM table or copy table given"
+        )
     sources = dict(base.sources)
-    axes, mesh_links = _calibrate_axes(nodes, devices_per_node, shape, runs, sources)
-    device, link_costs = _node_links(base, axes, nodes, devices_per_node, shape, sources)
+    axes: list[AxisCalibration] = []
+    device, links = base.device, base.links
+    if runs:
+        axes, mesh_links = _calibrate_axes(nodes, devices_per_node, shape, runs, sources)
+        device, link_costs = _node_links(base, axes, nodes, devices_per_node, shape, sources)
+        links = LinkTable(link_costs["intra_node"], link_costs["inter_node"], tuple(mesh_links))
     if copies:  # first: the GEMM fit's memory roofline uses the memory efficiency
         eff = memory_efficiency(copies, device.memory_bandwidth)
         device = replace(device, memory_efficiency=eff)
@@ -622,13 +628,17 @@ def calibrate_profile(
             f"autopar.costs.gemm_time reproduces every row within {100 * fit.max_relative_error:.1f} %"
         )
     device = replace(device, name=name or f"{base.name}-calibrated")
+    measured = [
+        what
+        for what, given in (("nccl-tests output", runs), ("GEMM timings", gemms), ("copy timings", copies))
+        if given
+    ]
+    where = f"on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, " if runs else ""
     profile = ClusterProfile(
         device,
-        LinkTable(link_costs["intra_node"], link_costs["inter_node"], tuple(mesh_links)),
+        links,
         description=(
-            f"Calibrated on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, from nccl-tests "
-            f"output{' and GEMM timings' if gemms else ''}{' and copy timings' if copies else ''}; "
-            f"unmeasured numbers from profile {base.name}."
+            f"Calibrated {where}from {' and '.join(measured)}; unmeasured numbers from profile {base.name}."
         ),
         sources=sources,
     )
@@ -760,9 +770,13 @@ def read_results_dir(path: str | Path) -> dict[int, dict[str, NcclRun]]:
 
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", help="directory with axis<i>/<nccl-tests binary>.txt outputs")
-    p.add_argument("--cluster", required=True, help="NODESxDEVICES the tests ran on, e.g. 2x4")
-    p.add_argument("--mesh-shape", required=True, help="the mesh whose axes were measured, e.g. 4,2")
+    p.add_argument(
+        "results",
+        nargs="?",
+        help="directory with axis<i>/<nccl-tests binary>.txt outputs (leave out to calibrate compute only)",
+    )
+    p.add_argument("--cluster", help="NODESxDEVICES the tests ran on, e.g. 2x4 (with RESULTS)")
+    p.add_argument("--mesh-shape", help="the mesh whose axes were measured, e.g. 4,2 (with RESULTS)")
     base = p.add_mutually_exclusive_group()
     base.add_argument(
         "--preset",
@@ -788,8 +802,17 @@ def _read(path: str) -> str:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``autopar calibrate``: fit a profile, print what was fitted, write the JSON."""
-    nodes, per = parse_cluster_geometry(args.cluster)
-    shape = parse_mesh_shape(args.mesh_shape)
+    if args.results and not (args.cluster and args.mesh_shape):
+        raise ConfigError(
+            "missing_argument", "nccl-tests results need --cluster NODESxDEVICES and --mesh-shape"
+        )
+    if not (args.results or args.gemm_table or args.copy_table):
+        raise ConfigError(
+            "no_measurements",
+            "give nccl-tests RESULTS, a --gemm-table or a --copy-table (docs/calibration.md)",
+        )
+    nodes, per = parse_cluster_geometry(args.cluster) if args.cluster else (1, 1)
+    shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else (nodes * per,)
     base = (
         load_cluster_profile(args.base_profile)
         if args.base_profile
@@ -802,7 +825,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         nodes,
         per,
         shape,
-        read_results_dir(args.results),
+        read_results_dir(args.results) if args.results else {},
         gemms=gemms,
         gemm_source=args.gemm_table or "",
         copies=copies,
@@ -811,7 +834,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     )
     profile = calibration.profile
     out = sys.stdout
-    out.write(f"profile {profile.name}: {nodes}x{per} cluster, mesh {list(shape)}\n")
+    out.write(
+        f"profile {profile.name}: {nodes}x{per} cluster, mesh {list(shape)}\n"
+        if args.results
+        else f"profile {profile.name}: compute only (links from {base.name})\n"
+    )
     for axis in calibration.axes:
         where = "crosses nodes" if axis.crosses_nodes else "inside a node"
         out.write(f"  axis {axis.axis} ({axis.size} ranks, {where})\n")

@@ -248,7 +248,7 @@ def test_calibrated_profile_carries_the_gemm_ceiling_and_its_source():
 
 def test_a_table_of_memory_bound_gemms_measures_no_ceiling():
     thin = parse_gemm_table("m,n,k,dtype,tflops\n1,8192,8192,bf16,1.0\n", "thin.csv")
-    with pytest.raises(ConfigError, match="memory roofline.s ridge") as e:
+    with pytest.raises(ConfigError, match="under its memory roofline") as e:
         fit_gemm_ceiling(thin, A100.device)
     assert e.value.code == "bad_gemm_table"
 
@@ -454,3 +454,22 @@ def test_cli_plan_takes_the_profile(tmp_path: Path, capsys):
     assert "over 2x4 a100-40g-calibrated" in capsys.readouterr().out
     plan = json.loads((tmp_path / "p.json").read_text())
     assert plan["mesh"]["cluster"]["links"]["mesh_axes"][0]["mesh_shape"] == [4, 2]
+
+
+def test_compute_only_calibration_keeps_the_base_links(tmp_path, capsys):
+    out = tmp_path / "compute.json"
+    rc = main(["calibrate", "--gemm-table", str(FIXTURES / "gemm-tflops.csv"), "--out", str(out)])
+    assert rc == 0
+    assert "compute only" in capsys.readouterr().out
+    profile = load_cluster_profile(out)
+    assert profile.device.matmul_efficiency == pytest.approx(GEMM_TFLOPS_CEILING, rel=1e-3)
+    assert profile.links == A100.links
+    assert profile.device.intra_node_bandwidth == A100.device.intra_node_bandwidth
+    assert "from GEMM timings" in profile.description
+
+
+def test_calibrate_needs_a_measurement_and_results_need_their_mesh(tmp_path, capsys):
+    assert main(["calibrate", "--out", str(tmp_path / "p.json")]) != 0
+    assert "no_measurements" in capsys.readouterr().err
+    assert main(["calibrate", str(RESULTS), "--out", str(tmp_path / "p.json")]) != 0
+    assert "--mesh-shape" in capsys.readouterr().err
