@@ -166,6 +166,8 @@ def zero_dp_size(
     """``Nd``: over how many devices ZeRO shards a variable laid out as ``sbp``.
 
     ``all_axes``: the product of its data-parallel axes' sizes (ZeRO paper).
+    ``data_axes`` (Megatron-LM's distributed optimizer): the same less the last axis of a
+    mesh of two or more axes (the tensor-parallel group does not shard).
     ``one_axis`` (OneFlow 0.9): the factor by which OneFlow's ZeRO layout
     (:func:`autopar.rules.families.optimizer.oneflow_zero_shard`) splits it
     further -- the size of the one axis it shards, 1 when it shards none
@@ -181,7 +183,10 @@ def zero_dp_size(
             return 1
         sharded = zero_shard(shape, sbp, mesh_shape, zero_sharding)
         return sharded.split_factor(mesh_shape) // sbp.split_factor(mesh_shape)
-    return math.prod(mesh_shape[a] for a in data_parallel_axes(sbp))
+    axes = data_parallel_axes(sbp)
+    if parse_zero_sharding(zero_sharding)[0] == "data_axes" and len(mesh_shape) > 1:
+        axes = tuple(a for a in axes if a != len(mesh_shape) - 1)  # Megatron-LM: not the tp axis
+    return math.prod(mesh_shape[a] for a in axes)
 
 
 def variable_state_bytes(

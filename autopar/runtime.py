@@ -89,6 +89,12 @@ class ZeroSharding(str, Enum):
     """OneFlow 0.9 with its default ``shard_min_size`` (1024 elements per shard)."""
     ONE_AXIS_SHARD_MIN_1 = "one_axis:shard_min_size=1"
     """OneFlow 0.9 with ``enable_zero(shard_min_size=1)``."""
+    DATA_AXES = "data_axes"
+    """Megatron-LM's distributed optimizer: over the data-parallel group only, every mesh axis
+    but the last (the tensor-parallel one) of a mesh of two or more axes
+    (``megatron/core/optimizer/distrib_optimizer.py`` shards over
+    ``parallel_state.get_data_parallel_group()``); a parameter replicated on the
+    tensor-parallel axis keeps a whole copy there."""
 
 
 def parse_zero_sharding(text: str) -> tuple[str, int]:
@@ -101,8 +107,10 @@ def parse_zero_sharding(text: str) -> tuple[str, int]:
     """
     text = str(getattr(text, "value", text))
     axes, _, option = text.partition(":")
-    if axes not in ("all_axes", "one_axis"):
-        raise ConfigError("bad_zero_sharding", f"unknown ZeRO sharding {text!r}; use all_axes or one_axis")
+    if axes not in ("all_axes", "one_axis", "data_axes"):
+        raise ConfigError(
+            "bad_zero_sharding", f"unknown ZeRO sharding {text!r}; use all_axes, one_axis or data_axes"
+        )
     if not option:
         return axes, ONEFLOW_SHARD_MIN_SIZE if axes == "one_axis" else 1
     key, _, value = option.partition("=")
@@ -171,6 +179,7 @@ RUNTIMES: dict[str, RuntimeProfile] = {
         "megatron-lm",
         Lowering.IDEAL,
         overlap_grad_comm=False,
+        zero_sharding=ZeroSharding.DATA_AXES,
         source=(
             "Megatron-LM (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py, "
             "megatron/core/optimizer/distrib_optimizer.py): NCCL ring collectives; gradients "

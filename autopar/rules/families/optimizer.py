@@ -69,6 +69,8 @@ def zero_shard(
     ``sharding="all_axes"``: ``v`` with each ``B`` axis (of size > 1) turned
     into ``S(d)``, ``d`` the first dim whose local size still divides by the
     axis size; ``B`` stays when none does.
+    ``sharding="data_axes"`` (Megatron-LM): the same, but never on the last
+    (tensor-parallel) axis of a mesh of two or more axes.
 
     ``sharding="one_axis"`` (OneFlow 0.9, :func:`oneflow_zero_shard`): one
     ``B`` axis becomes split, as OneFlow's ``GenerateSplitSignature`` chooses,
@@ -83,8 +85,10 @@ def zero_shard(
         return oneflow_zero_shard(shape, v, mesh_shape, min_size)
     sizes = list(local)
     values = list(v.values)
+    # data_axes (Megatron-LM's data-parallel group): never the last axis of a 2+ axis mesh
+    skip = len(mesh_shape) - 1 if axes == "data_axes" and len(mesh_shape) > 1 else None
     for axis, (value, n) in enumerate(zip(v.values, mesh_shape, strict=True)):
-        if value != B or n == 1:
+        if value != B or n == 1 or axis == skip:
             continue
         for d, size in enumerate(sizes):
             if size % n == 0:
