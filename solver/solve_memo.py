@@ -5,7 +5,8 @@ tables of ``benchmarks/README.md``); the solve itself -- reductions, heuristic,
 the sweeps that prove the bound -- would still take seconds.  This memo keeps,
 per problem, what a solve found:
 
-* the plan with the least step time that the evaluator verified (one signature
+* the plan with the least objective (the iteration time: K micro-batches plus once
+  per step) that the evaluator verified (one signature
   index per op, in the op's cost-table order),
 * the greatest lower bound any solve proved for the problem (a bound proven
   with some of the memory rows is a bound of the problem with all of them: it
@@ -20,13 +21,15 @@ such an entry under the key without a budget).
 A problem is keyed by what determines its numbers: the graph's content hash and
 its ops in topological order (memory liveness follows it), the mesh and cluster,
 the ZeRO stage, the runtime profile, the cost model (its version and the digest
-of its source files, as every cost-table key) and the memory budget; and by the
+of its source files, as every cost-table key), the memory budget and the
+iteration priced (micro-batches and checkpointing, in the solver options the
+planner passes: ``solver/planner/recall.py``); and by the
 solver options that choose how it is solved (seed, hint, reductions, model
 size), so a request that tries another way is not answered with the default
 way's plan.  The time limit and the requested gap are not in the key: they say
 how long to solve, not what.  A caller that asks for a new solve (the
 service's ``refresh``) starts from the entry instead of being answered by it.  A recalled plan is
-never trusted: the planner re-checks it with the evaluator, step time and
+never trusted: the planner re-checks it with the evaluator, iteration time and
 memory, like any solver result, and drops the entry when it does not verify.
 When the recalled gap is within the requested one the solve is skipped;
 otherwise the solve starts from the recalled plan, its memory rows and its
@@ -65,7 +68,7 @@ class MemoEntry:
     positions: list[int]
     """Topological positions whose memory rows the plan was solved with."""
     objective: float
-    """The plan's step time, seconds."""
+    """The plan's objective, its iteration time (K micro-batches plus once per step), seconds."""
     bound: float
     """Greatest proven lower bound on the problem's optimum, seconds."""
 
@@ -149,7 +152,7 @@ def memo_keys(
 
 def merged(entry: MemoEntry, before: MemoEntry | None) -> MemoEntry:
     """What ``entry`` and ``before`` (both of one problem) prove together: the plan with
-    the smaller step time, the greater of the two bounds (at most that plan's step time)."""
+    the smaller iteration time, the greater of the two bounds (at most that plan's)."""
     if before is None:
         return entry
     plan = entry if entry.objective <= before.objective else before

@@ -300,3 +300,27 @@ def test_stores_that_cannot_swap_are_overwritten_and_a_busy_key_is_given_up():
     busy = _AlwaysChanging()
     assert remember(busy, "k", PLAN_A, None) is False
     assert busy.swaps == REMEMBER_ATTEMPTS
+
+
+def test_the_gap_asked_decides_answer_or_improve_and_another_iteration_is_another_problem(graph):
+    """Issue 34: the time limit and the gap are the effort, not the problem.  An entry that
+    proves a gap within the one asked answers; a tighter gap asked improves it, from it."""
+    store, _, _, key, true = _solved_once(graph)
+    # the same plan with a bound 4 % under it
+    store.put_many(
+        {key: MemoEntry(true.choices, true.positions, true.objective, 0.96 * true.objective).to_bytes()}
+    )
+
+    def asked(gap: float, **more: object) -> Plan:
+        options = SolverOptions(runtime=RUNTIME, time_limit_s=60, workers=2, relative_gap=gap, **more)  # type: ignore[arg-type]
+        return plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, options), store=store)
+
+    loose = asked(0.05)
+    assert _memo(loose)["key"] == key and _memo(loose)["solved_again"] is False
+    assert loose.solver["gap"] == pytest.approx(0.04, rel=1e-6)
+    tight = asked(0.01)
+    assert _memo(tight)["key"] == key and _memo(tight)["solved_again"] is True
+    assert tight.solver["gap"] <= 0.01 and tight.solver["objective"] <= true.objective + 1e-15
+    # another iteration (K = 4, every block recomputed) is another problem
+    other = asked(0.05, micro_batches=4, checkpointing="full")
+    assert _memo(other)["key"] != key and _memo(other)["found"] is False
