@@ -100,6 +100,10 @@ class JobInfo:
     """Short result when succeeded: step time, memory, solver status and gap."""
     version: int = 0
     """Bumped on every change; SSE and long-polls wait for it to move."""
+    fence: str | None = None
+    """Fencing token of the attempt that may write the job's progress and end (RQ): a fresh
+    one per attempt; a requeue clears it, so a superseded attempt's writes are discarded
+    (:mod:`autopar_service.rq_jobs`).  Not shown to clients."""
 
     @property
     def gap(self) -> float | None:

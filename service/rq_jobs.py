@@ -29,6 +29,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -118,23 +119,36 @@ class JobRecords:
 
 
 def _requeued(error: dict[str, Any]) -> Callable[[JobInfo], bool]:
-    """A change that puts a running record back in the queue, noting why."""
+    """A change that puts a running record back in the queue, noting why; the running
+    attempt's fencing token is revoked (its later writes are discarded)."""
 
     def change(info: JobInfo) -> bool:
         if info.terminal:
             return False
         info.status = JobStatus.QUEUED
         info.error = error
+        info.fence = None
         return True
 
     return change
 
 
-def _finish(status: JobStatus, **changes: Any) -> Callable[[JobInfo], bool]:
-    """A change that makes a non-terminal record terminal (a terminal one is left alone)."""
+class Superseded(Exception):
+    """Raised in an attempt whose fencing token the job record no longer holds: the job was
+    requeued (its worker stopped heartbeating past the lease) and another attempt owns it."""
+
+
+def _holds(info: JobInfo, fence: str | None) -> bool:
+    """Whether the attempt holding ``fence`` may still write ``info`` (None: no fencing)."""
+    return fence is None or info.fence == fence
+
+
+def _finish(status: JobStatus, fence: str | None = None, **changes: Any) -> Callable[[JobInfo], bool]:
+    """A change that makes a non-terminal record terminal (a terminal one is left alone, and so
+    is one whose fencing token is not ``fence``: a superseded attempt's end is discarded)."""
 
     def change(info: JobInfo) -> bool:
-        if info.terminal:
+        if info.terminal or not _holds(info, fence):
             return False
         info.status = status
         info.finished_at = time.time()
@@ -202,6 +216,45 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     store = RedisStore(settings.redis_url or "redis://(worker connection)", client=client)
     store.incr("stat:solves_started")
 
+    fence = _start_attempt(records, job_id)
+    report = _reporter(records, job_id, fence)
+    with _Heartbeat(records, job_id, settings):
+        try:
+            tables = RQTableBuilder(store, settings)  # missing cost-table entries: on every worker
+            result = run_job(job_id, payload, store, settings, code_versions(), report, tables)
+        except Superseded:
+            store.incr("stat:attempts_superseded")
+            log.warning(
+                "job %s: this attempt was superseded (requeued past its lease); its work is discarded",
+                job_id[:12],
+            )
+            return {"ok": False, "superseded": True}
+        except JobTimeoutException:
+            limit = payload.get("options", {}).get("time_limit_s")
+            error = {
+                "kind": "timeout",
+                "code": "job_timeout",
+                "message": f"the solve ran past its time limit ({limit} s) plus "
+                f"{settings.job_timeout_margin_s:.0f} s and was stopped; raise time_limit_s "
+                "or send a smaller graph",
+            }
+            _record_outcome(records, job_id, settings, JobStatus.FAILED, fence, error=error)
+            return {"ok": False, "error": error}
+        except Exception as exc:  # process boundary: every failure becomes the job's error
+            error = error_of(exc)
+            _record_outcome(records, job_id, settings, JobStatus.FAILED, fence, error=error)
+            return {"ok": False, "error": error}
+    store.incr("stat:plans_stored")
+    _record_outcome(
+        records, job_id, settings, JobStatus.SUCCEEDED, fence, result=result, phase="done", error=None
+    )
+    return {"ok": True, "result": result}
+
+
+def _start_attempt(records: JobRecords, job_id: str) -> str:
+    """Mark the job running under a fresh fencing token (this attempt's) and return the token."""
+    fence = uuid.uuid4().hex
+
     def started(info: JobInfo) -> bool:
         if info.terminal:
             return False
@@ -209,14 +262,26 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
         info.attempts += 1
         info.started_at = time.time()
         info.phase, info.objective, info.bound, info.elapsed_s = "starting", None, None, 0.0
+        info.fence = fence
         return True
 
     if records.update(job_id, started) is None:
-        records.save(JobInfo(job_id, JobStatus.RUNNING, attempts=1, started_at=time.time()))
+        records.save(JobInfo(job_id, JobStatus.RUNNING, attempts=1, started_at=time.time(), fence=fence))
+    return fence
+
+
+def _reporter(records: JobRecords, job_id: str, fence: str) -> Callable[[dict[str, Any]], None]:
+    """The progress callback of one attempt: it writes the record while the attempt holds the
+    fencing token, and raises :class:`Superseded` (stopping the solve at that phase) once it
+    does not.  ``run_job`` reports before every phase and before it stores the plan."""
 
     def report(data: dict[str, Any]) -> None:
+        superseded = False
+
         def change(info: JobInfo) -> bool:
-            if info.terminal:
+            nonlocal superseded
+            if info.terminal or not _holds(info, fence):
+                superseded = not _holds(info, fence)
                 return False
             info.phase = data.get("phase")
             if data.get("objective") is not None:
@@ -228,39 +293,27 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
 
         with contextlib.suppress(RedisError):
             records.update(job_id, change)
+        if superseded:
+            raise Superseded(f"job {job_id[:12]}: another attempt holds it now")
 
-    with _Heartbeat(records, job_id, settings):
-        try:
-            tables = RQTableBuilder(store, settings)  # missing cost-table entries: on every worker
-            result = run_job(job_id, payload, store, settings, code_versions(), report, tables)
-        except JobTimeoutException:
-            limit = payload.get("options", {}).get("time_limit_s")
-            error = {
-                "kind": "timeout",
-                "code": "job_timeout",
-                "message": f"the solve ran past its time limit ({limit} s) plus "
-                f"{settings.job_timeout_margin_s:.0f} s and was stopped; raise time_limit_s "
-                "or send a smaller graph",
-            }
-            _record_outcome(records, job_id, settings, JobStatus.FAILED, error=error)
-            return {"ok": False, "error": error}
-        except Exception as exc:  # process boundary: every failure becomes the job's error
-            error = error_of(exc)
-            _record_outcome(records, job_id, settings, JobStatus.FAILED, error=error)
-            return {"ok": False, "error": error}
-    _record_outcome(records, job_id, settings, JobStatus.SUCCEEDED, result=result, phase="done", error=None)
-    return {"ok": True, "result": result}
+    return report
 
 
 def _record_outcome(
-    records: JobRecords, job_id: str, settings: Settings, status: JobStatus, **changes: Any
+    records: JobRecords,
+    job_id: str,
+    settings: Settings,
+    status: JobStatus,
+    fence: str | None = None,
+    **changes: Any,
 ) -> None:
-    """Write the job's end, retrying through a Redis outage; recreate the record if Redis lost it."""
+    """Write the job's end, retrying through a Redis outage; recreate the record if Redis lost it.
+    Nothing is written when the record's fencing token is not ``fence`` (a superseded attempt)."""
     from autopar_service.tasks import with_retries
 
     def write() -> None:
         try:
-            if records.update(job_id, _finish(status, **changes)) is None:
+            if records.update(job_id, _finish(status, fence, **changes)) is None:
                 lost = JobInfo(job_id, status, finished_at=time.time(), attempts=1, version=1, **changes)
                 records.save(lost)
         except RedisError as exc:
@@ -484,7 +537,8 @@ class RQJobManager:
 
     async def health(self) -> dict[str, Any]:
         def check() -> dict[str, Any]:
-            # RQ's worker key outlives a SIGKILLed worker by a minute; the liveness key by seconds
+            # RQ's worker key outlives a SIGKILLed worker by a minute; the liveness key, renewed by
+            # each heartbeat, by seconds: a stopped (SIGSTOP) or hung worker stops counting then
             names = sorted(k.decode() if isinstance(k, bytes) else k for k in get_keys(queue=self.queue))
             alive_keys = [alive_key(k.rsplit(":", 1)[-1]) for k in names]
             alive = self.client.exists(*alive_keys) if alive_keys else 0
@@ -492,6 +546,7 @@ class RQJobManager:
                 "ok": alive > 0,
                 "kind": self.kind,
                 "workers": alive,
+                "registered": len(names),
                 "queued": self.queue.count,
                 "detail": None
                 if alive

@@ -226,6 +226,8 @@ def run_job(
     )
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)
+    # a checkpoint before the plan is stored: an attempt superseded meanwhile stops here (RQ)
+    report({"phase": "storing", "objective": None, "bound": None, "elapsed_s": wall})
     stored = with_retries(
         lambda: plans.put(job_id, record, result.iteration_time_s), settings.outage_grace_s, "store the plan"
     )
