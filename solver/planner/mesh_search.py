@@ -56,7 +56,14 @@ from autopar_solver.planner.on_mesh import solve_mesh
 from autopar_solver.planner.request import PlanRequest
 from autopar_solver.planner.shape_bounds import ShapeBound, shape_bound, shape_tables
 
-__all__ = ["BOUND_SHARE", "FIRST_STAGE_SHARE", "PROMISING_RATIO", "SECOND_FIRST_SHARE", "mesh_search"]
+__all__ = [
+    "BOUND_SHARE",
+    "FIRST_SOLVE_FLOOR",
+    "FIRST_STAGE_SHARE",
+    "PROMISING_RATIO",
+    "SECOND_FIRST_SHARE",
+    "mesh_search",
+]
 
 BOUND_SHARE = 0.5
 """Most of the time limit the bound phase takes (most of it builds the cost tables, which
@@ -73,6 +80,10 @@ the likeliest best three-axis shape, whose plan is the target the others' bounds
 to.  All of it: its solve stops at its gap target and leaves the rest to the others' bounds.
 mt5-base on 4x8: ``[4, 2, 4]`` reaches 19.86 ms (0.18 % gap) after 36-42 s of a 60 s limit;
 at 75 % of the time left, under load 8, it had 20.5 ms at 60 s and 33.2 ms at 30 s."""
+FIRST_SOLVE_FLOOR = 0.5
+"""Least share of the time left for the first shape solved (:func:`_solve_bounded`), when the
+bound phase overran its part of the stage (tables and sweeps of large graphs on a loaded
+machine: gpt 40 x 6144 on 32x8 left ``[32, 8]`` 4.5 s of a 90 s limit)."""
 PROMISING_RATIO = 1.1
 """Bounded shapes share the time with the ones whose bound is within this factor of the
 least (:func:`_worth_solving`)."""
@@ -200,9 +211,11 @@ def _solve_bounded(
     bounds tie: gpt 40 x 6144 on 32x8 at K = 8, whose no-memory bounds of ``[32, 8]``,
     ``[64, 4]`` and ``[128, 2]`` are within 0.4 %, gave each 8-11 s of a 90 s limit and three
     plans at a 41 % gap (``[32, 8]`` alone needs 30 s for 0.9 %).  The best iteration time."""
+    # a shape with only the trivial bound (no TRW-S sweep: its share ran out first, on a
+    # loaded machine) says little about its plan: those come after the swept ones
     bounded = sorted(
         (b for b in bounds if b.error is None and b.bound_s is not None),
-        key=lambda b: b.bound_s if b.bound_s is not None else math.inf,
+        key=lambda b: (b.setup_s is None, b.bound_s if b.bound_s is not None else math.inf),
     )
     best = math.inf
     for i, b in enumerate(bounded):
@@ -210,9 +223,16 @@ def _solve_bounded(
         if b.bound_s >= best:
             rows[b.shape] = _proved_worse_row(b)
             continue
-        # the least bound first, with all of the stage: its solve stops at its gap target
-        # and leaves the rest; its plan is what the others' bounds are held against
-        worth = 1 if i == 0 else _worth_solving(bounded[i:], best) + (1 if more else 0)
+        if i == 0:
+            # the likeliest best first, with all of the stage (at least FIRST_SOLVE_FLOOR of
+            # the time left, when the bound phase overran): its solve stops at its gap target
+            # and leaves the rest; its plan is what the others' bounds are held against
+            share = Deadline(
+                min(max(stage.left(), FIRST_SOLVE_FLOOR * ctx.deadline.left()), ctx.deadline.left())
+            )
+            best = _solve_into(rows, request, b, share, 1, store, ctx, best)
+            continue
+        worth = _worth_solving(bounded[i:], best) + (1 if more else 0)
         share = Deadline(min(stage.left() / worth, ctx.deadline.left()))
         best = _solve_into(rows, request, b, share, worth, store, ctx, best)
     return best
