@@ -27,6 +27,24 @@ def test_evaluate_re_prices_a_plan_at_another_k(tmp_path: Path) -> None:
     assert json.loads(off.stdout)["iteration_time_s"] < one["iteration_time_s"]
 
 
+def test_evaluate_and_the_summary_print_the_iteration_first(tmp_path: Path) -> None:
+    """Issue 34: at K = 32 the first figure is the iteration, one optimizer step; the one
+    micro-batch figure is labelled as the iteration at K = 1, never as a "step time"."""
+    made = run_cli("baseline", "megatron", "tiny-gpt", "--cluster", "1x4", "--out", "m.json", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    args = ("evaluate", "tiny-gpt", "m.json", "--micro-batches", "32")
+    ev = json.loads(run_cli(*args, "--json", cwd=tmp_path).stdout)
+    text = run_cli(*args, cwd=tmp_path).stdout
+    figures = [line.split() for line in text.splitlines()[1:]]
+    assert figures[0][:3] == ["iteration", f"{ev['iteration_time_s'] * 1e3:.2f}", "ms"], text
+    assert figures[1][:5] == ["at", "K", "=", "1", f"{ev['step_time_s'] * 1e3:.2f}"], text
+    assert "step time" not in text
+    from autopar.plan import Plan
+
+    summary = Plan.load(str(tmp_path / "m.json")).summary().splitlines()
+    assert summary[1].split()[0] == "iteration" and "step time" not in "\n".join(summary)
+
+
 @pytest.mark.parametrize("k", ["0", "-3"])
 def test_a_bad_micro_batch_count_is_one_line(tmp_path: Path, k: str) -> None:
     result = run_cli(
