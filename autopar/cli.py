@@ -134,13 +134,24 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args.graph)
     mesh = mesh_from_args(args)
-    plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
+    zero, runtime, configuration = args.zero, args.runtime, None
+    if getattr(args, "megatron_config", None):
+        from autopar.baseline_configs import parse_config
+
+        configuration = parse_config(args.kind, args.megatron_config, mesh.cluster)
+        mesh = Mesh(mesh.cluster, configuration.mesh_shape)
+        zero, runtime = configuration.zero_stage, configuration.runtime
+    plan = baseline_plan(args.kind, graph, mesh, zero, runtime=runtime)
+    if configuration is not None:
+        plan.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
     # the iteration the real system runs: K as asked, checkpointing as it uses it by default
     plan.training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
     # a tensor boxed to one layout for several consumers is boxed once, as the system runs it
     attach_evaluation(plan, evaluate(graph, plan, group_boxing=True))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
+    if configuration is not None:
+        sys.stdout.write(f"configuration  {configuration.describe()}, runtime {runtime} (named)\n")
     wrote("plan", args.out)
     return 0
 
@@ -218,6 +229,13 @@ def _baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p)
     add_training_args(p, defaults_from="1; checkpointing full for megatron and inferred, else off")
+    p.add_argument(
+        "--megatron-config",
+        default=None,
+        metavar="tp=T,dp=D[,optimizer=ddp|distributed]",
+        help="megatron only: the configuration you run, priced as Megatron-LM runs it (its mesh "
+        "[dp, tp], ZeRO stage and the megatron-lm runtime replace --mesh-shape, --zero, --runtime)",
+    )
     p.add_argument("--out", required=True, help="plan JSON to write")
 
 
