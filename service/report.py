@@ -416,6 +416,17 @@ def _predicted(view: PlanView, name: str) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
+def _configuration_cell(plan: Plan) -> str:
+    """How a plan runs: a baseline's configuration in its users' words
+    (``diagnostics.baseline_configuration``: ``tp=8, dp=32, pp=1, distributed optimizer``),
+    else its mesh; with its ZeRO stage and runtime."""
+    conf = plan.diagnostics.get("baseline_configuration")
+    if isinstance(conf, dict) and conf.get("describe"):
+        how = "named" if conf.get("named_by_user") else "its best"
+        return f"{_esc(conf['describe'])} ({how}), runtime {_esc(plan.runtime)}"
+    return f"mesh {list(plan.mesh.shape)}, ZeRO-{plan.zero_stage}, runtime {_esc(plan.runtime)}"
+
+
 def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     head = "".join(f"<th>{_esc(v.label)}</th>" for v in views)
     rows: list[tuple[str, list[str]]] = []
@@ -423,6 +434,7 @@ def _headline_table(views: Sequence[PlanView], budget: float) -> str:
     def row(name: str, cells: list[str]) -> None:
         rows.append((name, cells))
 
+    row("configuration", [_configuration_cell(v.plan) for v in views])
     row(
         "evaluated iteration (K micro-batches + once per step)",
         [f"<b>{_ms(v.iteration_time_s)}</b>" for v in views],

@@ -198,3 +198,17 @@ def test_the_planner_rows_are_the_iteration_and_the_same_iteration_under_overlap
     assert ev.iteration_time_overlapped_s <= ev.iteration_time_s
     # no competing figure: the step under overlap and "step time" rows are gone
     assert "step time overlapped" not in html and "step time" not in html.lower()
+
+
+def test_the_headline_names_each_plans_configuration(graph) -> None:
+    """A baseline priced at its own configuration shows it in its users' words (issue 33)."""
+    from autopar.baseline_configs import parse_config
+
+    plan = baseline("tiny-gpt", "inferred", 2)
+    megatron = baseline("tiny-gpt", "megatron", 0)
+    conf = parse_config("megatron", "tp=2,dp=4", megatron.mesh.cluster)
+    megatron.diagnostics["baseline_configuration"] = {**conf.to_dict(), "named_by_user": True}
+    text = build_report(graph, plan, [("megatron", megatron)], 2 * GIB, label="inferred")
+    assert "<th>configuration</th>" in text
+    assert "tp=2, dp=4, pp=1, DDP (named)" in text
+    assert f"mesh {list(plan.mesh.shape)}, ZeRO-2, runtime {plan.runtime}" in text
