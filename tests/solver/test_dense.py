@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import autopar_solver.dual as dual_module
 import autopar_solver.solve as solve_module
 from autopar_solver.bounds import DiffusionBound, LayoutCut, single_precision_allowed
 from autopar_solver.options import SolverOptions
@@ -126,8 +127,8 @@ def monkeypatch_dense():
     matrices in single precision when allowed: the path of three-axis meshes, on problems
     small enough to check against brute force."""
     patch = pytest.MonkeyPatch()
-    patch.setattr(solve_module, "_DENSE_ENTRIES", 0)
-    patch.setattr(solve_module, "_DENSE_ENTRIES_PER_EDGE", 0)
+    patch.setattr(dual_module, "_DENSE_ENTRIES", 0)
+    patch.setattr(dual_module, "_DENSE_ENTRIES_PER_EDGE", 0)
     patch.setattr("autopar_solver.bounds.SINGLE_ENTRIES", 0)
     patch.setattr("autopar_solver.bounds.SINGLE_ENTRIES_PER_EDGE", 0)
     yield

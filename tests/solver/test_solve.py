@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import autopar_solver.dual as dual_module
 import autopar_solver.solve as solve_module
 from autopar.errors import VerificationError
 from autopar_solver.bounds import DiffusionBound
@@ -174,7 +175,7 @@ def test_scale_5000_nodes_30_choices_within_time_limit():
 @given(problems(memory=False))
 def test_sweeps_in_a_second_thread_give_a_true_bound_and_a_verified_plan(problem):
     # not deterministic and no memory row: the dual sweeps in a thread of its own while
-    # the solving thread decodes (solve._Dual._advance_in_parallel)
+    # the solving thread decodes (dual.Dual._advance_in_parallel)
     _check_threaded_solve(problem)
 
 
@@ -203,7 +204,7 @@ def _check_threaded_solve(problem):
 def test_a_sweeping_thread_applies_new_prices_between_chunks_and_at_stop():
     problem = synthetic_problem(60, 6, seed=5)
     run = DiffusionBound(problem, np.zeros(len(problem.memory_rows)))
-    sweeper = solve_module._Sweeper(run, time.perf_counter() + 30, threading.Event())
+    sweeper = dual_module.Sweeper(run, time.perf_counter() + 30, threading.Event())
     price = np.full(len(problem.memory_rows), 1e-12)
     sweeper.reprice(price)
     sweeper.stop()
@@ -223,11 +224,11 @@ def test_a_memory_round_gets_a_priced_run_when_the_heuristic_needed_no_prices():
     fits = solve(problem, SolverOptions(time_limit_s=2, workers=1)).choices
     cost, memory = evaluate(problem, fits)
     assert memory_fits(problem.budget_bytes, memory)
-    dual = solve_module._Dual(problem, options)
+    dual = dual_module.Dual(problem, options)
     dual.use_heuristic(HeuristicResult(fits, cost, memory, True), time.perf_counter() + 5)
     assert len(dual.runs) == 2
     priced = dual.runs[1]
-    assert np.array_equal(priced.price, solve_module.starting_prices(problem))
+    assert np.array_equal(priced.price, dual_module.starting_prices(problem))
     assert (priced.price > 0).all() and np.isfinite(priced.price).all()
     priced.run(20)
     assert priced.value <= cost + 1e-12
