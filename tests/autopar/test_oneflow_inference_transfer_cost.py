@@ -10,7 +10,7 @@ prices them; with the variable set to 1.65e8 OneFlow takes ``(S(0), B)`` at ever
 import pytest
 
 from autopar.graph import Graph, Op, TensorSpec
-from autopar.oneflow_inference import TRANSFER_COST, infer_like_oneflow
+from autopar.oneflow_inference import infer_like_oneflow
 from autopar.sbp import B, NdSbp, P, Signature, Split
 
 MESH = (4, 2)
@@ -34,8 +34,43 @@ def _add_n_output(shape: tuple[int, ...]) -> NdSbp:
     return infer_like_oneflow(_residual(shape), MESH, sources)["add"].outputs[0]
 
 
-def test_transfer_cost_is_oneflow_090s_default() -> None:
-    assert TRANSFER_COST == 1.65e4
+ONEFLOW_090_DEFAULT = 1.65e4
+"""``ParseFloatFromEnv("AUTO_PARALLEL_TRANSFER_COST", 1.65e4)`` in OneFlow 0.9.0's
+``sbp_infer_util.cpp``; tests/oneflow/test_oneflow_transfer_cost.py checks the switch on the
+installed OneFlow."""
+
+
+def _by_hand(nbytes: int, transfer_cost: float) -> NdSbp:
+    """OneFlow's greedy choice from its cost formula: ``(S(0), B)`` is one hop of ``h``
+    (``T + 2 bytes``: an all-reduce), ``(S(0), S(2))`` two (``2 T + 1 + bytes``: a slice of
+    ``x`` and a reduce-scatter of ``h``)."""
+    one_hop = transfer_cost + 2 * nbytes
+    two_hops = 2 * transfer_cost + 1 + nbytes
+    return NdSbp((Split(0), B)) if one_hop < two_hops else NdSbp((Split(0), Split(2)))
+
+
+@pytest.mark.parametrize("length", [1, 8, 15, 16, 17, 24, 32, 64])
+def test_the_switch_between_one_and_two_hops_is_where_oneflows_formula_puts_it(length: int) -> None:
+    """float32 ``[8, L, 32]`` is ``1024 L`` bytes: under OneFlow 0.9.0's default the formula
+    switches between L = 16 (16,384 B < T + 1) and L = 17 (17,408 B > T + 1)."""
+    nbytes = 8 * length * 32 * 4
+    assert _add_n_output((8, length, 32)) == _by_hand(nbytes, ONEFLOW_090_DEFAULT)
+
+
+def test_a_large_transfer_cost_keeps_the_one_hop_route_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``AUTO_PARALLEL_TRANSFER_COST=1.65e8`` OneFlow takes ``(S(0), B)`` at every size
+    measured (module docstring); the formula agrees up to 165 MB."""
+    import autopar.oneflow.copy_cost as copy_cost
+    from autopar.oneflow_inference import copy_cost_with_middle_nodes
+
+    monkeypatch.setattr(copy_cost, "TRANSFER_COST", 1.65e8)
+    copy_cost_with_middle_nodes.cache_clear()  # its costs were priced at the default
+    try:
+        for length in (16, 32, 17 * 4):
+            assert _by_hand(8 * length * 32 * 4, 1.65e8) == NdSbp((Split(0), B))
+            assert _add_n_output((8, length, 32)) == NdSbp((Split(0), B))
+    finally:
+        copy_cost_with_middle_nodes.cache_clear()
 
 
 @pytest.mark.parametrize(
