@@ -139,8 +139,13 @@ def test_prefixed_store_namespaces_and_ttl(store: Store) -> None:
     assert view.get_many(["a", "b"]) == {}
 
 
-def test_ping_ok(store: Store) -> None:
-    store.ping()
+def test_ping_answers_on_a_serving_backend_and_leaves_its_data(store: Store) -> None:
+    """A serving backend answers (returns, where a down one raises CacheUnavailable:
+    test_redis_down_raises_cache_unavailable) and its keys are as they were."""
+    store.put("a", b"1")
+    assert store.ping() is None
+    assert store.get("a") == b"1"
+    assert store.incr("count") == 1
 
 
 def test_redis_down_raises_cache_unavailable() -> None:
