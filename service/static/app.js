@@ -49,10 +49,19 @@ function ms(seconds) {
   return seconds === null || seconds === undefined ? "n/a" : `${(seconds * 1e3).toFixed(2)} ms`;
 }
 
+// "4.25 GiB", or "2.04 MiB" under 1 GiB (a tiny model's plan is not "0.00 GiB")
+function size(n) {
+  if (n === null || n === undefined) return "n/a";
+  return n >= GIB ? `${(n / GIB).toFixed(2)} GiB` : `${(n / MIB).toFixed(2)} MiB`;
+}
+
 // ------------------------------------------------------------------ form
 
+// The form's choices; on a server with API keys they come once a key is entered (a 401 says so).
 async function loadOptions() {
+  if ($("model").length) return;
   const { data } = await api("GET", "/v1/explorer/options");
+  if ($("model").length) return;  // another call filled the form meanwhile
   const model = $("model");
   for (const name of data.models) model.add(new Option(name, name, name === "tiny-gpt", name === "tiny-gpt"));
   const preset = $("preset");
@@ -104,7 +113,13 @@ function commonFields() {
 
 // ------------------------------------------------------------------ one plan
 
+// Until the solver reports its first plan the chart has no axes (empty axes read -1 to 4),
+// only a line saying what it waits for; the first point brings the axes in.
+let progressAxes = false;
+const WAITING_TEXT = "the iteration time of the best plan and the proven bound appear here as the solver finds them";
+
 function progressChart() {
+  progressAxes = false;
   Plotly.newPlot(
     "progress-chart",
     [
@@ -113,8 +128,10 @@ function progressChart() {
     ],
     {
       title: { text: "Solver progress" },
-      xaxis: { title: { text: "elapsed s" } },
-      yaxis: { title: { text: "modelled iteration time, ms" } },
+      xaxis: { title: { text: "elapsed s" }, visible: false, rangemode: "tozero" },
+      yaxis: { title: { text: "modelled iteration time, ms" }, visible: false },
+      showlegend: false,
+      annotations: [{ text: WAITING_TEXT, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }],
       height: 300,
       margin: { l: 60, r: 20, t: 40, b: 40 },
     },
@@ -131,6 +148,12 @@ function showProgress(job) {
   setStatus(parts.join(" · "), job.status);
   if (job.objective !== null && job.objective !== undefined) {
     const t = job.elapsed_s || 0;
+    if (!progressAxes) {
+      progressAxes = true;
+      Plotly.relayout("progress-chart", {
+        "xaxis.visible": true, "yaxis.visible": true, showlegend: true, annotations: [],
+      });
+    }
     Plotly.extendTraces(
       "progress-chart",
       { x: [[t], [t]], y: [[job.objective * 1e3], [job.bound === null ? null : job.bound * 1e3]] },
@@ -226,7 +249,7 @@ async function submitPlan(ev) {
     if (final.status === "succeeded") {
       const record = (await api("GET", `/v1/plans/${final.id}`)).data;
       setStatus(`succeeded · ${iterationLine(record)} · ` +
-        `${(record.memory_per_device_bytes / GIB).toFixed(2)} GiB per device`, "succeeded");
+        `${size(record.memory_per_device_bytes)} per device`, "succeeded");
       showRecord(record);
     } else {
       const err = final.error || {};
@@ -272,7 +295,7 @@ async function showReport() {
 // ------------------------------------------------------------------ sweep
 
 function paretoFront(points) {
-  // points with no other point at most as large in both memory and step time (one strictly smaller)
+  // points with no other point at most as large in both memory and iteration time (one strictly smaller)
   const sorted = [...points].sort((a, b) => a.mem - b.mem || a.step - b.step);
   const front = [];
   let best = Infinity;
@@ -335,12 +358,34 @@ function drawSweep(view) {
     return `<tr><td>${rowLabel(r)}</td><td>${r.status}${r.error ? ": " + r.error : ""}</td>` +
       `<td>${r.micro_batches ?? 1}</td><td>${r.checkpointing ?? "off"}</td>` +
       `<td>${r.iteration_time_s === null || r.iteration_time_s === undefined ? "" : ms(r.iteration_time_s)}</td>` +
-      `<td>${r.step_time_s === null ? "" : ms(r.step_time_s)}</td><td>${mem}</td>` +
-      `<td class="${pareto ? "pareto" : ""}">${pareto ? "yes" : ""}</td></tr>`;
+      `<td>${mem}</td><td class="${pareto ? "pareto" : ""}">${pareto ? "yes" : ""}</td>` +
+      `<td class="links">${sweepLinks(r)}</td></tr>`;
   });
   $("sweep-table").innerHTML =
-    `<tr><th>point</th><th>status</th><th>K</th><th>checkpointing</th><th>iteration</th>` +
-    `<th>step (one micro-batch)</th><th>${unit} / device</th><th>Pareto</th></tr>` + rows.join("");
+    `<tr><th>point</th><th>status</th><th>K</th><th>checkpointing</th>` +
+    `<th>iteration (K micro-batches + once per step)</th><th>${unit} / device</th><th>Pareto</th>` +
+    `<th>plan</th></tr>` + rows.join("");
+}
+
+// A solved point opens its plan (summary, as a solve shows it) or its report here.
+function sweepLinks(r) {
+  if (r.status !== "succeeded" || !r.key) return "";
+  return `<button type="button" class="link" data-key="${r.key}" data-open="plan">plan</button> ` +
+    `<button type="button" class="link" data-key="${r.key}" data-open="report">report</button>`;
+}
+
+async function openSweepPoint(ev) {
+  const target = ev.target.closest("button[data-key]");
+  if (!target) return;
+  try {
+    const record = (await api("GET", `/v1/plans/${encodeURIComponent(target.dataset.key)}`)).data;
+    showRecord(record);
+    setStatus(`sweep point · ${iterationLine(record)}`, "succeeded");
+    if (target.dataset.open === "report") await showReport();
+    else $("progress-section").scrollIntoView();
+  } catch (err) {
+    setStatus(err.message, "failed");
+  }
 }
 
 async function submitSweep(ev) {
@@ -377,14 +422,25 @@ async function submitSweep(ev) {
 
 // ------------------------------------------------------------------ start
 
+function optionsError(err) {
+  const hint = err.message.startsWith("401") ? " Enter the server's API key above." : "";
+  return `cannot load the form's choices: ${err.message}.${hint}`;
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const key = $("api-key");
   key.value = localStorage.getItem(KEY_STORAGE) || "";
-  key.addEventListener("change", () => localStorage.setItem(KEY_STORAGE, key.value.trim()));
+  key.addEventListener("change", () => {
+    localStorage.setItem(KEY_STORAGE, key.value.trim());
+    if (!$("model").length) {
+      loadOptions().then(() => setStatus("idle"), (err) => setStatus(optionsError(err), "failed"));
+    }
+  });
   $("plan-form").addEventListener("submit", submitPlan);
   $("sweep-form").addEventListener("submit", submitSweep);
   $("cancel-button").addEventListener("click", cancelJob);
   $("report-button").addEventListener("click", showReport);
+  $("sweep-table").addEventListener("click", openSweepPoint);
   progressChart();
-  loadOptions().catch((err) => setStatus(`cannot load the form's choices: ${err.message}`, "failed"));
+  loadOptions().catch((err) => setStatus(optionsError(err), "failed"));
 });

@@ -95,7 +95,22 @@ def svg_count(driver: Any, selector: str) -> int:
 
 def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     by_id = "id"
-    driver.get(server.url + "/")
+    driver.get(server.url + "/")  # a fresh browser: no key stored
+    # every /v1 route needs the key, the form's choices too: the page says so
+    until(driver, "the 401 of the choices", lambda: "401" in driver.find_element(by_id, "status").text)
+    assert "API key" in driver.find_element(by_id, "status").text
+    # issue 34: before the solver's first plan the progress chart shows no empty axes (they
+    # read -1 to 4), only what it waits for; K and the budget are as wide as their figures
+    assert svg_count(driver, "#progress-chart .xtick") == 0
+    assert "appear here as the solver finds them" in driver.find_element(by_id, "progress-chart").text
+    for narrow, most_px in (("micro-batches", 80), ("budget", 110)):
+        assert driver.find_element(by_id, narrow).size["width"] <= most_px, narrow
+    driver.get_log("browser")  # the 401 is logged by the browser; start the console check afresh
+
+    key = driver.find_element(by_id, "api-key")
+    key.send_keys(API_KEY)
+    driver.find_element(by_id, "cluster").click()  # blur: the key is stored, the choices load
+    assert driver.execute_script("return localStorage.getItem('autopar.apiKey')") == API_KEY
     until(
         driver,
         "the model list",
@@ -104,16 +119,13 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     assert driver.find_element(by_id, "model").get_attribute("value") == "tiny-gpt"
 
     # without the key, the API refuses the write and the page says so
-    driver.execute_script("localStorage.clear(); document.getElementById('api-key').value = ''")
+    driver.execute_script("document.getElementById('api-key').value = ''")
     driver.find_element(by_id, "plan-button").click()
     until(driver, "the 401", lambda: "401" in driver.find_element(by_id, "status").text)
     assert "X-API-Key" in driver.find_element(by_id, "status").text
-    driver.get_log("browser")  # the 401 is logged by the browser; start the console check afresh
-
-    key = driver.find_element(by_id, "api-key")
+    driver.get_log("browser")
     key.send_keys(API_KEY)
-    driver.find_element(by_id, "cluster").click()  # blur: the key is stored
-    assert driver.execute_script("return localStorage.getItem('autopar.apiKey')") == API_KEY
+    driver.find_element(by_id, "cluster").click()
     driver.find_element(by_id, "time-limit").clear()
     driver.find_element(by_id, "time-limit").send_keys("15")
     k = driver.find_element(by_id, "micro-batches")  # the job's iteration: 2 micro-batches, recomputed
@@ -135,12 +147,15 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
 
     until(driver, "the solve to finish", finished)
     assert seen & {"queued", "running"}, f"no progress event was shown: {seen}"
+    assert "MiB per device" in driver.find_element(by_id, "status").text  # a tiny plan: not "0.00 GiB"
     # the plan keeps the model's display name (issue 24, item 10)
     summary = driver.find_element(by_id, "summary").text
     assert "plan for tiny-gpt" in summary
-    assert "(K = 2 micro-batches, checkpointing full)" in summary.splitlines()[0], summary
-    assert summary.startswith("iteration ") and "ms" in summary.splitlines()[0]
+    head = summary.splitlines()[0]
+    assert "(K = 2 micro-batches of " in head and "checkpointing full)" in head, summary
+    assert summary.startswith("iteration ") and "ms" in head
     assert svg_count(driver, "#progress-chart svg.main-svg") > 0
+    assert svg_count(driver, "#progress-chart .xtick") > 0  # the axes came with the first point
     driver.save_screenshot(str(shots / "explorer-solved.png"))
 
     driver.find_element(by_id, "report-button").click()
@@ -196,4 +211,22 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     assert "Pareto" in table and "iteration" in table and "checkpointing" in table
     driver.execute_script("document.getElementById('sweep-section').scrollIntoView()")
     driver.save_screenshot(str(shots / "explorer-sweep.png"))
+
+    # issue 34: a solved sweep row opens its plan and its report
+    plan_link = driver.find_element("css selector", "#sweep-table button[data-open=plan]")
+    point = plan_link.get_attribute("data-key")
+    plan_link.click()
+    until(
+        driver,
+        "the sweep point's plan",
+        lambda: f"plan {point}" in driver.find_element(by_id, "summary").text,
+    )
+    assert driver.find_element(by_id, "status").text.startswith("sweep point · iteration ")
+    driver.find_element("css selector", f"#sweep-table button[data-open=report][data-key='{point}']").click()
+    until(
+        driver,
+        "the sweep point's report",
+        lambda: driver.find_element(by_id, "report-section").is_displayed(),
+    )
+    assert point in (driver.find_element(by_id, "report-tab").get_attribute("href") or "")
     assert severe(driver) == []
