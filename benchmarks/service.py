@@ -29,6 +29,14 @@
    44 MB body of 1.5 million ops (refused, 413): the API's RSS before, at peak, after.
 
    ``.venv/bin/python -m benchmarks.service --load 60``
+7. **Hostile clients** (``--hostile SECONDS``, alone; issue 34): keyless and keyed clients
+   cycling through every bundled model's graph (401 without a key; the keyed latency once
+   each was built); hostile bodies of 1.5, 15 and 50 MB (tiny-gpt with ``ops[5].attrs.junk =
+   [7] * N``) one at a time: status, code and the API's RSS rise; then one key floods four
+   10 MB bodies at a time for SECONDS while another key posts small requests that need a
+   parse: the victim's p50/p99 and statuses, and the 5xx count.
+
+   ``.venv/bin/python -m benchmarks.service --hostile 20``
 """
 
 from __future__ import annotations
@@ -508,6 +516,144 @@ def load_main(args: argparse.Namespace, graph_json: bytes) -> dict[str, Any]:
     return results
 
 
+# ------------------------------------------------------------------ 7. hostile clients (issue 34)
+
+KEY_A, KEY_B = "bench-key-a-" + "a" * 20, "bench-key-b-" + "b" * 20
+
+
+def _junk_body(graph: dict[str, Any], elements: int, **fields: Any) -> bytes:
+    """tiny-gpt with ``ops[5].attrs.junk = [7] * elements`` (issue 34's hostile body)."""
+    ops = [dict(op) for op in graph["ops"]]
+    ops[5] = {**ops[5], "attrs": {**ops[5].get("attrs", {}), "junk": [7] * elements}}
+    body = {"graph": {**graph, "ops": ops}, "cluster": "1x2", "mesh_shape": [2], **fields}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _keyed_post(url: str, body: bytes, key: str) -> tuple[int, str | None, float]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/plans", body, {"Content-Type": "application/json", "X-API-Key": key})
+    response = conn.getresponse()
+    data = response.read()
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    code = json.loads(data).get("code") if response.status >= 400 and data else None
+    return response.status, code, elapsed
+
+
+def body_memory_report(url: str, graph: dict[str, Any]) -> list[dict[str, Any]]:
+    """One hostile body at a time, 1 to 33 MB: status, code and the API's RSS around it."""
+    rows = []
+    for elements in (500_000, 5_000_000, 16_500_000):
+        body = _junk_body(graph, elements)
+        rss = RssSampler(SERVER_PIDS[url])
+        status, code, seconds = _keyed_post(url, body, KEY_A)
+        memory = rss.stop(settle_s=1.0)
+        rows.append(
+            {
+                "body_mb": round(len(body) / 1e6, 1),
+                "status": status,
+                "code": code,
+                "seconds": round(seconds, 3),
+                "rss_rise_mib": round(memory["peak_mib"] - memory["before_mib"], 1),
+                **{k: round(v, 1) for k, v in memory.items()},
+            }
+        )
+        print("body", rows[-1], flush=True)
+    return rows
+
+
+def flood_report(url: str, graph: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Key A floods with four 10 MB hostile bodies at a time while key B posts small plan
+    requests that need a parse (each body differs in bytes, the plan is cached): B's latency."""
+    flood = _junk_body(graph, 5_000_000)
+    small = {"graph": graph, "cluster": "1x2", "mesh_shape": [2], "options": {"time_limit_s": 10}}
+    status, code, _ = _keyed_post(url, json.dumps(small).encode(), KEY_B)  # solve it once
+    deadline = time.monotonic() + 120
+    while status == 202 and time.monotonic() < deadline:  # until the plan is cached
+        time.sleep(0.5)
+        status, code, _ = _keyed_post(url, json.dumps(small).encode(), KEY_B)
+    stop = threading.Event()
+    a_statuses: dict[str, int] = {}
+    b_latency: list[float] = []
+    b_statuses: dict[str, int] = {}
+
+    def flooder() -> None:
+        while not stop.is_set():
+            status, code, _ = _keyed_post(url, flood, KEY_A)
+            tag = f"{status} {code}"
+            a_statuses[tag] = a_statuses.get(tag, 0) + 1
+
+    threads = [threading.Thread(target=flooder, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        i += 1
+        body = json.dumps(small, indent=i % 7).encode()  # new bytes, same plan: parsed every time
+        status, code, elapsed = _keyed_post(url, body, KEY_B)
+        tag = f"{status} {code}"
+        b_statuses[tag] = b_statuses.get(tag, 0) + 1
+        b_latency.append(elapsed * 1000)
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(300)
+    fives = sum(n for tag, n in {**a_statuses}.items() if tag.startswith("5"))
+    fives += sum(n for tag, n in b_statuses.items() if tag.startswith("5"))
+    return {
+        "seconds": seconds,
+        "flooder_statuses": a_statuses,
+        "victim_statuses": b_statuses,
+        "victim_ms": summary(b_latency),
+        "5xx": fives,
+    }
+
+
+def model_cycle_report(url: str, seconds: float = 10.0) -> dict[str, Any]:
+    """Keyless clients asking for model graphs (401), keyed ones cycling through every model."""
+    from autopar.models import MODEL_NAMES
+
+    host, port = url.removeprefix("http://").split(":")
+    statuses: dict[str, int] = {}
+    latency: list[float] = []
+    end = time.monotonic() + seconds
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    i = 0
+    while time.monotonic() < end:
+        name = MODEL_NAMES[i % len(MODEL_NAMES)]
+        headers = {"X-API-Key": KEY_A} if i % 2 else {}
+        t0 = time.perf_counter()
+        conn.request("GET", f"/v1/models/{name}/graph", headers=headers)
+        response = conn.getresponse()
+        response.read()
+        tag = f"{'keyed' if i % 2 else 'keyless'} {response.status}"
+        statuses[tag] = statuses.get(tag, 0) + 1
+        if i % 2 and i >= 2 * len(MODEL_NAMES):  # after each model was built once
+            latency.append((time.perf_counter() - t0) * 1000)
+        i += 1
+    return {"statuses": statuses, "keyed_after_first_build_ms": summary(latency)}
+
+
+def hostile_main(seconds: float) -> dict[str, Any]:
+    """Issue 34's hostile checks against ``autopar serve`` (embedded cache, two keys)."""
+    graph = build("tiny-gpt").to_dict()
+    env = {"AUTOPAR_API_KEYS": f"{KEY_A},{KEY_B}"}
+    results: dict[str, Any] = {"cpus": os.cpu_count()}
+    with (
+        tempfile.TemporaryDirectory(prefix="autopar-bench-") as tmp,
+        serve(Path(tmp) / "cache", env=env) as url,
+    ):
+        results["models"] = model_cycle_report(url)
+        print("models", results["models"], flush=True)
+        results["bodies"] = body_memory_report(url, graph)
+        results["flood"] = flood_report(url, graph, seconds)
+        print("flood", json.dumps(results["flood"]), flush=True)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hits", type=int, default=200)
@@ -523,8 +669,23 @@ def main() -> int:
         metavar="SECONDS",
         help="only the load run (50 posting + 8 hitting clients for SECONDS) and the 44 MB body",
     )
+    parser.add_argument(
+        "--hostile",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="only issue 34's hostile checks: model graphs with and without a key, RSS per hostile "
+        "body (1.5-33 MB), one key's latency while another floods 10 MB bodies for SECONDS",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.hostile is not None:
+        results = hostile_main(args.hostile)
+        text = json.dumps(results, indent=1)
+        if args.out:
+            Path(args.out).write_text(text)
+        print(text)
+        return 0
     if args.load is not None:
         results = load_main(args, build("mt5-base").to_json().encode())
         text = json.dumps(results, indent=1)

@@ -165,10 +165,14 @@ def _finish(status: JobStatus, fence: str | None = None, **changes: Any) -> Call
 class _Heartbeat:
     """Background thread renewing the job's heartbeat key while the horse solves."""
 
-    def __init__(self, records: JobRecords, job_id: str, settings: Settings) -> None:
+    def __init__(
+        self, records: JobRecords, job_id: str, settings: Settings, fence: str | None = None
+    ) -> None:
         self.records = records
         self.job_id = job_id
         self.settings = settings
+        self.fence = fence
+        """The attempt's fencing token, kept in a record the heartbeat puts back."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autopar-heartbeat", daemon=True)
 
@@ -183,7 +187,14 @@ class _Heartbeat:
             with contextlib.suppress(RedisError):
                 self.records.beat(self.job_id, self.settings.worker_lost_after_s)
                 # Redis restarted without its data: put the running job's record back
-                running = JobInfo(self.job_id, JobStatus.RUNNING, attempts=1, started_at=started, version=1)
+                running = JobInfo(
+                    self.job_id,
+                    JobStatus.RUNNING,
+                    attempts=1,
+                    started_at=started,
+                    version=1,
+                    fence=self.fence,
+                )
                 self.records.save(running, if_missing=True)
 
     def __exit__(self, *exc: object) -> None:
@@ -218,7 +229,7 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
 
     fence = _start_attempt(records, job_id)
     report = _reporter(records, job_id, fence)
-    with _Heartbeat(records, job_id, settings):
+    with _Heartbeat(records, job_id, settings, fence):
         try:
             tables = RQTableBuilder(store, settings)  # missing cost-table entries: on every worker
             result = run_job(job_id, payload, store, settings, code_versions(), report, tables)

@@ -49,7 +49,10 @@ def workers(redis_url: str) -> Iterator[list[WorkerProcess]]:
 
 @pytest.fixture
 def server(tmp_path, redis_url: str) -> Iterator[LiveServer]:
-    with live_server(make_settings(tmp_path, redis_url=redis_url)) as s:
+    # twenty concurrent POSTs from one address below: let them all reach the parser (bodies in
+    # the parser count toward the client's unfinished jobs)
+    settings = make_settings(tmp_path, redis_url=redis_url, max_parses_per_client=32, max_jobs_per_client=32)
+    with live_server(settings) as s:
         yield s
 
 
