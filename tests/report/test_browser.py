@@ -139,7 +139,7 @@ def test_plan_progress_report_and_sweep(server, driver, shots: Path) -> None:
     def finished() -> bool:
         status = driver.find_element(by_id, "status")
         state = status.text.split(" · ")[0]
-        if state == "running" and "objective" in status.text and "shot" not in seen:
+        if state in ("queued", "running") and "shot" not in seen:
             driver.save_screenshot(str(shots / "explorer-solve.png"))  # the page during the solve
             seen.add("shot")
         seen.add(state)
