@@ -28,7 +28,9 @@ from tests.service.helpers import (
 
 @pytest.fixture
 def server(tmp_path):
-    with live_server(make_settings(tmp_path)) as s:
+    # one address posts twenty bodies at once below: let them all reach the parser (bodies in
+    # the parser count toward the client's unfinished jobs)
+    with live_server(make_settings(tmp_path, max_parses_per_client=32, max_jobs_per_client=32)) as s:
         yield s
 
 
