@@ -97,8 +97,11 @@ def test_mesh_search_reports_every_shape(graph):
 
 
 def test_previous_plan_as_hint_gives_the_same_answer(graph, unconstrained):
+    """The same answer within the first solve's proven gap: never worse than the hint, never
+    below its bound (a solve that stops inside the gap option may be improved upon)."""
     again = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), hint=unconstrained)
-    assert again.step_time_s == pytest.approx(unconstrained.step_time_s, rel=1e-9)
+    assert again.step_time_s <= unconstrained.step_time_s * (1 + 1e-9)
+    assert again.step_time_s >= unconstrained.solver["bound"] * (1 - 1e-9)
 
 
 def test_bad_requests():
