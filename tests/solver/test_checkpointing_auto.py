@@ -22,6 +22,10 @@ from autopar_solver.problem import evaluate as evaluate_problem
 
 MESH = Mesh(Cluster.parse("1x4", "a100-40g"), (2, 2))
 K = 2
+SOLVE_S = 30
+"""Time limit of the solves under a tight budget (they run to it)."""
+SLOW_SOLVE_S = 240
+"""The same where a test needs ``full`` solved to its optimum."""
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +105,20 @@ class Tight:
     """The ``full`` plan at that budget (one of ``auto``'s plans)."""
 
 
-def _solve(graph, mesh: Mesh, tables: CostTables, budget: int, mode: str, tie_layers: bool = False) -> Plan:
-    # generous: the solve stops at its gap (seconds when the machine is idle); under a loaded
-    # 2-core CI its memory rounds took up to 90 s
-    options = SolverOptions(time_limit_s=240, micro_batches=K, checkpointing=mode, workers=2)
+def _solve(
+    graph,
+    mesh: Mesh,
+    tables: CostTables,
+    budget: int,
+    mode: str,
+    tie_layers: bool = False,
+    limit_s: float = 0.0,
+) -> Plan:
+    # The assertions hold for any verified plan the solve returns (a bound is a bound; ``auto``
+    # starts from ``full``'s plan), so the solve need not reach its gap: at 240 s these solves
+    # ran to their limit (150-240 s each); at 20 s each returned a verified plan in 17-19 s
+    # (load 6-7, 2 cores), ``auto`` recomputing both blocks.
+    options = SolverOptions(time_limit_s=limit_s or SOLVE_S, micro_batches=K, checkpointing=mode, workers=2)
     return solve_on_mesh(graph, mesh, budget, 2, options, tables=tables, tie_layers=tie_layers)
 
 
@@ -125,14 +139,23 @@ def test_off_is_refused_with_its_floor(graph, tight: Tight) -> None:
     assert err.value.details["proven"] and err.value.details["min_feasible_bytes"] >= tight.floor_off
 
 
-@pytest.mark.parametrize("tie_layers", [False, True])
+@pytest.fixture(scope="module")
+def auto_untied(graph, tight: Tight) -> Plan:
+    """``auto`` at the tight budget, layers untied (two tests read it)."""
+    return _solve(graph, tight.mesh, tight.tables, tight.budget, "auto")
+
+
+@pytest.mark.parametrize("tie_layers", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(
-    graph, tight: Tight, tie_layers: bool
+    graph, tight: Tight, tie_layers: bool, request: pytest.FixtureRequest
 ) -> None:
     """``auto`` finds a verified plan within a budget ``off`` cannot meet, recomputing some
     blocks, with identical layers tied or not; its proven bound (over every layout and every
     set of recomputed blocks) is at most the ``full`` plan's iteration."""
-    auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto", tie_layers)
+    if tie_layers:
+        auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto", tie_layers)
+    else:
+        auto = request.getfixturevalue("auto_untied")
     assert auto.solver is not None and tight.full.solver is not None
     assert auto.training.checkpointing == "auto" and auto.training.recomputed
     assert auto.memory["per_device_bytes"] <= tight.budget
@@ -144,12 +167,16 @@ def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(
     assert ev.recompute_time_s > 0
 
 
+@pytest.mark.slow
 def test_auto_is_never_worse_than_full_at_the_same_budget(graph, tight: Tight) -> None:
     """Every ``full`` plan is an ``auto`` plan (every flag set to recompute): ``auto`` solves
-    ``full`` first and keeps it as its incumbent, so its objective is at most ``full``'s."""
-    auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto")
-    assert auto.solver is not None and tight.full.solver is not None
-    assert auto.solver["objective"] <= tight.full.solver["objective"] * (1 + 1e-9)
+    ``full`` first and keeps it as its incumbent, so its objective is at most ``full``'s
+    optimum.  Both solves need the time to get there (``full`` proved optimal in 127 s at
+    load 7; at 60 s each ``auto`` stopped 0.06 % above ``full``'s separate solve): slow."""
+    full = _solve(graph, tight.mesh, tight.tables, tight.budget, "full", limit_s=SLOW_SOLVE_S)
+    auto = _solve(graph, tight.mesh, tight.tables, tight.budget, "auto", limit_s=SLOW_SOLVE_S)
+    assert auto.solver is not None and full.solver is not None
+    assert auto.solver["objective"] <= full.solver["objective"] * (1 + 1e-9)
     assert auto.memory["per_device_bytes"] <= tight.budget
     ev = evaluate(graph, auto)
     assert math.isclose(ev.iteration_time_s, auto.solver["objective"], rel_tol=1e-6)
