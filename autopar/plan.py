@@ -150,6 +150,20 @@ class Plan:
         return float(pred.get("iteration_time_s", pred.get("step_time_s", float("nan"))))
 
     @property
+    def micro_batch_time_s(self) -> float:
+        """Seconds of one micro-batch (forward, backward with recomputation, activation
+        boxing); plans priced before iterations: :attr:`step_time_s`."""
+        pred = self.predicted
+        return float(pred.get("micro_batch_time_s", pred.get("step_time_s", float("nan"))))
+
+    @property
+    def once_per_step_s(self) -> float:
+        """Seconds of the once-per-step work (gradient reduction, update, ZeRO gather), so that
+        ``iteration_time_s = K x micro_batch_time_s + once_per_step_s``; plans priced before
+        iterations: 0 (their step holds it)."""
+        return float(self.predicted.get("once_per_step_time_s", 0.0))
+
+    @property
     def memory_per_device_bytes(self) -> float:
         return float(self.memory.get("per_device_bytes", float("nan")))
 

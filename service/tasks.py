@@ -105,8 +105,8 @@ def iteration_fields(result: Plan) -> dict[str, float]:
     kept one version (one micro-batch with its once-per-step work)."""
     return {
         "iteration_time_s": result.iteration_time_s,
-        "micro_batch_time_s": float(result.predicted.get("micro_batch_time_s", result.step_time_s)),
-        "once_per_step_s": float(result.predicted.get("once_per_step_time_s", 0.0)),
+        "micro_batch_time_s": result.micro_batch_time_s,
+        "once_per_step_s": result.once_per_step_s,
         "step_time_s": result.step_time_s,
     }
 

@@ -41,7 +41,11 @@ def test_evaluate_and_the_summary_print_the_iteration_first(tmp_path: Path) -> N
     assert "step time" not in text
     from autopar.plan import Plan
 
-    summary = Plan.load(str(tmp_path / "m.json")).summary().splitlines()
+    plan = Plan.load(str(tmp_path / "m.json"))
+    assert plan.iteration_time_s == pytest.approx(
+        plan.training.micro_batches * plan.micro_batch_time_s + plan.once_per_step_s
+    )
+    summary = plan.summary().splitlines()
     assert summary[1].split()[0] == "iteration" and "step time" not in "\n".join(summary)
 
 
