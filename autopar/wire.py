@@ -356,6 +356,13 @@ class Diagnostics(TypedDict, total=False):
     zero_gradient_layout_normalized: Annotated[
         list[str], Field(description="updates whose ZeRO gradient layout was normalised on import")
     ]
+    compare: Annotated[
+        list[dict[str, Any]],
+        Field(
+            description="plan --compare: each baseline at its own configuration (kind, describe, mesh, "
+            "ZeRO stage, runtime, iteration_time_s, memory_per_device_bytes, named_by_user, fits_budget)"
+        ),
+    ]
     baseline_configuration: Annotated[
         dict[str, Any],
         Field(

@@ -282,6 +282,27 @@ def compared_rows(
     return rows
 
 
+def compared_record(rows: list[tuple[str, Plan]]) -> list[dict[str, Any]]:
+    """``diagnostics["compare"]`` of the autopar plan: each baseline's configuration and figures
+    (what the API, the report and the page show beside the plan)."""
+    out: list[dict[str, Any]] = []
+    for name, p in rows[1:]:
+        conf = dict(p.diagnostics.get("baseline_configuration") or {})
+        conf.pop("tried", None)
+        out.append(
+            {
+                "kind": name,
+                **conf,
+                "mesh_shape": list(p.mesh.shape),
+                "zero_stage": p.zero_stage,
+                "runtime": p.runtime,
+                "iteration_time_s": p.iteration_time_s,
+                "memory_per_device_bytes": p.memory_per_device_bytes,
+            }
+        )
+    return out
+
+
 def configurations_text(rows: list[tuple[str, Plan]]) -> str:
     """One line per baseline: the configuration it was priced at and what else was tried."""
     lines = ["baseline configurations (each system at its users' best configuration, or the one named):"]
@@ -335,6 +356,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
             else None
         )
         rows = compared_rows(result, graph, cluster, budget, args, options.training, report)
+        result.diagnostics["compare"] = compared_record(rows)
+        result.save(args.out)  # the plan carries what it was compared with
         sys.stdout.write(summary_table(rows) + "\n")
         sys.stdout.write(configurations_text(rows) + "\n")
     if result.diagnostics.get("mesh_search"):

@@ -30,3 +30,21 @@ def test_a_configuration_that_does_not_cover_the_cluster_is_a_user_error(tmp_pat
     )  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.startswith("autopar: error: [bad_baseline_config]") and "tp(3) * dp(2)" in bad.stderr
+
+
+def test_plan_compare_prices_megatron_at_the_named_configuration_and_records_it(tmp_path: Path) -> None:
+    """``plan --compare --megatron-config``: megatron at the user's configuration, printed and
+    carried in the plan's ``diagnostics.compare`` with every baseline's configuration."""
+    done = run_cli(
+        "plan", "tiny-gpt", "--cluster", "2x4", "--mesh-shape", "4,2", "--time-limit", "10", "--no-progress",
+        "--compare", "--megatron-config", "tp=2,dp=4", "--out", "p.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "tp=2, dp=4, pp=1, DDP, runtime megatron-lm (named)" in done.stdout
+    saved = json.loads((tmp_path / "p.json").read_text())
+    compared = {row["kind"]: row for row in saved["diagnostics"]["compare"]}
+    megatron = compared["megatron"]
+    assert (megatron["tensor_parallel"], megatron["data_parallel"], megatron["named_by_user"]) == (2, 4, True)
+    assert megatron["mesh_shape"] == [4, 2] and megatron["runtime"] == "megatron-lm"
+    assert compared["data-parallel"]["mesh_shape"] == [8]  # ZeRO over every device
+    assert all(row["iteration_time_s"] > 0 for row in compared.values())
