@@ -147,8 +147,8 @@ class PlanRecordView(BaseModel):
     )
     step_time_s: float | None = Field(
         default=None,
-        description="deprecated, kept one version: one micro-batch with its gradient reduction; "
-        "use iteration_time_s",
+        description="deprecated, kept one version: the iteration at K = 1 (one micro-batch with the "
+        "once-per-step work, without recomputation); use iteration_time_s",
         json_schema_extra={"deprecated": True},
     )
     memory_per_device_bytes: float | None
