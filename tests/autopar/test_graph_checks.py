@@ -74,7 +74,9 @@ def test_a_dim_attr_outside_the_ops_tensors_is_refused(tiny: dict[str, Any], axi
 def test_an_integer_valued_dim_attr_is_accepted(tiny: dict[str, Any], axis: Any) -> None:
     data = _copy(tiny)
     _first(data, "gather")["attrs"]["axis"] = axis
-    Graph.from_json(json.dumps(data)).validate()
+    graph = Graph.from_json(json.dumps(data)).validate()
+    gather = next(op for op in graph.ops if op.type == "gather")
+    assert gather.attrs["axis"] == axis  # kept as given: 2.0 == 2
 
 
 def test_a_rank_0_tensor_where_a_matmul_needs_dims_is_refused(tiny: dict[str, Any]) -> None:
@@ -114,7 +116,10 @@ def test_the_command_line_refuses_it_in_one_line(
 
 def test_every_bundled_model_still_validates() -> None:
     for name in ("tiny-gpt", "tiny-t5", "tiny-bert", "tiny-mt5"):
-        Graph.from_json(build(name).to_json()).validate()
+        built = build(name)
+        again = Graph.from_json(built.to_json()).validate()
+        assert again.to_json() == built.to_json()  # the round trip keeps every op and tensor
+        assert len(again.ops) == len(built.ops) > 0
 
 
 # ------------------------------------------------------------------ item 9: canonical numbers
@@ -199,7 +204,9 @@ def test_every_bundled_model_passes_the_shape_checks() -> None:
     from autopar.rules.check import check_graph_rules
 
     for name in MODEL_NAMES:
-        check_graph_rules(build(name))  # no shape_mismatch on any op
+        graph = build(name)
+        assert check_graph_rules(graph) is graph  # no shape_mismatch on any op
+        assert graph.rules_checked
 
 
 def test_the_shape_checks_cover_the_families_of_the_issue() -> None:
