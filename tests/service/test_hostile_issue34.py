@@ -245,3 +245,45 @@ def test_a_time_limit_below_the_least_is_refused_naming_it(keyed: LiveServer) ->
         assert f"at least {problem['minimum_s']:g} s" in problem["detail"]
         ok = a.post("/v1/plans", json={"graph": "tiny-gpt", "cluster": "1x2", "options": {"time_limit_s": 1}})
         assert ok.status_code in (200, 202), ok.text
+
+
+SHAPE_FUZZ_EXAMPLES = 40
+
+
+def test_graphs_whose_shapes_disagree_never_get_a_plan(keyed: LiveServer, tiny_graph: dict[str, Any]) -> None:
+    """Property: one dim of one port of an op whose family checks shapes grows by a large
+    prime (no broadcast can absorb it): always a 4xx problem, never a 5xx, never a plan."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from autopar.rules.shapes import SHAPE_CHECKS
+
+    checked = [i for i, op in enumerate(tiny_graph["ops"]) if op["type"] in SHAPE_CHECKS]
+    seen: dict[str, int] = {}
+    with keyed.client(headers={"X-API-Key": KEY_A}) as a:
+
+        @given(data=st.data())
+        @settings(
+            max_examples=SHAPE_FUZZ_EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+        def run(data: st.DataObject) -> None:
+            graph = json.loads(json.dumps(tiny_graph))
+            op = graph["ops"][data.draw(st.sampled_from(checked))]
+            ports = {**op["inputs"], **op["outputs"]}
+            tensor = graph["tensors"][ports[data.draw(st.sampled_from(sorted(ports)))]]
+            if not tensor["shape"]:
+                return
+            dim = data.draw(st.integers(0, len(tensor["shape"]) - 1))
+            tensor["shape"][dim] += 1_000_003
+            r = a.post("/v1/plans", json=plan_body(graph, options={"time_limit_s": 1}))
+            assert 400 <= r.status_code < 500, (op["type"], r.status_code, r.text[:300])
+            assert r.headers["content-type"] == "application/problem+json"
+            code = r.json()["code"]
+            seen[code] = seen.get(code, 0) + 1
+
+        run()
+    assert seen.get("shape_mismatch", 0) > SHAPE_FUZZ_EXAMPLES // 2, seen
