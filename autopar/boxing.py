@@ -535,6 +535,35 @@ class BoxingSearch:
         return BoxingPlan(src, dst, tuple(steps), t)
 
 
+class DirectBoxing(BoxingSearch):
+    """Boxing within fixed process groups: each mesh axis whose value differs changes by its
+    own 1-D collectives (through ``B`` at most), and an axis whose value stays is never
+    touched.  How a framework that reduces within fixed groups runs it: Megatron-LM's DDP
+    all-reduces a gradient within the data-parallel group, its tensor-parallel all-reduces
+    run within the tensor-parallel group -- never :class:`BoxingSearch`'s cheaper detour of
+    a tp-replicated gradient (``(P, B) -> (P, S) -> (B, S) -> (B, B)``: half the bytes over
+    dp, an all-gather over tp).  A route's values on each axis: the source's, the
+    destination's and ``B``; the cheapest such route (Dijkstra over at most ``3^axes``
+    states), else every axis gathered to ``B`` and sliced."""
+
+    def __init__(self, shape: Sequence[int], itemsize: int, mesh: Mesh) -> None:
+        super().__init__(shape, itemsize, mesh)
+        self.whole = False  # every query is a pair search over the direct values
+
+    def _pair(
+        self, src: tuple[int, ...], dst: tuple[int, ...]
+    ) -> tuple[float, list[tuple[tuple[int, ...], int, int]]]:
+        key = (src, dst)
+        hit = self._pairs.get(key)
+        if hit is not None:
+            return hit
+        allowed: list[Sequence[int]] = [sorted({s, d, 0}) if s != d else [s] for s, d in zip(src, dst)]
+        best, back, found = self._dijkstra(src, allowed, dst, None)
+        result = (best[dst], self._route(back, src, dst)) if found else self._all_b_route(src, dst)
+        self._pairs[key] = result
+        return result
+
+
 _SEARCH_CACHE_SIZE = 4096
 _searches: dict[tuple[Any, ...], BoxingSearch | OneFlowBoxing] = {}
 
@@ -543,20 +572,24 @@ def boxing_search(
     shape: Sequence[int], itemsize: int, mesh: Mesh, lowering: str = "ideal"
 ) -> BoxingSearch | OneFlowBoxing:
     """The (cached) boxing finder of a tensor shape and item size on ``mesh`` for ``lowering``
-    (``"ideal"``: :class:`BoxingSearch`; ``"oneflow-0.9"``: :class:`OneFlowBoxing`).
+    (``"ideal"``: :class:`BoxingSearch`; ``"oneflow-0.9"``: :class:`OneFlowBoxing`;
+    ``"direct"``: :class:`DirectBoxing`).
 
     Cached per (shape, item size, mesh content, lowering) in this process, the most
     recent :data:`_SEARCH_CACHE_SIZE` kept, so identical tensors share their searches.
     """
-    if lowering not in ("ideal", "oneflow-0.9"):
+    if lowering not in ("ideal", "oneflow-0.9", "direct"):
         raise ValueError(f"unknown lowering {lowering!r}")
     key = (tuple(shape), itemsize, mesh.shape, mesh.axes, lowering)
     search = _searches.get(key)
     if search is None:
         if len(_searches) >= _SEARCH_CACHE_SIZE:
             _searches.pop(next(iter(_searches)))
-        finder = OneFlowBoxing if lowering == "oneflow-0.9" else BoxingSearch
-        search = _searches[key] = finder(shape, itemsize, mesh)
+        if lowering == "oneflow-0.9":
+            search = _searches[key] = OneFlowBoxing(shape, itemsize, mesh)
+        else:
+            finder = DirectBoxing if lowering == "direct" else BoxingSearch
+            search = _searches[key] = finder(shape, itemsize, mesh)
     return search
 
 

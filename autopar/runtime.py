@@ -79,6 +79,9 @@ ONEFLOW_SHARD_MIN_SIZE = 1024
 class Lowering(str, Enum):
     IDEAL = "ideal"
     ONEFLOW_0_9 = "oneflow-0.9"
+    DIRECT = "direct"
+    """Ideal ring collectives within fixed process groups: an axis that keeps its value is
+    never touched (:class:`autopar.boxing.DirectBoxing`; Megatron-LM)."""
 
 
 class ZeroSharding(str, Enum):
@@ -177,7 +180,7 @@ RUNTIMES: dict[str, RuntimeProfile] = {
     ),
     "megatron-lm": RuntimeProfile(
         "megatron-lm",
-        Lowering.IDEAL,
+        Lowering.DIRECT,
         overlap_grad_comm=False,
         zero_sharding=ZeroSharding.DATA_AXES,
         source=(

@@ -36,20 +36,13 @@ def test_each_strategy_plans_every_op(kind: str):
 # ---------------------------------------------------------- Megatron-LM as it runs, by hand (issue 33)
 
 
-_DDP_DETOUR = (
-    "the megatron-lm runtime's ideal lowering reduces a tp-replicated gradient (the learned position "
-    "table, 1024 x 256) in halves over dp and all-gathers it on tp; Megatron-LM's DDP all-reduces it "
-    "whole within the dp group: dp bytes -8.4 %"
-)
-
-
 @pytest.mark.parametrize(
     ("stage", "max_position"),
     [
         (0, 64),
         (1, 64),
-        pytest.param(0, 1024, marks=pytest.mark.xfail(strict=True, reason=_DDP_DETOUR)),
-        pytest.param(1, 1024, marks=pytest.mark.xfail(strict=True, reason=_DDP_DETOUR)),
+        (0, 1024),  # a large tp-replicated table: reduced within the dp group, no detour over tp
+        (1, 1024),
     ],
 )
 def test_megatron_lm_reduces_gradients_and_gathers_parameters_once_per_step(stage: int, max_position: int):
