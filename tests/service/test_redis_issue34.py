@@ -59,6 +59,11 @@ def _until(what: str, check: Any, timeout_s: float = 90) -> Any:
     raise AssertionError(f"never: {what}")
 
 
+def _field(records: JobRecords, key: str, name: str) -> Any:
+    info = records.load(key)
+    return getattr(info, name) if info is not None else None
+
+
 def test_a_paused_worker_does_not_complete_a_job_twice(
     tmp_path, workers: list[WorkerProcess], redis_url: str, tiny_graph: dict[str, Any]
 ) -> None:
@@ -75,19 +80,13 @@ def test_a_paused_worker_does_not_complete_a_job_twice(
         key = c.post("/v1/plans", json=body).json()["id"]
         records = JobRecords(client, settings.job_ttl_s)
         _until(
-            "the solve started",
-            lambda: (
-                (records.load(key) or None) and records.load(key).phase not in (None, "starting", "loading")
-            ),
-        )  # type: ignore[union-attr]
+            "the solve started", lambda: _field(records, key, "phase") not in (None, "starting", "loading")
+        )
         _signal_all(paused, signal.SIGSTOP)
         # a stopped worker stops counting as ready once its liveness key expires
         _until("readiness drops", lambda: c.get("/readyz").status_code == 503)
         workers.append(WorkerProcess(redis_url, "rescuer", **env))
-        _until(
-            "the job restarted on the rescuer",
-            lambda: (records.load(key) or None) and records.load(key).attempts == 2,
-        )  # type: ignore[union-attr]
+        _until("the job restarted on the rescuer", lambda: _field(records, key, "attempts") == 2)
         _signal_all(paused, signal.SIGCONT)  # mid-solve: the paused attempt resumes
         job = wait_job(c, key, timeout_s=120)
         assert job["status"] == "succeeded" and job["attempts"] == 2, job
@@ -98,4 +97,4 @@ def test_a_paused_worker_does_not_complete_a_job_twice(
         )
         assert client.get("autopar:stat:plans_stored") == b"1"  # one result, the rescuer's
         assert c.get("/readyz").json()["checks"]["jobs"]["workers"] == 2
-        assert records.load(key).fence is not None  # type: ignore[union-attr]
+        assert _field(records, key, "fence") is not None  # the rescuer's token
