@@ -281,7 +281,7 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
     position bias moves nothing: its table is split by heads, as each tensor-parallel rank
     adds only its heads' slice."""
     from autopar.baselines import _megatron_layout
-    from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes
+    from benchmarks.model_truth import hand_count_tp_bytes
 
     decoder_layers, batch, encoder_seq, hidden = 2, 16, 64, 256
     g = build("mt5-base", **SMALL_MT5)
@@ -295,13 +295,14 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
         assert fused[f"{cross}.k.weight"] != fused[f"decoder.layers.{1 - i}.cross_attn.k.weight"]
         mlp = f"decoder.layers.{i}.mlp"
         assert fused[f"{mlp}.wi_0.weight"] == fused[f"{mlp}.wi_1.weight"]
-    ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime="ideal"))
-    per_linear = hand_count_tp_bytes(g, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
-    assert ev.comm_bytes_per_axis[1] == pytest.approx(per_linear, rel=0.01)
-    # Megatron-LM's fused key_value: one encoder-output all-reduce per decoder layer fewer
-    extra = per_linear - hand_count_tp_bytes(g, MESH)
+    ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime="megatron-lm"), group_boxing=True)
+    # Megatron-LM's hand count (the fused key_value: 1 encoder-output all-reduce per decoder
+    # layer) is a floor; this graph's separate k, v cost at most one more per decoder layer
+    # (test_megatron_lm_tensor_parallel_bytes_are_the_hand_count: xfail strict until they do not)
+    hand = hand_count_tp_bytes(g, MESH)
     enc = batch // MESH.shape[0] * encoder_seq * hidden * DTYPE_BYTES["float16"]
-    assert extra == pytest.approx(decoder_layers * enc)  # 2 (tp-1)/tp = 1 for tp = 2
+    assert hand * (1 - MEGATRON_HAND_TOLERANCE) <= ev.comm_bytes_per_axis[1]
+    assert ev.comm_bytes_per_axis[1] <= (hand + decoder_layers * enc) * (1 + MEGATRON_HAND_TOLERANCE)
 
 
 MEGATRON_TOLERANCE = 0.05
