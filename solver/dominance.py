@@ -5,6 +5,9 @@ every feature (its own cost, its row of every incident edge matrix, its bytes in
 memory row) and strictly better in one, or is an identical twin with a lower index (so
 that exactly one of each group of twins survives).  Some optimal assignment then avoids
 ``a``: swapping ``a`` for ``b`` changes no constraint for the worse and no cost upward.
+
+:func:`pareto_best` is the other side, for the folds: the choices best in cost and in every
+memory row at once (Pareto-dominant), for each choice of the neighbours.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dominated_choices"]
+__all__ = ["dominated_choices", "pareto_best"]
 
 
 @njit(cache=True, nogil=True)
@@ -44,3 +47,19 @@ def dominated_choices(features: np.ndarray) -> np.ndarray:
                 out[a] = True
                 break
     return out
+
+
+def pareto_best(total: np.ndarray, mems: list[np.ndarray]) -> np.ndarray:
+    """``ok[..., b]``: choice b is finite and best in cost and in every memory row.
+
+    ``total`` and each of ``mems`` have the eliminated node's choices on the
+    last axis (other axes broadcast: choices of the neighbours).
+    """
+    finite = np.isfinite(total)
+    best = total.min(axis=-1, keepdims=True)
+    ok = finite & (total == best)
+    for mem in mems:
+        mem = np.broadcast_to(mem, total.shape)
+        lowest = np.where(finite, mem, np.inf).min(axis=-1, keepdims=True)
+        ok &= mem == lowest
+    return ok

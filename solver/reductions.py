@@ -39,13 +39,14 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autopar_solver.dominance import dominated_choices
+from autopar_solver.dominance import dominated_choices, pareto_best
 from autopar_solver.problem import MemoryRow, Problem
+from autopar_solver.reduction import Chain, Fixed, Leaf, Reduction, Undo, problem_size, unreduced
 
 __all__ = ["ALL_REDUCTIONS", "Reduction", "problem_size", "reduce_problem", "unreduced"]
 
@@ -69,93 +70,6 @@ _MAX_CHAIN_ENTRIES = 4_000_000
 """Skip a chain fold whose (choices u) x (choices v) x (choices w) tensor is larger."""
 
 
-@dataclass(frozen=True)
-class _Fixed:
-    node: int
-    choice: int
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    node: int
-    neighbour: int
-    table: np.ndarray
-    """Original choice of ``neighbour`` -> original choice of ``node``."""
-
-
-@dataclass(frozen=True)
-class _Chain:
-    node: int
-    u: int
-    w: int
-    table: np.ndarray
-    """(original choice of u, original choice of w) -> original choice of ``node``."""
-
-
-_Undo = _Fixed | _Leaf | _Chain
-
-
-@dataclass
-class Reduction:
-    """A reduced problem and how to map its solutions back."""
-
-    original: Problem
-    reduced: Problem
-    node_ids: list[int]
-    """Reduced node -> original node."""
-    choice_ids: list[np.ndarray]
-    """Reduced node -> original choice index of each of its remaining choices."""
-    offset: float
-    """Seconds folded out of the objective: original = reduced + offset."""
-    infeasible: bool
-    """True when the reductions proved that no assignment fits."""
-    undo: list[_Undo] = field(repr=False)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    def expand(self, choices: Sequence[int]) -> list[int]:
-        """Map a reduced assignment to the original problem (original choice indices).
-
-        For any reduced assignment the expanded one costs ``reduced + offset``
-        and uses the same bytes in every kept memory row.
-        """
-        if len(choices) != len(self.node_ids):
-            raise ValueError(f"{len(choices)} choices for {len(self.node_ids)} reduced nodes")
-        result = [-1] * self.original.num_nodes
-        for j, node in enumerate(self.node_ids):
-            result[node] = int(self.choice_ids[j][choices[j]])
-        for record in reversed(self.undo):
-            if isinstance(record, _Fixed):
-                result[record.node] = record.choice
-            elif isinstance(record, _Leaf):
-                result[record.node] = int(record.table[result[record.neighbour]])
-            else:
-                result[record.node] = int(record.table[result[record.u], result[record.w]])
-        return result
-
-    def restrict(self, choices: Sequence[int]) -> list[int | None]:
-        """Map an original assignment onto the reduced nodes.
-
-        ``None`` for a node whose original choice was removed by a reduction.
-        """
-        out: list[int | None] = []
-        for j, node in enumerate(self.node_ids):
-            hits = np.flatnonzero(self.choice_ids[j] == choices[node])
-            out.append(int(hits[0]) if hits.size else None)
-        return out
-
-
-def problem_size(problem: Problem) -> dict[str, int]:
-    """Counts used in reduction reports."""
-    return {
-        "nodes": problem.num_nodes,
-        "choices": int(sum(problem.num_choices)),
-        "edges": len(problem.edges),
-        "edge_entries": int(sum(m.size for _, _, m in problem.edges)),
-        "memory_rows": len(problem.memory_rows),
-        "memory_terms": int(sum(len(r.terms) + len(r.edge_terms) for r in problem.memory_rows)),
-    }
-
-
 def reduce_problem(
     problem: Problem, enabled: Iterable[str] | None = None, *, deadline: float | None = None
 ) -> Reduction:
@@ -172,25 +86,6 @@ def reduce_problem(
     result = work.result()
     result.stats["stopped_at_deadline"] = work.stopped
     return result
-
-
-def unreduced(problem: Problem, reason: str) -> Reduction:
-    """``problem`` as it is, as a :class:`Reduction` that folds nothing (``reason`` in its
-    stats): for problems where the reductions cost more than they remove.  The problem
-    must have no self-loop (the search after the reductions expects none)."""
-    if any(u == v for u, v, _ in problem.edges):
-        raise ValueError("unreduced(): the problem has a self-loop; reduce it instead")
-    size = problem_size(problem)
-    return Reduction(
-        original=problem,
-        reduced=problem,
-        node_ids=list(range(problem.num_nodes)),
-        choice_ids=[np.arange(len(c), dtype=np.int64) for c in problem.node_costs],
-        offset=0.0,
-        infeasible=False,
-        undo=[],
-        stats={"before": size, "after": size, "removed": {}, "skipped": reason},
-    )
 
 
 @dataclass
@@ -211,7 +106,7 @@ class _Work:
         self.counts: Counter[str] = Counter()
         self.infeasible = False
         self.offset_parts: list[float] = []
-        self.undo: list[_Undo] = []
+        self.undo: list[Undo] = []
         self.choices: dict[int, np.ndarray] = {
             i: np.arange(len(c), dtype=np.int64) for i, c in enumerate(problem.node_costs)
         }
@@ -464,7 +359,7 @@ class _Work:
             self._push(nbr)
         for r in self.node_rows[x]:
             self.rows[r].constant += float(self.rows[r].terms[x][local])
-        self.undo.append(_Fixed(x, int(self.choices[x][local])))
+        self.undo.append(Fixed(x, int(self.choices[x][local])))
         self._remove_node(x)
 
     def _fix_singleton(self, x: int) -> None:
@@ -472,7 +367,7 @@ class _Work:
         self._fix(x, 0)
 
     def _fix_isolated(self, x: int) -> bool:
-        ok = self._pareto_mask(self.cost[x][None, :], [t[None, :] for t in self._mem_of(x)])[0]
+        ok = pareto_best(self.cost[x][None, :], [t[None, :] for t in self._mem_of(x)])[0]
         if not ok.any():
             self.counts["isolated_blocked_memory"] += 1
             return False
@@ -483,29 +378,13 @@ class _Work:
     def _mem_of(self, x: int) -> list[np.ndarray]:
         return [self.rows[r].terms[x] for r in sorted(self.node_rows[x])]
 
-    @staticmethod
-    def _pareto_mask(total: np.ndarray, mems: list[np.ndarray]) -> np.ndarray:
-        """``ok[..., b]``: choice b is finite and best in cost and in every memory row.
-
-        ``total`` and each of ``mems`` have the eliminated node's choices on the
-        last axis (other axes broadcast: choices of the neighbours).
-        """
-        finite = np.isfinite(total)
-        best = total.min(axis=-1, keepdims=True)
-        ok = finite & (total == best)
-        for mem in mems:
-            mem = np.broadcast_to(mem, total.shape)
-            lowest = np.where(finite, mem, np.inf).min(axis=-1, keepdims=True)
-            ok &= mem == lowest
-        return ok
-
     def _fold_leaf(self, x: int) -> bool:
         ((u, e),) = self.adj[x].items()
         edge = self._oriented(e, u)  # [a (u), b (x)]
         total = edge + self.cost[x][None, :]
         rows = self._node_mem_rows(x, [e])
         mems = [self._contribution(x, r, [(e, u)]) for r in rows]
-        ok = self._pareto_mask(total, mems)
+        ok = pareto_best(total, mems)
         needed = np.isfinite(total).any(axis=1)
         if (needed & ~ok.any(axis=1)).any():
             self.counts["leaf_blocked_memory"] += 1
@@ -516,7 +395,7 @@ class _Work:
         folded = [np.where(needed, np.broadcast_to(m, total.shape)[picks, best], 0.0) for m in mems]
         table = np.zeros(len(self.problem.node_costs[u]), dtype=np.int64)
         table[self.choices[u]] = self.choices[x][best]
-        self.undo.append(_Leaf(x, u, table))
+        self.undo.append(Leaf(x, u, table))
         self._remove_node(x)
         for r, values in zip(rows, folded, strict=True):
             if values.any() or r in self.node_rows[u]:
@@ -560,7 +439,7 @@ class _Work:
         rows = self._node_mem_rows(x, [e1, e2])
         mems = [self._contribution(x, r, [(e1, u), (e2, w)]) for r in rows]
         # Put x's choices last for the Pareto test.
-        ok = self._pareto_mask(total.transpose(0, 2, 1), [m.transpose(0, 2, 1) for m in mems])
+        ok = pareto_best(total.transpose(0, 2, 1), [m.transpose(0, 2, 1) for m in mems])
         needed = np.isfinite(total).any(axis=1)
         if (needed & ~ok.any(axis=2)).any():
             self.counts["chain_blocked_memory"] += 1
@@ -572,7 +451,7 @@ class _Work:
         new_mems = {r: t for r, t in new_mems.items() if t.any()}
         table = np.zeros((len(self.problem.node_costs[u]), len(self.problem.node_costs[w])), dtype=np.int64)
         table[np.ix_(self.choices[u], self.choices[w])] = self.choices[x][best]
-        self.undo.append(_Chain(x, u, w, table))
+        self.undo.append(Chain(x, u, w, table))
         self._remove_node(x)
         self._add_edge(u, w, matrix, new_mems)
         self.counts["nodes_chain"] += 1
