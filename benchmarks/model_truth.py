@@ -308,10 +308,10 @@ def measure(model: str) -> dict[str, Any]:
     hand = hand_count_tp_bytes(graph, mesh)
     hand_graph = hand_count_tp_bytes(graph, mesh, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     rows = {}
-    for runtime in ("oneflow-0.9", "ideal"):
+    for runtime in ("oneflow-0.9", "ideal", "megatron-lm"):  # megatron-lm: Megatron-LM as it runs
         meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True)
-        meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime))
-        inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime))
+        meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime), group_boxing=True)
+        inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime), group_boxing=True)
         rows[runtime] = {
             "megatron_tp_bytes_zero0": meg0.comm_bytes_per_axis[1],
             "megatron_dp_bytes_zero0": meg0.comm_bytes_per_axis[0],
