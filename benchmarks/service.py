@@ -31,8 +31,9 @@
    ``.venv/bin/python -m benchmarks.service --load 60``
 7. **Hostile clients** (``--hostile SECONDS``, alone; issue 34): keyless and keyed clients
    cycling through every bundled model's graph (401 without a key; the keyed latency once
-   each was built); hostile bodies of 1.5, 15 and 50 MB (tiny-gpt with ``ops[5].attrs.junk =
-   [7] * N``) one at a time: status, code and the API's RSS rise; then one key floods four
+   each was built); valid graphs (tiny-gpt, mt5-base, t5-base) parsed and checked in full
+   and hostile bodies of 1, 10 and 33 MB (tiny-gpt with ``ops[5].attrs.junk = [7] * N``),
+   one at a time: status, code and the API's RSS rise (sampled every 0.1 s); then one key floods four
    10 MB bodies at a time for SECONDS while another key posts small requests that need a
    parse: the victim's p50/p99 and statuses, and the 5xx count.
 
@@ -564,6 +565,32 @@ def body_memory_report(url: str, graph: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def valid_body_memory_report(url: str) -> list[dict[str, Any]]:
+    """Valid graphs parsed and checked in full (``POST /v1/evaluate`` with an empty plan: 422
+    after the graph's checks, no solve): status and the API's RSS around each."""
+    host, port = url.removeprefix("http://").split(":")
+    rows = []
+    for name in ("tiny-gpt", "mt5-base", "t5-base"):
+        body = json.dumps({"graph": build(name).to_dict(), "plan": {}}, separators=(",", ":")).encode()
+        rss = RssSampler(SERVER_PIDS[url])
+        conn = http.client.HTTPConnection(host, int(port), timeout=300)
+        conn.request("POST", "/v1/evaluate", body, {"Content-Type": "application/json", "X-API-Key": KEY_A})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        memory = rss.stop(settle_s=1.0)
+        rows.append(
+            {
+                "graph": name,
+                "body_mb": round(len(body) / 1e6, 2),
+                "status": response.status,
+                "rss_rise_mib": round(memory["peak_mib"] - memory["before_mib"], 1),
+            }
+        )
+        print("valid body", rows[-1], flush=True)
+    return rows
+
+
 def flood_report(url: str, graph: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Key A floods with four 10 MB hostile bodies at a time while key B posts small plan
     requests that need a parse (each body differs in bytes, the plan is cached): B's latency."""
@@ -650,6 +677,7 @@ def hostile_main(seconds: float) -> dict[str, Any]:
     ):
         results["models"] = model_cycle_report(url)
         print("models", results["models"], flush=True)
+        results["valid_bodies"] = valid_body_memory_report(url)
         results["bodies"] = body_memory_report(url, graph)
         results["flood"] = flood_report(url, graph, seconds)
         print("flood", json.dumps(results["flood"]), flush=True)
@@ -677,20 +705,17 @@ def main() -> int:
         default=None,
         metavar="SECONDS",
         help="only issue 34's hostile checks: model graphs with and without a key, RSS per hostile "
-        "body (1.5-33 MB), one key's latency while another floods 10 MB bodies for SECONDS",
+        "body (1-33 MB) and per valid graph, one key's latency while another floods 10 MB bodies for SECONDS",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.hostile is not None:
-        results = hostile_main(args.hostile)
-        text = json.dumps(results, indent=1)
-        if args.out:
-            Path(args.out).write_text(text)
-        print(text)
-        return 0
-    if args.load is not None:
-        results = load_main(args, build("mt5-base").to_json().encode())
-        text = json.dumps(results, indent=1)
+    if args.hostile is not None or args.load is not None:
+        alone = (
+            hostile_main(args.hostile)
+            if args.hostile is not None
+            else load_main(args, build("mt5-base").to_json().encode())
+        )
+        text = json.dumps(alone, indent=1)
         if args.out:
             Path(args.out).write_text(text)
         print(text)
