@@ -40,7 +40,6 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,6 +52,7 @@ from autopar_solver.trws_kernels import (
     lay_out_entries,
     levels_pass,
 )
+from autopar_solver.trws_layout import Skeleton, Slots, skeleton, slots
 
 __all__ = [
     "SINGLE_ENTRIES",
@@ -182,8 +182,8 @@ class DiffusionBound:
         A segment is one (edge, end, choice of that end): the matrix's row for the
         edge's first node, its column for the second.  Segments are ordered by level,
         then node, then edge; ``alpha`` holds one message per segment."""
-        sk = self._skeleton()
-        sl = self._slots(sk)
+        sk = skeleton(self.problem, self.edge_ids)
+        sl = slots(sk)
         slot_entry, seg_len = self._lay_out_entries(sk, sl)
         # the bound's region: one end (the lower node's) of every edge, one slot per edge
         self._seg_entry = np.zeros(sl.count + 1, dtype=np.int64)
@@ -197,74 +197,7 @@ class DiffusionBound:
         self._work = np.zeros(len(self.flat_theta))
         self._blocked = np.zeros(len(self.flat_theta), dtype=np.bool_)
 
-    def _skeleton(self) -> _Skeleton:
-        """The kept edges' ends and shapes, each node's level (longest path from a source
-        along edges toward later nodes) and its edges' share of its cost."""
-        problem = self.problem
-        n, m = problem.num_nodes, len(self.edge_ids)
-        ends = np.array([problem.edges[e][:2] for e in self.edge_ids], dtype=np.int64).reshape(m, 2)
-        shapes = np.array([problem.edges[e][2].shape for e in self.edge_ids], dtype=np.int64).reshape(m, 2)
-        lo, hi = ends.min(axis=1), ends.max(axis=1)
-        level = np.zeros(n, dtype=np.int64)
-        later: list[list[int]] = [[] for _ in range(n)]
-        incident: list[list[int]] = [[] for _ in range(n)]
-        for k, (a, b, u, v) in enumerate(
-            zip(lo.tolist(), hi.tolist(), ends[:, 0].tolist(), ends[:, 1].tolist())
-        ):
-            later[a].append(b)
-            incident[u].append(k)
-            incident[v].append(k)
-        for i in range(n):
-            here = level[i] + 1
-            for j in later[i]:
-                if level[j] < here:
-                    level[j] = here
-        n_later = np.bincount(lo, minlength=n) if m else np.zeros(n, dtype=np.int64)
-        n_earlier = np.bincount(hi, minlength=n) if m else np.zeros(n, dtype=np.int64)
-        weight = 1.0 / np.maximum(np.maximum(n_later, n_earlier), 1)
-        return _Skeleton(ends, shapes, level, incident, n_later, n_earlier, weight)
-
-    def _slots(self, sk: _Skeleton) -> _Slots:
-        """The (node, edge) ends in pass order and the segment each starts.
-
-        First every end of an edge toward an earlier node, by level and node, then every
-        end toward a later node, the same way (so each level's two parts are contiguous,
-        and every edge has exactly one end in the second region: the bound reads that
-        region only)."""
-        ends, m = sk.ends, len(self.edge_ids)
-        linked = (sk.n_later + sk.n_earlier) > 0
-        order = [int(i) for i in np.argsort(sk.level, kind="stable") if linked[i]]
-        behind: list[tuple[int, int]] = []
-        ahead: list[tuple[int, int]] = []
-        parts: list[tuple[np.ndarray, int, int, int, int]] = []  # nodes, slot ranges behind/ahead
-        for start, end in _runs(sk.level[order]):
-            members = order[start:end]
-            b0, a0 = len(behind), len(ahead)
-            for i in members:
-                for k in sk.incident[i]:
-                    (ahead if int(ends[k].sum()) - i > i else behind).append((i, k))
-            parts.append((np.array(members, dtype=np.int64), b0, len(behind), a0, len(ahead)))
-        slots = behind + ahead
-        seg_first = np.zeros(m, dtype=np.int64)
-        seg_second = np.zeros(m, dtype=np.int64)
-        slot_segment = np.zeros(len(slots) + 1, dtype=np.int64)
-        count = 0
-        for n_slot, (i, k) in enumerate(slots):
-            slot_segment[n_slot] = count
-            if ends[k, 0] == i:
-                seg_first[k] = count
-                count += int(sk.shapes[k, 0])
-            else:
-                seg_second[k] = count
-                count += int(sk.shapes[k, 1])
-        slot_segment[len(slots)] = count
-        slot_node = np.array([i for i, _ in slots], dtype=np.int64)
-        slot_edge = np.array([k for _, k in slots], dtype=np.int64)
-        return _Slots(
-            ahead, parts, len(behind), slot_node, slot_edge, seg_first, seg_second, slot_segment, count
-        )
-
-    def _lay_out_entries(self, sk: _Skeleton, sl: _Slots) -> tuple[np.ndarray, np.ndarray]:
+    def _lay_out_entries(self, sk: Skeleton, sl: Slots) -> tuple[np.ndarray, np.ndarray]:
         """Copy every edge matrix, twice, into per-segment contiguous runs (where they go:
         :func:`lay_out_entries`, compiled; the copies: one block copy per slot, a row-major
         matrix or its transpose); the messages ``alpha``.  Returns each slot's first entry
@@ -310,7 +243,7 @@ class DiffusionBound:
         self._seg_choice = seg_node_choice
         return slot_entry, seg_len
 
-    def _lay_out_levels(self, sl: _Slots, slot_entry: np.ndarray) -> None:
+    def _lay_out_levels(self, sl: Slots, slot_entry: np.ndarray) -> None:
         """Per level: its node choices, and the segments of its edges toward earlier nodes
         and toward later ones (each a contiguous range); the levels of a pass in chunks of
         about :data:`_CHECK_ENTRIES` entries (one compiled call each)."""
@@ -344,7 +277,7 @@ class DiffusionBound:
         self._chunks_forward = [levels[a:b] for a, b in itertools.pairwise(bounds.tolist()) if b > a]
         self._chunks_backward = [c[::-1].copy() for c in reversed(self._chunks_forward)]
 
-    def _lay_out_nodes(self, sk: _Skeleton, sl: _Slots) -> None:
+    def _lay_out_nodes(self, sk: Skeleton, sl: Slots) -> None:
         """Per choice, the share of its cost pushed onto each edge; per node, its edge ends
         (slots): own first segment, the neighbour, its first segment."""
         n, off, ends = self.problem.num_nodes, self.node_offset, sk.ends
@@ -572,50 +505,6 @@ class DiffusionBound:
             self._work,
             self._blocked,
         )
-
-
-@dataclass
-class _Skeleton:
-    """The kept edges of a :class:`DiffusionBound` and its nodes' levels (see ``_layout``)."""
-
-    ends: np.ndarray
-    """(m, 2) nodes of each kept edge."""
-    shapes: np.ndarray
-    """(m, 2) matrix shape of each kept edge."""
-    level: np.ndarray
-    incident: list[list[int]]
-    """Node -> its kept edges."""
-    n_later: np.ndarray
-    """Node -> its edges toward later nodes."""
-    n_earlier: np.ndarray
-    weight: np.ndarray
-    """Node -> ``1 / max(#later, #earlier)``."""
-
-
-@dataclass
-class _Slots:
-    """The (node, edge) ends in pass order and where their segments start (see ``_layout``)."""
-
-    ahead: list[tuple[int, int]]
-    """Ends toward a later node (the bound's region)."""
-    parts: list[tuple[np.ndarray, int, int, int, int]]
-    """Per level: its nodes and its slot ranges behind and ahead."""
-    first_ahead: int
-    slot_node: np.ndarray
-    slot_edge: np.ndarray
-    seg_first: np.ndarray
-    seg_second: np.ndarray
-    slot_segment: np.ndarray
-    count: int
-    """Segments in all."""
-
-
-def _runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:
-    """``(start, end)`` of each run of equal values."""
-    if not len(sorted_values):
-        return []
-    cuts = np.flatnonzero(np.diff(sorted_values)) + 1
-    return list(itertools.pairwise([0, *cuts.tolist(), len(sorted_values)]))
 
 
 def reparametrized(run: DiffusionBound) -> Problem:
