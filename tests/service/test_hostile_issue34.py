@@ -287,3 +287,34 @@ def test_graphs_whose_shapes_disagree_never_get_a_plan(keyed: LiveServer, tiny_g
 
         run()
     assert seen.get("shape_mismatch", 0) > SHAPE_FUZZ_EXAMPLES // 2, seen
+
+
+def test_a_hostile_body_is_refused_within_a_small_multiple_of_its_size(tiny_graph: dict[str, Any]) -> None:
+    """Issue 34's 10 MB body (``attrs.junk = [7] * 5_000_000``) is refused by the scan: the
+    parse's traced memory stays within twice the body (it was over 40 times)."""
+    import tracemalloc
+
+    from autopar_service.body import graph_object_budget, parse_json_model
+    from autopar_service.problems import ApiError
+    from autopar_service.requests import PlanBody
+    from autopar_service.settings import Settings
+
+    settings = Settings()
+    graph = _mutated(tiny_graph, lambda g: g["ops"][5]["attrs"].update(junk=[7] * 5_000_000))
+    raw = json.dumps(plan_body(graph), separators=(",", ":")).encode()
+    del graph
+    tracemalloc.start()
+    try:
+        with pytest.raises(ApiError) as err:
+            parse_json_model(
+                PlanBody,
+                raw,
+                settings.max_json_depth,
+                graph_object_budget(settings),
+                settings.max_graph_item_bytes,
+            )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert err.value.status == 413 and err.value.code == "too_many_values"
+    assert peak < 2 * len(raw), (peak, len(raw))
