@@ -105,6 +105,9 @@ async def _in_slot(service: Service, fn: Callable[[], T]) -> T:
     work.add_done_callback(finished)
     try:
         return await asyncio.wait_for(asyncio.shield(work), settings.max_parse_s)
+    except asyncio.CancelledError:  # the request itself was dropped: nobody waits for the parse
+        token.cancel()
+        raise
     except asyncio.TimeoutError:
         token.cancel()
         service.metrics.parse_canceled()
