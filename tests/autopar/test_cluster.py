@@ -50,6 +50,21 @@ def test_device_validation():
 
     with pytest.raises(ConfigError, match="matmul_efficiency"):
         replace(PRESETS["a100-40g"], matmul_efficiency=1.5)
+    with pytest.raises(ConfigError, match="compute_units"):
+        replace(PRESETS["a100-40g"], compute_units=-4)
+
+
+def test_a_profile_without_compute_units_does_not_model_sm_fill(tmp_path):
+    import json
+
+    from autopar.cluster import PROFILES, load_cluster_profile
+
+    data = PROFILES["a100-40g"].to_dict()
+    del data["device"]["compute_units"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert load_cluster_profile(path).device.compute_units == 0
+    assert PRESETS["a100-40g"].compute_units == 108
 
 
 # ------------------------------------------------------------------ profiles
@@ -108,6 +123,11 @@ def test_profile_files_are_checked_field_by_field(tmp_path):
             r"profile\.device\.peak_flops must be a number",
         ),
         ({**good, "device": {**good["device"], "memory_efficiency": 1.5}}, "memory_efficiency must be in"),
+        ({**good, "device": {**good["device"], "compute_units": 10.5}}, "compute_units must be a whole"),
+        (
+            {**good, "device": {**good["device"], "compute_units": -1}},
+            "compute_units must be an integer >= 0",
+        ),
         (
             {**good, "links": {**good["links"], "inter_node": {"latency_s": 1e-5}}},
             r"links\.inter_node: missing field 'bandwidth_bytes_per_s'",
