@@ -188,7 +188,12 @@ class SweepRow(BaseModel):
     iteration_time_s: float | None = Field(
         description="Predicted optimizer step: K x micro-batch + once-per-step work, seconds."
     )
-    step_time_s: float | None
+    micro_batch_time_s: float | None = Field(default=None, description="One micro-batch, seconds.")
+    step_time_s: float | None = Field(
+        default=None,
+        description="deprecated, kept one version: the iteration at K = 1; use iteration_time_s",
+        json_schema_extra={"deprecated": True},
+    )
     memory_per_device_bytes: float | None
     chosen_mesh_shape: list[int] | None
     gap: float | None

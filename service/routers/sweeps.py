@@ -88,7 +88,8 @@ async def _row(service: Service, p: dict[str, Any]) -> dict[str, Any]:
         "key": key,
         "status": "queued",
         "iteration_time_s": None,
-        "step_time_s": None,
+        "micro_batch_time_s": None,
+        "step_time_s": None,  # deprecated alias, kept one version: the iteration at K = 1
         "memory_per_device_bytes": None,
         "chosen_mesh_shape": None,
         "gap": None,
@@ -103,6 +104,7 @@ async def _row(service: Service, p: dict[str, Any]) -> dict[str, Any]:
             status="succeeded",
             step_time_s=data.get("step_time_s"),
             iteration_time_s=((data.get("plan") or {}).get("predicted") or {}).get("iteration_time_s"),
+            micro_batch_time_s=((data.get("plan") or {}).get("predicted") or {}).get("micro_batch_time_s"),
             memory_per_device_bytes=data.get("memory_per_device_bytes"),
             chosen_mesh_shape=data.get("mesh_shape"),
             gap=(data.get("solver") or {}).get("gap"),
@@ -213,17 +215,17 @@ async def get_sweep(sweep_id: Key, service: ServiceDep, _auth: Auth) -> Response
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
-    """Aligned text: mesh, budget, ZeRO, K, checkpointing, status, iteration and step time, memory."""
+    """Aligned text: mesh, budget, ZeRO, K, checkpointing, status, iteration and micro-batch time, memory."""
     gib = 1024**3
     lines = [
         f"{'mesh':<10}{'budget GiB':>11}{'ZeRO':>6}{'K':>5}  {'ckpt':<5}  {'status':<11}{'iter ms':>10}"
-        f"{'step ms':>10}{'mem GiB':>9}{'gap':>8}"
+        f"{'micro ms':>10}{'mem GiB':>9}{'gap':>8}"
     ]
     for r in rows:
         mesh = r["chosen_mesh_shape"] or r["mesh_shape"]
         budget = r["memory_budget_bytes"]
         iteration = r.get("iteration_time_s")
-        step = r["step_time_s"]
+        micro = r.get("micro_batch_time_s")
         mem = r["memory_per_device_bytes"]
         gap = r["gap"]
         lines.append(
@@ -232,7 +234,7 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
             f"{r['zero_stage']:>6}{r.get('micro_batches', 1):>5}  {r.get('checkpointing', 'off'):<5}  "
             f"{r['status']:<11}"
             f"{iteration * 1e3 if iteration is not None else float('nan'):>10.2f}"
-            f"{step * 1e3 if step is not None else float('nan'):>10.2f}"
+            f"{micro * 1e3 if micro is not None else float('nan'):>10.2f}"
             f"{mem / gib if mem is not None else float('nan'):>9.2f}"
             f"{'' if gap is None else f'{100 * gap:.2f}%':>8}"
         )
