@@ -26,7 +26,7 @@ PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --tim
 
 SECTIONS=(of-mt5 of-eval of-eval-fkv baselines model-truth model-truth-fkv seed-replay cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
-  iteration-fidelity heldout-truth scale table-workers table-workers-compose promise problem-size report service service-429)
+  iteration-fidelity heldout-truth scale scale-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
 run() {
@@ -153,6 +153,9 @@ section() {
         --cases mt5-base-2,2,2,mt5-base-4,2,4,mt5-base-2,2,8,mt5-base-search-2x4,mt5-base-search-4x8
       run scale-60 $PY -m benchmarks.solver --scale --time-limit 60 --cases mt5-base-search-4x8,gpt-100k-ops-4x8-80g
       ;;
+    scale-suite)  # issue 33: GPT-3 sizes on 4x8-32x8 against Megatron-LM at its best configuration
+      run scale-suite $PY -m benchmarks.scale_suite --time-limit 90 ;;
+    efficiency) run efficiency $PY -m benchmarks.efficiency_check ;;  # issue 33: the compute model vs Megatron-LM's runs
     table-workers) run table-workers $PY -m benchmarks.table_workers ;;
     table-workers-compose)  # the same tables built by the compose stack's workers (podman): 2, then 1
       run table-workers-compose bash -c 'AUTOPAR_CONTAINERS_TABLE_BENCH=1 bash scripts/test-containers.sh 2>&1 \
