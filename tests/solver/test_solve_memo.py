@@ -75,6 +75,7 @@ def test_a_repeated_problem_is_recalled_and_re_checked(graph):
     assert _memo(other)["key"] != memo["key"] and _memo(other)["found"] is False
 
 
+@pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
 def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph):
     store, request, first, key, true = _solved_once(graph)
     # a stored objective the plan does not have (and a bound that would prove it)
@@ -106,6 +107,7 @@ def test_an_entry_above_the_gap_is_where_the_solve_starts_and_bounds_only_grow(g
     assert stored.objective <= true.objective + 1e-15
 
 
+@pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
 def test_under_a_budget_the_memory_rows_come_back_with_the_plan(graph):
     store = MemoryStore()
     free = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)).memory_per_device_bytes
@@ -122,6 +124,7 @@ def test_under_a_budget_the_memory_rows_come_back_with_the_plan(graph):
     assert _memo(looser)["found"] is False
 
 
+@pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
 def test_deterministic_runs_neither_read_nor_write_the_memo(graph):
     store = MemoryStore()
     options = SolverOptions(runtime=RUNTIME, time_limit_s=20, deterministic=True, workers=2)
@@ -165,6 +168,7 @@ def test_an_entry_reads_back():
     assert MemoEntry.from_bytes(entry.to_bytes()) == entry
 
 
+@pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
 def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph):
     store, request, first, key, _ = _solved_once(graph)
     # another way to solve the same problem is asked for: not answered by the default way's plan
@@ -194,6 +198,7 @@ def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph
     assert again.solver["bound"] >= first.solver["bound"] - 1e-15
 
 
+@pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
 def test_the_entry_without_a_budget_answers_a_budget_its_plan_fits_and_only_that(graph):
     store = MemoryStore()
     free = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), store=store)
@@ -302,6 +307,7 @@ def test_stores_that_cannot_swap_are_overwritten_and_a_busy_key_is_given_up():
     assert busy.swaps == REMEMBER_ATTEMPTS
 
 
+@pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
 def test_the_gap_asked_decides_answer_or_improve_and_another_iteration_is_another_problem(graph):
     """Issue 34: the time limit and the gap are the effort, not the problem.  An entry that
     proves a gap within the one asked answers; a tighter gap asked improves it, from it."""
