@@ -120,8 +120,8 @@ def test_mesh_search_lines_print_readable_figures() -> None:
         [
             {"shape": [2, 2], "iteration_time_s": 0.0004123, "micro_batch_time_s": 0.0001, "gap": 0.0033,
              "memory_per_device_bytes": 1604321.0, "wall_s": 0.150959},
-            {"shape": [4], "iteration_time_s": None, "memory_per_device_bytes": None, "gap": None, "wall_s": 0.2,
-             "error": "[time_limit] the time limit (0.15 s) ran out"},
+            {"shape": [4], "iteration_time_s": None, "memory_per_device_bytes": None, "gap": None,
+             "wall_s": 0.2, "error": "[time_limit] the time limit (0.15 s) ran out"},
         ]
     )  # fmt: skip
     assert "iteration 0.41 ms (0.10 ms per micro-batch), 1.53 MiB, proven gap 0.33 %, 0.2 s" in text

@@ -170,7 +170,7 @@ def test_a_valid_lower_bound_keeps_the_optimum(problem):
 def test_find_feasible_counts_building_the_model_in_its_time_limit():
     """Off the deterministic path a feasibility model whose build would pass the limit is
     abandoned (None) instead of being built and solved past it."""
-    problem = reduce_problem(synthetic_problem(400, seed=3)).reduced
+    problem = reduce_problem(synthetic_problem(60, seed=3)).reduced
     assert problem.budget_bytes is not None
     live = SolverOptions(time_limit_s=30, workers=1)
     found = find_feasible(problem, live, time_limit_s=30)
@@ -183,7 +183,7 @@ def test_find_feasible_counts_building_the_model_in_its_time_limit():
 
 
 def test_solve_cpsat_counts_building_the_model_in_its_time_limit():
-    problem = reduce_problem(synthetic_problem(400, seed=3)).reduced
+    problem = reduce_problem(synthetic_problem(60, seed=3)).reduced
     live = SolverOptions(time_limit_s=30, workers=1)
     out = solve_cpsat(problem, live, time_limit_s=1e-9)
     assert out.status == "unknown" and out.choices is None
