@@ -100,16 +100,10 @@ class ProgressLine:
             self.status = None
 
 
-def _iteration_s(p: Plan) -> float:
-    """The plan's modelled iteration (K micro-batches and the once-per-step work; its step
-    time when it was priced before iterations)."""
-    return float(p.predicted.get("iteration_time_s", p.step_time_s))
-
-
 def summary_table(rows: list[tuple[str, Plan]]) -> str:
     """Plain-text table: iteration time (K, checkpointing), memory per device, proven gap,
     ratio to the last row."""
-    base = _iteration_s(rows[-1][1]) if rows else 1.0
+    base = rows[-1][1].iteration_time_s if rows else 1.0
     last = rows[-1][0] if rows else ""
     lines = [
         f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}"
@@ -118,9 +112,9 @@ def summary_table(rows: list[tuple[str, Plan]]) -> str:
     for name, p in rows:
         gap = p.solver.get("gap") if p.solver else None
         lines.append(
-            f"{name:<22}{_iteration_s(p) * 1e3:>13.2f}"
+            f"{name:<22}{p.iteration_time_s * 1e3:>13.2f}"
             f"{p.training.micro_batches:>4}{p.training.checkpointing:>6}"
-            f"{_iteration_s(p) / base:>15.3f}x"
+            f"{p.iteration_time_s / base:>15.3f}x"
             f"{format_bytes(p.memory_per_device_bytes):>13}{'' if gap is None else f'{100 * gap:.2f}%':>12}"
         )
     return "\n".join(lines)

@@ -388,7 +388,7 @@ def _search_stats(
             {
                 **{k: r[k] for k in ("shape", "bound_s", "share_s", "shared_by")},
                 "iteration_time_s": r["plan"].iteration_time_s,
-                "micro_batch_time_s": _micro_batch_s(r["plan"]),
+                "micro_batch_time_s": r["plan"].micro_batch_time_s,
             }
             for r in results
             if r["outcome"] == "solved"
@@ -459,7 +459,7 @@ def _fastest(results: list[dict[str, Any]], deadline: Deadline) -> Plan:
         {
             "shape": r["shape"],
             "iteration_time_s": r["plan"].iteration_time_s if "plan" in r else None,
-            "micro_batch_time_s": _micro_batch_s(r["plan"]) if "plan" in r else None,
+            "micro_batch_time_s": r["plan"].micro_batch_time_s if "plan" in r else None,
             "step_time_s": r["plan"].step_time_s if "plan" in r else None,  # deprecated alias
             "memory_per_device_bytes": r["plan"].memory_per_device_bytes if "plan" in r else None,
             "gap": r["plan"].solver["gap"] if "plan" in r and r["plan"].solver else None,
@@ -471,13 +471,6 @@ def _fastest(results: list[dict[str, Any]], deadline: Deadline) -> Plan:
         for r in results
     ]
     return chosen
-
-
-def _micro_batch_s(p: Plan) -> float | None:
-    """One micro-batch's seconds of plan ``p`` (its forward, backward and their boxing, with
-    recomputation), or None when the plan was priced without an iteration."""
-    value = p.predicted.get("micro_batch_time_s")
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _raise_no_shape(results: list[dict[str, Any]], deadline: Deadline) -> None:
