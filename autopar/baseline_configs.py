@@ -12,7 +12,9 @@ Megatron-LM user runs)::
 
 * ``megatron`` -- Megatron-LM's "PTD-P" rules (Narayanan et al. 2021, section 3.3 and
   Takeaway #1): tensor-parallel degree ``t`` inside a node (``t`` divides the devices per
-  node), data-parallel ``d = N / t`` across nodes, pipeline 1 (pipelines are issue 36);
+  node), pipeline-parallel degree ``p`` across nodes (``p`` divides the nodes and the
+  number of blocks: Megatron-LM gives every stage the same number of layers), data-parallel
+  ``d = N / (t p)`` for the rest, dividing the batch;
   every block recomputed (``--recompute-activations``); gradients reduced and parameters
   gathered once per optimizer step, by DDP (ZeRO-0) or the distributed optimizer
   (``--use-distributed-optimizer``, ZeRO-1); priced under the ``megatron-lm`` runtime
@@ -36,6 +38,7 @@ from typing import Any
 
 from autopar.cluster import Cluster
 from autopar.errors import AutoparError, ConfigError
+from autopar.pipeline import PipelinePlan
 from autopar.plan import Plan
 
 __all__ = [
@@ -64,6 +67,9 @@ class BaselineConfig:
     mesh_shape: tuple[int, ...]
     zero_stage: int
     runtime: str
+    pipeline: int = 1
+    """Pipeline stages (Megatron-LM's ``--pipeline-model-parallel-size``); ``mesh_shape`` is
+    then one stage's mesh."""
 
     @property
     def tensor_parallel(self) -> int:
@@ -74,11 +80,15 @@ class BaselineConfig:
     def data_parallel(self) -> int:
         return math.prod(self.mesh_shape) // self.tensor_parallel
 
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh_shape) * self.pipeline
+
     def describe(self) -> str:
         """The configuration in its users' words: ``tp=8, dp=32, pp=1, DDP`` for Megatron-LM."""
         if self.kind == "megatron":
             optimizer = MEGATRON_OPTIMIZERS.get(self.zero_stage, f"ZeRO-{self.zero_stage}")
-            return f"tp={self.tensor_parallel}, dp={self.data_parallel}, pp=1, {optimizer}"
+            return f"tp={self.tensor_parallel}, dp={self.data_parallel}, pp={self.pipeline}, {optimizer}"
         return f"mesh {list(self.mesh_shape)}, ZeRO-{self.zero_stage}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,7 +99,7 @@ class BaselineConfig:
             "runtime": self.runtime,
             "tensor_parallel": self.tensor_parallel,
             "data_parallel": self.data_parallel,
-            "pipeline_parallel": 1,
+            "pipeline_parallel": self.pipeline,
             "describe": self.describe(),
         }
 
@@ -102,14 +112,32 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_configs(kind: str, cluster: Cluster, zero_stage: int, runtime: str) -> list[BaselineConfig]:
+def candidate_configs(
+    kind: str,
+    cluster: Cluster,
+    zero_stage: int,
+    runtime: str,
+    batch: int | None = None,
+    blocks: int = 0,
+) -> list[BaselineConfig]:
     """Every configuration of ``kind`` its users would pick on ``cluster`` (module docstring);
-    ``zero_stage`` and ``runtime`` are the request's (used where the system runs the request's)."""
+    ``zero_stage`` and ``runtime`` are the request's (used where the system runs the request's).
+    ``batch``: the micro-batch's batch size, which the data-parallel degree must divide
+    (None: not checked); ``blocks``: the graph's blocks, which megatron's pipeline degree
+    must divide (0: no pipeline)."""
     n, per_node = cluster.world_size, cluster.devices_per_node
+
+    def splits_batch(dp: int) -> bool:
+        return batch is None or batch % dp == 0
+
     if kind == "megatron":
+        stages = [p for p in _divisors(cluster.nodes) if p == 1 or (blocks and blocks % p == 0)]
+        shapes = [(pp, tp) for pp in stages for tp in _divisors(per_node)]
+        # none that splits the batch evenly: every pipeline-1 one (priced with uneven splits)
+        even = [(pp, tp) for pp, tp in shapes if splits_batch(n // (pp * tp))]
         return [
-            BaselineConfig(kind, _dp_tp_shape(n, tp), zero, MEGATRON_RUNTIME)
-            for tp in _divisors(per_node)
+            BaselineConfig(kind, _dp_tp_shape(n // pp, tp), zero, MEGATRON_RUNTIME, pp)
+            for pp, tp in (even or [(1, tp) for tp in _divisors(per_node)])
             for zero in sorted(MEGATRON_OPTIMIZERS)
         ]
     if kind == "data-parallel":
@@ -121,7 +149,7 @@ def candidate_configs(kind: str, cluster: Cluster, zero_stage: int, runtime: str
 
 def parse_config(kind: str, text: str, cluster: Cluster) -> BaselineConfig:
     """The configuration a user runs, in its users' words: for ``megatron``,
-    ``tp=T,dp=D[,pp=1][,optimizer=ddp|distributed]`` (default optimizer: ``ddp``).
+    ``tp=T,dp=D[,pp=P][,optimizer=ddp|distributed]`` (default: ``pp=1``, ``ddp``).
 
     Raises :class:`ConfigError` (code ``bad_baseline_config``) naming what is wrong."""
     if kind != "megatron":
@@ -134,7 +162,7 @@ def parse_config(kind: str, text: str, cluster: Cluster) -> BaselineConfig:
         if not sep or not key or key in fields:
             raise ConfigError(
                 "bad_baseline_config",
-                f"bad megatron configuration {text!r}: write tp=T,dp=D[,optimizer=ddp|distributed]",
+                f"bad megatron configuration {text!r}: write tp=T,dp=D[,pp=P][,optimizer=ddp|distributed]",
             )
         fields[key.strip().lower()] = value.strip().lower()
     unknown = sorted(set(fields) - {"tp", "dp", "pp", "optimizer"})
@@ -145,14 +173,15 @@ def parse_config(kind: str, text: str, cluster: Cluster) -> BaselineConfig:
             + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
         )
     tp, dp, pp = (_positive(fields, key, text) for key in ("tp", "dp", "pp"))
-    if pp != 1:
-        raise ConfigError(
-            "bad_baseline_config", f"pipeline parallelism is not priced yet: pp={pp} in {text!r}"
-        )
-    if tp * dp != cluster.world_size:
+    if tp * dp * pp != cluster.world_size:
         raise ConfigError(
             "bad_baseline_config",
-            f"tp({tp}) * dp({dp}) != devices({cluster.world_size}) of cluster {cluster}",
+            f"tp({tp}) * dp({dp}) * pp({pp}) != devices({cluster.world_size}) of cluster {cluster}",
+        )
+    if pp > 1 and cluster.nodes % pp:
+        raise ConfigError(
+            "bad_baseline_config",
+            f"pp({pp}) must divide the {cluster.nodes} nodes (Megatron-LM pipelines across nodes)",
         )
     if cluster.devices_per_node % tp:
         raise ConfigError(
@@ -166,7 +195,7 @@ def parse_config(kind: str, text: str, cluster: Cluster) -> BaselineConfig:
             "bad_baseline_config", f"unknown optimizer {optimizer!r} in {text!r}; use ddp or distributed"
         )
     return BaselineConfig(
-        kind, _dp_tp_shape(cluster.world_size, tp), _OPTIMIZER_NAMES[optimizer], MEGATRON_RUNTIME
+        kind, _dp_tp_shape(cluster.world_size // pp, tp), _OPTIMIZER_NAMES[optimizer], MEGATRON_RUNTIME, pp
     )
 
 
@@ -184,7 +213,7 @@ class PricedConfig:
     """One configuration with its evaluated plan, or why it could not be built."""
 
     config: BaselineConfig
-    plan: Plan | None = None
+    plan: Plan | PipelinePlan | None = None
     error: str | None = None
 
     def fits(self, budget: float | None) -> bool:
@@ -204,7 +233,7 @@ class PricedConfig:
 
 def best_config(
     configs: Sequence[BaselineConfig],
-    price: Callable[[BaselineConfig], Plan],
+    price: Callable[[BaselineConfig], Plan | PipelinePlan],
     budget: float | None,
 ) -> tuple[PricedConfig, list[PricedConfig]]:
     """The fastest of ``configs`` (by iteration time) whose plan fits ``budget`` bytes per

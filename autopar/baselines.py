@@ -51,7 +51,7 @@ from autopar.rules.registry import RuleContext, RuleSet
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
 from autopar.sbp import B, Broadcast, NdSbp, Partial, S, Signature, Split
 
-__all__ = ["BASELINES", "BaselineKind", "baseline_plan", "megatron_parameter_layout"]
+__all__ = ["BASELINES", "BaselineKind", "baseline_plan", "batch_size", "megatron_parameter_layout"]
 
 
 class BaselineKind(str, Enum):
@@ -401,12 +401,12 @@ def _fused_linears(columns: list[tuple[str, str, set[str]]]) -> dict[str, int]:
     return {var: ids[find(var)] for var in parent}
 
 
-def _batch_size(graph: Graph) -> int | None:
+def batch_size(graph: Graph) -> int | None:
     """The batch size: the leading dim most of the graph's inputs share (None without inputs)."""
     leading = Counter(
         graph.tensors[t].shape[0]
         for op in graph.ops
-        if op.type == "input"
+        if op.type in ("input", "pipeline_recv")
         for t in op.outputs.values()
         if graph.tensors[t].shape
     )
@@ -434,9 +434,9 @@ class _Problem:
 
     @property
     def batch(self) -> int | None:
-        """The batch size (:func:`_batch_size`), found once."""
+        """The batch size (:func:`batch_size`), found once."""
         if not self._batch:
-            self._batch.append(_batch_size(self.graph))
+            self._batch.append(batch_size(self.graph))
         return self._batch[0]
 
     @property
@@ -505,7 +505,7 @@ class SingleDeviceBaseline(Baseline):
         layout = _Layout({v.op: problem.replicated for v in problem.graph.variables}, problem.replicated)
         chosen: dict[str, Signature] = {}
         for op in problem.graph.topological_order:
-            if op.name in layout.variables or op.type in ("variable", "input"):
+            if op.name in layout.variables or op.type in ("variable", "input", "pipeline_recv"):
                 chosen[op.name] = problem.source_signature(op, layout)
             else:
                 _, sigs = problem.signatures_of(op)
@@ -667,7 +667,7 @@ class _GreedyWalk:
     def _pick(self, op: Op) -> Signature:
         if (
             op.name in self.layout.variables
-            or op.type in ("variable", "input")
+            or op.type in ("variable", "input", "pipeline_recv")
             or (self.megatron and not op.inputs)
         ):
             # Megatron computes constants (position ids, causal masks) whole on every rank
@@ -920,7 +920,7 @@ def _source_layout(
     (T5's position buckets are the same on every rank)."""
     if op.name in var_layout or op.type == "variable":
         return var_layout.get(op.name, replicated)
-    if op.type == "input":
+    if op.type in ("input", "pipeline_recv"):  # a stage's received activation: data-parallel too
         spec = graph.tensors[next(iter(op.outputs.values()))]
         return data if spec.shape[:1] == (batch,) else replicated
     return replicated

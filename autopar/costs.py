@@ -46,8 +46,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from autopar.boxing import BoxingPlan, boxing_plan, step_latency
-from autopar.cluster import DeviceSpec, Mesh
+from autopar.boxing import BoxingPlan, boxing_plan, send_recv_time, step_latency
+from autopar.cluster import AxisLink, Cluster, DeviceSpec, Mesh
 from autopar.content_key import python_sources, source_digest
 from autopar.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.optimizer import (
@@ -317,6 +317,31 @@ def matmul_time(
     return time * max(1.0, uneven_share(ctx, sig, mesh_shape) / max(1.0, out_uneven))
 
 
+def receive_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
+    """Seconds a pipeline stage spends receiving a tensor of another stage (a ``pipeline_recv``
+    op, :mod:`autopar.pipeline_split`): ``alpha + (numel x itemsize / f) / beta``, where ``f``
+    is the number of pieces the receiving layout cuts the tensor into: each device receives
+    its piece, the sending stage's devices share the sending (Megatron-LM's scatter-gather of
+    pipeline tensors: each of ``t`` tensor-parallel ranks sends ``1/t``).  alpha, beta: the
+    link between stages, across nodes when the op's ``crosses_nodes`` attr is true
+    (:func:`autopar.boxing.send_recv_time`).  0 for a once-per-step tensor (attr ``per`` =
+    ``step``: priced by :func:`autopar.pipeline.evaluate_pipeline`)."""
+    if ctx.attrs.get("per") == "step" or not ctx.outputs:
+        return 0.0
+    spec = ctx.outputs[0]
+    piece = spec.numel * DTYPE_BYTES[spec.dtype] / sig.outputs[0].split_factor(mesh.shape)
+    return send_recv_time(piece, stage_boundary_link(mesh.cluster, bool(ctx.attrs.get("crosses_nodes"))))
+
+
+def stage_boundary_link(cluster: Cluster, crosses_nodes: bool) -> AxisLink:
+    """The link between a device of one pipeline stage and its peer in the next: the
+    inter-node link (its measured fits, if any) or the intra-node one."""
+    dev = cluster.device
+    if crosses_nodes:
+        return AxisLink(2, dev.inter_node_bandwidth, dev.inter_node_latency, True, cluster.links.inter_node)
+    return AxisLink(2, dev.intra_node_bandwidth, dev.intra_node_latency, False, cluster.links.intra_node)
+
+
 def op_compute_time(
     rule: Rule | None, ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal"
 ) -> float:
@@ -340,6 +365,8 @@ def op_compute_time(
     kind = rule.cost if rule is not None else CostKind.MEMORY
     if kind is CostKind.FREE:
         return 0.0
+    if kind is CostKind.RECEIVE:
+        return receive_time(ctx, sig, mesh)
     if kind is CostKind.MATMUL and rule is not None and rule.flops is not None:
         return matmul_time(ctx, sig, mesh.shape, dev, rule.flops(ctx))
     moved = _local_bytes(ctx.inputs, sig.inputs, mesh.shape) + _local_bytes(

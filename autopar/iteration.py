@@ -276,7 +276,7 @@ def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
     return candidate_blocks(graph)
 
 
-NOT_RECOMPUTED_TYPES = frozenset({"variable", "input", "output"})
+NOT_RECOMPUTED_TYPES = frozenset({"variable", "input", "pipeline_recv", "output"})
 """Op types OneFlow never copies into a recomputed subgraph: not user ops (a variable's
 ``variable_conf``, an input's ``input_conf``, an output's ``output_conf``), which ``checkpointing_pass.cpp``'s
 ``CollectAllCheckpointingOpsInForwardPass`` skips (``if (!op_conf.has_user_conf())``).

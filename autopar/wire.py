@@ -351,6 +351,8 @@ class Diagnostics(TypedDict, total=False):
     valid: bool
     errors: list[str]
     mesh_search: list[MeshSearchEntry]
+    stage_search: list[dict[str, Any]]
+    """Per number of stages tried by ``--stages auto`` (autopar_solver.planner.stage_search)."""
     solved_on_mesh: Annotated[list[int], Field(description="the squeezed mesh the solve ran on")]
     oneflow_job: Annotated[str, Field(description="the OneFlow job a plan was read back from")]
     zero_gradient_layout_normalized: Annotated[

@@ -249,13 +249,18 @@ def key_dict_of(request: PlanRequest) -> dict[str, Any]:
 
 def answers_within_gap(record: dict[str, Any], request: PlanRequest) -> bool:
     """Whether a cached plan ``record`` answers ``request``: its proven gap is within the gap
-    the request asks for (deterministic requests key on the gap and the time limit, so any
-    record under their key answers them).  A plan of a larger gap is improved by a new solve,
-    which starts from it through the solve memo."""
+    the request asks for, or it was solved with at least the time this request allows, so
+    a new solve could do no more (deterministic requests key on the gap and the time limit,
+    so any record under their key answers them).  A plan of a larger gap, asked for again
+    with more time, is improved by a new solve, which starts from it through the solve memo."""
     if request.options.deterministic:
         return True
-    gap = (record.get("solver") or {}).get("gap")
-    return isinstance(gap, (int, float)) and gap <= request.options.relative_gap
+    solver = record.get("solver") or {}
+    gap = solver.get("gap")
+    if isinstance(gap, (int, float)) and gap <= request.options.relative_gap:
+        return True
+    spent = solver.get("time_limit_s")
+    return isinstance(spent, (int, float)) and spent >= request.options.time_limit_s
 
 
 def payload_of(

@@ -121,6 +121,9 @@ def plan_record(
     """What ``GET /v1/plans/{key}`` returns."""
     solver = dict(result.solver or {})
     solver.pop("stats", None)
+    # the time this plan was solved with: a request allowing no more is answered by it
+    # (requests.answers_within_gap)
+    solver["time_limit_s"] = request.options.time_limit_s
     return finite(
         {
             "key": key,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,6 +28,7 @@ from autopar.cli_args import (
 from autopar.cluster import Cluster, Mesh, parse_mesh_shape
 from autopar.graph import Graph
 from autopar.iteration import TrainingConfig, baseline_training
+from autopar.pipeline import PipelinePlan
 from autopar.plan import Plan, format_bytes
 from autopar.progress import Progress
 
@@ -100,7 +101,7 @@ class ProgressLine:
             self.status = None
 
 
-def summary_table(rows: list[tuple[str, Plan]]) -> str:
+def summary_table(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> str:
     """Plain-text table: iteration time (K, checkpointing), memory per device, proven gap,
     ratio to the last row."""
     base = rows[-1][1].iteration_time_s if rows else 1.0
@@ -225,25 +226,31 @@ def baseline_evaluated(
 
 
 def compared_rows(
-    result: Plan,
+    result: Plan | PipelinePlan,
     graph: Graph,
     cluster: Cluster,
     budget: int | None,
     args: argparse.Namespace,
     training: TrainingConfig,
     report: Callable[[str], None] | None = None,
-) -> list[tuple[str, Plan]]:
+) -> list[tuple[str, Plan | PipelinePlan]]:
     """``autopar`` and each baseline at its own best configuration
     (:mod:`autopar.baseline_configs`; ``--megatron-config`` prices the one the user runs),
     each plan carrying its configuration and the others tried in
     ``diagnostics["baseline_configuration"]``.  After the plan: outside its time limit."""
     from autopar.baseline_configs import best_config, candidate_configs, parse_config
+    from autopar.baseline_pipeline import pipeline_baseline
+    from autopar.baselines import batch_size
+    from autopar.pipeline_split import ordered_blocks
 
-    rows: list[tuple[str, Plan]] = [("autopar", result)]
+    rows: list[tuple[str, Plan | PipelinePlan]] = [("autopar", result)]
+    batch, blocks = batch_size(graph), len(ordered_blocks(graph))
     for kind in BASELINES:
         if report is not None:
             report(kind)
         if kind == "single-device":  # one configuration: every op replicated
+            if isinstance(result, PipelinePlan):
+                continue  # every op replicated on every stage's mesh: no one runs that
             rows.append(
                 (
                     kind,
@@ -257,10 +264,12 @@ def compared_rows(
         configs = (
             [parse_config(kind, named, cluster)]
             if named
-            else candidate_configs(kind, cluster, args.zero, args.runtime)
+            else candidate_configs(kind, cluster, args.zero, args.runtime, batch, blocks)
         )
 
-        def price(c: Any, kind: str = kind) -> Plan:
+        def price(c: Any, kind: str = kind) -> Plan | PipelinePlan:
+            if c.pipeline > 1:
+                return pipeline_baseline(graph, cluster, c, baseline_training(kind, training))
             mesh = Mesh(cluster, c.mesh_shape)
             return baseline_evaluated(kind, graph, mesh, c.zero_stage, _cache_dir(), c.runtime, training)
 
@@ -276,20 +285,21 @@ def compared_rows(
     return rows
 
 
-def compared_record(rows: list[tuple[str, Plan]]) -> list[dict[str, Any]]:
+def compared_record(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> list[dict[str, Any]]:
     """``diagnostics["compare"]`` of the autopar plan: each baseline's configuration and figures
     (what the API, the report and the page show beside the plan)."""
     out: list[dict[str, Any]] = []
     for name, p in rows[1:]:
         conf = dict(p.diagnostics.get("baseline_configuration") or {})
         conf.pop("tried", None)
+        first = p.stages[0] if isinstance(p, PipelinePlan) else p
         out.append(
             {
                 "kind": name,
                 **conf,
-                "mesh_shape": list(p.mesh.shape),
-                "zero_stage": p.zero_stage,
-                "runtime": p.runtime,
+                "mesh_shape": list(first.mesh.shape),
+                "zero_stage": first.zero_stage,
+                "runtime": first.runtime,
                 "iteration_time_s": p.iteration_time_s,
                 "memory_per_device_bytes": p.memory_per_device_bytes,
             }
@@ -297,13 +307,14 @@ def compared_record(rows: list[tuple[str, Plan]]) -> list[dict[str, Any]]:
     return out
 
 
-def configurations_text(rows: list[tuple[str, Plan]]) -> str:
+def configurations_text(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> str:
     """One line per baseline: the configuration it was priced at and what else was tried."""
     lines = ["baseline configurations (each system at its users' best configuration, or the one named):"]
     for name, p in rows[1:]:
         conf = p.diagnostics.get("baseline_configuration")
         if not conf:
-            lines.append(f"  {name:<15}mesh {list(p.mesh.shape)} (as autopar's plan)")
+            where = p.mesh_text() if isinstance(p, PipelinePlan) else f"mesh {list(p.mesh.shape)}"
+            lines.append(f"  {name:<15}{where} (as autopar's plan)")
             continue
         how = "named" if conf.get("named_by_user") else f"best of {len(conf['tried'])}"
         fits = "" if conf.get("fits_budget", True) else "; none fits the budget: least memory shown"
@@ -317,6 +328,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.store import DirectoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
+    from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
 
     options = SolverOptions(
         time_limit_s=args.time_limit,
@@ -334,10 +346,18 @@ def run_plan_command(args: argparse.Namespace) -> int:
         cluster = cluster_from_args(args)
         budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
         shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
-        request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
-        hint = plan_from_arg(args.hint) if args.hint else None
+        stages = parse_stages(args.stages)
         store = DirectoryStore(args.memo) if args.memo else None
-        result = plan(request, store=store, progress=progress, hint=hint, deadline=deadline)
+        result: Plan | PipelinePlan
+        if stages == 1:
+            request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
+            hint = plan_from_arg(args.hint) if args.hint else None
+            result = plan(request, store=store, progress=progress, hint=hint, deadline=deadline)
+        else:  # pipeline stages (autopar_solver.planner.stage_search); --mesh-shape is a stage's
+            request = PlanRequest(graph, cluster, None, budget, args.zero, options)
+            result = plan_stages(
+                request, stages, deadline, store=store, progress=progress, stage_mesh_shape=shape
+            )
     finally:
         if progress:
             progress.close()
@@ -356,6 +376,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         sys.stdout.write(configurations_text(rows) + "\n")
     if result.diagnostics.get("mesh_search"):
         sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
+    if result.diagnostics.get("stage_search"):
+        sys.stdout.write(stage_search_text(list(result.diagnostics["stage_search"])))
     wrote("plan", args.out)
     return 0
 
@@ -391,6 +413,14 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="tp=T,dp=D[,optimizer=ddp|distributed]",
         help="with --compare: price megatron at the configuration you run, not at its best",
+    )
+    p.add_argument(
+        "--stages",
+        default="1",
+        metavar="N|auto",
+        help="pipeline stages: N stages of contiguous blocks, each on world/N devices with its own "
+        "plan (--mesh-shape is then one stage's mesh), or auto: the best of 1 and every N up to 8 "
+        "(default: %(default)s)",
     )
     p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
 

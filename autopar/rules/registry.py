@@ -64,6 +64,7 @@ class CostKind(str, Enum):
     MATMUL = "matmul"  # FLOPs / (peak * matmul_efficiency)
     MEMORY = "memory"  # bytes read + written / (memory bandwidth * memory_efficiency)
     FREE = "free"  # views, variables, ticks: no time
+    RECEIVE = "receive"  # a pipeline stage's receive: bytes of its layout / link (costs.receive_time)
 
 
 @dataclass(frozen=True)

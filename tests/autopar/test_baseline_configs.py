@@ -3,6 +3,8 @@ the Megatron-LM runtime that prices the megatron baseline."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from autopar.baseline_configs import (
@@ -57,11 +59,12 @@ def test_a_named_megatron_configuration_is_parsed_in_its_users_words():
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("tp=8,dp=16", "tp(8) * dp(16) != devices(256)"),
+        ("tp=8,dp=16", "tp(8) * dp(16) * pp(1) != devices(256)"),
         ("tp=16,dp=16", "must divide the 8 devices of a node"),
         ("tp=8", "needs tp and dp"),
         ("tp=8,dp=32,sp=2", "unknown: sp"),
-        ("tp=8,dp=32,pp=2", "pipeline parallelism is not priced yet"),
+        ("tp=8,dp=32,pp=2", "tp(8) * dp(32) * pp(2) != devices(256)"),
+        ("tp=1,dp=4,pp=64", "pp(64) must divide the 32 nodes"),
         ("tp=x,dp=32", "tp must be a positive integer"),
         ("tp=8,dp=32,optimizer=zero3", "unknown optimizer 'zero3'"),
         ("tp=8,tp=8,dp=32", "write tp=T,dp=D"),
@@ -72,6 +75,22 @@ def test_a_bad_megatron_configuration_says_what_is_wrong(text, says):
         parse_config("megatron", text, CLUSTER_32X8)
     assert e.value.code == "bad_baseline_config"
     assert says in e.value.message
+
+
+def test_megatron_pipelines_across_nodes_with_equal_stages_and_an_even_batch():
+    # Megatron-LM's PTD-P: pp divides the nodes and the layers; dp = N / (t p) splits the batch
+    configs = candidate_configs("megatron", CLUSTER_32X8, 2, "oneflow-0.9", batch=64, blocks=40)
+    found = {(c.pipeline, c.tensor_parallel, c.data_parallel) for c in configs}
+    assert found == {
+        (p, t, 256 // (p * t))
+        for p in (1, 2, 4, 8)  # divisors of the 32 nodes that divide 40 layers
+        for t in (1, 2, 4, 8)
+        if 64 % (256 // (p * t)) == 0
+    }
+    assert all(math.prod(c.mesh_shape) * c.pipeline == 256 for c in configs)
+    named = parse_config("megatron", "tp=8,dp=16,pp=2,optimizer=distributed", CLUSTER_32X8)
+    assert (named.pipeline, named.mesh_shape, named.zero_stage) == (2, (16, 8), 1)
+    assert named.describe() == "tp=8, dp=16, pp=2, distributed optimizer"
 
 
 def _priced(graph, cluster, config: BaselineConfig, training: TrainingConfig) -> Plan:

@@ -406,12 +406,14 @@ def test_a_cached_plan_answers_only_within_the_gap_asked() -> None:
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest
 
-    def request(gap: float, deterministic: bool = False) -> PlanRequest:
-        options = SolverOptions(relative_gap=gap, deterministic=deterministic)
+    def request(gap: float, deterministic: bool = False, time_limit_s: float = 30) -> PlanRequest:
+        options = SolverOptions(relative_gap=gap, deterministic=deterministic, time_limit_s=time_limit_s)
         return PlanRequest(build("tiny-gpt"), Cluster.parse("1x4"), (2, 2), None, 2, options)
 
-    record = {"solver": {"gap": 0.03}}
+    record = {"solver": {"gap": 0.03, "time_limit_s": 10}}
     assert answers_within_gap(record, request(0.05))
-    assert not answers_within_gap(record, request(0.01))  # solved again, from it
+    assert not answers_within_gap(record, request(0.01))  # more time than it had: solved again, from it
+    assert answers_within_gap(record, request(0.01, time_limit_s=10))  # no more time: it answers
+    assert answers_within_gap(record, request(0.01, time_limit_s=5))
     assert not answers_within_gap({"solver": {}}, request(0.05))  # no proven gap: solved again
     assert answers_within_gap(record, request(0.01, deterministic=True))  # keyed on its gap

@@ -38,6 +38,10 @@ TICK_OPS = (
 @register("variable", "input", cost=CostKind.FREE)
 def source(ctx: RuleContext) -> list[OneDSignature]:
     """``() -> S(d)`` for every dim, ``() -> B``; never ``P``."""
+    return _source_signatures(ctx)
+
+
+def _source_signatures(ctx: RuleContext) -> list[OneDSignature]:
     out = ctx.outputs[0] if ctx.outputs else None
     ndim = out.ndim if out is not None else 0
     return [
@@ -46,15 +50,20 @@ def source(ctx: RuleContext) -> list[OneDSignature]:
     ]
 
 
+@register("pipeline_recv", cost=CostKind.RECEIVE)
+def received(ctx: RuleContext) -> list[OneDSignature]:
+    """A tensor another pipeline stage sends (:mod:`autopar.pipeline_split`): ``() -> S(d)``
+    for every dim, ``() -> B``, as a graph input; never ``P`` (the sender completes its sums).
+    Its time is the receive of the chosen layout's piece (:func:`autopar.costs.receive_time`)."""
+    return _source_signatures(ctx)
+
+
 @register("output", "return", "foreign_output", cost=CostKind.FREE)
 def sink(ctx: RuleContext) -> list[OneDSignature]:
-    """``(S(d)) -> S(d)``, ``(B) -> B``, ``(P) -> P``: the value leaves the step as it is; a
-    scalar (the loss) leaves as ``B`` only: OneFlow 0.9 compiles a graph's scalar output
-    ``(B, B)`` where a plan pinned ``(P, P)`` (tiny GPT's loss, compiled on 8 CPU ranks:
-    tests/oneflow/test_heldout_families.py)."""
+    """``(S(d)) -> S(d)``, ``(B) -> B``, ``(P) -> P``: the value leaves the step as it is."""
     ndim = ctx.inputs[0].ndim if ctx.inputs else 0
     sigs = [uniform(ctx, B), *(uniform(ctx, s) for s in all_splits(ndim))]
-    if ndim > 0 and partial_ok(*ctx.inputs, *ctx.outputs):
+    if partial_ok(*ctx.inputs, *ctx.outputs):
         sigs.append(uniform(ctx, P))
     return sigs
 

@@ -1,0 +1,422 @@
+"""Pipeline-parallel plans: stages of blocks on sub-meshes, priced under the 1F1B schedule.
+
+A :class:`PipelinePlan` cuts a graph into ``S`` stages (:mod:`autopar.pipeline_split`),
+each on its own ``world / S`` devices (whole nodes, or a slice of one node), each with
+its own :class:`~autopar.plan.Plan` of the stage's graph: an N-D SBP per op, ZeRO over the
+stage's data-parallel axes.  Its wire format is ``autopar.pipeline/v1``
+(docs/plan-format.md, "Pipeline plans"); a one-stage plan is the stage's ``autopar.plan/v1``.
+
+The iteration (1F1B, PipeDream-flush; Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", sec. 2.2; Harlap et al. 2018,
+PipeDream) is priced by :func:`one_f_one_b_iteration`, the memory of a stage by
+:func:`stage_memory_bytes`, the point-to-point traffic between stages by
+:func:`boundary_time`.  :func:`evaluate_pipeline` re-checks all of it from the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopar.boxing import all_reduce_time, send_recv_time
+from autopar.cluster import AxisLink, Cluster
+from autopar.costs import stage_boundary_link
+from autopar.errors import ConfigError, PlanError
+from autopar.evaluate import Evaluation, evaluate
+from autopar.graph import DTYPE_BYTES, Graph, Role
+from autopar.iteration import TrainingConfig, variable_memory_bytes
+from autopar.memory import graph_state_bytes
+from autopar.pipeline_split import RECV_SUFFIX, StageSlice, split_graph, stage_devices
+from autopar.plan import Plan, format_bytes
+from autopar.runtime import runtime_profile
+from autopar.sbp import NdSbp
+
+__all__ = [
+    "FORMAT",
+    "PipelineEvaluation",
+    "PipelinePlan",
+    "StageCost",
+    "boundary_bytes_per_device",
+    "boundary_time",
+    "evaluate_pipeline",
+    "in_flight_micro_batches",
+    "one_f_one_b_iteration",
+    "priced",
+    "stage_cluster",
+    "stage_link",
+    "stage_memory_bytes",
+]
+
+FORMAT = "autopar.pipeline/v1"
+
+
+def one_f_one_b_iteration(
+    stage_micro_batch_s: Sequence[float], stage_once_s: Sequence[float], k: int
+) -> float:
+    """Seconds of one optimizer step of ``S`` stages under 1F1B with ``k`` micro-batches:
+
+    ``T = sum_s t_s + (k - 1) * max_s t_s + max_s u_s``
+
+    where ``t_s`` is stage ``s``'s time per micro-batch (forward, recompute, backward and its
+    point-to-point sends) and ``u_s`` its once-per-step work (reductions, update), which the
+    stages run at once after the flush.  The first micro-batch passes every stage forward and
+    back (the fill and drain, ``sum_s t_s``); the other ``k - 1`` follow at the pace of the
+    slowest stage.  With equal stages it is ``(k + S - 1) * t + u``, Narayanan et al. 2021
+    sec. 2.2.1 (bubble fraction ``(S - 1) / k``); with one stage, ``k * t + u``, the
+    iteration of :mod:`autopar.iteration`.
+    """
+    if not stage_micro_batch_s or k < 1:
+        raise ConfigError("bad_pipeline", "a pipeline needs at least one stage and one micro-batch")
+    return sum(stage_micro_batch_s) + (k - 1) * max(stage_micro_batch_s) + max(stage_once_s, default=0.0)
+
+
+def in_flight_micro_batches(stage: int, stages: int, k: int) -> int:
+    """Micro-batches whose activations stage ``stage`` (0-based) holds at once under 1F1B:
+    ``min(S - s, k)``: the first stage runs ``S`` forwards before its first backward, the last
+    one (Narayanan et al. 2021 sec. 2.2.1; PipeDream-flush)."""
+    return min(stages - stage, k)
+
+
+def stage_memory_bytes(
+    peak_one_micro_batch: float, stash_bytes: float, in_flight: int, extra: float = 0.0
+) -> float:
+    """Bytes per device of a stage: ``peak + (m - 1) * stash + extra``.
+
+    ``peak``: the stage's peak with one micro-batch (model states, one micro-batch's live
+    activations, boxed copies; :func:`autopar.evaluate.evaluate`); ``stash``: the
+    activations one micro-batch keeps from its forward to its backward (live where the
+    stage's forward ends, with per-block checkpointing only the blocks' inputs);
+    ``m``: micro-batches in flight (:func:`in_flight_micro_batches`); ``extra``: the model
+    states of a copied parameter beyond the copy's own parameter bytes (the tied word
+    embedding's gradient and optimizer states on the last stage)."""
+    return peak_one_micro_batch + (in_flight - 1) * stash_bytes + extra
+
+
+def boundary_bytes_per_device(numel: int, dtype: str, receiver: NdSbp, receiver_mesh: Sequence[int]) -> float:
+    """Bytes a device of the receiving stage gets for one boundary tensor:
+    ``numel * itemsize / f``, ``f`` the pieces its layout cuts the tensor into (the sending
+    stage's devices share the sending: Megatron-LM's scatter-gather of pipeline tensors);
+    its time is :func:`autopar.costs.receive_time`."""
+    return numel * DTYPE_BYTES[dtype] / receiver.split_factor(receiver_mesh)
+
+
+def stage_link(cluster: Cluster, stages: int) -> AxisLink:
+    """The link between the devices of adjacent stages: across nodes when a stage holds whole
+    nodes, inside a node when stages are slices of one node
+    (:func:`autopar.costs.stage_boundary_link`)."""
+    per_stage = stage_devices(cluster.world_size, stages)
+    return stage_boundary_link(cluster, per_stage >= cluster.devices_per_node and cluster.nodes > 1)
+
+
+def boundary_time(bytes_per_device: float, link: AxisLink) -> float:
+    """Seconds of one boundary transfer: a point-to-point send of ``bytes_per_device`` on
+    ``link`` (:func:`autopar.boxing.send_recv_time`; every device of the stage receives its
+    piece at once)."""
+    return send_recv_time(bytes_per_device, link)
+
+
+def stage_cluster(cluster: Cluster, stages: int) -> Cluster:
+    """The cluster one stage runs on: ``world / S`` devices as whole nodes, or a slice of a
+    node (``ConfigError`` when neither divides)."""
+    per_stage = stage_devices(cluster.world_size, stages)
+    per_node = cluster.devices_per_node
+    if per_stage % per_node == 0:
+        return dataclasses.replace(cluster, nodes=per_stage // per_node)
+    if per_node % per_stage == 0:
+        return dataclasses.replace(cluster, nodes=1, devices_per_node=per_stage)
+    raise ConfigError(
+        "bad_pipeline",
+        f"{stages} stages give {per_stage} devices each, neither whole nodes of {per_node} nor a "
+        "slice of one node; use a number of stages that does",
+    )
+
+
+@dataclass
+class PipelinePlan:
+    """A plan in stages: block counts, and per stage a plan of its graph on its sub-mesh."""
+
+    graph_name: str
+    graph_hash: str
+    cluster: Cluster
+    counts: tuple[int, ...]
+    stages: list[Plan]
+    training: TrainingConfig
+    predicted: dict[str, Any] = field(default_factory=dict)
+    solver: dict[str, Any] | None = None
+    source: str = "autopar"
+    memory_budget_bytes: int | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def iteration_time_s(self) -> float:
+        return float(self.predicted.get("iteration_time_s", math.nan))
+
+    @property
+    def memory_per_device_bytes(self) -> float:
+        """The largest stage's bytes per device (with its micro-batches in flight)."""
+        return float(self.predicted.get("memory_per_device_bytes", math.nan))
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.counts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "graph": {"name": self.graph_name, "hash": self.graph_hash},
+            "cluster": self.cluster.to_dict(),
+            "block_counts": list(self.counts),
+            "micro_batches": self.training.micro_batches,
+            "checkpointing": self.training.checkpointing,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "predicted": self.predicted,
+            "solver": self.solver,
+            "diagnostics": self.diagnostics,
+            "stages": [p.to_dict() for p in self.stages],
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json(indent=1))
+
+    def mesh_text(self) -> str:
+        """``2 stages x [32, 8]``."""
+        return f"{self.num_stages} stages x {list(self.stages[0].mesh.shape)}"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PipelinePlan:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise PlanError("bad_plan", f"not an {FORMAT} document")
+        try:
+            stages = [Plan.from_dict(s) for s in data["stages"]]
+            training = TrainingConfig(int(data["micro_batches"]), str(data["checkpointing"]))
+            return cls(
+                data["graph"]["name"],
+                data["graph"]["hash"],
+                Cluster.from_dict(data["cluster"]),
+                tuple(int(c) for c in data["block_counts"]),
+                stages,
+                training,
+                dict(data.get("predicted") or {}),
+                data.get("solver"),
+                str(data.get("source", "autopar")),
+                data.get("memory_budget_bytes"),
+                dict(data.get("diagnostics") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError("bad_plan", f"malformed {FORMAT} document: {exc}") from None
+
+    def summary(self) -> str:
+        p = self.predicted
+        lines = [
+            f"{self.source} pipeline plan for {self.graph_name} on {self.cluster}: {self.num_stages} stages, "
+            f"iteration {self.iteration_time_s * 1e3:.2f} ms ({self.training.micro_batches} micro-batches, "
+            f"bubble {p.get('bubble_fraction', math.nan) * 100:.1f} %), "
+            f"{format_bytes(self.memory_per_device_bytes)} per device (largest stage)",
+        ]
+        for row in p.get("stages", []):
+            lines.append(
+                f"  stage {row['stage']}: {row['blocks']} blocks on {row['devices']} devices "
+                f"mesh {row['mesh_shape']}, {row['micro_batch_time_s'] * 1e3:.2f} ms per micro-batch "
+                f"(receives {row['receive_time_s'] * 1e3:.2f} ms), "
+                f"{format_bytes(row['memory_per_device_bytes'])} ({row['in_flight']} in flight)"
+            )
+        return "\n".join(lines)
+
+
+@dataclass
+class StageCost:
+    """One stage, re-evaluated."""
+
+    stage: int
+    blocks: tuple[str, ...]
+    evaluation: Evaluation
+    receive_time_s: float
+    """Seconds per micro-batch of its receives (part of ``evaluation``'s micro-batch)."""
+    once_comm_s: float
+    stash_bytes: float
+    extra_bytes: float
+    in_flight: int
+    memory_bytes: float
+
+    @property
+    def micro_batch_time_s(self) -> float:
+        """The stage's time per micro-batch: forward, recompute, backward, receives."""
+        return self.evaluation.micro_batch_time_s
+
+    @property
+    def once_per_step_s(self) -> float:
+        return self.evaluation.once_per_step_time_s + self.once_comm_s
+
+
+@dataclass
+class PipelineEvaluation:
+    """A pipeline plan recomputed from the graph."""
+
+    stages: list[StageCost]
+    iteration_time_s: float
+    memory_per_device_bytes: float
+    errors: list[str]
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of the iteration the slowest stage waits in the fill and drain."""
+        busy = len(self.stages) and max(s.micro_batch_time_s for s in self.stages)
+        k = self.stages[0].evaluation.training.micro_batches if self.stages else 1
+        return 1 - (k * busy) / self.iteration_time_s if self.iteration_time_s > 0 else 0.0
+
+    def predicted(self) -> dict[str, Any]:
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "memory_per_device_bytes": self.memory_per_device_bytes,
+            "bubble_fraction": self.bubble_fraction,
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "blocks": len(s.blocks),
+                    "first_block": s.blocks[0] if s.blocks else None,
+                    "last_block": s.blocks[-1] if s.blocks else None,
+                    "devices": 0,
+                    "mesh_shape": [],
+                    "micro_batch_time_s": s.evaluation.micro_batch_time_s,
+                    "receive_time_s": s.receive_time_s,
+                    "once_per_step_time_s": s.once_per_step_s,
+                    "memory_per_device_bytes": s.memory_bytes,
+                    "stash_bytes": s.stash_bytes,
+                    "in_flight": s.in_flight,
+                }
+                for s in self.stages
+            ],
+        }
+
+
+def _stash_bytes(graph: Graph, ev: Evaluation) -> float:
+    """Activation bytes live where the stage's forward ends (what each micro-batch in flight
+    keeps until its backward): the evaluator's activation profile at the last forward op."""
+    order = graph.topological_order
+    last_forward = max((i for i, op in enumerate(order) if op.role is Role.FORWARD), default=0)
+    profile = ev.activation_profile
+    return float(profile[last_forward]) if profile else 0.0
+
+
+def _copy_extra_bytes(graph: Graph, sl: StageSlice, plan: Plan) -> float:
+    """Model states of the parameters stage ``sl`` holds as copies, beyond the copy's parameter
+    bytes its frozen variable already counts: the gradient, its accumulation buffer and the
+    optimizer states, laid out as the stage's plan lays the copy out."""
+    extra = 0.0
+    runtime = runtime_profile(plan.runtime)
+    by_op = {v.op: v for v in graph.variables}
+    copy_vars = {v.op: v for v in sl.graph.variables}
+    for name in sl.tied_copies:
+        v = by_op[name]
+        spec = graph.tensors[v.tensor]
+        sbp = plan.output_sbp(name, next(iter(sl.graph.op_by_name[name].outputs)))
+        args = (spec.shape, sbp, plan.mesh.shape, plan.zero_stage)
+        full = sum(
+            variable_memory_bytes(
+                *args, graph_state_bytes(graph, v), runtime.zero_sharding.value, plan.training, runtime
+            )
+        )
+        own = sum(
+            variable_memory_bytes(
+                *args,
+                graph_state_bytes(sl.graph, copy_vars[name]),
+                runtime.zero_sharding.value,
+                plan.training,
+                runtime,
+            )
+        )
+        extra += full - own
+    return extra
+
+
+def _received_layout(plan: Plan, tensor: str) -> NdSbp:
+    """The layout of ``tensor`` as the receiving stage's ``.recv`` op produces it."""
+    return plan.output_sbp(f"{tensor}{RECV_SUFFIX}", "out")
+
+
+def _boundary_costs(
+    graph: Graph, slices: list[StageSlice], stages: list[Plan], link: AxisLink
+) -> tuple[list[float], list[float]]:
+    """(seconds per micro-batch each stage spends receiving, seconds once per step) of the
+    boundaries.  A per-micro-batch receive is already in the stage's own micro-batch (its
+    ``pipeline_recv`` op's time, :func:`autopar.costs.receive_time`): the first list only
+    reports it.  A once-per-step tensor (clipping's norms) costs its receiver one
+    :func:`boundary_time` per step; a tied parameter's gradient an all-reduce of the two
+    copies' gradients once per step on both stages (Megatron-LM's
+    ``_allreduce_word_embedding_grads``)."""
+    receives = [0.0] * len(slices)
+    once = [0.0] * len(slices)
+    for sl in slices:
+        for b in sl.receives:
+            spec = graph.tensors[b.tensor]
+            dst_plan = stages[b.dst]
+            got = _received_layout(dst_plan, b.tensor)
+            nbytes = boundary_bytes_per_device(spec.numel, spec.dtype, got, dst_plan.mesh.shape)
+            if b.tied_gradient:
+                t = all_reduce_time(2 * nbytes, link)  # T = both copies' bytes on a 2-device ring
+                once[b.src] += t
+                once[b.dst] += t
+            elif b.per == "step":
+                once[b.dst] += boundary_time(nbytes, link)
+            else:
+                receives[b.dst] += boundary_time(nbytes, link)
+    return receives, once
+
+
+def evaluate_pipeline(graph: Graph, plan: PipelinePlan, *, group_boxing: bool = False) -> PipelineEvaluation:
+    """Re-check ``plan`` on ``graph``: split the graph as the plan says, evaluate every stage's
+    plan on its stage graph (:func:`autopar.evaluate.evaluate`), price the boundaries, each
+    stage's memory with its micro-batches in flight, and the 1F1B iteration."""
+    link = stage_link(plan.cluster, len(plan.counts))
+    slices = split_graph(graph, plan.counts, link.crosses_nodes)
+    if len(slices) != len(plan.stages):
+        raise PlanError("bad_plan", f"{len(plan.stages)} stage plans for {len(slices)} stages")
+    errors: list[str] = []
+    receives, once = _boundary_costs(graph, slices, plan.stages, link)
+    k = plan.training.micro_batches
+    costs = []
+    for sl, sp in zip(slices, plan.stages):
+        if sp.graph_hash != sl.graph.content_hash():
+            errors.append(f"stage {sl.index}: its plan is for another graph than the split gives")
+        ev = evaluate(sl.graph, sp, group_boxing=group_boxing, training=sp.training)
+        errors.extend(f"stage {sl.index}: {e}" for e in ev.errors)
+        stash = _stash_bytes(sl.graph, ev)
+        extra = _copy_extra_bytes(graph, sl, sp)
+        m = in_flight_micro_batches(sl.index, len(slices), k)
+        mem = stage_memory_bytes(ev.memory.total, stash, m, extra)
+        costs.append(
+            StageCost(sl.index, sl.blocks, ev, receives[sl.index], once[sl.index], stash, extra, m, mem)
+        )
+    iteration = one_f_one_b_iteration(
+        [c.micro_batch_time_s for c in costs], [c.once_per_step_s for c in costs], k
+    )
+    memory = max(c.memory_bytes for c in costs)
+    if plan.memory_budget_bytes is not None and memory > plan.memory_budget_bytes:
+        errors.append(
+            f"memory {format_bytes(memory)} per device exceeds the budget "
+            + format_bytes(plan.memory_budget_bytes)
+        )
+    return PipelineEvaluation(costs, iteration, memory, errors)
+
+
+def priced(plan: PipelinePlan, ev: PipelineEvaluation) -> PipelinePlan:
+    """``plan`` with ``ev``'s figures as its prediction (devices and meshes per stage filled in)."""
+    predicted = ev.predicted()
+    for row, sp in zip(predicted["stages"], plan.stages):
+        row["devices"] = sp.mesh.size
+        row["mesh_shape"] = list(sp.mesh.shape)
+    plan.predicted = predicted
+    return plan

@@ -1,0 +1,164 @@
+"""Pipeline stages in the search: the number of stages, the blocks of each, and a plan per stage.
+
+For a number of stages ``S`` (:func:`stage_candidates`: every ``S`` that gives each stage
+whole nodes or an even slice of one node, at most one stage per block), the blocks are
+cut into contiguous, balanced ranges (:func:`autopar.pipeline_split.balanced_counts`) and
+every stage's graph is planned on its own ``world / S`` devices by the intra-stage
+planner (:func:`autopar_solver.planner.plan`: the exact SBP solve with ZeRO, checkpointing
+and memory rows), the first stage with the mesh search, the others on the shape it chose.
+
+Memory: a stage keeps the activations of ``min(S - s, K)`` micro-batches
+(:func:`autopar.pipeline.stage_memory_bytes`), which the intra-stage planner does not see;
+a stage over the budget is planned again under the budget less its overshoot (at most
+:data:`MEMORY_ROUNDS` times).  Every result is re-checked by
+:func:`autopar.pipeline.evaluate_pipeline`.
+
+The bound: any plan with these stages runs an iteration of at least ``K x t_s + u_s`` for
+every stage ``s`` (1F1B, :func:`autopar.pipeline.one_f_one_b_iteration`), so the largest
+lower bound the stages' solves proved under the whole budget is a lower bound of the
+pipeline's iteration for this cut; the gap against it includes the pipeline bubble.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+from autopar.errors import ConfigError, TimeLimitError, VerificationError
+from autopar.pipeline import (
+    PipelinePlan,
+    evaluate_pipeline,
+    priced,
+    stage_cluster,
+    stage_link,
+)
+from autopar.pipeline_split import balanced_counts, ordered_blocks, split_graph
+from autopar.plan import Plan
+from autopar.progress import Deadline, ProgressFn
+from autopar.store import KeyValueStore
+from autopar_solver.planner.request import PlanRequest
+
+__all__ = ["MEMORY_ROUNDS", "solve_pipeline", "stage_candidates"]
+
+MEMORY_ROUNDS = 3
+"""Re-plans of a stage over its budget with its micro-batches in flight."""
+
+
+def stage_candidates(request: PlanRequest) -> list[int]:
+    """Numbers of stages worth planning: ``S >= 2`` dividing the devices into whole nodes or
+    even slices of one node, with at least one block per stage."""
+    blocks = len(ordered_blocks(request.graph))
+    out = []
+    for s in range(2, min(blocks, request.cluster.world_size) + 1):
+        try:
+            stage_cluster(request.cluster, s)
+        except ConfigError:
+            continue
+        out.append(s)
+    return out
+
+
+def _stage_request(
+    request: PlanRequest,
+    graph: Any,
+    cluster: Any,
+    shape: tuple[int, ...] | None,
+    budget: float | None,
+    time_s: float,
+) -> PlanRequest:
+    options = dataclasses.replace(request.options, time_limit_s=max(time_s, 0.5))
+    return dataclasses.replace(
+        request,
+        tie_layers=True,  # a stage's blocks are identical layers: one shared choice each
+        graph=graph,
+        cluster=cluster,
+        mesh_shape=shape,
+        memory_budget_bytes=None if budget is None else int(budget),
+        options=options,
+    )
+
+
+def solve_pipeline(
+    request: PlanRequest,
+    stages: int,
+    deadline: Deadline,
+    *,
+    store: KeyValueStore | None = None,
+    progress: ProgressFn | None = None,
+    stage_mesh_shape: tuple[int, ...] | None = None,
+) -> PipelinePlan:
+    """The pipeline plan of ``request`` in ``stages`` stages, planned within ``deadline``
+    (module docstring); raises :class:`TimeLimitError` when a stage finds no plan in time and
+    :class:`~autopar.errors.InfeasibleError` when a stage cannot fit the budget."""
+    from autopar_solver.planner import plan  # the intra-stage planner
+
+    t0 = time.perf_counter()
+    graph = request.graph
+    counts = balanced_counts(len(ordered_blocks(graph)), stages)
+    slices = split_graph(graph, counts, stage_link(request.cluster, stages).crosses_nodes)
+    sub = stage_cluster(request.cluster, stages)
+    budget = request.memory_budget_bytes
+    budgets: list[float | None] = [budget] * stages
+    shape = stage_mesh_shape
+    plans: list[Plan | None] = [None] * stages
+    bounds: list[float] = [0.0] * stages
+    todo = list(range(stages))
+    rounds = 0
+    while True:
+        for n, s in enumerate(todo):
+            share = deadline.left() / (len(todo) - n)
+            if share <= 0.5:
+                raise TimeLimitError(
+                    "time_limit", f"no time left to plan stage {s} of {stages}", phase="pipeline"
+                )
+            req = _stage_request(request, slices[s].graph, sub, shape, budgets[s], share)
+            p = plan(req, store=store, progress=progress)
+            plans[s] = p
+            shape = tuple(p.mesh.shape)  # the other stages on the shape the first chose
+            if rounds == 0 and p.solver is not None:
+                b = p.solver.get("bound")
+                bounds[s] = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
+        done = [p for p in plans if p is not None]
+        pp = PipelinePlan(
+            graph.name,
+            graph.content_hash(),
+            request.cluster,
+            counts,
+            done,
+            _training(done),
+            memory_budget_bytes=budget,
+        )
+        ev = evaluate_pipeline(graph, pp)
+        over = [c for c in ev.stages if budget is not None and c.memory_bytes > budget]
+        rounds += 1
+        if not over or rounds > MEMORY_ROUNDS:
+            break
+        for c in over:
+            prev = budgets[c.stage]
+            assert prev is not None and budget is not None
+            budgets[c.stage] = prev - (c.memory_bytes - budget) * 1.02
+        todo = [c.stage for c in over]
+    errors = list(ev.errors)
+    if errors:
+        raise VerificationError("pipeline_unverified", f"{stages}-stage plan does not verify: {errors[0]}")
+    pp = priced(pp, ev)
+    bound = max(bounds)
+    pp.solver = {
+        "objective": ev.iteration_time_s,
+        "bound": bound,
+        "gap": (ev.iteration_time_s - bound) / ev.iteration_time_s if ev.iteration_time_s > 0 else 0.0,
+        "bound_note": "largest stage bound (K x micro-batch + once per step); the gap includes the bubble",
+        "stages": stages,
+        "memory_rounds": rounds,
+        "wall_s": time.perf_counter() - t0,
+    }
+    return pp
+
+
+def _training(plans: list[Plan]) -> Any:
+    from autopar.iteration import TrainingConfig
+
+    first = plans[0].training
+    return TrainingConfig(first.micro_batches, first.checkpointing)

@@ -1,0 +1,125 @@
+"""Pipeline stages: the split of a graph, the 1F1B formulas, and the re-check of a pipeline plan,
+each against a closed form or Megatron-LM's own hand count."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autopar.baseline_configs import parse_config
+from autopar.baseline_pipeline import pipeline_baseline
+from autopar.cluster import Cluster
+from autopar.errors import ConfigError
+from autopar.graph import DTYPE_BYTES, Role
+from autopar.iteration import TrainingConfig
+from autopar.models import build
+from autopar.pipeline import (
+    PipelinePlan,
+    evaluate_pipeline,
+    in_flight_micro_batches,
+    one_f_one_b_iteration,
+    stage_cluster,
+)
+from autopar.pipeline_split import assign_stages, balanced_counts, ordered_blocks, split_graph
+
+
+def test_one_f_one_b_with_equal_stages_is_k_plus_s_minus_one_slots():
+    # Narayanan et al. 2021 sec. 2.2.1: (k + S - 1) slots of t, then the once-per-step work
+    t, u, k = 0.010, 0.003, 8
+    for stages in (1, 2, 4):
+        assert one_f_one_b_iteration([t] * stages, [u] * stages, k) == pytest.approx((k + stages - 1) * t + u)
+    # unequal stages: the fill and drain pass every stage once, the rest at the slowest's pace
+    assert one_f_one_b_iteration([0.01, 0.02, 0.01], [0.001, 0.004, 0.0], 5) == pytest.approx(
+        0.04 + 4 * 0.02 + 0.004
+    )
+
+
+def test_the_first_stage_holds_the_most_micro_batches():
+    assert [in_flight_micro_batches(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight_micro_batches(s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+
+
+def test_balanced_counts_put_the_larger_stages_last():
+    assert balanced_counts(10, 4) == (2, 2, 3, 3)
+    assert sum(balanced_counts(48, 8)) == 48
+    with pytest.raises(ConfigError):
+        balanced_counts(2, 3)
+
+
+def test_stages_hold_whole_nodes_or_a_slice_of_one():
+    cluster = Cluster.parse("8x8")
+    assert (stage_cluster(cluster, 2).nodes, stage_cluster(cluster, 2).devices_per_node) == (4, 8)
+    one = Cluster.parse("1x8")
+    assert (stage_cluster(one, 2).nodes, stage_cluster(one, 2).devices_per_node) == (1, 4)
+    with pytest.raises(ConfigError):
+        stage_cluster(Cluster.parse("3x8"), 2)
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt", "tiny-bert"])
+def test_a_decoder_split_in_two_sends_one_activation_forward_and_one_gradient_back(model):
+    """Megatron-LM's 1F1B sends one tensor [b, s, h] forward per micro-batch (``send_forward``)
+    and its gradient back (``send_backward``): the split must cross with exactly those two, the
+    tied word embedding's gradient once per step, and every op in exactly one stage."""
+    graph = build(model)
+    counts = balanced_counts(len(ordered_blocks(graph)), 2)
+    owner = assign_stages(graph, counts)
+    slices = split_graph(graph, counts)
+    for sl in slices:
+        names = {op.name for op in sl.graph.ops}
+        owned = {op for op, s in owner.items() if s == sl.index}
+        assert owned <= names
+        for name in names - owned:  # what a stage holds besides its own ops
+            op = sl.graph.op_by_name[name]
+            copied = name in sl.tied_copies or any(name == f"{v}.cast" for v in sl.tied_copies)
+            assert op.type in ("pipeline_recv", "input") or copied, name
+    per_micro_batch = [b for sl in slices for b in sl.receives if b.per == "micro-batch"]
+    hidden = graph.meta["config"]["hidden"]
+    assert len(per_micro_batch) == 2
+    forward, backward = sorted(per_micro_batch, key=lambda b: b.src)
+    assert (forward.src, forward.dst, backward.src, backward.dst) == (0, 1, 1, 0)
+    for b in per_micro_batch:
+        assert graph.tensors[b.tensor].shape[-1] == hidden
+        assert graph.tensors[b.tensor].numel == graph.tensors[forward.tensor].numel
+    tied = [b for sl in slices for b in sl.receives if b.tied_gradient]
+    assert [graph.tensors[b.tensor].shape for b in tied] == [
+        graph.tensors["embedding.word_embeddings.weight/out"].shape
+    ]
+    assert slices[1].tied_copies == ("embedding.word_embeddings.weight",)
+    # a stage's graph holds its blocks' forward, backward and optimizer ops
+    for sl in slices:
+        roles = {op.role for op in sl.graph.ops}
+        assert roles == {Role.FORWARD, Role.BACKWARD, Role.OPTIMIZER}
+
+
+def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
+    """tp=2, pp=2, dp=2 on 8 devices: the iteration is 1F1B over the stages' own evaluations; a
+    stage's memory is its peak plus the stash of its other micro-batches in flight; the forward
+    activation's receive is Megatron's hand count b s h x 2 bytes / dp per device."""
+    graph = build("tiny-gpt")
+    cluster = Cluster.parse("2x4")
+    config = parse_config("megatron", "tp=2,dp=2,pp=2", cluster)
+    k = 4
+    plan = pipeline_baseline(graph, cluster, config, TrainingConfig(k, "full"))
+    ev = evaluate_pipeline(graph, plan, group_boxing=True)
+    assert ev.errors == []
+    t = [s.evaluation.micro_batch_time_s for s in ev.stages]
+    u = [s.evaluation.once_per_step_time_s + s.once_comm_s for s in ev.stages]
+    assert ev.iteration_time_s == pytest.approx(sum(t) + (k - 1) * max(t) + max(u))
+    for s in ev.stages:
+        assert s.in_flight == min(2 - s.stage, k)
+        assert s.memory_bytes == pytest.approx(
+            s.evaluation.memory.total + (s.in_flight - 1) * s.stash_bytes + s.extra_bytes
+        )
+        assert s.stash_bytes > 0
+    cfg = graph.meta["config"]
+    hand = cfg["batch"] * cfg["seq"] * cfg["hidden"] * DTYPE_BYTES["float16"] / 2  # / dp
+    link = cluster.device
+    receive = hand / link.inter_node_bandwidth + link.inter_node_latency
+    assert ev.stages[1].receive_time_s == pytest.approx(receive, rel=1e-9)
+    # the JSON form round-trips and re-checks to the same iteration
+    again = PipelinePlan.from_dict(plan.to_dict())
+    assert evaluate_pipeline(graph, again, group_boxing=True).iteration_time_s == pytest.approx(
+        ev.iteration_time_s
+    )
+    assert math.isclose(plan.iteration_time_s, ev.iteration_time_s)

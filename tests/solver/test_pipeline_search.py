@@ -1,0 +1,67 @@
+"""The stage dimension of the search: a pipeline plan of every stage, re-checked, with an honest
+bound, and --stages auto keeping the least iteration of the numbers of stages it tried."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.cluster import Cluster
+from autopar.models import build
+from autopar.pipeline import PipelinePlan, evaluate_pipeline
+from autopar.progress import Deadline
+from autopar_solver.options import SolverOptions
+from autopar_solver.planner import PlanRequest
+from autopar_solver.planner.pipeline_search import solve_pipeline, stage_candidates
+from autopar_solver.planner.stage_search import plan_stages
+
+
+def _request(budget: int | None = None) -> PlanRequest:
+    options = SolverOptions(time_limit_s=60, micro_batches=4, checkpointing="full", workers=2)
+    return PlanRequest(build("tiny-gpt"), Cluster.parse("1x8"), None, budget, 2, options)
+
+
+def test_a_two_stage_plan_verifies_and_its_bound_is_below_it():
+    request = _request()
+    assert stage_candidates(request) == [2]  # 2 blocks: at most 2 stages
+    plan = solve_pipeline(request, 2, Deadline(60), stage_mesh_shape=(2, 2))
+    ev = evaluate_pipeline(request.graph, plan)
+    assert ev.errors == []
+    assert plan.iteration_time_s == pytest.approx(ev.iteration_time_s)
+    assert [list(p.mesh.shape) for p in plan.stages] == [[2, 2], [2, 2]]
+    assert plan.solver is not None and 0 < plan.solver["bound"] <= plan.iteration_time_s
+
+
+def test_a_stage_over_the_budget_with_its_micro_batches_in_flight_is_planned_again():
+    """The intra-stage solve sees one micro-batch; the first stage keeps two in flight.  A budget
+    just above the unconstrained first stage's one-micro-batch peak forces a memory round, and
+    the result fits with its stash counted."""
+    free = solve_pipeline(_request(), 2, Deadline(60), stage_mesh_shape=(2, 2))
+    ev = evaluate_pipeline(build("tiny-gpt"), free)
+    first = ev.stages[0]
+    budget = int(first.evaluation.memory.total + 0.5 * first.stash_bytes)
+    assert first.memory_bytes > budget  # as planned freely, stage 0 would not fit
+    tight = solve_pipeline(_request(budget), 2, Deadline(60), stage_mesh_shape=(2, 2))
+    again = evaluate_pipeline(build("tiny-gpt"), tight)
+    assert again.errors == []
+    assert max(s.memory_bytes for s in again.stages) <= budget
+    assert tight.solver is not None and tight.solver["memory_rounds"] >= 2
+
+
+def test_stages_auto_keeps_the_least_iteration_it_found():
+    request = _request()
+    chosen = plan_stages(request, None, Deadline(60))
+    rows = chosen.diagnostics["stage_search"]
+    assert [r["stages"] for r in rows] == [1, 2]
+    found = [r["iteration_time_s"] for r in rows if "iteration_time_s" in r]
+    assert chosen.iteration_time_s == pytest.approx(min(found))
+    assert isinstance(chosen, PipelinePlan) == (rows[1].get("iteration_time_s") == min(found))
+
+
+def test_a_bad_stage_count_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from autopar.cli import main
+
+    status = main(["plan", "tiny-gpt", "--stages", "two", "--out", "/dev/null"])
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "autopar: error: [bad_stages] --stages must be a positive integer or auto, got 'two'"
+    ]
