@@ -337,6 +337,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         micro_batches=args.micro_batches,  # the iteration to minimise (autopar.iteration)
         checkpointing=args.checkpointing,
+        stages=parse_stages(args.stages),
         **({"workers": args.workers} if args.workers else {}),
     )
     deadline = Deadline(options.time_limit_s)  # the limit covers loading the graph too
@@ -346,7 +347,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         cluster = cluster_from_args(args)
         budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
         shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
-        stages = parse_stages(args.stages)
+        stages = options.stages
         store = DirectoryStore(args.memo) if args.memo else None
         result: Plan | PipelinePlan
         if stages == 1:

@@ -63,6 +63,11 @@ class SolverOptions:
     on ``[2, 2]`` with OneFlow's ZeRO threshold (128,719 Booleans): one model 0.77 % in 10 s,
     windows 2.9 % in 20 s (windows improved nothing)."""
 
+    stages: int | None = 1
+    """Pipeline stages (:mod:`autopar_solver.planner.stage_search`): 1 plans one stage on the
+    whole mesh, ``S > 1`` a pipeline of ``S`` stages, None (``auto``) the best of one and the
+    candidate numbers of stages."""
+
     @property
     def training(self) -> TrainingConfig:
         """The job's training configuration the plan is priced for."""
@@ -88,6 +93,10 @@ class SolverOptions:
             or self.max_model_vars < 0
         ):
             raise _bad(f"max_model_vars must be an integer >= 0, got {self.max_model_vars!r}")
+        if self.stages is not None and (
+            isinstance(self.stages, bool) or not isinstance(self.stages, int) or self.stages < 1
+        ):
+            raise _bad(f"stages must be an integer >= 1 or auto, got {self.stages!r}")
         for name in ("deterministic", "log", "use_hint", "reductions"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from autopar.errors import ConfigError, TimeLimitError, VerificationError
+from autopar.iteration import layer_of
 from autopar.pipeline import (
     PipelinePlan,
     evaluate_pipeline,
@@ -34,10 +35,10 @@ from autopar.pipeline import (
     stage_cluster,
     stage_link,
 )
-from autopar.pipeline_split import balanced_counts, ordered_blocks, split_graph
+from autopar.pipeline_split import StageSlice, balanced_counts, ordered_blocks, split_graph
 from autopar.plan import Plan
 from autopar.progress import Deadline, ProgressFn
-from autopar.store import KeyValueStore
+from autopar.store import KeyValueStore, MemoryStore
 from autopar_solver.planner.request import PlanRequest
 
 __all__ = ["MEMORY_ROUNDS", "solve_pipeline", "stage_candidates"]
@@ -101,6 +102,9 @@ def solve_pipeline(
     sub = stage_cluster(request.cluster, stages)
     budget = request.memory_budget_bytes
     budgets: list[float | None] = [budget] * stages
+    # cost-table entries of identical layers are built once for every stage
+    memo: KeyValueStore = store if store is not None else MemoryStore()
+    blocks = ordered_blocks(graph)
     shape = stage_mesh_shape
     plans: list[Plan | None] = [None] * stages
     bounds: list[float] = [0.0] * stages
@@ -114,7 +118,8 @@ def solve_pipeline(
                     "time_limit", f"no time left to plan stage {s} of {stages}", phase="pipeline"
                 )
             req = _stage_request(request, slices[s].graph, sub, shape, budgets[s], share)
-            p = plan(req, store=store, progress=progress)
+            hint = plans[s] if plans[s] is not None else _renamed_hint(plans, slices, s, blocks)
+            p = plan(req, store=memo, progress=progress, hint=hint)
             plans[s] = p
             shape = tuple(p.mesh.shape)  # the other stages on the shape the first chose
             if rounds == 0 and p.solver is not None:
@@ -155,6 +160,35 @@ def solve_pipeline(
         "wall_s": time.perf_counter() - t0,
     }
     return pp
+
+
+def _renamed_hint(
+    plans: list[Plan | None], slices: list[StageSlice], s: int, blocks: list[str]
+) -> Plan | None:
+    """A warm start for stage ``s``: the plan of an earlier stage with as many blocks, its op
+    names moved by the distance between the two stages' first blocks (``layers.3.mlp`` ->
+    ``layers.9.mlp``); ops it does not name start free (:func:`.on_mesh._hint_choices`)."""
+    target = slices[s]
+    for donor, p in zip(slices, plans):
+        if p is None or donor.index == s or len(donor.blocks) != len(target.blocks):
+            continue
+        shift = blocks.index(target.blocks[0]) - blocks.index(donor.blocks[0])
+        moved = {b: blocks[i + shift] for i, b in enumerate(blocks) if 0 <= i + shift < len(blocks)}
+        signatures = {}
+        for name, sig in p.signatures.items():
+            new = _moved_name(name, moved)
+            if new in target.graph.op_by_name:
+                signatures[new] = sig
+        return dataclasses.replace(p, signatures=signatures)
+    return None
+
+
+def _moved_name(name: str, moved: dict[str, str]) -> str:
+    """``name`` with its block prefix (``layers.3`` in ``layers.3.mlp.fc1``) replaced per ``moved``."""
+    block = layer_of(name)
+    if block in moved and name.startswith(block):
+        return moved[block] + name[len(block) :]
+    return name
 
 
 def _training(plans: list[Plan]) -> Any:

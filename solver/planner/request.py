@@ -72,6 +72,8 @@ class PlanRequest:
                 "workers": opts.workers if opts.deterministic else None,
                 # the iteration priced (autopar.iteration); absent at K = 1 without checkpointing
                 **({} if opts.training.is_default else {"training": opts.training.to_dict()}),
+                # pipeline stages (planner.stage_search); absent for one stage
+                **({} if opts.stages == 1 else {"stages": opts.stages or "auto"}),
             },
             "versions": {
                 "autopar": autopar_version,
