@@ -31,6 +31,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from autopar import __version__
@@ -46,13 +47,14 @@ from autopar.cli_args import (
     graph_from_arg,
     mesh_from_args,
     model_names,
+    pipeline_plan_file,
     plan_from_arg,
     require_extra,
     training_from_args,
     wrote,
 )
 from autopar.cluster import Mesh, load_cluster_profile
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, PlanError
 from autopar.iteration import TrainingConfig, baseline_training
 from autopar.plan import check_plan_graph, format_bytes
 
@@ -139,8 +141,20 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         from autopar.baseline_configs import parse_config
 
         configuration = parse_config(args.kind, args.megatron_config, mesh.cluster)
-        mesh = Mesh(mesh.cluster, configuration.mesh_shape)
         zero, runtime = configuration.zero_stage, configuration.runtime
+        if configuration.pipeline == 1:
+            mesh = Mesh(mesh.cluster, configuration.mesh_shape)
+    if configuration is not None and configuration.pipeline > 1:  # Megatron-LM's PTD-P
+        from autopar.baseline_pipeline import pipeline_baseline
+
+        training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
+        staged = pipeline_baseline(graph, mesh.cluster, configuration, training)
+        staged.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
+        staged.save(args.out)
+        sys.stdout.write(staged.summary() + "\n")
+        sys.stdout.write(f"configuration  {configuration.describe()}, runtime {runtime} (named)\n")
+        wrote("plan", args.out)
+        return 0
     plan = baseline_plan(args.kind, graph, mesh, zero, runtime=runtime)
     if configuration is not None:
         plan.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
@@ -191,6 +205,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from autopar.evaluate import evaluate
 
     graph = _load_graph(args.graph)
+    if pipeline_plan_file(args.plan):
+        return _evaluate_pipeline(args, graph)
     plan = plan_from_arg(args.plan)
     check_plan_graph(graph, plan, "autopar plan GRAPH ...")
     if args.cluster_profile:  # re-price the plan's mesh on the profile
@@ -203,6 +219,34 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
     else:
         sys.stdout.write(_evaluation_text(args.plan, plan, ev))
+    return 0 if ev.valid else 1
+
+
+def _evaluate_pipeline(args: argparse.Namespace, graph: Any) -> int:
+    """``autopar evaluate`` of an ``autopar.pipeline/v1`` plan: every stage re-checked on its
+    stage's graph, the 1F1B iteration and each stage's memory with its micro-batches in flight."""
+    import dataclasses
+
+    from autopar.pipeline import PipelinePlan, evaluate_pipeline, priced
+
+    staged = PipelinePlan.from_json(Path(args.plan).read_text())
+    if staged.graph_hash != graph.content_hash():
+        raise PlanError(
+            "plan_graph_mismatch",
+            f"plan {args.plan!r} is for graph {staged.graph_hash[:12]}, not this one; plan this graph "
+            "with autopar plan GRAPH ...",
+        )
+    training = training_from_args(args, staged.training)  # any plan at another K
+    staged.training = training
+    for p in staged.stages:
+        p.training = dataclasses.replace(training, recomputed=p.training.recomputed)
+    ev = evaluate_pipeline(graph, staged)
+    if args.json:
+        sys.stdout.write(json.dumps({"errors": ev.errors, **ev.predicted()}) + "\n")
+    else:
+        status = "valid" if ev.valid else "INVALID"
+        sys.stdout.write(f"{args.plan}: {status} ({staged.source})\n{priced(staged, ev).summary()}\n")
+        sys.stdout.writelines(f"  error: {e}\n" for e in ev.errors[:MAX_ERRORS_SHOWN])
     return 0 if ev.valid else 1
 
 

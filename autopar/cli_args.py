@@ -369,6 +369,17 @@ def graph_from_arg(spec: str) -> Graph:
     raise _unknown_graph(spec)
 
 
+def pipeline_plan_file(spec: str) -> bool:
+    """Whether the file ``spec`` holds an ``autopar.pipeline/v1`` plan (a cheap look at its
+    format field; a missing or unreadable file is left to :func:`plan_from_arg` to report)."""
+    try:
+        with open(spec, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b'"autopar.pipeline/v1"' in head
+
+
 def plan_from_arg(spec: str) -> Plan:
     """The plan in the file ``spec``."""
     from autopar.plan import Plan

@@ -183,6 +183,14 @@ class PipelinePlan:
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PipelinePlan:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise PlanError("bad_plan", f"plan is not JSON: {exc}") from None
+        return cls.from_dict(data)
+
     def save(self, path: str) -> None:
         with open(path, "w") as f:
             f.write(self.to_json(indent=1))

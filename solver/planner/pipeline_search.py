@@ -5,7 +5,9 @@ whole nodes or an even slice of one node, at most one stage per block), the bloc
 cut into contiguous, balanced ranges (:func:`autopar.pipeline_split.balanced_counts`) and
 every stage's graph is planned on its own ``world / S`` devices by the intra-stage
 planner (:func:`autopar_solver.planner.plan`: the exact SBP solve with ZeRO, checkpointing
-and memory rows), the first stage with the mesh search, the others on the shape it chose.
+and memory rows), on the stage mesh named, else :func:`default_stage_shape`.  Identical
+layers share cost-table entries across stages, and a stage starts from the plan of an
+earlier stage with as many blocks (its op names moved).
 
 Memory: a stage keeps the activations of ``min(S - s, K)`` micro-batches
 (:func:`autopar.pipeline.stage_memory_bytes`), which the intra-stage planner does not see;
@@ -26,6 +28,7 @@ import math
 import time
 from typing import Any
 
+from autopar.cluster import Cluster
 from autopar.errors import ConfigError, TimeLimitError, VerificationError
 from autopar.iteration import layer_of
 from autopar.pipeline import (
@@ -41,7 +44,7 @@ from autopar.progress import Deadline, ProgressFn
 from autopar.store import KeyValueStore, MemoryStore
 from autopar_solver.planner.request import PlanRequest
 
-__all__ = ["MEMORY_ROUNDS", "solve_pipeline", "stage_candidates"]
+__all__ = ["MEMORY_ROUNDS", "default_stage_shape", "solve_pipeline", "stage_candidates"]
 
 MEMORY_ROUNDS = 3
 """Re-plans of a stage over its budget with its micro-batches in flight."""
@@ -59,6 +62,18 @@ def stage_candidates(request: PlanRequest) -> list[int]:
             continue
         out.append(s)
     return out
+
+
+def default_stage_shape(sub: Cluster) -> tuple[int, ...]:
+    """A stage's mesh when none is named: its nodes x the devices of a node (the last axis inside
+    a node, where tensor parallelism goes, as Megatron-LM, Alpa and Galvatron lay out a stage);
+    a stage of one node or a slice of one: two axes ``[2, D / 2]`` when ``D >= 4``, else ``[D]``.
+    The intra-stage solve chooses what each axis does (a split batch on both is data
+    parallelism over the whole stage)."""
+    if sub.nodes > 1:
+        return (sub.nodes, sub.devices_per_node)
+    d = sub.devices_per_node
+    return (2, d // 2) if d >= 4 and d % 2 == 0 else (d,)
 
 
 def _stage_request(
@@ -105,7 +120,7 @@ def solve_pipeline(
     # cost-table entries of identical layers are built once for every stage
     memo: KeyValueStore = store if store is not None else MemoryStore()
     blocks = ordered_blocks(graph)
-    shape = stage_mesh_shape
+    shape = stage_mesh_shape or default_stage_shape(sub)
     plans: list[Plan | None] = [None] * stages
     bounds: list[float] = [0.0] * stages
     todo = list(range(stages))
@@ -121,7 +136,6 @@ def solve_pipeline(
             hint = plans[s] if plans[s] is not None else _renamed_hint(plans, slices, s, blocks)
             p = plan(req, store=memo, progress=progress, hint=hint)
             plans[s] = p
-            shape = tuple(p.mesh.shape)  # the other stages on the shape the first chose
             if rounds == 0 and p.solver is not None:
                 b = p.solver.get("bound")
                 bounds[s] = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
