@@ -3,6 +3,7 @@ each against a closed form or Megatron-LM's own hand count."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -123,3 +124,24 @@ def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
         ev.iteration_time_s
     )
     assert math.isclose(plan.iteration_time_s, ev.iteration_time_s)
+
+
+def test_the_command_line_prices_megatron_ptd_p_and_re_checks_it_at_another_k(tmp_path, capsys):
+    from autopar.cli import main
+
+    out = tmp_path / "meg.json"
+    argv = ["baseline", "megatron", "tiny-gpt", "--cluster", "2x4", "--micro-batches", "4"]
+    assert main([*argv, "--megatron-config", "tp=2,dp=2,pp=2", "--out", str(out)]) == 0
+    written = PipelinePlan.from_json(out.read_text())
+    assert written.counts == (1, 1) and written.source == "baseline:megatron"
+    assert "tp=2, dp=2, pp=2, DDP" in capsys.readouterr().out
+    assert main(["evaluate", "tiny-gpt", str(out), "--micro-batches", "8", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    graph = build("tiny-gpt")
+    staged = PipelinePlan.from_json(out.read_text())
+    staged.training = TrainingConfig(8, "full")
+    for p in staged.stages:
+        p.training = TrainingConfig(8, "full")
+    assert again["errors"] == []
+    assert again["iteration_time_s"] == pytest.approx(evaluate_pipeline(graph, staged).iteration_time_s)
+    assert again["iteration_time_s"] > written.iteration_time_s  # 8 micro-batches, not 4
