@@ -35,12 +35,14 @@ from starlette.concurrency import run_in_threadpool
 from autopar.baselines import BASELINES
 from autopar.cluster import PRESETS
 from autopar.graph import Graph
+from autopar.pipeline import FORMAT as PIPELINE_FORMAT
+from autopar.pipeline import PipelinePlan
 from autopar.plan import Plan
 from autopar_cache import codec
 from autopar_service.deps import Auth
 from autopar_service.graphs import model_json
 from autopar_service.problems import PROBLEM_JSON, ApiError
-from autopar_service.report import baseline_beside, build_report, plotly_js
+from autopar_service.report import baseline_beside, build_pipeline_report, build_report, plotly_js
 from autopar_service.tasks import graph_key
 
 __all__ = ["router"]
@@ -155,6 +157,11 @@ def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:
             "to store it again, or run `autopar report GRAPH PLAN` locally",
         )
     graph = Graph.from_dict(codec.decode(raw)).validate()
+    if (data.get("plan") or {}).get("format") == PIPELINE_FORMAT:
+        # a pipeline: the baselines in its stages (those without a pipeline form say why)
+        pipeline = PipelinePlan.from_dict(data["plan"])
+        budget = pipeline.memory_budget_bytes or data.get("memory_budget_bytes")
+        return build_pipeline_report(graph, pipeline, list(compare), budget).encode()
     plan = Plan.from_dict(data["plan"])
     others = [(kind, baseline_beside(kind, graph, plan)) for kind in compare]  # at the plan's K
     return build_report(
@@ -183,7 +190,9 @@ async def plan_report(
         Query(description=f"Baselines to show side by side: {', '.join(BASELINES)} (default megatron)."),
     ] = None,
 ) -> Response:
-    """A self-contained HTML page: headline, communication, memory timeline, per-layer layouts."""
+    """A self-contained HTML page: headline, communication, memory timeline, per-layer layouts;
+    of a pipeline plan also its stages (blocks, devices, mesh, time and memory per stage), the
+    baselines priced in the same stages."""
     service = _service(request)
     # the canonical compare set: another order or a repeat is the same report (one memo entry)
     kinds = tuple(sorted(set(compare if compare is not None else ["megatron"])))

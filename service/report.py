@@ -57,16 +57,22 @@ from autopar.errors import ConfigError, PlanError
 from autopar.evaluate import evaluate
 from autopar.graph import Graph, Op, Role
 from autopar.iteration import baseline_training, checkpoint_blocks, micro_batches_text
+from autopar.pipeline import FORMAT as PIPELINE_FORMAT
+from autopar.pipeline import PipelinePlan
 from autopar.plan import Plan
 
 __all__ = [
     "PlanView",
     "baseline_beside",
+    "build_pipeline_report",
     "build_report",
     "check_plan_fits",
     "cmd_report",
     "format_bytes",
+    "load_any_plan",
+    "pipeline_baseline_beside",
     "plotly_js",
+    "stages_table",
 ]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -320,7 +326,11 @@ def _downsample(values: list[float], points: int) -> tuple[list[int], list[float
     return xs, ys
 
 
-def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[str]) -> go.Figure:
+def _memory_chart(
+    views: Sequence[PlanView], budget: float, order_names: list[str] | Sequence[list[str]]
+) -> go.Figure:
+    """``order_names``: the op names along the topological order, one list for every view (one
+    graph), or one list per view (a pipeline's stages)."""
     peak = max((v.timeline.peak for v in views), default=0.0)
     cut = budget > BUDGET_SCALE * peak > 0
     unit, scale = ("GiB", GIB) if (peak if cut else max(peak, budget)) >= GIB else ("MiB", MIB)
@@ -342,7 +352,9 @@ def _memory_chart(views: Sequence[PlanView], budget: float, order_names: list[st
             ("optimizer states", [t.optimizer / scale] * len(xs)),
             ("activations", [a / scale for a in acts]),
         ]
-        names = [order_names[x] if x < len(order_names) else "" for x in xs]
+        per_view = bool(order_names) and isinstance(order_names[0], list)
+        own: Sequence[str] = order_names[col - 1] if per_view else order_names  # type: ignore[assignment]
+        names = [own[x] if x < len(own) else "" for x in xs]
         for name, ys in layers:
             fig.add_trace(
                 go.Scatter(
@@ -665,6 +677,259 @@ cells that differ are highlighted. The output is the first forward op that reads
 """
 
 
+# ------------------------------------------------------------------ pipeline plans
+
+
+def stages_table(rows: Sequence[dict[str, Any]], table_id: str = "stages-table") -> str:
+    """The stages of a pipeline plan (``predicted["stages"]`` rows of ``autopar.pipeline/v1``):
+    stage, blocks (first-last), devices, mesh, time per micro-batch, receives, once-per-step
+    work, memory per device, stash per micro-batch, micro-batches in flight."""
+    body = []
+    for r in rows:
+        first, last = r.get("first_block"), r.get("last_block")
+        span = _esc(first) if first == last else f"{_esc(first)}&ndash;{_esc(last)}"
+        body.append(
+            "<tr>"
+            f"<td class='num'>{_esc(r.get('stage'))}</td>"
+            f"<td>{_esc(r.get('blocks'))}: <code>{span}</code></td>"
+            f"<td class='num'>{_esc(r.get('devices'))}</td>"
+            f"<td>{_esc(r.get('mesh_shape'))}</td>"
+            f"<td class='num'>{_ms(_number(r.get('micro_batch_time_s')))}</td>"
+            f"<td class='num'>{_ms(_number(r.get('receive_time_s')))}</td>"
+            f"<td class='num'>{_ms(_number(r.get('once_per_step_time_s')))}</td>"
+            f"<td class='num'>{_gib(_number(r.get('memory_per_device_bytes')))}</td>"
+            f"<td class='num'>{_gib(_number(r.get('stash_bytes')))}</td>"
+            f"<td class='num'>{_esc(r.get('in_flight'))}</td>"
+            "</tr>"
+        )
+    return (
+        f"<table class='stages' id='{_esc(table_id)}'><thead><tr><th>stage</th><th>blocks</th>"
+        "<th>devices</th><th>mesh</th><th>per micro-batch</th><th>receives</th><th>once per step</th>"
+        "<th>memory / device</th><th>stash / micro-batch</th><th>micro-batches in flight</th>"
+        f"</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def pipeline_baseline_beside(kind: str, graph: Graph, plan: PipelinePlan) -> PipelinePlan:
+    """Baseline ``kind`` in ``plan``'s stages (equal block counts, as Megatron-LM's PTD-P cuts
+    them) on its stage mesh and ZeRO stage, at ``plan``'s K with the checkpointing its real
+    system runs (:func:`autopar.baseline_pipeline.pipeline_baseline`); ``ConfigError`` when the
+    blocks do not divide into the stages evenly or ``kind`` has no pipeline form."""
+    from autopar.baseline_configs import BaselineConfig
+    from autopar.baseline_pipeline import pipeline_baseline
+
+    if kind == "single-device":
+        raise ConfigError("bad_baseline_config", "single-device has no pipeline form")
+    first = plan.stages[0]
+    config = BaselineConfig(kind, first.mesh.shape, first.zero_stage, first.runtime, plan.num_stages)
+    return pipeline_baseline(
+        graph, plan.cluster, config, baseline_training(kind, plan.training), plan.memory_budget_bytes
+    )
+
+
+def build_pipeline_report(
+    graph: Graph,
+    plan: PipelinePlan,
+    compare: Sequence[str] = (),
+    budget_bytes: float | None = None,
+    *,
+    label: str | None = None,
+    title: str | None = None,
+) -> str:
+    """One self-contained HTML page about an ``autopar.pipeline/v1`` plan on ``graph``.
+
+    Everything is re-checked by :func:`autopar.pipeline.evaluate_pipeline`: the headline (1F1B
+    iteration, bubble, the slowest stage's micro-batch, the largest stage's memory against the
+    budget, the solver's figures), the stages table (:func:`stages_table`), and per stage, as
+    the one-stage report shows plans side by side, its micro-batch's compute and communication,
+    collectives, memory over a micro-batch and time per layer.  ``compare`` names baselines
+    priced in the same stages (:func:`pipeline_baseline_beside`), shown in the headline."""
+    from autopar.pipeline import evaluate_pipeline, priced, stage_link
+    from autopar.pipeline_split import split_graph
+
+    budget = float(budget_bytes or plan.memory_budget_bytes or plan.cluster.device.memory_bytes)
+    ev = evaluate_pipeline(graph, plan)
+    rows = priced(PipelinePlan.from_dict(plan.to_dict()), ev).predicted["stages"]
+    slices = split_graph(graph, plan.counts, stage_link(plan.cluster, plan.num_stages).crosses_nodes)
+    memo = PricingMemo()
+    views = [
+        PlanView.of(f"stage {sl.index}", sl.graph, sp, memo)
+        for sl, sp in zip(slices, plan.stages, strict=True)
+    ]
+    columns: list[tuple[str, PipelinePlan | str]] = [(label or plan.source, plan)]
+    for kind in compare:
+        try:
+            columns.append((kind, pipeline_baseline_beside(kind, graph, plan)))
+        except ConfigError as exc:
+            columns.append((kind, exc.message))
+    order_names = [[op.name for op in sl.graph.topological_order] for sl in slices]
+    layers = list(dict.fromkeys(layer_of(op.name) for sl in slices for op in sl.graph.ops))
+    charts = {
+        "chart-step": _step_chart(views),
+        "chart-comm": _comm_chart(views),
+        "chart-layers": _layer_chart(views, layers),
+        "chart-memory": _memory_chart(views, budget, order_names),
+    }
+    rendered = {k: _figure_html(fig, k) for k, fig in charts.items()}
+    first = plan.stages[0]
+    heading = title or f"autopar pipeline plan report: {plan.graph_name or graph.name}"
+    compared = ", ".join(_esc(k) for k in compare) or "nothing"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{_esc(heading)}</title>
+<style>{_CSS}</style>
+<script type="text/javascript">{plotly_js()}</script>
+</head><body>
+<h1>{_esc(heading)}</h1>
+<p class="meta">{len(graph.ops)} ops, {len(graph.variables)} variables &middot;
+<b>{plan.num_stages} pipeline stages</b> x mesh {list(first.mesh.shape)} over {_esc(plan.cluster)} &middot;
+ZeRO-{first.zero_stage} &middot; K = {micro_batches_text(plan.training.micro_batches)} per step,
+checkpointing {_esc(plan.training.checkpointing)}, 1F1B schedule &middot;
+budget {_gib(budget)} per device &middot; compared with {compared} (in the same stages)</p>
+<h2 id="headline">Headline</h2>
+{_pipeline_headline(columns, ev, budget)}
+<h2 id="stages">Stages</h2>
+{stages_table(rows)}
+<p class="note">Each stage runs its blocks on its own devices with its own layouts; the iteration is
+1F1B (PipeDream-flush): every stage's micro-batch once through the fill and drain, K - 1 more at the
+slowest stage's pace, then the largest once-per-step work. A stage's memory holds the activations of
+the micro-batches in flight (min(S - s, K)); "receives" is the boundary traffic it waits for per
+micro-batch (part of its micro-batch time).</p>
+{rendered["chart-step"]}
+<h2 id="communication">Communication per stage</h2>
+{rendered["chart-comm"]}
+<h3>The {TOP_EDGES} most expensive boxing edges of each stage</h3>
+{"".join(_edges_table(v) for v in views)}
+<h2 id="memory">Memory over a micro-batch, per stage</h2>
+<p class="note">One micro-batch's liveness on each stage's graph (the stages table adds the stash of
+the other micro-batches in flight).</p>
+{rendered["chart-memory"]}
+<h2 id="layers">Per layer</h2>
+{rendered["chart-layers"]}
+</body></html>
+"""
+
+
+def _pipeline_headline(columns: Sequence[tuple[str, PipelinePlan | str]], ev: Any, budget: float) -> str:
+    """The headline of a pipeline report: the plan (re-checked figures) and each baseline in the
+    same stages (its own re-checked prediction), or why it has none."""
+    head = "".join(f"<th>{_esc(name)}</th>" for name, _ in columns)
+    rows: list[tuple[str, list[str]]] = []
+
+    def cells(fn: Callable[[PipelinePlan, int], str]) -> list[str]:
+        return [fn(p, i) if isinstance(p, PipelinePlan) else "n/a" for i, (_, p) in enumerate(columns)]
+
+    def fig(p: PipelinePlan, i: int, name: str) -> float | None:
+        """The plan's re-checked figure (column 0), a baseline's prediction (priced as checked)."""
+        return _number(getattr(ev, name) if i == 0 else p.predicted.get(name))
+
+    def slowest(p: PipelinePlan, i: int) -> str:
+        if i == 0:
+            return _ms(max((c.micro_batch_time_s for c in ev.stages), default=None))
+        times = [_number(r.get("micro_batch_time_s")) for r in p.predicted.get("stages") or []]
+        return _ms(max((t for t in times if t is not None), default=None))
+
+    def memory(p: PipelinePlan, i: int) -> str:
+        total = fig(p, i, "memory_per_device_bytes")
+        if total is None:
+            return "n/a"
+        fits = total <= budget
+        return (
+            f"<b class='{'ok' if fits else 'bad'}'>{_gib(total)}</b> ({100 * total / budget:.0f}% of budget, "
+            f"{'fits' if fits else 'OVER BUDGET'})"
+        )
+
+    def bubble(p: PipelinePlan, i: int) -> str:
+        b = fig(p, i, "bubble_fraction")
+        return "n/a" if b is None else f"{100 * b:.1f} %"
+
+    def blocks(p: PipelinePlan, i: int) -> str:
+        return " + ".join(str(c) for c in p.counts)
+
+    def configuration(p: PipelinePlan, i: int) -> str:
+        first = p.stages[0]
+        return (
+            f"{p.num_stages} stages x mesh {list(first.mesh.shape)}, ZeRO-{first.zero_stage}, "
+            f"runtime {_esc(first.runtime)}"
+        )
+
+    def solver(p: PipelinePlan, i: int) -> str:
+        s = p.solver or {}
+        if not s:
+            return _esc(p.source)
+        gap, bound, wall = s.get("gap"), _number(s.get("bound")), _number(s.get("wall_s"))
+        return (
+            f"bound {_ms(bound)}, gap {'n/a' if gap is None else f'{100 * float(gap):.2f}%'} "
+            f"(the bubble included), {'n/a' if wall is None else f'{wall:.1f} s'}"
+        )
+
+    rows.append(("configuration", cells(configuration)))
+    rows.append(
+        (
+            "evaluated iteration (1F1B, K micro-batches + once per step)",
+            cells(lambda p, i: f"<b>{_ms(fig(p, i, 'iteration_time_s'))}</b>"),
+        )
+    )
+    rows.append(("&nbsp; bubble (fill and drain)", cells(bubble)))
+    rows.append(("&nbsp; slowest stage, per micro-batch", cells(slowest)))
+    rows.append(
+        (
+            "&nbsp; micro-batches K, checkpointing",
+            cells(lambda p, i: f"{p.training.micro_batches}, {_esc(p.training.checkpointing)}"),
+        )
+    )
+    rows.append(("blocks per stage", cells(blocks)))
+    rows.append((f"memory per device, largest stage (budget {_gib(budget)})", cells(memory)))
+    rows.append(
+        (
+            "planner: predicted iteration",
+            cells(lambda p, i: _ms(_number(p.predicted.get("iteration_time_s")))),
+        )
+    )
+    rows.append(
+        (
+            "valid",
+            cells(
+                lambda p, i: (
+                    "yes"
+                    if i or ev.valid
+                    else f"<b class='bad'>no</b>: {_esc(ev.errors[0] if ev.errors else '')}"
+                )
+            ),
+        )
+    )
+    rows.append(("solver", cells(solver)))
+    for col, (_, p) in enumerate(columns):
+        if isinstance(p, str):
+            rows[0][1][col] = f"n/a: {_esc(p)}"
+    body = "".join(
+        f"<tr><th>{name}</th>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for name, row in rows
+    )
+    return f"<table class='headline'><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def load_any_plan(spec: str) -> Plan | PipelinePlan:
+    """A plan file: ``autopar.plan/v1`` or ``autopar.pipeline/v1``."""
+    import json
+
+    try:
+        with open(spec, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ConfigError("bad_plan_arg", f"cannot read plan {spec!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError("bad_plan_arg", f"plan {spec!r} is not JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("format") == PIPELINE_FORMAT:
+        return PipelinePlan.from_dict(data)
+    return _load_plan_arg(spec)
+
+
 # ------------------------------------------------------------------ CLI
 
 
@@ -714,19 +979,31 @@ def _compare_arg(spec: str, graph: Graph, plan: Plan) -> tuple[str, Plan]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``autopar report``: write the HTML report of a plan."""
+    """``autopar report``: write the HTML report of a plan (one stage or a pipeline)."""
     from autopar.cli_args import parse_bytes, training_from_args
 
     graph = _load_graph_arg(args.graph)
-    plan = _load_plan_arg(args.plan)
-    plan.training = training_from_args(args, plan.training)  # default: the plan's own
-    compare = [_compare_arg(s, graph, plan) for s in args.compare]
+    loaded = load_any_plan(args.plan)
     budget = parse_bytes(args.budget) if args.budget else None
-    text = build_report(graph, plan, compare, budget, label=args.label)
+    if isinstance(loaded, PipelinePlan):
+        unknown = [s for s in args.compare if s not in BASELINES]
+        if unknown:
+            raise ConfigError(
+                "bad_compare",
+                f"a pipeline plan is compared with baselines in its stages only, not {unknown[0]!r}",
+            )
+        text = build_pipeline_report(graph, loaded, list(args.compare), budget, label=args.label)
+        compared = len(args.compare)
+    else:
+        plan = loaded
+        plan.training = training_from_args(args, plan.training)  # default: the plan's own
+        compare = [_compare_arg(s, graph, plan) for s in args.compare]
+        text = build_report(graph, plan, compare, budget, label=args.label)
+        compared = len(compare)
     try:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
     except OSError as exc:
         raise ConfigError("bad_out", f"cannot write {args.out!r}: {exc.strerror or exc}") from None
-    sys.stdout.write(f"report of {len(compare) + 1} plan(s) -> {args.out} ({len(text.encode()):,} bytes)\n")
+    sys.stdout.write(f"report of {compared + 1} plan(s) -> {args.out} ({len(text.encode()):,} bytes)\n")
     return 0

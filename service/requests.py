@@ -14,7 +14,7 @@ that its plan key equals the job id (same request, same code versions).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +31,7 @@ from autopar_solver.planner import PlanRequest
 __all__ = [
     "EvaluateBody",
     "PlanBody",
+    "ServiceRequest",
     "SolverOptionsBody",
     "SweepBody",
     "answers_within_gap",
@@ -40,9 +41,14 @@ __all__ = [
     "least_time_limit_s",
     "payload_of",
     "request_from_payload",
+    "stage_mesh_shape_of",
 ]
 
 PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
+
+MAX_STAGES = 4096
+"""Most pipeline stages a body may name (the cluster's devices and the graph's blocks bound it
+further: :func:`build_request`)."""
 
 RESULT_NEUTRAL_OPTIONS = frozenset({"log"})
 """Solver options that cannot change the plan; every other option is part of the plan key."""
@@ -81,6 +87,14 @@ class SolverOptionsBody(BaseModel):
         default=None,
         description="Activation checkpointing: off, full (every transformer block) or auto (default off).",
     )
+    stages: Annotated[int, Field(ge=1, le=MAX_STAGES)] | Literal["auto"] | None = Field(
+        default=None,
+        description="Pipeline stages, as `autopar plan --stages`: 1 (default) plans one stage on the "
+        "whole mesh; S > 1 a pipeline of S stages of contiguous blocks, each on world / S devices "
+        "(whole nodes or an even slice of one node) with `mesh_shape` as each stage's mesh; `auto` "
+        "the best of one stage and every candidate S (up to 8). The plan is then an "
+        "`autopar.pipeline/v1` document (docs/plan-format.md).",
+    )
 
 
 class ClusterFields(BaseModel):
@@ -105,7 +119,8 @@ class PlanBody(ClusterFields):
         default=None,
         min_length=1,
         max_length=4,
-        description="Logical mesh shape, e.g. `[4, 2]`; omitted = search the candidate shapes.",
+        description="Logical mesh shape, e.g. `[4, 2]`; omitted = search the candidate shapes. With "
+        "`options.stages` S > 1, the mesh of each stage (world / S devices).",
     )
     memory_budget_bytes: int | None = Field(
         default=None,
@@ -183,10 +198,47 @@ def _options(body: SolverOptionsBody, settings: Settings) -> SolverOptions:
             f"time_limit_s {time_limit} exceeds this server's limit of "
             f"{settings.max_time_limit_s} s; ask for less",
         )
-    options = SolverOptions(time_limit_s=float(time_limit), **given)
+    stages = given.pop("stages", 1)
+    options = SolverOptions(
+        time_limit_s=float(time_limit), stages=None if stages == "auto" else stages, **given
+    )
     if settings.solver_workers is not None:
         options = replace(options, workers=settings.solver_workers)
     return options
+
+
+@dataclass(frozen=True)
+class ServiceRequest(PlanRequest):
+    """A :class:`PlanRequest` as the service solves it: with ``options.stages`` S > 1 the
+    request's own ``mesh_shape`` is None (the pipeline spans the cluster) and a mesh shape the
+    client named is each stage's, ``stage_mesh_shape`` (as ``autopar plan --stages S
+    --mesh-shape``).  It is part of the plan key (:func:`key_dict_of`) and of the job payload."""
+
+    stage_mesh_shape: tuple[int, ...] | None = None
+
+
+def _check_stages(graph: Graph, cluster: Cluster, stages: int, shape: tuple[int, ...] | None) -> None:
+    """422 before any job when ``stages`` cannot cut this cluster and graph: every stage needs
+    world / S devices as whole nodes or an even slice of one node, and one block at least;
+    a stage mesh shape must cover a stage's devices."""
+    from autopar.pipeline import stage_cluster
+    from autopar.pipeline_split import ordered_blocks
+
+    try:
+        sub = stage_cluster(cluster, stages)
+        if shape is not None:
+            Mesh(sub, shape)
+    except ConfigError as exc:
+        raise ConfigError(
+            "bad_stages", f"options.stages {stages} on cluster {cluster}: {exc.message}"
+        ) from None
+    blocks = len(ordered_blocks(graph))
+    if stages > blocks:
+        raise ConfigError(
+            "bad_stages",
+            f"options.stages {stages}: this graph has {blocks} blocks (transformer layers) to cut "
+            f"into stages; ask for 1 to {max(blocks, 1)} stages",
+        )
 
 
 def build_request(
@@ -197,15 +249,28 @@ def build_request(
     zero_stage: int,
     options: SolverOptionsBody,
     settings: Settings,
-) -> PlanRequest:
-    """A validated :class:`PlanRequest` with the server's defaults filled in."""
+) -> ServiceRequest:
+    """A validated request with the server's defaults filled in; with ``options.stages`` S > 1,
+    ``mesh_shape`` is each stage's (:class:`ServiceRequest`)."""
     shape = tuple(mesh_shape) if mesh_shape else None
-    if shape is not None:
-        Mesh(cluster, shape)  # ConfigError naming the shape and the device count
     budget = memory_budget_bytes or cluster.device.memory_bytes
     solver_options = _options(options, settings)
+    stages = solver_options.stages
+    if stages is not None and stages > 1:
+        _check_stages(graph, cluster, stages, shape)
+        _check_least_time(solver_options.time_limit_s, graph, settings)
+        return ServiceRequest(
+            graph, cluster, None, budget, zero_stage, solver_options, stage_mesh_shape=shape
+        )
+    if shape is not None:
+        Mesh(cluster, shape)  # ConfigError naming the shape and the device count
     _check_least_time(solver_options.time_limit_s, graph, settings)
-    return PlanRequest(graph, cluster, shape, budget, zero_stage, solver_options)
+    return ServiceRequest(graph, cluster, shape, budget, zero_stage, solver_options)
+
+
+def stage_mesh_shape_of(request: PlanRequest) -> tuple[int, ...] | None:
+    """The stage mesh shape a :class:`ServiceRequest` carries (None for a plain request)."""
+    return getattr(request, "stage_mesh_shape", None)
 
 
 def least_time_limit_s(graph: Graph, settings: Settings) -> float:
@@ -237,6 +302,12 @@ def key_dict_of(request: PlanRequest) -> dict[str, Any]:
     if request.options.training.is_default:  # keys of K = 1 without checkpointing stay as they were
         options.pop("micro_batches", None)
         options.pop("checkpointing", None)
+    stages = options.pop("stages", 1)
+    if stages != 1:  # one stage keeps the keys it had before pipelines
+        options["stages"] = "auto" if stages is None else stages
+        stage_shape = stage_mesh_shape_of(request)
+        if stage_shape is not None:
+            key["stage_mesh_shape"] = list(stage_shape)
     if not request.options.deterministic:
         # the key is the problem, not the effort: the time limit and the gap asked for go to
         # the solve memo (a cached plan answers when its proven gap is within the asked one:
@@ -270,6 +341,7 @@ def payload_of(
 
     ``graph_hash`` saves recomputing the graph's content hash when the caller has it.
     """
+    stage_shape = stage_mesh_shape_of(request)
     return {
         "graph": graph_hash or request.graph.content_hash(),
         "cluster": request.cluster.to_dict(),
@@ -277,21 +349,24 @@ def payload_of(
         "memory_budget_bytes": request.memory_budget_bytes,
         "zero_stage": request.zero_stage,
         "options": asdict(request.options),
+        "stage_mesh_shape": list(stage_shape) if stage_shape else None,
         "versions": dict(versions),
     }
 
 
-def request_from_payload(payload: dict[str, Any], graph: Graph) -> PlanRequest:
+def request_from_payload(payload: dict[str, Any], graph: Graph) -> ServiceRequest:
     """The request :func:`payload_of` described, for ``graph``."""
     cluster = Cluster.from_dict(payload["cluster"])
     if not isinstance(cluster.device, DeviceSpec):  # pragma: no cover - from_dict guarantees it
         raise ConfigError("bad_cluster", "malformed cluster in job payload")
     shape = payload.get("mesh_shape")
-    return PlanRequest(
+    stage_shape = payload.get("stage_mesh_shape")
+    return ServiceRequest(
         graph,
         cluster,
         tuple(shape) if shape else None,
         payload.get("memory_budget_bytes"),
         int(payload["zero_stage"]),
         SolverOptions(**payload["options"]),
+        stage_mesh_shape=tuple(stage_shape) if stage_shape else None,
     )

@@ -19,6 +19,7 @@ __all__ = [
     "PlanRecordView",
     "Problem",
     "Readiness",
+    "StageRow",
     "SweepView",
 ]
 
@@ -123,8 +124,41 @@ class JobView(BaseModel):
     links: dict[str, str]
 
 
+class StageRow(BaseModel):
+    """One stage of a pipeline plan, as predicted (`autopar.pipeline/v1` `predicted.stages`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stage: int = Field(description="0-based; stage 0 holds the first blocks (and the embedding).")
+    blocks: int = Field(description="Blocks (transformer layers) of the stage.")
+    first_block: str | None = Field(description="Its first block, e.g. `layers.0`.")
+    last_block: str | None = Field(description="Its last block.")
+    devices: int = Field(description="Devices of the stage (world / stages).")
+    mesh_shape: list[int] = Field(description="The stage's logical mesh shape.")
+    micro_batch_time_s: float | None = Field(
+        description="Seconds per micro-batch: forward, recompute, backward and its receives."
+    )
+    receive_time_s: float | None = Field(
+        description="Seconds per micro-batch receiving the boundary activations and gradients (part of "
+        "micro_batch_time_s)."
+    )
+    once_per_step_time_s: float | None = Field(
+        description="Seconds of the stage's once-per-step work (reductions, update, tied gradients)."
+    )
+    memory_per_device_bytes: float | None = Field(
+        description="Bytes per device with its micro-batches in flight."
+    )
+    stash_bytes: float | None = Field(
+        description="Activation bytes one micro-batch keeps from its forward to its backward."
+    )
+    in_flight: int = Field(
+        description="Micro-batches whose activations the stage holds at once: min(S - s, K)."
+    )
+
+
 class PlanRecordView(BaseModel):
-    """A cached plan: the `autopar.plan/v1` plan plus what produced it."""
+    """A cached plan: the `autopar.plan/v1` plan (or, with `options.stages` != 1, possibly an
+    `autopar.pipeline/v1` plan) plus what produced it."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -151,10 +185,28 @@ class PlanRecordView(BaseModel):
         "once-per-step work, without recomputation); use iteration_time_s",
         json_schema_extra={"deprecated": True},
     )
-    memory_per_device_bytes: float | None
+    memory_per_device_bytes: float | None = Field(
+        description="bytes per device; of a pipeline, its largest stage's with its micro-batches in flight"
+    )
+    num_stages: int | None = Field(
+        default=None,
+        description="pipeline stages of an `autopar.pipeline/v1` plan; absent for one stage (whose "
+        "record is as it always was)",
+    )
+    bubble_fraction: float | None = Field(
+        default=None,
+        description="of a pipeline: the share of the iteration the slowest stage waits in the 1F1B fill "
+        "and drain",
+    )
+    stages: list[StageRow] | None = Field(
+        default=None, description="of a pipeline: one row per stage (blocks, devices, mesh, time, memory)"
+    )
     solver: dict[str, Any]
     summary: str
-    plan: dict[str, Any]
+    plan: dict[str, Any] = Field(
+        description="the `autopar.plan/v1` plan, or of a pipeline its `autopar.pipeline/v1` document "
+        "(docs/plan-format.md); `mesh_shape` above is then each stage's"
+    )
 
 
 class Evaluation(BaseModel):
@@ -171,8 +223,14 @@ class Evaluation(BaseModel):
     micro_batches: int = Field(description="Micro-batches per optimizer step the plan was priced at.")
     checkpointing: str = Field(description="Activation checkpointing priced: off or full.")
     iteration_time_s: float | None = Field(
-        description="One optimizer step: K x micro-batch time + once-per-step work, seconds."
+        description="One optimizer step: K x micro-batch time + once-per-step work, seconds (of a "
+        "pipeline plan, its 1F1B iteration)."
     )
+    num_stages: int | None = Field(default=None, description="Of a pipeline plan: its stages.")
+    bubble_fraction: float | None = Field(
+        default=None, description="Of a pipeline plan: the share of the iteration in the fill and drain."
+    )
+    stages: list[StageRow] | None = Field(default=None, description="Of a pipeline plan: one row per stage.")
 
 
 class SweepRow(BaseModel):

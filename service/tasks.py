@@ -3,7 +3,9 @@
 :func:`run_job` loads the graph the API stored under ``graph:{hash}``, rebuilds
 the request from the job payload, checks that its plan key equals the job id
 (same request, same code versions on API and worker), runs
-:func:`autopar_solver.planner.plan` with the cost-table memo in the shared store, and
+:func:`autopar_solver.planner.plan` (with ``options.stages`` != 1
+:func:`autopar_solver.planner.stage_search.plan_stages`, a pipeline) with the cost-table memo
+in the shared store, and
 stores the plan record under ``plan:{id}`` (only if cheaper than a stored one).
 
 :func:`error_of` turns any exception into the job's ``error`` dict.
@@ -11,7 +13,9 @@ stores the plan record under ``plan:{id}`` (only if cheaper than a stored one).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -27,17 +31,29 @@ from autopar.errors import (
     VerificationError,
 )
 from autopar.graph import Graph
+from autopar.pipeline import PipelinePlan, one_f_one_b_iteration
 from autopar.plan import Plan
+from autopar.progress import Deadline, ProgressFn
+from autopar.store import KeyValueStore
 from autopar_cache import codec
 from autopar_cache.base import PrefixedStore, Store
 from autopar_cache.errors import CacheUnavailable
 from autopar_cache.plans import PlanCache, plan_key
 from autopar_service.jobs import finite
-from autopar_service.requests import key_dict_of, request_from_payload
+from autopar_service.requests import key_dict_of, request_from_payload, stage_mesh_shape_of
 from autopar_service.settings import Settings
 from autopar_solver.planner import PlanRequest, Progress, plan
 
-__all__ = ["Reporter", "error_of", "graph_key", "iteration_fields", "plan_record", "run_job", "with_retries"]
+__all__ = [
+    "Reporter",
+    "error_of",
+    "graph_key",
+    "iteration_fields",
+    "plan_record",
+    "run_job",
+    "stage_fields",
+    "with_retries",
+]
 
 T = TypeVar("T")
 
@@ -99,10 +115,25 @@ def with_retries(fn: Callable[[], T], grace_s: float, what: str) -> T:
             delay = min(2 * delay, 2.0)
 
 
-def iteration_fields(result: Plan) -> dict[str, float]:
+def iteration_fields(result: Plan | PipelinePlan) -> dict[str, float]:
     """The time fields of a plan record and a job result: one optimizer step as the job runs
     it (K micro-batches plus once per step) and its parts; ``step_time_s`` is deprecated,
-    kept one version (one micro-batch with its once-per-step work)."""
+    kept one version (one micro-batch with its once-per-step work).
+
+    Of a pipeline: its 1F1B iteration (:func:`autopar.pipeline.one_f_one_b_iteration`), the
+    slowest stage's micro-batch (the pace of the steady state), the largest once-per-step
+    work (the stages run it at once after the flush), and the iteration at K = 1 (one
+    micro-batch through every stage and back, plus that work)."""
+    if isinstance(result, PipelinePlan):
+        rows = result.predicted.get("stages") or []
+        micro = [float(r["micro_batch_time_s"]) for r in rows]
+        once = [float(r["once_per_step_time_s"]) for r in rows]
+        return {
+            "iteration_time_s": result.iteration_time_s,
+            "micro_batch_time_s": max(micro, default=math.nan),
+            "once_per_step_s": max(once, default=math.nan),
+            "step_time_s": one_f_one_b_iteration(micro, once, 1) if micro else math.nan,
+        }
     return {
         "iteration_time_s": result.iteration_time_s,
         "micro_batch_time_s": result.micro_batch_time_s,
@@ -111,19 +142,41 @@ def iteration_fields(result: Plan) -> dict[str, float]:
     }
 
 
+def stage_fields(result: Plan | PipelinePlan) -> dict[str, Any]:
+    """The pipeline fields of a plan record and a job result (none for one stage, whose record
+    stays as it was): ``num_stages``, ``bubble_fraction`` and the predicted ``stages`` rows
+    (stage, blocks, first and last block, devices, mesh, time per micro-batch, receives,
+    once-per-step work, memory per device, stash, micro-batches in flight)."""
+    if not isinstance(result, PipelinePlan):
+        return {}
+    return {
+        "num_stages": result.num_stages,
+        "bubble_fraction": result.predicted.get("bubble_fraction"),
+        "stages": [dict(row) for row in result.predicted.get("stages") or []],
+    }
+
+
+def _first_stage(result: Plan | PipelinePlan) -> Plan:
+    """The plan whose mesh and ZeRO stage the record shows: a pipeline's first stage (every
+    stage runs on a mesh of that shape)."""
+    return result.stages[0] if isinstance(result, PipelinePlan) else result
+
+
 def plan_record(
     key: str,
     key_dict: dict[str, Any],
     request: PlanRequest,
-    result: Plan,
+    result: Plan | PipelinePlan,
     versions: dict[str, str],
 ) -> dict[str, Any]:
-    """What ``GET /v1/plans/{key}`` returns."""
+    """What ``GET /v1/plans/{key}`` returns; of a pipeline, ``mesh_shape`` is a stage's and
+    ``plan`` the ``autopar.pipeline/v1`` document (:func:`stage_fields` adds its stages)."""
     solver = dict(result.solver or {})
     solver.pop("stats", None)
     # the time this plan was solved with: a request allowing no more is answered by it
     # (requests.answers_within_gap)
     solver["time_limit_s"] = request.options.time_limit_s
+    first = _first_stage(result)
     return finite(
         {
             "key": key,
@@ -131,16 +184,31 @@ def plan_record(
             "graph": {"name": result.graph_name, "hash": result.graph_hash},
             "request": key_dict,
             "versions": versions,
-            "mesh_shape": list(result.mesh.shape),
-            "zero_stage": result.zero_stage,
+            "mesh_shape": list(first.mesh.shape),
+            "zero_stage": first.zero_stage,
             "memory_budget_bytes": request.memory_budget_bytes,
             **iteration_fields(result),
             "memory_per_device_bytes": result.memory_per_device_bytes,
+            **stage_fields(result),
             "solver": solver,
             "summary": result.summary(),
             "plan": result.to_dict(),
         }
     )
+
+
+def _plan_stages(request: PlanRequest, store: KeyValueStore, progress: ProgressFn) -> Plan | PipelinePlan:
+    """The plan of a request with ``options.stages`` != 1
+    (:func:`autopar_solver.planner.stage_search.plan_stages`), within its time limit: S > 1
+    stages on the stage mesh shape the client named (:class:`ServiceRequest`), or ``auto``,
+    whose one-stage candidate takes the request's own mesh shape."""
+    from autopar_solver.planner.stage_search import plan_stages
+
+    stages = request.options.stages
+    shape = stage_mesh_shape_of(request) if stages is not None else request.mesh_shape
+    whole = dataclasses.replace(request, mesh_shape=None)
+    deadline = Deadline(request.options.time_limit_s)
+    return plan_stages(whole, stages, deadline, store=store, progress=progress, stage_mesh_shape=shape)
 
 
 class _Throttle:
@@ -212,21 +280,25 @@ def run_job(
         )
     plans = PlanCache(store, settings.plan_ttl_s)
     hint: Plan | None = None
-    if payload.get("refresh"):
+    if payload.get("refresh") and request.options.stages == 1:
         cached = plans.get(job_id)
         if cached is not None:
             hint = Plan.from_dict(cached.data()["plan"])
     costs = PrefixedStore(store, "cost:", settings.cost_ttl_s, tolerant=True)
     t0 = time.perf_counter()
-    # refresh: solve again (from the solve memo's entry and the cached plan), not recall
-    result = plan(
-        request,
-        store=costs,
-        progress=_Throttle(report),
-        hint=hint,
-        resolve=bool(payload.get("refresh")),
-        remote_tables=remote_tables,
-    )
+    result: Plan | PipelinePlan
+    if request.options.stages != 1:
+        result = _plan_stages(request, costs, _Throttle(report))
+    else:
+        # refresh: solve again (from the solve memo's entry and the cached plan), not recall
+        result = plan(
+            request,
+            store=costs,
+            progress=_Throttle(report),
+            hint=hint,
+            resolve=bool(payload.get("refresh")),
+            remote_tables=remote_tables,
+        )
     wall = time.perf_counter() - t0
     record = plan_record(job_id, key_dict, request, result, versions)
     # a checkpoint before the plan is stored: an attempt superseded meanwhile stops here (RQ)
@@ -240,7 +312,8 @@ def run_job(
         {
             **iteration_fields(result),
             "memory_per_device_bytes": result.memory_per_device_bytes,
-            "mesh_shape": list(result.mesh.shape),
+            "mesh_shape": list(_first_stage(result).mesh.shape),
+            **({"num_stages": result.num_stages} if isinstance(result, PipelinePlan) else {}),
             "solver_status": solver.get("status"),
             "gap": solver.get("gap"),
             "objective": solver.get("objective"),

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from autopar.errors import AutoparError, PlanError
 from autopar.graph import Graph
+from autopar.pipeline import FORMAT as PIPELINE_FORMAT
 from autopar.plan import Plan, check_plan_graph
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
@@ -66,14 +67,17 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     graph = parse_graph(body.graph, service.settings)
     checkpoint()
     if body.plan is not None:
-        plan = _plan_of(body.plan)
+        data = body.plan
     elif body.plan_key is not None:
         record = service.plans.get(body.plan_key)
         if record is None:
             raise ApiError(404, "plan_not_found", f"no plan is cached under {body.plan_key}")
-        plan = _plan_of(record.data()["plan"])
+        data = record.data()["plan"]
     else:
         raise ApiError(422, "invalid_request", "give either `plan` or `plan_key`")
+    if isinstance(data, dict) and data.get("format") == PIPELINE_FORMAT:
+        return evaluate_pipeline_body(graph, data, body)
+    plan = _plan_of(data)
     check_plan_graph(graph, plan, "POST /v1/plans")
     check_plan_fits(graph, plan)
     # any plan at another iteration: K and checkpointing as asked, else the plan's own
@@ -89,6 +93,59 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     return result
 
 
+def evaluate_pipeline_body(graph: Graph, data: dict[str, Any], body: EvaluateBody) -> dict[str, Any]:
+    """An ``autopar.pipeline/v1`` plan re-checked on ``graph`` (:func:`autopar.pipeline.evaluate_pipeline`):
+    the 1F1B iteration, the bubble, the largest stage's memory and one row per stage, at the plan's
+    K and checkpointing or at the ones the body gives."""
+    from autopar.pipeline import PipelinePlan, evaluate_pipeline, priced
+
+    try:
+        plan = PipelinePlan.from_dict(data)
+    except AutoparError:
+        raise
+    except Exception as exc:
+        raise PlanError(
+            "bad_plan", f"malformed pipeline plan: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+    if plan.graph_hash and plan.graph_hash != graph.content_hash():
+        raise PlanError(
+            "plan_graph_mismatch",
+            f"the pipeline plan was made for graph {plan.graph_name!r} (content hash "
+            f"{plan.graph_hash[:12]}), not for this graph {graph.name!r} ({graph.content_hash()[:12]}); "
+            "give the graph the plan was made for, or plan this one: POST /v1/plans",
+            plan_graph_hash=plan.graph_hash,
+        )
+    plan.training = plan.training.repriced(body.micro_batches, body.checkpointing)
+    for stage in plan.stages:
+        stage.training = stage.training.repriced(body.micro_batches, body.checkpointing)
+    try:
+        ev = evaluate_pipeline(graph, plan)
+    except AutoparError:
+        raise
+    except Exception as exc:  # a plan that reads but does not fit the split or the rules
+        raise PlanError(
+            "plan_unusable", f"the pipeline plan cannot be evaluated: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+    predicted = priced(plan, ev).predicted
+    return finite(
+        {
+            "valid": ev.valid,
+            "errors": ev.errors,
+            "micro_batches": plan.training.micro_batches,
+            "checkpointing": plan.training.checkpointing,
+            "num_stages": len(ev.stages),
+            "iteration_time_s": ev.iteration_time_s,
+            "memory_per_device_bytes": ev.memory_per_device_bytes,
+            "bubble_fraction": predicted["bubble_fraction"],
+            "stages": predicted["stages"],
+            # the one-stage fields, not defined for a pipeline: present for the schema
+            "step_time_s": None,
+            "compute_time_s": None,
+            "comm_bytes_per_axis": {},
+        }
+    )
+
+
 @router.post(
     "/v1/evaluate",
     summary="Evaluate a plan",
@@ -99,6 +156,7 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
 )
 async def evaluate_plan(request: Request, service: ServiceDep, _auth: Auth, client: Client) -> Response:
     """Recompute validity, step time, iteration time, communication and memory of a plan on its
-    graph, at the plan's micro-batches and checkpointing or at the ones the body gives."""
+    graph, at the plan's micro-batches and checkpointing or at the ones the body gives; of an
+    `autopar.pipeline/v1` plan, the 1F1B iteration, bubble and one row per stage."""
     raw = await request.body()
     return JSONResponse(await in_thread_bounded(service, lambda: evaluate_body(service, raw), client))

@@ -38,6 +38,13 @@ def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any
     body = parse_json_model(
         SweepBody, raw, settings.max_json_depth, graph_object_budget(settings), settings.max_graph_item_bytes
     )
+    if body.options.stages not in (None, 1):
+        raise ApiError(
+            422,
+            "stages_not_supported",
+            f"a sweep plans one stage per point; options.stages {body.options.stages!r} is for "
+            "POST /v1/plans (one request per number of stages), or leave it out",
+        )
     checkpoint()
     graph = parse_graph(body.graph, settings)
     checkpoint()
