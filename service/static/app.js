@@ -118,8 +118,11 @@ function commonFields() {
 let progressAxes = false;
 const WAITING_TEXT = "the iteration time of the best plan and the proven bound appear here as the solver finds them";
 
-function progressChart() {
+// A pipeline's solver reports each stage's solve in turn (a stage's K micro-batches and its
+// once-per-step work, not the pipeline's iteration): the chart says so.
+function progressChart(stages) {
   progressAxes = false;
+  const staged = stages !== undefined && stages !== "1";
   Plotly.newPlot(
     "progress-chart",
     [
@@ -127,9 +130,12 @@ function progressChart() {
       { x: [], y: [], name: "bound", mode: "lines+markers", line: { shape: "hv", dash: "dot" } },
     ],
     {
-      title: { text: "Solver progress" },
+      title: { text: staged ? "Solver progress, stage by stage" : "Solver progress" },
       xaxis: { title: { text: "elapsed s" }, visible: false, rangemode: "tozero" },
-      yaxis: { title: { text: "modelled iteration time, ms" }, visible: false },
+      yaxis: {
+        title: { text: staged ? "a stage's modelled iteration, ms" : "modelled iteration time, ms" },
+        visible: false,
+      },
       showlegend: false,
       annotations: [{ text: WAITING_TEXT, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }],
       height: 300,
@@ -207,17 +213,63 @@ async function followJob(job) {
   return last;
 }
 
-// "iteration 246.00 ms (K = 8 micro-batches, checkpointing full)" of a plan record
+// "iteration 246.00 ms (K = 8 micro-batches, checkpointing full)" of a plan record; of a
+// pipeline "iteration 0.38 ms in 2 stages, bubble 40.4 % (K = 4 micro-batches, the slowest stage ...)"
 function iterationLine(record) {
   const plan = record.plan || {};
   const predicted = plan.predicted || {};
   const k = plan.micro_batches || 1;
   const micro = record.micro_batch_time_s ?? predicted.micro_batch_time_s;
-  return `iteration ${ms(record.iteration_time_s ?? predicted.iteration_time_s)} (K = ${k} ` +
-    `micro-batch${k === 1 ? "" : "es"} of ${ms(micro)} each, checkpointing ${plan.checkpointing || "off"})`;
+  const iteration = ms(record.iteration_time_s ?? predicted.iteration_time_s);
+  const batches = `K = ${k} micro-batch${k === 1 ? "" : "es"}`;
+  const checkpointing = `checkpointing ${plan.checkpointing || "off"}`;
+  if (record.num_stages) {
+    const bubble = record.bubble_fraction ?? predicted.bubble_fraction;
+    return `iteration ${iteration} in ${record.num_stages} stages, bubble ${percent(bubble)} ` +
+      `(${batches}, the slowest stage ${ms(micro)} per micro-batch, ${checkpointing})`;
+  }
+  return `iteration ${iteration} (${batches} of ${ms(micro)} each, ${checkpointing})`;
+}
+
+function percent(fraction) {
+  return fraction === null || fraction === undefined ? "n/a" : `${(100 * fraction).toFixed(1)} %`;
+}
+
+function escapeHtml(text) {
+  return String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+// The stages of a pipeline plan (record.stages): blocks, devices, mesh, time and memory per stage.
+function showStages(record) {
+  const rows = record.stages || (record.plan && record.plan.format === "autopar.pipeline/v1"
+    ? (record.plan.predicted || {}).stages : null);
+  const headline = $("pipeline-headline");
+  const table = $("stages-table");
+  if (!rows || !rows.length) {
+    headline.hidden = true;
+    table.hidden = true;
+    table.innerHTML = "";
+    return;
+  }
+  headline.textContent = `${rows.length} pipeline stages (1F1B): ` +
+    `iteration ${ms(record.iteration_time_s)}, bubble ${percent(record.bubble_fraction)}, ` +
+    `${size(record.memory_per_device_bytes)} per device on the largest stage`;
+  headline.hidden = false;
+  const body = rows.map((r) => {
+    const blocks = r.first_block === r.last_block ? r.first_block : `${r.first_block}–${r.last_block}`;
+    return `<tr><td>${r.stage}</td><td class="blocks">${r.blocks}: <code>${escapeHtml(blocks)}</code></td>` +
+      `<td>${r.devices}</td><td>[${(r.mesh_shape || []).join(", ")}]</td>` +
+      `<td>${ms(r.micro_batch_time_s)}</td><td>${ms(r.receive_time_s)}</td>` +
+      `<td>${size(r.memory_per_device_bytes)}</td><td>${r.in_flight}</td></tr>`;
+  });
+  table.innerHTML = "<tr><th>stage</th><th>blocks</th><th>devices</th><th>mesh</th>" +
+    "<th>ms / micro-batch</th><th>receives</th><th>memory / device</th>" +
+    "<th>micro-batches in flight</th></tr>" + body.join("");
+  table.hidden = false;
 }
 
 function showRecord(record) {
+  showStages(record);
   $("summary").textContent = `${iterationLine(record)}\n${record.summary || ""}\nplan ${record.key}`;
   const link = `/v1/plans/${record.key}/report?compare=megatron&compare=inferred`;
   $("report-tab").href = link;
@@ -230,7 +282,8 @@ async function submitPlan(ev) {
   $("plan-button").disabled = true;
   $("report-links").hidden = true;
   $("summary").textContent = "";
-  progressChart();
+  showStages({});
+  progressChart($("stages").value);
   try {
     const body = Object.assign(commonFields(), {
       graph: await graphJson(),
@@ -238,6 +291,8 @@ async function submitPlan(ev) {
       memory_budget_bytes: parseBudget($("budget").value),
       zero_stage: parseInt($("zero").value, 10),
     });
+    const stages = $("stages").value;
+    if (stages !== "1") body.options.stages = stages === "auto" ? "auto" : parseInt(stages, 10);
     setStatus("submitting...");
     const { status, data } = await api("POST", "/v1/plans", body);
     if (status === 200) {
