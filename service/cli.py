@@ -5,7 +5,7 @@
     autopar serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--workers N]
     autopar worker --redis-url URL [--name NAME] [--burst]
     autopar submit GRAPH --server URL [--cluster 2x4] [--mesh-shape 4,2] [--memory 30GiB]
-                   [--zero 2] [--time-limit 30] [--micro-batches K] [--checkpointing off]
+                   [--zero 2] [--time-limit 30] [--micro-batches K] [--checkpointing off] [--stages N|auto]
                    [--wait] [--out plan.json]
     autopar submit mt5-base --serve --wait --out plan.json     # one-shot local server
 
@@ -209,6 +209,9 @@ def submit(args: argparse.Namespace) -> int:
         options["micro_batches"] = training.micro_batches
     if args.checkpointing is not None:
         options["checkpointing"] = training.checkpointing
+    if args.stages is not None:  # a bad value is one line here, before any request
+        stages = _parse_stages(args.stages)
+        options["stages"] = "auto" if stages is None else stages
     request = {
         "cluster": args.cluster,
         "preset": args.preset or "a100-40g",
@@ -223,6 +226,17 @@ def submit(args: argparse.Namespace) -> int:
     if not args.server:
         raise ConfigError("bad_args", "give --server URL (or --serve to start a local server)")
     return _submit_to(args.server, graph, request, args)
+
+
+def _parse_stages(text: str) -> int | None:
+    """``--stages``: a positive integer, or ``auto`` (None), as ``autopar plan --stages`` reads
+    it (here without the solver: ``submit`` runs with the core alone)."""
+    t = text.strip().lower()
+    if t == "auto":
+        return None
+    if not t.isdigit() or int(t) < 1:
+        raise ConfigError("bad_stages", f"--stages must be a positive integer or auto, got {text!r}")
+    return int(t)
 
 
 def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.Namespace) -> int:
@@ -303,6 +317,13 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
         "--gap", type=float, default=None, help="relative gap to stop at (default: the server's, 0.01)"
     )
     s.add_argument("--seed", type=int, default=None, help="CP-SAT seed (default: the server's, 0)")
+    s.add_argument(
+        "--stages",
+        default=None,
+        metavar="N|auto",
+        help="pipeline stages, sent as options.stages (as autopar plan --stages; --mesh-shape is then "
+        "each stage's mesh; default 1: one stage); the plan written is then autopar.pipeline/v1",
+    )
     s.add_argument("--refresh", action="store_true", help="solve again even if cached")
     s.add_argument("--wait", action="store_true", help="follow the job and write the plan")
     s.add_argument(
@@ -342,7 +363,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     from autopar.baselines import BASELINES
 
     p.add_argument("graph", help="graph JSON file or bundled model name (e.g. mt5-base)")
-    p.add_argument("plan", help="autopar.plan/v1 JSON file")
+    p.add_argument("plan", help="autopar.plan/v1 or autopar.pipeline/v1 JSON file")
     p.add_argument(
         "--compare",
         nargs="+",

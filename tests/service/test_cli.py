@@ -46,6 +46,7 @@ def test_cli_surface() -> None:
                 "checkpointing",
                 "gap",
                 "seed",
+                "stages",
                 "refresh",
                 "wait",
                 "timeout",

@@ -209,3 +209,38 @@ def test_the_openapi_schema_describes_stages(client: httpx.Client) -> None:
     record = schema["PlanRecordView"]["properties"]
     assert {"num_stages", "bubble_fraction", "stages"} <= set(record)
     assert "in_flight" in schema["StageRow"]["properties"]
+
+
+def test_auto_stages_plans_and_records_the_stage_search(
+    client: httpx.Client, tiny_graph: dict[str, Any]
+) -> None:
+    body = {**_body(tiny_graph, stages="auto", time_limit_s=20), "mesh_shape": None}
+    r = client.post("/v1/plans", params={"wait": 240}, json=body)
+    assert r.status_code == 200, r.text
+    record = r.json()
+    assert record["request"]["options"]["stages"] == "auto"
+    plan = record["plan"]
+    rows = plan["diagnostics"]["stage_search"]  # every number of stages tried, with its figures
+    assert [row["stages"] for row in rows] == [1, 2]
+    best = min((row for row in rows if "iteration_time_s" in row), key=lambda row: row["iteration_time_s"])
+    assert record["iteration_time_s"] == pytest.approx(best["iteration_time_s"])
+    if best["stages"] == 1:
+        assert plan["format"] == "autopar.plan/v1" and "num_stages" not in record
+    else:
+        assert plan["format"] == "autopar.pipeline/v1" and record["num_stages"] == best["stages"]
+
+
+@pytest.mark.parametrize(("text", "sent"), [("2", 2), ("auto", None), (" AUTO ", None)])
+def test_submit_reads_stages_as_plan_does(text: str, sent: int | None) -> None:
+    from autopar_service.cli import _parse_stages
+
+    assert _parse_stages(text) == sent
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "two", "2.5", ""])
+def test_submit_refuses_a_bad_stages_value(text: str) -> None:
+    from autopar_service.cli import _parse_stages
+
+    with pytest.raises(ConfigError) as caught:
+        _parse_stages(text)
+    assert caught.value.code == "bad_stages"
