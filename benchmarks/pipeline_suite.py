@@ -9,7 +9,8 @@ Rows (seq 2048, vocabulary 51200, ``a100-80g``, 80 GiB per device, every block r
   per data-parallel rank, measured 138 TFLOP/s per GPU: a 14.45 s iteration by its eq. 3);
 * ``13b``: GPT-3 13B (40 x 5120, 40 heads; Brown et al. 2020) on 16x8, global batch 512 as 8
   micro-batches of 64;
-* ``175b``: GPT-3 175B (96 x 12288, 96 heads) on 128x8, global batch 1536 as 24 of 64.
+* ``175b``: GPT-3 175B (96 x 12288, 96 heads) on 128x8, global batch 1536 as 24 of 64;
+* ``40l``: issue 33's 40 layers x 6144 (48 heads) on 32x8, 8 micro-batches of 128.
 
 Per row:
 
@@ -53,10 +54,12 @@ class Row:
     cluster: str
     micro_batches: int
     measured_s: float | None = None
+    batch: int = MICRO_BATCH
+    """Sequences per micro-batch (over the whole mesh)."""
     """Megatron-LM's measured iteration at its published configuration, when there is one."""
 
     def model_flops(self) -> float:
-        h, lay, b = self.hidden, self.layers, MICRO_BATCH * self.micro_batches
+        h, lay, b = self.hidden, self.layers, self.batch * self.micro_batches
         return 72 * b * SEQ * lay * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * lay * h))
 
     def tflops(self, iteration_s: float) -> float:
@@ -75,6 +78,7 @@ ROWS = {
     "39b": Row("39.1B", 48, 8192, 64, "64x8", 24, _measured_39b()),
     "13b": Row("GPT-3 13B", 40, 5120, 40, "16x8", 8),
     "175b": Row("GPT-3 175B", 96, 12288, 96, "128x8", 24),
+    "40l": Row("issue 33's 18.4B", 40, 6144, 48, "32x8", 8, batch=128),
 }
 
 
@@ -85,7 +89,7 @@ def _graph(bin_dir: Path, row: Row, work: Path) -> Path:
             [
                 str(bin_dir / "autopar"), "model", "gpt-1.3b", "--layers", str(row.layers),
                 "--hidden", str(row.hidden), "--heads", str(row.heads), "--ffn", str(4 * row.hidden),
-                "--vocab", str(VOCAB), "--seq", str(SEQ), "--batch", str(MICRO_BATCH), "--out", str(graph),
+                "--vocab", str(VOCAB), "--seq", str(SEQ), "--batch", str(row.batch), "--out", str(graph),
             ],
             check=True,
             capture_output=True,
