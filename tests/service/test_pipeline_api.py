@@ -244,3 +244,24 @@ def test_submit_refuses_a_bad_stages_value(text: str) -> None:
     with pytest.raises(ConfigError) as caught:
         _parse_stages(text)
     assert caught.value.code == "bad_stages"
+
+
+@pytest.mark.redis
+def test_an_rq_worker_plans_stages(redis_server: Any, tmp_path: Any, tiny_graph: dict[str, Any]) -> None:
+    """The same request through Redis and an ``autopar worker`` process: the payload carries the
+    stage mesh, the worker's key matches the API's, the record is the pipeline's."""
+    import redis
+
+    from tests.service.helpers import WorkerProcess
+
+    redis.Redis.from_url(redis_server.url).flushall()
+    worker = WorkerProcess(redis_server.url, "pipeline-worker")
+    try:
+        with live_server(make_settings(tmp_path, redis_url=redis_server.url)) as s:
+            r = httpx.post(f"{s.url}/v1/plans", params={"wait": 240}, json=_body(tiny_graph), timeout=300)
+        assert r.status_code == 200, r.text
+        record = r.json()
+    finally:
+        worker.stop()
+    assert record["num_stages"] == 2 and record["plan"]["format"] == "autopar.pipeline/v1"
+    assert [row["in_flight"] for row in record["stages"]] == [2, 1]
