@@ -232,7 +232,7 @@ class PipelinePlan:
         ]
         for row in p.get("stages", []):
             lines.append(
-                f"  stage {row['stage']}: {row['blocks']} blocks on {row['devices']} devices "
+                f"  stage {row['stage']}: {row['blocks']} block(s) on {row['devices']} devices "
                 f"mesh {row['mesh_shape']}, {row['micro_batch_time_s'] * 1e3:.2f} ms per micro-batch "
                 f"(receives {row['receive_time_s'] * 1e3:.2f} ms), "
                 f"{format_bytes(row['memory_per_device_bytes'])} ({row['in_flight']} in flight)"

@@ -32,6 +32,7 @@ from autopar.cluster import Cluster
 from autopar.errors import ConfigError, InfeasibleError, TimeLimitError, VerificationError
 from autopar.iteration import layer_of
 from autopar.pipeline import (
+    PipelineEvaluation,
     PipelinePlan,
     evaluate_pipeline,
     priced,
@@ -113,86 +114,120 @@ def solve_pipeline(
     """The pipeline plan of ``request`` in ``stages`` stages, planned within ``deadline``
     (module docstring); raises :class:`TimeLimitError` when a stage finds no plan in time and
     :class:`~autopar.errors.InfeasibleError` when a stage cannot fit the budget."""
-    from autopar_solver.planner import plan  # the intra-stage planner
-
     t0 = time.perf_counter()
-    graph = request.graph
-    counts = balanced_counts(len(ordered_blocks(graph)), stages)
-    slices = split_graph(graph, counts, stage_link(request.cluster, stages).crosses_nodes)
-    sub = stage_cluster(request.cluster, stages)
-    budget = request.memory_budget_bytes
-    budgets: list[float | None] = [budget] * stages
-    # cost-table entries of identical layers are built once for every stage
-    memo: KeyValueStore = store if store is not None else MemoryStore()
-    blocks = ordered_blocks(graph)
-    shape = stage_mesh_shape or default_stage_shape(sub)
-    plans: list[Plan | None] = [None] * stages
-    bounds: list[float] = [0.0] * stages
+    run = _PipelineSolve(request, stages, store, progress, stage_mesh_shape)
     todo = list(range(stages))
-    rounds = 0
     while True:
-        # the first round keeps a quarter of the time for a memory round
-        reserve = MEMORY_RESERVE if rounds == 0 and budget is not None else 0.0
-        # and the re-check of the whole pipeline after the round
-        this_round = Deadline((deadline.left() - VERIFY_S_PER_OP * len(graph.ops)) * (1 - reserve))
-        for n, s in enumerate(todo):
-            share = this_round.left() / (len(todo) - n)
-            if share <= 0.5:
-                raise TimeLimitError(
-                    "time_limit", f"no time left to plan stage {s} of {stages}", phase="pipeline"
-                )
-            req = _stage_request(request, slices[s].graph, sub, shape, budgets[s], share)
-            hint = plans[s] if plans[s] is not None else _renamed_hint(plans, slices, s, blocks)
-            p = plan(req, store=memo, progress=progress, hint=hint)
-            plans[s] = p
-            if rounds == 0 and p.solver is not None:
-                b = p.solver.get("bound")
-                bounds[s] = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
-        done = [p for p in plans if p is not None]
-        pp = PipelinePlan(
-            graph.name,
-            graph.content_hash(),
-            request.cluster,
-            counts,
-            done,
-            _training(done),
-            memory_budget_bytes=budget,
-        )
-        ev = evaluate_pipeline(graph, pp)
-        over = [c for c in ev.stages if budget is not None and c.memory_bytes > budget]
-        rounds += 1
-        if not over:
+        run.plan_round(todo, deadline)
+        pp = run.pipeline()
+        ev = evaluate_pipeline(request.graph, pp)
+        todo = run.over_budget(ev)
+        if not todo:
             break
-        if rounds > MEMORY_ROUNDS:
-            worst = max(over, key=lambda c: c.memory_bytes)
-            raise InfeasibleError(
-                "pipeline_memory",
-                f"stage {worst.stage} of {stages} needs {format_bytes(worst.memory_bytes)} per device with "
-                f"its {worst.in_flight} micro-batches in flight, over the budget "
-                f"{format_bytes(budget)} after {MEMORY_ROUNDS} re-plans; use more stages, fewer "
-                "micro-batches, checkpointing, or a larger budget",
-            )
-        for c in over:
-            prev = budgets[c.stage]
-            assert prev is not None and budget is not None
-            # the overshoot, and a margin: the re-plan's stash may grow as its layout changes
-            budgets[c.stage] = prev - (c.memory_bytes - budget) * 1.1 - 0.01 * budget
-        todo = [c.stage for c in over]
-    errors = list(ev.errors)
-    if errors:
-        raise VerificationError("pipeline_unverified", f"{stages}-stage plan does not verify: {errors[0]}")
+    if ev.errors:
+        raise VerificationError("pipeline_unverified", f"{stages}-stage plan does not verify: {ev.errors[0]}")
     pp = priced(pp, ev)
-    bound = max(bounds)
+    bound = max(run.bounds)
     pp.solver = {
         "objective": ev.iteration_time_s,
         "bound": bound,
         "gap": (ev.iteration_time_s - bound) / ev.iteration_time_s if ev.iteration_time_s > 0 else 0.0,
         "bound_note": "largest stage bound (K x micro-batch + once per step); the gap includes the bubble",
         "stages": stages,
-        "memory_rounds": rounds,
+        "memory_rounds": run.rounds,
         "wall_s": time.perf_counter() - t0,
     }
     return pp
+
+
+class _PipelineSolve:
+    """The stages of one pipeline, planned round by round (a round re-plans the stages over
+    the budget under a smaller one)."""
+
+    def __init__(
+        self,
+        request: PlanRequest,
+        stages: int,
+        store: KeyValueStore | None,
+        progress: ProgressFn | None,
+        stage_mesh_shape: tuple[int, ...] | None,
+    ) -> None:
+        self.request, self.stages, self.progress = request, stages, progress
+        graph = request.graph
+        self.blocks = ordered_blocks(graph)
+        self.counts = balanced_counts(len(self.blocks), stages)
+        self.slices = split_graph(graph, self.counts, stage_link(request.cluster, stages).crosses_nodes)
+        self.sub = stage_cluster(request.cluster, stages)
+        self.shape = stage_mesh_shape or default_stage_shape(self.sub)
+        self.budget = request.memory_budget_bytes
+        self.budgets: list[float | None] = [self.budget] * stages
+        # cost-table entries of identical layers are built once for every stage
+        self.memo: KeyValueStore = store if store is not None else MemoryStore()
+        self.plans: list[Plan | None] = [None] * stages
+        self.bounds: list[float] = [0.0] * stages
+        self.rounds = 0
+
+    def plan_round(self, todo: list[int], deadline: Deadline) -> None:
+        """Plan the stages ``todo``, sharing the time of this round equally."""
+        from autopar_solver.planner import plan  # the intra-stage planner
+
+        # the first round keeps a quarter of the time for a memory round, and every round
+        # the re-check of the whole pipeline after it
+        reserve = MEMORY_RESERVE if self.rounds == 0 and self.budget is not None else 0.0
+        verify = VERIFY_S_PER_OP * len(self.request.graph.ops)
+        this_round = Deadline((deadline.left() - verify) * (1 - reserve))
+        for n, s in enumerate(todo):
+            share = this_round.left() / (len(todo) - n)
+            if share <= 0.5:
+                raise TimeLimitError(
+                    "time_limit", f"no time left to plan stage {s} of {self.stages}", phase="pipeline"
+                )
+            req = _stage_request(
+                self.request, self.slices[s].graph, self.sub, self.shape, self.budgets[s], share
+            )
+            hint = self.plans[s] or _renamed_hint(self.plans, self.slices, s, self.blocks)
+            p = plan(req, store=self.memo, progress=self.progress, hint=hint)
+            self.plans[s] = p
+            if self.rounds == 0 and p.solver is not None:
+                b = p.solver.get("bound")
+                self.bounds[s] = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
+        self.rounds += 1
+
+    def pipeline(self) -> PipelinePlan:
+        done = [p for p in self.plans if p is not None]
+        graph = self.request.graph
+        return PipelinePlan(
+            graph.name,
+            graph.content_hash(),
+            self.request.cluster,
+            self.counts,
+            done,
+            _training(done),
+            memory_budget_bytes=self.budget,
+        )
+
+    def over_budget(self, ev: PipelineEvaluation) -> list[int]:
+        """The stages over the budget with their micro-batches in flight, each given a smaller
+        budget for the next round; :class:`InfeasibleError` after :data:`MEMORY_ROUNDS` re-plans."""
+        budget = self.budget
+        over = [c for c in ev.stages if budget is not None and c.memory_bytes > budget]
+        if not over or budget is None:
+            return []
+        if self.rounds > MEMORY_ROUNDS:
+            worst = max(over, key=lambda c: c.memory_bytes)
+            raise InfeasibleError(
+                "pipeline_memory",
+                f"stage {worst.stage} of {self.stages} needs {format_bytes(worst.memory_bytes)} per device "
+                f"with its {worst.in_flight} micro-batches in flight, over the budget "
+                f"{format_bytes(budget)} after {MEMORY_ROUNDS} re-plans; use more stages, fewer "
+                "micro-batches, checkpointing, or a larger budget",
+            )
+        for c in over:
+            prev = self.budgets[c.stage]
+            assert prev is not None
+            # the overshoot, and a margin: the re-plan's stash may grow as its layout changes
+            self.budgets[c.stage] = prev - (c.memory_bytes - budget) * 1.1 - 0.01 * budget
+        return [c.stage for c in over]
 
 
 def _renamed_hint(
