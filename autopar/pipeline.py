@@ -28,8 +28,8 @@ from autopar.costs import stage_boundary_link
 from autopar.errors import ConfigError, PlanError
 from autopar.evaluate import Evaluation, evaluate
 from autopar.graph import DTYPE_BYTES, Graph, Role
-from autopar.iteration import TrainingConfig, variable_memory_bytes
-from autopar.memory import graph_state_bytes
+from autopar.iteration import TrainingConfig, activation_spans, variable_memory_bytes
+from autopar.memory import graph_state_bytes, shard_bytes
 from autopar.pipeline_split import RECV_SUFFIX, StageSlice, split_graph, stage_devices
 from autopar.plan import Plan, format_bytes
 from autopar.runtime import runtime_profile
@@ -49,6 +49,7 @@ __all__ = [
     "stage_cluster",
     "stage_link",
     "stage_memory_bytes",
+    "stash_bytes",
 ]
 
 FORMAT = "autopar.pipeline/v1"
@@ -88,8 +89,8 @@ def stage_memory_bytes(
 
     ``peak``: the stage's peak with one micro-batch (model states, one micro-batch's live
     activations, boxed copies; :func:`autopar.evaluate.evaluate`); ``stash``: the
-    activations one micro-batch keeps from its forward to its backward (live where the
-    stage's forward ends, with per-block checkpointing only the blocks' inputs);
+    activations one micro-batch keeps from its forward to its backward
+    (:func:`stash_bytes`: with per-block checkpointing only the blocks' inputs);
     ``m``: micro-batches in flight (:func:`in_flight_micro_batches`); ``extra``: the model
     states of a copied parameter beyond the copy's own parameter bytes (the tied word
     embedding's gradient and optimizer states on the last stage)."""
@@ -310,13 +311,26 @@ class PipelineEvaluation:
         }
 
 
-def _stash_bytes(graph: Graph, ev: Evaluation) -> float:
-    """Activation bytes live where the stage's forward ends (what each micro-batch in flight
-    keeps until its backward): the evaluator's activation profile at the last forward op."""
+def stash_bytes(graph: Graph, plan: Plan) -> float:
+    """Bytes per device one micro-batch keeps from the end of the stage's forward to its
+    backward: every activation a forward op produced that is live past the last forward op
+    (:func:`autopar.iteration.activation_spans`: with checkpointing, a recomputed block keeps
+    only its inputs), at the plan's layout (:func:`autopar.memory.shard_bytes`).  The
+    parameters' working copies are shared by the micro-batches: not stashed."""
     order = graph.topological_order
     last_forward = max((i for i, op in enumerate(order) if op.role is Role.FORWARD), default=0)
-    profile = ev.activation_profile
-    return float(profile[last_forward]) if profile else 0.0
+    total = 0.0
+    for tname, start, end in activation_spans(graph, plan.training, working_copy_is_state=True):
+        if not start <= last_forward < end:
+            continue
+        pname, port = graph.producer[tname]
+        if graph.op_by_name[pname].role is not Role.FORWARD:
+            continue
+        spec = graph.tensors[tname]
+        total += shard_bytes(
+            spec.shape, DTYPE_BYTES[spec.dtype], plan.output_sbp(pname, port), plan.mesh.shape
+        )
+    return total
 
 
 def _copy_extra_bytes(graph: Graph, sl: StageSlice, plan: Plan) -> float:
@@ -401,7 +415,7 @@ def evaluate_pipeline(graph: Graph, plan: PipelinePlan, *, group_boxing: bool = 
             errors.append(f"stage {sl.index}: its plan is for another graph than the split gives")
         ev = evaluate(sl.graph, sp, group_boxing=group_boxing, training=sp.training)
         errors.extend(f"stage {sl.index}: {e}" for e in ev.errors)
-        stash = _stash_bytes(sl.graph, ev)
+        stash = stash_bytes(sl.graph, sp)
         extra = _copy_extra_bytes(graph, sl, sp)
         m = in_flight_micro_batches(sl.index, len(slices), k)
         mem = stage_memory_bytes(ev.memory.total, stash, m, extra)

@@ -271,7 +271,18 @@ def _stage_graph(
         )
         for b in receives
     ]
-    all_ops = recv_ops + ops
+    # each receive just before its first reader: a gradient received from the next stage
+    # arrives when the stage's backward reaches it (the topological order keeps list order),
+    # not at the start of the step (where it would be live through the forward, and would
+    # start its block's backward before the forward ends)
+    first_reader: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs.values():
+            first_reader.setdefault(t, i)
+    before: dict[int, list[Op]] = {}
+    for r in recv_ops:
+        before.setdefault(first_reader.get(r.outputs["out"], len(ops)), []).append(r)
+    all_ops = [x for i, op in enumerate(ops) for x in (*before.get(i, []), op)] + before.get(len(ops), [])
     tensors = {t for op in all_ops for t in (*op.inputs.values(), *op.outputs.values())}
     variables = []
     for v in graph.variables:

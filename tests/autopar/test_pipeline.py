@@ -145,3 +145,21 @@ def test_the_command_line_prices_megatron_ptd_p_and_re_checks_it_at_another_k(tm
     assert again["errors"] == []
     assert again["iteration_time_s"] == pytest.approx(evaluate_pipeline(graph, staged).iteration_time_s)
     assert again["iteration_time_s"] > written.iteration_time_s  # 8 micro-batches, not 4
+
+
+def test_a_checkpointed_middle_stage_stashes_its_block_input_per_micro_batch():
+    """With every block recomputed, a micro-batch in flight on a middle stage keeps what its
+    block reads from outside: the stage's input [b, s, h] and the attention mask (Chen et al.
+    2016; Narayanan et al. 2021 sec. 3.5: one input activation per stage per micro-batch)."""
+    graph = build("tiny-gpt", layers=4)
+    cluster = Cluster.parse("4x2")
+    plan = pipeline_baseline(
+        graph, cluster, parse_config("megatron", "tp=2,dp=1,pp=4", cluster), TrainingConfig(8, "full")
+    )
+    ev = evaluate_pipeline(graph, plan)
+    cfg = graph.meta["config"]
+    block_input = cfg["batch"] * cfg["seq"] * cfg["hidden"] * DTYPE_BYTES["float16"]  # dp = 1: whole
+    mask = graph.tensors["attention_bias/out"].nbytes
+    for middle in ev.stages[1:3]:
+        assert middle.stash_bytes == block_input + mask
+    assert [s.in_flight for s in ev.stages] == [4, 3, 2, 1]
