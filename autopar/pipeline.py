@@ -32,7 +32,7 @@ from autopar.iteration import TrainingConfig, activation_spans, variable_memory_
 from autopar.memory import graph_state_bytes, shard_bytes
 from autopar.pipeline_split import RECV_SUFFIX, StageSlice, split_graph, stage_devices
 from autopar.plan import Plan, format_bytes
-from autopar.runtime import runtime_profile
+from autopar.runtime import Lowering, runtime_profile
 from autopar.sbp import NdSbp
 
 __all__ = [
@@ -255,11 +255,13 @@ class StageCost:
     extra_bytes: float
     in_flight: int
     memory_bytes: float
+    tied_time_s: float = 0.0
+    """Seconds per micro-batch moving a tied parameter or its gradient (``oneflow-0.9``)."""
 
     @property
     def micro_batch_time_s(self) -> float:
         """The stage's time per micro-batch: forward, recompute, backward, receives."""
-        return self.evaluation.micro_batch_time_s
+        return self.evaluation.micro_batch_time_s + self.tied_time_s
 
     @property
     def once_per_step_s(self) -> float:
@@ -369,33 +371,55 @@ def _received_layout(plan: Plan, tensor: str) -> NdSbp:
     return plan.output_sbp(f"{tensor}{RECV_SUFFIX}", "out")
 
 
+@dataclass
+class _BoundaryCosts:
+    receives: list[float]
+    """Seconds per micro-batch each stage spends receiving (already in its own micro-batch)."""
+    once: list[float]
+    """Seconds once per step."""
+    tied: list[float]
+    """Seconds per micro-batch of a tied parameter moved between stages (``oneflow-0.9``)."""
+
+
+TIED_TRANSFERS_PER_MICRO_BATCH = {"to_copy": 2, "to_owner": 1}
+"""Under ``oneflow-0.9`` a tied parameter's stages exchange it every micro-batch: counted on
+the compiled 2-stage tiny GPT (tests/oneflow/test_pipeline_apply.py: OneFlow 0.9 moves the
+word embedding's 128 KiB piece twice into the head's stage and its gradient once back,
+every micro-batch; LiBai moves it with ``to_stage``)."""
+
+
 def _boundary_costs(
     graph: Graph, slices: list[StageSlice], stages: list[Plan], link: AxisLink
-) -> tuple[list[float], list[float]]:
-    """(seconds per micro-batch each stage spends receiving, seconds once per step) of the
-    boundaries.  A per-micro-batch receive is already in the stage's own micro-batch (its
-    ``pipeline_recv`` op's time, :func:`autopar.costs.receive_time`): the first list only
-    reports it.  A once-per-step tensor (clipping's norms) costs its receiver one
-    :func:`boundary_time` per step; a tied parameter's gradient an all-reduce of the two
-    copies' gradients once per step on both stages (Megatron-LM's
-    ``_allreduce_word_embedding_grads``)."""
-    receives = [0.0] * len(slices)
-    once = [0.0] * len(slices)
+) -> _BoundaryCosts:
+    """The boundaries' time.  A per-micro-batch receive is already in the stage's own
+    micro-batch (its ``pipeline_recv`` op's time, :func:`autopar.costs.receive_time`): it is
+    only reported.  A once-per-step tensor (clipping's norms) costs its receiver one
+    :func:`boundary_time` per step.  A tied parameter's gradient: as the runtime runs it,
+    an all-reduce of the two copies' gradients once per step on both stages (Megatron-LM's
+    ``_allreduce_word_embedding_grads``; runtimes ``megatron-lm`` and ``ideal``), or under
+    ``oneflow-0.9`` the parameter sent to the reading stage and its gradient back every
+    micro-batch (:data:`TIED_TRANSFERS_PER_MICRO_BATCH`)."""
+    n = len(slices)
+    out = _BoundaryCosts([0.0] * n, [0.0] * n, [0.0] * n)
     for sl in slices:
         for b in sl.receives:
             spec = graph.tensors[b.tensor]
             dst_plan = stages[b.dst]
             got = _received_layout(dst_plan, b.tensor)
             nbytes = boundary_bytes_per_device(spec.numel, spec.dtype, got, dst_plan.mesh.shape)
-            if b.tied_gradient:
+            if b.tied_gradient and runtime_profile(dst_plan.runtime).lowering is Lowering.ONEFLOW_0_9:
+                send = boundary_time(nbytes, link)  # the owner's stage receives the gradient
+                out.tied[b.dst] += TIED_TRANSFERS_PER_MICRO_BATCH["to_owner"] * send
+                out.tied[b.src] += TIED_TRANSFERS_PER_MICRO_BATCH["to_copy"] * send
+            elif b.tied_gradient:
                 t = all_reduce_time(2 * nbytes, link)  # T = both copies' bytes on a 2-device ring
-                once[b.src] += t
-                once[b.dst] += t
+                out.once[b.src] += t
+                out.once[b.dst] += t
             elif b.per == "step":
-                once[b.dst] += boundary_time(nbytes, link)
+                out.once[b.dst] += boundary_time(nbytes, link)
             else:
-                receives[b.dst] += boundary_time(nbytes, link)
-    return receives, once
+                out.receives[b.dst] += boundary_time(nbytes, link)
+    return out
 
 
 def evaluate_pipeline(graph: Graph, plan: PipelinePlan, *, group_boxing: bool = False) -> PipelineEvaluation:
@@ -407,7 +431,7 @@ def evaluate_pipeline(graph: Graph, plan: PipelinePlan, *, group_boxing: bool = 
     if len(slices) != len(plan.stages):
         raise PlanError("bad_plan", f"{len(plan.stages)} stage plans for {len(slices)} stages")
     errors: list[str] = []
-    receives, once = _boundary_costs(graph, slices, plan.stages, link)
+    bc = _boundary_costs(graph, slices, plan.stages, link)
     k = plan.training.micro_batches
     costs = []
     for sl, sp in zip(slices, plan.stages):
@@ -420,7 +444,18 @@ def evaluate_pipeline(graph: Graph, plan: PipelinePlan, *, group_boxing: bool = 
         m = in_flight_micro_batches(sl.index, len(slices), k)
         mem = stage_memory_bytes(ev.memory.total, stash, m, extra)
         costs.append(
-            StageCost(sl.index, sl.blocks, ev, receives[sl.index], once[sl.index], stash, extra, m, mem)
+            StageCost(
+                sl.index,
+                sl.blocks,
+                ev,
+                bc.receives[sl.index],
+                bc.once[sl.index],
+                stash,
+                extra,
+                m,
+                mem,
+                bc.tied[sl.index],
+            )
         )
     iteration = one_f_one_b_iteration(
         [c.micro_batch_time_s for c in costs], [c.once_per_step_s for c in costs], k
