@@ -408,8 +408,9 @@ def _boundary_costs(
             got = _received_layout(dst_plan, b.tensor)
             nbytes = boundary_bytes_per_device(spec.numel, spec.dtype, got, dst_plan.mesh.shape)
             if b.tied_gradient and runtime_profile(dst_plan.runtime).lowering is Lowering.ONEFLOW_0_9:
-                send = boundary_time(nbytes, link)  # the owner's stage receives the gradient
-                out.tied[b.dst] += TIED_TRANSFERS_PER_MICRO_BATCH["to_owner"] * send
+                # the owner's receive of the gradient is its recv op's time (in its evaluation,
+                # so its solver sees it); the parameter's trips into the copy's stage are here
+                send = boundary_time(nbytes, link)
                 out.tied[b.src] += TIED_TRANSFERS_PER_MICRO_BATCH["to_copy"] * send
             elif b.tied_gradient:
                 t = all_reduce_time(2 * nbytes, link)  # T = both copies' bytes on a 2-device ring

@@ -266,7 +266,7 @@ def _stage_graph(
             RECV_TYPE,
             {},
             {"out": b.tensor},
-            {"per": b.per, "crosses_nodes": crosses_nodes},
+            {"per": b.per, "crosses_nodes": crosses_nodes, **({"tied": True} if b.tied_gradient else {})},
             graph.op_by_name[graph.producer[b.tensor][0]].role,
         )
         for b in receives
