@@ -127,7 +127,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_lazy_imports() -> None:
     graph = import_graph()
     assert "autopar.graph" in graph["autopar.cli_args"]  # imported inside a function
-    assert "autopar_solver.planner" in graph["autopar_solver.cli"]  # likewise
+    assert any(t.startswith("autopar_solver.planner") for t in graph["autopar_solver.cli"])  # likewise
     assert "autopar.rules.families" in graph["autopar.rules"]
     assert "autopar.models.config" not in graph["autopar.models.layers"]  # under TYPE_CHECKING only
     assert {"autopar.cli", "autopar_solver.cli", "autopar_service.cli", "autopar_cache.codec"} <= set(graph)
