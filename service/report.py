@@ -760,21 +760,8 @@ def build_pipeline_report(
         PlanView.of(f"stage {sl.index}", sl.graph, sp, memo)
         for sl, sp in zip(slices, plan.stages, strict=True)
     ]
-    columns: list[tuple[str, PipelinePlan | str]] = [(label or plan.source, plan)]
-    for kind in compare:
-        try:
-            columns.append((kind, pipeline_baseline_beside(kind, graph, plan)))
-        except ConfigError as exc:
-            columns.append((kind, exc.message))
-    order_names = [[op.name for op in sl.graph.topological_order] for sl in slices]
-    layers = list(dict.fromkeys(layer_of(op.name) for sl in slices for op in sl.graph.ops))
-    charts = {
-        "chart-step": _step_chart(views),
-        "chart-comm": _comm_chart(views),
-        "chart-layers": _layer_chart(views, layers),
-        "chart-memory": _memory_chart(views, budget, order_names),
-    }
-    rendered = {k: _figure_html(fig, k) for k, fig in charts.items()}
+    columns = _pipeline_columns(graph, plan, compare, label)
+    rendered = _pipeline_charts(views, [sl.graph for sl in slices], budget)
     first = plan.stages[0]
     heading = title or f"autopar pipeline plan report: {plan.graph_name or graph.name}"
     compared = ", ".join(_esc(k) for k in compare) or "nothing"
@@ -816,10 +803,77 @@ the other micro-batches in flight).</p>
 """
 
 
+def _pipeline_columns(
+    graph: Graph, plan: PipelinePlan, compare: Sequence[str], label: str | None
+) -> list[tuple[str, PipelinePlan | str]]:
+    """The headline's columns: the plan, then each baseline of ``compare`` in its stages (or
+    why it has none)."""
+    columns: list[tuple[str, PipelinePlan | str]] = [(label or plan.source, plan)]
+    for kind in compare:
+        try:
+            columns.append((kind, pipeline_baseline_beside(kind, graph, plan)))
+        except ConfigError as exc:
+            columns.append((kind, exc.message))
+    return columns
+
+
+def _pipeline_charts(views: Sequence[PlanView], graphs: Sequence[Graph], budget: float) -> dict[str, str]:
+    """The pipeline report's charts (per stage: its micro-batch, communication, time per layer
+    and memory), rendered as HTML by their element id."""
+    order_names = [[op.name for op in g.topological_order] for g in graphs]
+    layers = list(dict.fromkeys(layer_of(op.name) for g in graphs for op in g.ops))
+    charts = {
+        "chart-step": _step_chart(views),
+        "chart-comm": _comm_chart(views),
+        "chart-layers": _layer_chart(views, layers),
+        "chart-memory": _memory_chart(views, budget, order_names),
+    }
+    return {k: _figure_html(fig, k) for k, fig in charts.items()}
+
+
+def _headline_blocks(p: PipelinePlan, i: int) -> str:
+    """A headline cell: the blocks of each stage."""
+    return " + ".join(str(c) for c in p.counts)
+
+
+def _headline_configuration(p: PipelinePlan, i: int) -> str:
+    """A headline cell: stages, stage mesh, ZeRO stage and runtime."""
+    first = p.stages[0]
+    return (
+        f"{p.num_stages} stages x mesh {list(first.mesh.shape)}, ZeRO-{first.zero_stage}, "
+        f"runtime {_esc(first.runtime)}"
+    )
+
+
+def _headline_solver(p: PipelinePlan, i: int) -> str:
+    """A headline cell: the solver's bound, gap and wall time (or the plan's source)."""
+    s = p.solver or {}
+    if not s:
+        return _esc(p.source)
+    gap, bound, wall = s.get("gap"), _number(s.get("bound")), _number(s.get("wall_s"))
+    return (
+        f"bound {_ms(bound)}, gap {'n/a' if gap is None else f'{100 * float(gap):.2f}%'} "
+        f"(the bubble included), {'n/a' if wall is None else f'{wall:.1f} s'}"
+    )
+
+
+def _pipeline_headline_table(
+    columns: Sequence[tuple[str, PipelinePlan | str]], rows: list[tuple[str, list[str]]]
+) -> str:
+    """The headline's HTML table of ``rows``; a column without a plan says why in its first row."""
+    head = "".join(f"<th>{_esc(name)}</th>" for name, _ in columns)
+    for col, (_, p) in enumerate(columns):
+        if isinstance(p, str):
+            rows[0][1][col] = f"n/a: {_esc(p)}"
+    body = "".join(
+        f"<tr><th>{name}</th>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for name, row in rows
+    )
+    return f"<table class='headline'><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def _pipeline_headline(columns: Sequence[tuple[str, PipelinePlan | str]], ev: Any, budget: float) -> str:
     """The headline of a pipeline report: the plan (re-checked figures) and each baseline in the
     same stages (its own re-checked prediction), or why it has none."""
-    head = "".join(f"<th>{_esc(name)}</th>" for name, _ in columns)
     rows: list[tuple[str, list[str]]] = []
 
     def cells(fn: Callable[[PipelinePlan, int], str]) -> list[str]:
@@ -849,27 +903,7 @@ def _pipeline_headline(columns: Sequence[tuple[str, PipelinePlan | str]], ev: An
         b = fig(p, i, "bubble_fraction")
         return "n/a" if b is None else f"{100 * b:.1f} %"
 
-    def blocks(p: PipelinePlan, i: int) -> str:
-        return " + ".join(str(c) for c in p.counts)
-
-    def configuration(p: PipelinePlan, i: int) -> str:
-        first = p.stages[0]
-        return (
-            f"{p.num_stages} stages x mesh {list(first.mesh.shape)}, ZeRO-{first.zero_stage}, "
-            f"runtime {_esc(first.runtime)}"
-        )
-
-    def solver(p: PipelinePlan, i: int) -> str:
-        s = p.solver or {}
-        if not s:
-            return _esc(p.source)
-        gap, bound, wall = s.get("gap"), _number(s.get("bound")), _number(s.get("wall_s"))
-        return (
-            f"bound {_ms(bound)}, gap {'n/a' if gap is None else f'{100 * float(gap):.2f}%'} "
-            f"(the bubble included), {'n/a' if wall is None else f'{wall:.1f} s'}"
-        )
-
-    rows.append(("configuration", cells(configuration)))
+    rows.append(("configuration", cells(_headline_configuration)))
     rows.append(
         (
             "evaluated iteration (1F1B, K micro-batches + once per step)",
@@ -884,7 +918,7 @@ def _pipeline_headline(columns: Sequence[tuple[str, PipelinePlan | str]], ev: An
             cells(lambda p, i: f"{p.training.micro_batches}, {_esc(p.training.checkpointing)}"),
         )
     )
-    rows.append(("blocks per stage", cells(blocks)))
+    rows.append(("blocks per stage", cells(_headline_blocks)))
     rows.append((f"memory per device, largest stage (budget {_gib(budget)})", cells(memory)))
     rows.append(
         (
@@ -904,14 +938,8 @@ def _pipeline_headline(columns: Sequence[tuple[str, PipelinePlan | str]], ev: An
             ),
         )
     )
-    rows.append(("solver", cells(solver)))
-    for col, (_, p) in enumerate(columns):
-        if isinstance(p, str):
-            rows[0][1][col] = f"n/a: {_esc(p)}"
-    body = "".join(
-        f"<tr><th>{name}</th>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for name, row in rows
-    )
-    return f"<table class='headline'><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+    rows.append(("solver", cells(_headline_solver)))
+    return _pipeline_headline_table(columns, rows)
 
 
 def load_any_plan(spec: str) -> Plan | PipelinePlan:

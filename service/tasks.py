@@ -256,28 +256,10 @@ def run_job(
     than the API that computed the job id.
     """
     report({"phase": "loading", "objective": None, "bound": None, "elapsed_s": 0.0})
-    raw = with_retries(
-        lambda: store.get(graph_key(payload["graph"])), settings.outage_grace_s, "load the graph"
-    )
-    if raw is None:
-        raise ConfigError(
-            "graph_missing",
-            f"the graph {payload['graph'][:12]}... of this job is no longer stored "
-            "(expired or evicted); submit the request again",
-        )
-    graph = Graph.from_dict(codec.decode(raw)).validate()
+    graph = _load_job_graph(payload, store, settings)
     request = request_from_payload(payload, graph)
     key_dict = key_dict_of(request)
-    key = plan_key(key_dict, versions)
-    if key != job_id:
-        theirs = payload.get("versions")
-        raise ConfigError(
-            "version_mismatch",
-            f"this worker runs code versions {versions} but the API computed the job with "
-            f"{theirs}; run the same autopar version on API and workers"
-            if theirs != versions
-            else "the job payload does not describe the job id's request; submit it again",
-        )
+    _check_job_key(job_id, plan_key(key_dict, versions), payload, versions)
     plans = PlanCache(store, settings.plan_ttl_s)
     hint: Plan | None = None
     if payload.get("refresh") and request.options.stages == 1:
@@ -306,8 +288,42 @@ def run_job(
     stored = with_retries(
         lambda: plans.put(job_id, record, result.iteration_time_s), settings.outage_grace_s, "store the plan"
     )
-    solver = result.solver or {}
     log.info("job %s solved in %.2f s (stored=%s)", job_id[:12], wall, stored)
+    return _job_result(result, wall, stored)
+
+
+def _load_job_graph(payload: dict[str, Any], store: Store, settings: Settings) -> Graph:
+    """The job's graph from ``store`` (validated); ``ConfigError`` ``graph_missing`` when it
+    is no longer stored."""
+    raw = with_retries(
+        lambda: store.get(graph_key(payload["graph"])), settings.outage_grace_s, "load the graph"
+    )
+    if raw is None:
+        raise ConfigError(
+            "graph_missing",
+            f"the graph {payload['graph'][:12]}... of this job is no longer stored "
+            "(expired or evicted); submit the request again",
+        )
+    return Graph.from_dict(codec.decode(raw)).validate()
+
+
+def _check_job_key(job_id: str, key: str, payload: dict[str, Any], versions: dict[str, str]) -> None:
+    """``ConfigError`` ``version_mismatch`` unless the payload's request, under this
+    process's code ``versions``, has the plan ``key`` ``job_id`` the API computed."""
+    if key != job_id:
+        theirs = payload.get("versions")
+        raise ConfigError(
+            "version_mismatch",
+            f"this worker runs code versions {versions} but the API computed the job with "
+            f"{theirs}; run the same autopar version on API and workers"
+            if theirs != versions
+            else "the job payload does not describe the job id's request; submit it again",
+        )
+
+
+def _job_result(result: Plan | PipelinePlan, wall: float, stored: bool) -> dict[str, Any]:
+    """The short result of a solved job for its job record."""
+    solver = result.solver or {}
     return finite(
         {
             **iteration_fields(result),

@@ -213,6 +213,92 @@ def _owner_stage(variables: list[str], owners: dict[str, int]) -> int | None:
     return min(stages) if stages else None
 
 
+def _stage_blocks(plan: PipelinePlan, blocks: list[str]) -> tuple[list[list[str]], dict[str, int]]:
+    """Cut ``blocks`` (in module order) into the plan's stages: each stage's block paths and
+    every block path's stage (``plan_mismatch`` when the counts do not add up)."""
+    if len(blocks) != sum(plan.counts):
+        raise PlanError(
+            "plan_mismatch",
+            f"the plan's stages hold {sum(plan.counts)} blocks ({list(plan.counts)}) but the module has "
+            f"{len(blocks)} ({', '.join(blocks[:4])}{' ...' if len(blocks) > 4 else ''})",
+        )
+    block_stage: dict[str, int] = {}
+    it = iter(blocks)
+    stage_blocks: list[list[str]] = []
+    for s, c in enumerate(plan.counts):
+        stage_blocks.append([next(it) for _ in range(c)])
+        block_stage.update(dict.fromkeys(stage_blocks[-1], s))
+    return stage_blocks, block_stage
+
+
+def _variable_owners(layouts: list[dict[str, NdSbp]]) -> dict[str, int]:
+    """A variable's owner: the first stage whose plan holds it (a tied copy is held later too)."""
+    owners: dict[str, int] = {}
+    for s, lay in enumerate(layouts):
+        for v in lay:
+            owners.setdefault(v, s)
+    return owners
+
+
+def _parameter_layout(
+    name: str, layout: dict[str, NdSbp], ndim: int, names: NameMap, unplanned: list[str], notes: list[str]
+) -> tuple[list[str], NdSbp]:
+    """The plan variables parameter ``name`` holds in its stage's ``layout`` and the N-D SBP
+    it is laid out with (broadcast where the plan has none of them: noted in ``unplanned``;
+    the first variable's where they disagree: noted in ``notes``)."""
+    variables = [v for v in names(name) if v in layout]
+    sbps = {layout[v] for v in variables}
+    if not variables:
+        unplanned.append(name)
+        sbp = NdSbp((B,) * ndim)
+    else:
+        sbp = layout[variables[0]]
+        if len(sbps) > 1:
+            disagree = sorted(map(str, sbps))
+            notes.append(f"{name}: variables {variables} disagree ({disagree}); laid out {sbp}")
+    return variables, sbp
+
+
+def _claim_module(modules: dict[str, int], block_stage: dict[str, int], owner_path: str, s: int) -> None:
+    """Put ``owner_path`` (a module outside the blocks) on stage ``s``; ``plan_mismatch``
+    where it already holds parameters of another stage."""
+    if owner_path not in block_stage and not any(owner_path.startswith(b + ".") for b in block_stage):
+        modules.setdefault(owner_path, s)
+        if modules[owner_path] != s:
+            raise PlanError(
+                "plan_mismatch",
+                f"module {owner_path!r} holds parameters of stages {modules[owner_path]} and {s}",
+            )
+
+
+def _relayout_parameter(
+    flow: Any, module: Any, name: str, param: Any, placement: Any, sbp: NdSbp, ndim: int
+) -> None:
+    """Replace parameter ``name`` of ``module`` by its value ``to_global(placement, sbp)``
+    (from the broadcast local value where it is not global yet)."""
+    owner_path, _, attr = name.rpartition(".")
+    with flow.no_grad():
+        data = param.data
+        if not data.is_global:
+            data = data.to_global(placement, [flow.sbp.broadcast] * ndim)
+        new = data.to_global(placement, to_flow_sbp(sbp))
+    setattr(_submodule(module, owner_path), attr, flow.nn.Parameter(new, requires_grad=param.requires_grad))
+
+
+def _hint_blocks(
+    module: Any, graph: Graph, plan: PipelinePlan, blocks: list[str], report: PipelineApplyReport
+) -> None:
+    """Wrap every block's forward to lay its input and output out as ``plan`` does on
+    ``graph`` (:func:`block_layouts`); a block with no single input and output is noted."""
+    layouts_of = block_layouts(graph, plan)
+    for path, scope in zip(blocks, ordered_blocks(graph)):
+        if scope not in layouts_of:
+            report.notes.append(f"{path}: block {scope} has no single input and output; not hinted")
+            continue
+        report.block_layouts[path] = tuple(str(x) for x in layouts_of[scope])  # type: ignore[assignment]
+        _hint_block(_submodule(module, path), *layouts_of[scope], report.hints, path)
+
+
 def apply_pipeline_plan(
     module: Any,
     plan: PipelinePlan | dict[str, Any],
@@ -242,24 +328,9 @@ def apply_pipeline_plan(
     ranks_per_stage = stage_ranks(plan, ranks)
     placements = [flow.placement(device, ranks=r) for r in ranks_per_stage]
     blocks = _block_paths(module)
-    if len(blocks) != sum(plan.counts):
-        raise PlanError(
-            "plan_mismatch",
-            f"the plan's stages hold {sum(plan.counts)} blocks ({list(plan.counts)}) but the module has "
-            f"{len(blocks)} ({', '.join(blocks[:4])}{' ...' if len(blocks) > 4 else ''})",
-        )
-    block_stage: dict[str, int] = {}
-    it = iter(blocks)
-    stage_blocks: list[list[str]] = []
-    for s, c in enumerate(plan.counts):
-        stage_blocks.append([next(it) for _ in range(c)])
-        block_stage.update(dict.fromkeys(stage_blocks[-1], s))
+    stage_blocks, block_stage = _stage_blocks(plan, blocks)
     layouts = [_variable_layouts(p) for p in plan.stages]
-    # a variable's owner: the first stage whose plan holds it (a tied copy is held later too)
-    owners: dict[str, int] = {}
-    for s, lay in enumerate(layouts):
-        for v in lay:
-            owners.setdefault(v, s)
+    owners = _variable_owners(layouts)
 
     def stage_of(param: str) -> int | None:
         for b, bs in block_stage.items():
@@ -281,45 +352,16 @@ def apply_pipeline_plan(
             )
         s = found
         ndim = len(plan.stages[s].mesh.shape)
-        variables = [v for v in names(name) if v in layouts[s]]
-        sbps = {layouts[s][v] for v in variables}
-        if not variables:
-            unplanned.append(name)
-            sbp = NdSbp((B,) * ndim)
-        else:
-            sbp = layouts[s][variables[0]]
-            if len(sbps) > 1:
-                disagree = sorted(map(str, sbps))
-                notes.append(f"{name}: variables {variables} disagree ({disagree}); laid out {sbp}")
-        owner_path, _, attr = name.rpartition(".")
-        if owner_path not in block_stage and not any(owner_path.startswith(b + ".") for b in block_stage):
-            modules.setdefault(owner_path, s)
-            if modules[owner_path] != s:
-                raise PlanError(
-                    "plan_mismatch",
-                    f"module {owner_path!r} holds parameters of stages {modules[owner_path]} and {s}",
-                )
-        with flow.no_grad():
-            data = param.data
-            if not data.is_global:
-                data = data.to_global(placements[s], [flow.sbp.broadcast] * ndim)
-            new = data.to_global(placements[s], to_flow_sbp(sbp))
-        setattr(
-            _submodule(module, owner_path), attr, flow.nn.Parameter(new, requires_grad=param.requires_grad)
-        )
+        variables, sbp = _parameter_layout(name, layouts[s], ndim, names, unplanned, notes)
+        _claim_module(modules, block_stage, name.rpartition(".")[0], s)
+        _relayout_parameter(flow, module, name, param, placements[s], sbp, ndim)
         parameters[name] = {"stage": s, "sbp": str(sbp), "variables": variables}
     report = PipelineApplyReport(
         placements, ranks_per_stage, modules, stage_blocks, parameters, unplanned,
         plan.training.micro_batches, _recomputed_blocks(plan, stage_blocks), notes,
     )  # fmt: skip
     if graph is not None:
-        layouts_of = block_layouts(graph, plan)
-        for path, scope in zip(blocks, ordered_blocks(graph)):
-            if scope not in layouts_of:
-                report.notes.append(f"{path}: block {scope} has no single input and output; not hinted")
-                continue
-            report.block_layouts[path] = tuple(str(x) for x in layouts_of[scope])  # type: ignore[assignment]
-            _hint_block(_submodule(module, path), *layouts_of[scope], report.hints, path)
+        _hint_blocks(module, graph, plan, blocks, report)
     return report
 
 
