@@ -858,6 +858,58 @@ def _pin_zero_layouts(
                         conf[cast.name].bn_in_op2nd_sbp[port].CopyFrom(_nd_sbp_message(layout))
 
 
+def _planned_output_layouts(plan: Plan) -> list[NdSbp]:
+    """The layouts the plan's ``nn.Graph`` output ops take, in argument order (``output:0.0`` ...)."""
+    outputs = [
+        (tuple(int(i) for i in key.split(":", 1)[1].split(".") if i), name)
+        for name, key in op_keys(plan.signatures).items()
+        if key.startswith("output:") and plan.signatures[name].inputs
+    ]
+    return [plan.signatures[name].inputs[0] for _, name in sorted(outputs)]
+
+
+def _lay_out_graph_outputs(graph: Any, plan: Plan) -> None:
+    """Make an unbuilt ``nn.Graph`` return its tensors in the layouts the plan's output ops take.
+
+    A pin cannot move an ``nn.Graph`` output: OneFlow 0.9 gives the output op the N-D
+    SBP the returned tensor had as the job was built (``FetchOutputOpExpr`` in
+    ``lazy_op_interpreter.cpp`` writes it into ``output_conf.blob_conf.nd_sbp``, and
+    ``OutputOp::InferNdSbpSignature`` in ``output_op.cpp`` reads only that, not
+    ``job_parallel_view_conf``), and ``nn.Graph`` allocates the eager output buffers in
+    that layout (``graph.py``, ``build_real_output``).  The build infers it from the
+    plan's parameter and input layouts, not from the pins (a plan that reads its inputs
+    ``B`` and splits the batch inside returns its loss ``(B, B)`` where the plan leaves
+    it ``(P, P)``).  So the graph's ``build`` gets a ``to_global`` on each returned
+    tensor whose build-time layout differs from the plan's (a ``hierarchical_parallel_cast``
+    after the backward, none where they agree; ``prune_parallel_cast_op_pass.cpp`` drops
+    it again when the pinned producer already has that layout, so the output op reads the
+    producer as planned), as :func:`apply_plan`'s hints do at module boundaries.  Left
+    as built when the number of returned tensors is not the number of the plan's output
+    ops.
+    """
+    wanted = _planned_output_layouts(plan)
+    if not wanted:
+        return
+    flow = _require_oneflow()
+    build = graph.build
+
+    def build_laid_out(*args: Any, **kwargs: Any) -> Any:
+        out = build(*args, **kwargs)
+        if len(_flatten(out, flow.is_tensor)) != len(wanted):
+            return out
+        layouts = iter(wanted)
+
+        def lay_out(t: Any) -> Any:
+            sbp = next(layouts)
+            if not t.is_global or from_flow_sbp(t.sbp) == sbp:
+                return t
+            return t.to_global(placement=t.placement, sbp=to_flow_sbp(sbp))
+
+        return _rebuild(out, flow.is_tensor, lay_out)
+
+    graph.build = build_laid_out
+
+
 def _clear_lazy_grads(graph: Any) -> None:
     """Drop the lazy gradients a graph build left on its modules' parameters (before rebuilding)."""
     flow = _require_oneflow()
@@ -885,7 +937,9 @@ class CompileReport:
 
     def summary(self, mismatches: int = 40) -> dict[str, Any]:
         """JSON-able: attempts, ops pinned, refused types and the fidelity's op counts, with
-        at most ``mismatches`` of its mismatched ports (``fidelity`` must be set)."""
+        at most ``mismatches`` of its mismatched ports and of the plan ops the job lacks
+        (``missing``, e.g. the ten ops of a ``_ms`` softmax the build made plain; each counts
+        as an op not as planned) (``fidelity`` must be set)."""
         if self.fidelity is None:
             raise ValueError("compile_with_plan ran without check: the report has no fidelity")
         return {
@@ -896,6 +950,7 @@ class CompileReport:
             "ops_matched": self.fidelity.ops_matched,
             "op_share": self.fidelity.op_share,
             "mismatches": self.fidelity.mismatches[:mismatches],
+            "missing": self.fidelity.missing[:mismatches],
         }
 
 
@@ -936,9 +991,11 @@ def compile_with_plan(
     refused one had one; else all ops of that type), which keep OneFlow's
     inference, and compiled again, up to ``max_attempts`` times.  ``make_graph`` returns a
     fresh, unbuilt ``nn.Graph`` (for example ``lambda: make_train_graph(module,
-    optimizer)`` after :func:`apply_plan`).  With ``check`` the report carries
-    :func:`check_fidelity` of the compiled job (by phase of the iteration when
-    ``plan_graph``, the graph the plan was solved on, is given).
+    optimizer)`` after :func:`apply_plan`).  The tensors its ``build`` returns are laid
+    out as the plan's output ops take them (:func:`_lay_out_graph_outputs`: OneFlow fixes
+    an output's layout as the job is built, a pin cannot move it).  With ``check`` the
+    report carries :func:`check_fidelity` of the compiled job (by phase of the iteration
+    when ``plan_graph``, the graph the plan was solved on, is given).
 
     The iteration: every fresh graph gets the plan's ``K``
     (``config.set_gradient_accumulation_steps``) and activation checkpointing on the
@@ -957,6 +1014,7 @@ def compile_with_plan(
     for attempt in range(1, max_attempts + 1):
         graph = make_graph()
         recomputed = _configure_plan_iteration(graph, plan, graph_attr, recompute)
+        _lay_out_graph_outputs(graph, plan)
         graph.build_graph(*inputs)
         imported = import_job(graph._full_job_proto, zero_stage=plan.zero_stage)
         types_by_op = {op.name: op.type for op in imported.ops}
