@@ -26,7 +26,7 @@ PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --tim
 
 SECTIONS=(of-mt5 of-eval of-eval-fkv baselines model-truth model-truth-fkv seed-replay cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
-  iteration-fidelity heldout-truth scale scale-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
+  iteration-fidelity heldout-truth scale scale-suite pipeline-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
 run() {
@@ -155,6 +155,8 @@ section() {
       ;;
     scale-suite)  # issue 33: GPT-3 sizes on 4x8-32x8 against Megatron-LM at its best configuration
       run scale-suite $PY -m benchmarks.scale_suite --time-limit 90 ;;
+    pipeline-suite)  # issue 36: pipeline stages against Megatron-LM's best PTD-P (39.1B, 13B, 175B, issue 33's 18.4B)
+      run pipeline-suite $PY -m benchmarks.pipeline_suite --time-limit 120 ;;
     efficiency) run efficiency $PY -m benchmarks.efficiency_check ;;  # issue 33: the compute model vs Megatron-LM's runs
     table-workers) run table-workers $PY -m benchmarks.table_workers ;;
     table-workers-compose)  # the same tables built by the compose stack's workers (podman): 2, then 1

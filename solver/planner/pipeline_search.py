@@ -26,10 +26,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from autopar.cluster import Cluster
-from autopar.errors import ConfigError, InfeasibleError, TimeLimitError, VerificationError
+from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError, VerificationError
 from autopar.iteration import layer_of
 from autopar.pipeline import (
     PipelineEvaluation,
@@ -45,10 +46,12 @@ from autopar.progress import Deadline, ProgressFn
 from autopar.store import KeyValueStore, MemoryStore
 from autopar_solver.planner.request import PlanRequest
 
-__all__ = ["MEMORY_ROUNDS", "default_stage_shape", "solve_pipeline", "stage_candidates"]
+__all__ = ["MEMORY_ROUNDS", "default_stage_shape", "rebalanced_counts", "solve_pipeline", "stage_candidates"]
 
 MEMORY_ROUNDS = 3
 """Re-plans of a stage over its budget with its micro-batches in flight."""
+REBALANCE_GAIN = 0.01
+"""Least predicted gain (share of the iteration) for which an uneven cut is planned too."""
 VERIFY_S_PER_OP = 1e-3
 """Seconds per op of the whole graph kept for :func:`autopar.pipeline.evaluate_pipeline` after
 each round (measured: 6.7 s for the 8,334 ops of a 48-layer GPT at load 18 on 2 cores)."""
@@ -113,19 +116,31 @@ def solve_pipeline(
 ) -> PipelinePlan:
     """The pipeline plan of ``request`` in ``stages`` stages, planned within ``deadline``
     (module docstring); raises :class:`TimeLimitError` when a stage finds no plan in time and
-    :class:`~autopar.errors.InfeasibleError` when a stage cannot fit the budget."""
+    :class:`~autopar.errors.InfeasibleError` when a stage cannot fit the budget.
+
+    The blocks are first cut evenly; when the stages' times say another cut would shorten
+    the slowest stage by at least :data:`REBALANCE_GAIN` of the iteration
+    (:func:`rebalanced_counts`) and the time left covers another solve, that cut is planned
+    too, and the faster verified plan kept."""
     t0 = time.perf_counter()
-    run = _PipelineSolve(request, stages, store, progress, stage_mesh_shape)
-    todo = list(range(stages))
-    while True:
-        run.plan_round(todo, deadline)
-        pp = run.pipeline()
-        ev = evaluate_pipeline(request.graph, pp)
-        todo = run.over_budget(ev)
-        if not todo:
-            break
-    if ev.errors:
-        raise VerificationError("pipeline_unverified", f"{stages}-stage plan does not verify: {ev.errors[0]}")
+    even = balanced_counts(len(ordered_blocks(request.graph)), stages)
+    run = _PipelineSolve(request, even, store, progress, stage_mesh_shape)
+    pp, ev = run.solve(deadline)
+    cuts: list[dict[str, Any]] = [{"block_counts": list(even), "iteration_time_s": ev.iteration_time_s}]
+    k = request.options.micro_batches
+    better = rebalanced_counts([c.micro_batch_time_s for c in ev.stages], even)
+    gain = (k - 1) * (max(c.micro_batch_time_s for c in ev.stages) - better[1])
+    if better[0] != even and gain >= REBALANCE_GAIN * ev.iteration_time_s:
+        spent = time.perf_counter() - t0
+        if deadline.left() > spent:
+            try:
+                other = _PipelineSolve(request, better[0], store, progress, stage_mesh_shape)
+                pp2, ev2 = other.solve(deadline)
+                cuts.append({"block_counts": list(better[0]), "iteration_time_s": ev2.iteration_time_s})
+                if ev2.iteration_time_s < ev.iteration_time_s:
+                    pp, ev, run = pp2, ev2, other
+            except AutoparError as exc:
+                cuts.append({"block_counts": list(better[0]), "error": f"[{exc.code}] {exc.message}"})
     pp = priced(pp, ev)
     bound = max(run.bounds)
     pp.solver = {
@@ -134,10 +149,42 @@ def solve_pipeline(
         "gap": (ev.iteration_time_s - bound) / ev.iteration_time_s if ev.iteration_time_s > 0 else 0.0,
         "bound_note": "largest stage bound (K x micro-batch + once per step); the gap includes the bubble",
         "stages": stages,
+        "cuts": cuts,
         "memory_rounds": run.rounds,
         "wall_s": time.perf_counter() - t0,
     }
     return pp
+
+
+def rebalanced_counts(times: Sequence[float], counts: Sequence[int]) -> tuple[tuple[int, ...], float]:
+    """Blocks per stage that make the slowest stage fastest, and its predicted time, when
+    stage ``s`` costs ``t_s(c) = e_s + c b`` per micro-batch for ``c`` blocks.
+
+    ``b`` (seconds per block) is the median of ``t_s / n_s`` over the middle stages, or the
+    least over all stages when there are none (the stage without embedding or head);
+    ``e_s = max(0, t_s - n_s b)`` is what a stage runs besides its blocks (the embedding, the
+    head and loss).  ``sum_s t_s`` does not depend on the cut, so under 1F1B
+    (:func:`autopar.pipeline.one_f_one_b_iteration`) the cut that minimises the slowest stage
+    minimises the iteration: the least cap ``M`` with ``sum_s floor((M - e_s) / b) >= blocks``,
+    the surplus taken from the slowest stages."""
+    n = len(counts)
+    blocks = sum(counts)
+    per_block = [t / c for t, c in zip(times, counts)]
+    middle = sorted(per_block[1:-1])
+    b = middle[len(middle) // 2] if middle else min(per_block)
+    if b <= 0:
+        return tuple(counts), max(times)
+    extra = [max(0.0, t - c * b) for t, c in zip(times, counts)]
+    caps = sorted({e + c * b for e in extra for c in range(1, blocks + 1)})
+    for cap in caps:
+        room = [int((cap - e) / b + 1e-9) for e in extra]
+        if min(room) >= 1 and sum(room) >= blocks:
+            out = room
+            while sum(out) > blocks:  # the surplus from the slowest stage that can spare a block
+                s = max((i for i in range(n) if out[i] > 1), key=lambda i: extra[i] + out[i] * b)
+                out[s] -= 1
+            return tuple(out), max(e + c * b for e, c in zip(extra, out))
+    return tuple(counts), max(times)
 
 
 class _PipelineSolve:
@@ -147,15 +194,16 @@ class _PipelineSolve:
     def __init__(
         self,
         request: PlanRequest,
-        stages: int,
+        counts: tuple[int, ...],
         store: KeyValueStore | None,
         progress: ProgressFn | None,
         stage_mesh_shape: tuple[int, ...] | None,
     ) -> None:
+        stages = len(counts)
         self.request, self.stages, self.progress = request, stages, progress
         graph = request.graph
         self.blocks = ordered_blocks(graph)
-        self.counts = balanced_counts(len(self.blocks), stages)
+        self.counts = counts
         self.slices = split_graph(graph, self.counts, stage_link(request.cluster, stages).crosses_nodes)
         self.sub = stage_cluster(request.cluster, stages)
         self.shape = stage_mesh_shape or default_stage_shape(self.sub)
@@ -166,6 +214,22 @@ class _PipelineSolve:
         self.plans: list[Plan | None] = [None] * stages
         self.bounds: list[float] = [0.0] * stages
         self.rounds = 0
+
+    def solve(self, deadline: Deadline) -> tuple[PipelinePlan, PipelineEvaluation]:
+        """Every stage planned, re-planned while over the budget, the whole re-checked."""
+        todo = list(range(self.stages))
+        while True:
+            self.plan_round(todo, deadline)
+            pp = self.pipeline()
+            ev = evaluate_pipeline(self.request.graph, pp)
+            todo = self.over_budget(ev)
+            if not todo:
+                break
+        if ev.errors:
+            raise VerificationError(
+                "pipeline_unverified", f"{self.stages}-stage plan does not verify: {ev.errors[0]}"
+            )
+        return pp, ev
 
     def plan_round(self, todo: list[int], deadline: Deadline) -> None:
         """Plan the stages ``todo``, sharing the time of this round equally."""

@@ -71,3 +71,29 @@ def test_a_bad_stage_count_is_one_error_line(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().err.strip().splitlines() == [
         "autopar: error: [bad_stages] --stages must be a positive integer or auto, got 'two'"
     ]
+
+
+def test_the_cut_that_shortens_the_slowest_stage():
+    """t_s(c) = e_s + c b: b = 0.2 s per block (the middle stages), the first stage 0.1 s and
+    the last 0.5 s besides their blocks; the slowest stage can be no faster than the last
+    with one block (0.7 s), and the surplus leaves the slowest stages first."""
+    from autopar_solver.planner.pipeline_search import rebalanced_counts
+
+    counts, slowest = rebalanced_counts([0.5, 0.4, 0.4, 0.9], (2, 2, 2, 2))
+    assert counts == (2, 2, 3, 1) and slowest == pytest.approx(0.7)
+    assert rebalanced_counts([0.4, 0.4], (2, 2)) == ((2, 2), pytest.approx(0.4))  # nothing to move
+
+
+def test_a_heavy_head_gets_fewer_blocks_beside_it():
+    """A vocabulary of 32768 on a hidden size of 64 makes the head the slowest part of the last
+    stage: the even cut (2, 2) is planned, then (3, 1), and the faster verified plan kept."""
+    graph = build("tiny-gpt", layers=4, vocab=32768)
+    options = SolverOptions(time_limit_s=120, micro_batches=8, checkpointing="full", workers=2)
+    request = PlanRequest(graph, Cluster.parse("1x8"), None, None, 2, options)
+    plan = solve_pipeline(request, 2, Deadline(120), stage_mesh_shape=(2, 2))
+    assert plan.solver is not None
+    cuts = plan.solver["cuts"]
+    assert cuts[0]["block_counts"] == [2, 2]
+    assert [c["block_counts"] for c in cuts[1:]] == [[3, 1]]
+    assert plan.iteration_time_s == pytest.approx(min(c["iteration_time_s"] for c in cuts))
+    assert evaluate_pipeline(graph, plan).errors == []
