@@ -637,15 +637,7 @@ def build_report(
     compared = ", ".join(_esc(v.label) for v in views[1:]) or "nothing"
     peak = main.timeline.peak_position
     peak_op = order_names[peak] if peak < len(order_names) else "n/a"
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>{_esc(heading)}</title>
-<style>{_CSS}</style>
-<script type="text/javascript">{plotly_js()}</script>
-</head><body>
-<h1>{_esc(heading)}</h1>
+    return f"""{_page_head(heading)}
 <p class="meta">{len(graph.ops)} ops, {len(graph.variables)} variables &middot; mesh {list(mesh.shape)} over
 {_esc(mesh.cluster)} &middot; ZeRO-{plan.zero_stage} &middot;
 K = {micro_batches_text(plan.training.micro_batches)} per step,
@@ -765,15 +757,7 @@ def build_pipeline_report(
     first = plan.stages[0]
     heading = title or f"autopar pipeline plan report: {plan.graph_name or graph.name}"
     compared = ", ".join(_esc(k) for k in compare) or "nothing"
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>{_esc(heading)}</title>
-<style>{_CSS}</style>
-<script type="text/javascript">{plotly_js()}</script>
-</head><body>
-<h1>{_esc(heading)}</h1>
+    return f"""{_page_head(heading)}
 <p class="meta">{len(graph.ops)} ops, {len(graph.variables)} variables &middot;
 <b>{plan.num_stages} pipeline stages</b> x mesh {list(first.mesh.shape)} over {_esc(plan.cluster)} &middot;
 ZeRO-{first.zero_stage} &middot; K = {micro_batches_text(plan.training.micro_batches)} per step,
@@ -1035,3 +1019,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError("bad_out", f"cannot write {args.out!r}: {exc.strerror or exc}") from None
     sys.stdout.write(f"report of {compared + 1} plan(s) -> {args.out} ({len(text.encode()):,} bytes)\n")
     return 0
+
+
+def _page_head(heading: str) -> str:
+    """A report page's head (its styles and plotly inline) and its title line."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>{_esc(heading)}</title>
+<style>{_CSS}</style>
+<script type="text/javascript">{plotly_js()}</script>
+</head><body>
+<h1>{_esc(heading)}</h1>"""

@@ -21,13 +21,15 @@ from tests.service.helpers import live_server, make_settings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = [
+BROWSER_MARKS = [
     pytest.mark.slow,
     pytest.mark.skipif(
         CHROMIUM is None or CHROMEDRIVER is None,
         reason="needs the system Chromium and its driver: apt-get install -y chromium chromium-driver",
     ),
 ]
+"""The marks of every test that drives the system Chromium (slow; skipped without it)."""
+pytestmark = BROWSER_MARKS
 
 API_KEY = "explorer-test-key"
 WAIT_S = 900.0

@@ -16,16 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.report.test_browser import CHROMEDRIVER, CHROMIUM, chromium_driver, until
+from tests.report.test_browser import BROWSER_MARKS, chromium_driver, until
 from tests.service.helpers import live_server, make_settings
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None or CHROMEDRIVER is None,
-        reason="needs the system Chromium and its driver: apt-get install -y chromium chromium-driver",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 TIME_LIMIT_S = 30
 """The page's default; the HTTP request sends the same (the time limit is part of the key)."""

@@ -17,16 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.report.test_browser import CHROMEDRIVER, CHROMIUM, chromium_driver, severe, svg_count, until
+from tests.report.test_browser import BROWSER_MARKS, chromium_driver, severe, svg_count, until
 from tests.service.helpers import live_server, make_settings
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None or CHROMEDRIVER is None,
-        reason="needs the system Chromium and its driver: apt-get install -y chromium chromium-driver",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
