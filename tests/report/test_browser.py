@@ -87,6 +87,18 @@ def until(driver: Any, what: str, check: Callable[[], Any], timeout_s: float = W
     raise AssertionError(f"timed out waiting for {what}; page status: {status!r}")
 
 
+def until_solved(driver: Any, what: str, timeout_s: float = 600) -> None:
+    """Wait for the page's solve to succeed; fail at once, with the page's status, when it fails."""
+
+    def done() -> bool:
+        status = driver.find_element("id", "status")
+        if "failed" in (status.get_attribute("class") or ""):
+            raise AssertionError(f"the page's solve failed: {status.text}")
+        return "succeeded" in (status.get_attribute("class") or "")
+
+    until(driver, what, done, timeout_s=timeout_s)
+
+
 def severe(driver: Any) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.report.test_browser import BROWSER_MARKS, chromium_driver, until
+from tests.report.test_browser import BROWSER_MARKS, chromium_driver, until, until_solved
 from tests.service.helpers import live_server, make_settings
 
 pytestmark = BROWSER_MARKS
@@ -52,13 +52,7 @@ def _plan_on_the_page(driver: Any, url: str) -> str:
     assert driver.find_element("id", "mesh").get_attribute("value") == "4,2"
     driver.find_element("id", "plan-button").click()
 
-    def done() -> bool:
-        status = driver.find_element("id", "status")
-        if "failed" in (status.get_attribute("class") or ""):
-            raise AssertionError(f"the page's solve failed: {status.text}")
-        return "succeeded" in (status.get_attribute("class") or "")
-
-    until(driver, "the page's solve", done, timeout_s=600)
+    until_solved(driver, "the page's solve")
     summary = driver.find_element("id", "summary").text
     assert "plan for mt5-base" in summary  # item 10: the plan keeps the model's name
     return summary.rsplit("plan ", 1)[1].strip()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.report.test_browser import BROWSER_MARKS, chromium_driver, severe, svg_count, until
+from tests.report.test_browser import BROWSER_MARKS, chromium_driver, severe, svg_count, until, until_solved
 from tests.service.helpers import live_server, make_settings
 
 pytestmark = BROWSER_MARKS
@@ -69,13 +69,7 @@ def test_the_page_shows_a_two_stage_plan(server: Any, driver: Any, tmp_path: Pat
     )
     driver.find_element("id", "plan-button").click()
 
-    def done() -> bool:
-        status = driver.find_element("id", "status")
-        if "failed" in (status.get_attribute("class") or ""):
-            raise AssertionError(f"the page's solve failed: {status.text}")
-        return "succeeded" in (status.get_attribute("class") or "")
-
-    until(driver, "the 2-stage solve", done, timeout_s=600)
+    until_solved(driver, "the 2-stage solve")
     status = driver.find_element("id", "status").text
     assert "in 2 stages, bubble " in status and "iteration " in status, status
     headline = driver.find_element("id", "pipeline-headline")
@@ -122,7 +116,7 @@ def test_the_page_shows_a_two_stage_plan(server: Any, driver: Any, tmp_path: Pat
     _type(driver, "mesh", "4,2")
     _type(driver, "micro-batches", "1")
     driver.find_element("id", "plan-button").click()
-    until(driver, "the one-stage solve", done, timeout_s=600)
+    until_solved(driver, "the one-stage solve")
     assert not driver.find_element("id", "stages-table").is_displayed()
     assert not driver.find_element("id", "pipeline-headline").is_displayed()
     assert severe(driver) == []
