@@ -317,7 +317,7 @@ def matmul_time(
     return time * max(1.0, uneven_share(ctx, sig, mesh_shape) / max(1.0, out_uneven))
 
 
-def receive_time(ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "ideal") -> float:
+def receive_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
     """Seconds a pipeline stage spends receiving a tensor of another stage (a ``pipeline_recv``
     op, :mod:`autopar.pipeline_split`): ``alpha + (numel x itemsize / f) / beta``, where ``f``
     is the number of pieces the receiving layout cuts the tensor into: each device receives
@@ -325,13 +325,9 @@ def receive_time(ctx: RuleContext, sig: Signature, mesh: Mesh, lowering: str = "
     pipeline tensors: each of ``t`` tensor-parallel ranks sends ``1/t``).  alpha, beta: the
     link between stages, across nodes when the op's ``crosses_nodes`` attr is true
     (:func:`autopar.boxing.send_recv_time`).  0 for a once-per-step tensor (attr ``per`` =
-    ``step``: priced by :func:`autopar.pipeline.evaluate_pipeline`), except a tied
-    parameter's gradient (attr ``tied``) under ``oneflow-0.9``, which OneFlow sends back
-    every micro-batch (``autopar.pipeline.TIED_TRANSFERS_PER_MICRO_BATCH``)."""
-    if not ctx.outputs:
-        return 0.0
-    every_micro_batch = ctx.attrs.get("tied") and lowering == Lowering.ONEFLOW_0_9.value
-    if ctx.attrs.get("per") == "step" and not every_micro_batch:
+    ``step``, a tied parameter's gradient included: priced by
+    :func:`autopar.pipeline.evaluate_pipeline`, as the runtime moves it)."""
+    if not ctx.outputs or ctx.attrs.get("per") == "step":
         return 0.0
     spec = ctx.outputs[0]
     piece = spec.numel * DTYPE_BYTES[spec.dtype] / sig.outputs[0].split_factor(mesh.shape)
@@ -371,7 +367,7 @@ def op_compute_time(
     if kind is CostKind.FREE:
         return 0.0
     if kind is CostKind.RECEIVE:
-        return receive_time(ctx, sig, mesh, lowering)
+        return receive_time(ctx, sig, mesh)
     if kind is CostKind.MATMUL and rule is not None and rule.flops is not None:
         return matmul_time(ctx, sig, mesh.shape, dev, rule.flops(ctx))
     moved = _local_bytes(ctx.inputs, sig.inputs, mesh.shape) + _local_bytes(

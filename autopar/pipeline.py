@@ -383,10 +383,23 @@ class _BoundaryCosts:
 
 
 TIED_TRANSFERS_PER_MICRO_BATCH = {"to_copy": 2, "to_owner": 1}
-"""Under ``oneflow-0.9`` a tied parameter's stages exchange it every micro-batch: counted on
-the compiled 2-stage tiny GPT (tests/oneflow/test_pipeline_apply.py: OneFlow 0.9 moves the
-word embedding's 128 KiB piece twice into the head's stage and its gradient once back,
-every micro-batch; LiBai moves it with ``to_stage``)."""
+"""Under ``oneflow-0.9`` a tied parameter's stages exchange it every micro-batch, as its owner
+lays it out: counted on the compiled 2-stage tiny GPT (tests/oneflow/test_pipeline_apply.py:
+OneFlow 0.9 moves the word embedding, 128 KiB per device as the owner holds it, twice into
+the head's stage and its gradient once back, every micro-batch; LiBai moves it with
+``to_stage``).  The intra-stage solve does not see these trips: the re-check prices them."""
+
+
+def _owner_piece(graph: Graph, copy_stage: StageSlice, owner: Plan, shape: tuple[int, ...]) -> float:
+    """Bytes per device of the tied parameter of ``shape`` that ``copy_stage`` holds a copy of, as
+    its owner's plan lays the parameter out (what OneFlow 0.9 sends between the stages)."""
+    for name in copy_stage.tied_copies:
+        port, tensor = next(iter(graph.op_by_name[name].outputs.items()))
+        spec = graph.tensors[tensor]
+        if tuple(spec.shape) == tuple(shape):
+            sbp = owner.output_sbp(name, port)
+            return shard_bytes(spec.shape, DTYPE_BYTES[spec.dtype], sbp, owner.mesh.shape)
+    raise PlanError("bad_plan", f"no tied parameter of shape {list(shape)} in stage {copy_stage.index}")
 
 
 def _boundary_costs(
@@ -399,7 +412,7 @@ def _boundary_costs(
     an all-reduce of the two copies' gradients once per step on both stages (Megatron-LM's
     ``_allreduce_word_embedding_grads``; runtimes ``megatron-lm`` and ``ideal``), or under
     ``oneflow-0.9`` the parameter sent to the reading stage and its gradient back every
-    micro-batch (:data:`TIED_TRANSFERS_PER_MICRO_BATCH`)."""
+    micro-batch as its owner lays it out (:data:`TIED_TRANSFERS_PER_MICRO_BATCH`)."""
     n = len(slices)
     out = _BoundaryCosts([0.0] * n, [0.0] * n, [0.0] * n)
     for sl in slices:
@@ -409,10 +422,11 @@ def _boundary_costs(
             got = _received_layout(dst_plan, b.tensor)
             nbytes = boundary_bytes_per_device(spec.numel, spec.dtype, got, dst_plan.mesh.shape)
             if b.tied_gradient and runtime_profile(dst_plan.runtime).lowering is Lowering.ONEFLOW_0_9:
-                # the owner's receive of the gradient is its recv op's time (in its evaluation,
-                # so its solver sees it); the parameter's trips into the copy's stage are here
-                send = boundary_time(nbytes, link)
+                # OneFlow moves the parameter as its owner holds it
+                piece = _owner_piece(graph, slices[b.src], dst_plan, spec.shape)
+                send = boundary_time(piece, link)
                 out.tied[b.src] += TIED_TRANSFERS_PER_MICRO_BATCH["to_copy"] * send
+                out.tied[b.dst] += TIED_TRANSFERS_PER_MICRO_BATCH["to_owner"] * send
             elif b.tied_gradient:
                 t = all_reduce_time(2 * nbytes, link)  # T = both copies' bytes on a 2-device ring
                 out.once[b.src] += t

@@ -81,10 +81,13 @@ def _cmd_import_plan(args: argparse.Namespace) -> int:
 def _cmd_fidelity(args: argparse.Namespace) -> int:
     import json
 
+    from autopar.cli_args import pipeline_plan_file
     from autopar.graph import Graph
     from autopar.oneflow.apply import check_fidelity
     from autopar.plan import Plan
 
+    if pipeline_plan_file(args.plan):
+        return _pipeline_fidelity(args)
     plan_graph = Graph.load(args.graph) if args.graph else None
     recompute = [s for s in args.recompute.split(",") if s] if args.recompute is not None else None
     report = check_fidelity(args.job, Plan.load(args.plan), plan_graph=plan_graph, recompute=recompute)
@@ -92,6 +95,69 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report.to_dict(), fh, indent=1)
+    return 0
+
+
+def _pipeline_fidelity(args: argparse.Namespace) -> int:
+    """``fidelity`` of a pipeline plan: the bytes the compiled job moves between its stages'
+    placements (:func:`autopar.oneflow.pipeline_apply.count_boundary_traffic`) against the
+    plan's boundaries (:func:`autopar.pipeline.boundary_bytes_per_device`), per micro-batch and
+    per direction, matched by tensor shape; needs ``--graph`` (the graph the plan was solved on)."""
+    import json
+
+    from autopar.errors import ConfigError
+    from autopar.graph import Graph
+    from autopar.oneflow.pipeline_apply import count_boundary_traffic
+    from autopar.pipeline import PipelinePlan, boundary_bytes_per_device, stage_link
+    from autopar.pipeline_split import RECV_SUFFIX, split_graph
+
+    if not args.graph:
+        raise ConfigError(
+            "missing_graph", "a pipeline plan's fidelity needs --graph GRAPH.json, the graph it was solved on"
+        )
+    graph = Graph.load(args.graph)
+    with open(args.plan) as fh:
+        staged = PipelinePlan.from_json(fh.read())
+    slices = split_graph(graph, staged.counts, stage_link(staged.cluster, len(staged.counts)).crosses_nodes)
+    predicted = []
+    for sl in slices:
+        plan = staged.stages[sl.index]
+        for b in sl.receives:
+            spec = graph.tensors[b.tensor]
+            sbp = plan.output_sbp(f"{b.tensor}{RECV_SUFFIX}", "out")
+            predicted.append(
+                {
+                    "tensor": b.tensor,
+                    "shape": list(spec.shape),
+                    "direction": "forward" if b.dst > b.src else "backward",
+                    "per": b.per,
+                    "tied_gradient": b.tied_gradient,
+                    "received_per_device": boundary_bytes_per_device(
+                        spec.numel, spec.dtype, sbp, plan.mesh.shape
+                    ),
+                }
+            )
+    counted = [e.to_dict() for e in count_boundary_traffic(args.job) if e.shape != [1]]
+    lines = ["stage boundaries: predicted (autopar) vs counted (the compiled job), bytes per device"]
+    scalars = [p for p in predicted if not p["shape"]]
+    for p in predicted:
+        if not p["shape"]:
+            continue
+        same = [
+            c for c in counted
+            if (c["shape"], c["direction"], c["phase"]) == (p["shape"], p["direction"], "per_micro_batch")
+        ]  # fmt: skip
+        got = ", ".join(f"{c['received_per_device']:.0f}" for c in same) or "none"
+        lines.append(
+            f"  {p['direction']:<8} {p['tensor']} {p['shape']} ({p['per']}): predicted "
+            f"{p['received_per_device']:.0f}, counted per micro-batch: {got}"
+        )
+    if scalars:
+        lines.append(f"  and {len(scalars)} scalars once per step (gradient clipping's norms)")
+    sys.stdout.write("\n".join(lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"predicted": predicted, "counted": counted}, fh, indent=1)
     return 0
 
 
@@ -127,7 +193,11 @@ def add_oneflow_arguments(parser: argparse.ArgumentParser) -> None:
         "fidelity", help="a (compiled) OneFlow job vs a plan: ops that follow it, bytes per mesh axis"
     )
     p.add_argument("job", help="the job (nn.Graph._compiled_job_proto serialized, or the built job)")
-    p.add_argument("plan", help="the plan JSON (autopar.plan/v1) the job was compiled with")
+    p.add_argument(
+        "plan",
+        help="the plan JSON the job was compiled with (autopar.plan/v1; or autopar.pipeline/v1, with "
+        "--graph: the bytes between stages, predicted vs counted)",
+    )
     p.add_argument("--json", default=None, help="also write the full report here")
     p.add_argument(
         "--graph",

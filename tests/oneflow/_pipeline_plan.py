@@ -33,6 +33,7 @@ def main() -> None:
     request = PlanRequest(graph, Cluster.parse("1x8"), None, None, 2, options)
     plan = solve_pipeline(request, 2, Deadline(30), stage_mesh_shape=(2, 2))
     (out / "plan.json").write_text(plan.to_json(indent=1))
+    graph.save(str(out / "graph.json"))  # for autopar oneflow fidelity --graph
     rows = []
     for sl in split_graph(graph, plan.counts):
         for b in sl.receives:

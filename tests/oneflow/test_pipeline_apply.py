@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import launch, skip_without_solver
@@ -82,8 +83,11 @@ def test_boundary_bytes_of_the_compiled_job_match_the_plan(pipeline_run: Path) -
         assert (got.src_sbp, got.dst_sbp) == (want["sender_sbp"], want["receiver_sbp"])
         assert got.received_per_device == pytest.approx(want["bytes_per_device"])
         assert got.sent_per_device == pytest.approx(want["bytes_per_device"])
-    # the tied word embedding: autopar holds a copy on the last stage and all-reduces the two
-    # gradients once per step; OneFlow moves the weight every micro-batch and its gradient back
+    # the tied word embedding: OneFlow moves the weight to the head's stage twice and its
+    # gradient back once every micro-batch, as autopar prices it under oneflow-0.9
+    # (autopar.pipeline.TIED_TRANSFERS_PER_MICRO_BATCH)
+    from autopar.pipeline import TIED_TRANSFERS_PER_MICRO_BATCH
+
     tied = [e for e in edges if e.shape == [512, 64]]
     tied_want = next(r for r in predicted if r["tied_gradient"])
     for e in tied:
@@ -92,3 +96,46 @@ def test_boundary_bytes_of_the_compiled_job_match_the_plan(pipeline_run: Path) -
             f"({e.src_sbp} -> {e.dst_sbp}); autopar: {tied_want['bytes_per_device']:.0f} B once per step"
         )
     assert {e.direction for e in tied} == {"forward", "backward"}
+    assert sum(e.direction == "forward" for e in tied) == TIED_TRANSFERS_PER_MICRO_BATCH["to_copy"]
+    assert sum(e.direction == "backward" for e in tied) == TIED_TRANSFERS_PER_MICRO_BATCH["to_owner"]
+    assert all(e.phase == "per_micro_batch" for e in tied)
+    # as the owner (stage 0) lays the parameter out
+    owner = plan_of(pipeline_run).stages[0]
+    wte = owner.variables["embedding.word_embeddings.weight"]
+    pieces = 1
+    for size, value in zip(owner.mesh.shape, wte["sbp"].strip("()").split(", ")):
+        pieces *= size if value.startswith("S") else 1
+    assert all(e.received_per_device == pytest.approx(512 * 64 * 4 / pieces) for e in tied)
+
+
+def plan_of(run: Path) -> Any:  # the run's autopar.pipeline.PipelinePlan
+    from autopar.pipeline import PipelinePlan
+
+    return PipelinePlan.from_dict(json.loads((run / "plan.json").read_text()))
+
+
+def test_oneflow_fidelity_prints_the_stage_boundaries(
+    pipeline_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``autopar oneflow fidelity JOB PIPELINE --graph G``: each boundary predicted vs counted."""
+    from autopar.cli import main
+
+    report = pipeline_run / "fidelity.json"
+    argv = [str(pipeline_run / "pipeline_job.pb"), str(pipeline_run / "plan.json")]
+    assert (
+        main(
+            ["oneflow", "fidelity", *argv, "--graph", str(pipeline_run / "graph.json"), "--json", str(report)]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert (
+        "forward  layers.0.mlp_residual/out_0 [8, 32, 64] (micro-batch): predicted 16384, "
+        "counted per micro-batch: 16384" in out
+    )
+    assert (
+        "backward layers.0.mlp_residual.out_0_grad_add_n/out_0 [8, 32, 64] (micro-batch): predicted 16384"
+        in out
+    )
+    data = json.loads(report.read_text())
+    assert {p["tensor"] for p in data["predicted"]} >= {"layers.0.mlp_residual/out_0"}
