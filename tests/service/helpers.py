@@ -162,15 +162,39 @@ class WorkerProcess:
                 os.kill(pid, signal.SIGKILL)
         self.process.wait(10)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 10) -> None:
+        """SIGTERM the worker's group; SIGKILL it all if it has not exited ``grace_s`` later."""
+        self.terminate()
+        self.wait_or_kill(time.monotonic() + grace_s)
+
+    def terminate(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+
+    def wait_or_kill(self, deadline: float) -> None:
+        if self.process.poll() is None:
             try:
-                self.process.wait(10)
+                self.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill()
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+
+TEARDOWN_GRACE_S = 2.0
+"""How long a test's teardown waits for its workers to exit on SIGTERM before it SIGKILLs
+them: an idle worker exits at once; one with a job running (RQ's warm shutdown waits for the
+job) took the 10 s of :meth:`WorkerProcess.stop` each, one after the other."""
+
+
+def stop_workers(workers: list[WorkerProcess], grace_s: float = TEARDOWN_GRACE_S) -> None:
+    """A test's teardown: SIGTERM every worker at once, SIGKILL those still there ``grace_s``
+    later (no test checks how its workers end; Redis is flushed before each test)."""
+    for w in workers:
+        w.terminate()
+    deadline = time.monotonic() + grace_s
+    for w in workers:
+        w.wait_or_kill(deadline)
 
 
 def descendants(pid: int) -> list[int]:

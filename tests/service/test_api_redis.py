@@ -24,6 +24,7 @@ from tests.service.helpers import (
     make_settings,
     metric,
     plan_body,
+    stop_workers,
     wait_job,
     wait_status,
 )
@@ -43,8 +44,7 @@ def redis_url(redis_server: RedisServer) -> str:
 def workers(redis_url: str) -> Iterator[list[WorkerProcess]]:
     started: list[WorkerProcess] = []
     yield started
-    for w in started:
-        w.stop()
+    stop_workers(started)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from autopar_cache.redis_server import RedisServer, redis_server_binary
-from tests.service.helpers import WorkerProcess, live_server, make_settings, plan_body
+from tests.service.helpers import WorkerProcess, live_server, make_settings, plan_body, stop_workers
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(420)]
 
@@ -68,8 +68,7 @@ def solving(r: httpx.Response) -> bool:
 def worker_list() -> Iterator[list[WorkerProcess]]:
     started: list[WorkerProcess] = []
     yield started
-    for w in started:
-        w.stop()
+    stop_workers(started)
 
 
 @pytest.mark.parametrize("appendonly", [False, True], ids=["no-persistence", "aof"])

@@ -31,7 +31,7 @@ from autopar_cache.redis_server import RedisServer
 from autopar_cache.redis_store import RedisStore
 from autopar_service.table_jobs import COST_PREFIX, RQTableBuilder
 from autopar_service.worker import alive_key, tables_queue_name
-from tests.service.helpers import WorkerProcess, descendants, make_settings
+from tests.service.helpers import WorkerProcess, descendants, make_settings, stop_workers
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(420)]
 
@@ -74,8 +74,7 @@ def queue_env(redis_server: RedisServer, tmp_path: Any) -> Iterator[dict[str, An
     workers: list[WorkerProcess] = []
     env = {"AUTOPAR_QUEUE_NAME": name, "AUTOPAR_WORKER_ALIVE_TTL_S": "4"}
     yield {"settings": settings, "store": store, "workers": workers, "env": env, "url": redis_server.url}
-    for w in workers:
-        w.stop()
+    stop_workers(workers)
     store.close()
 
 

@@ -41,18 +41,28 @@ def _entry(store: MemoryStore, key: str) -> MemoEntry:
     return found
 
 
-def _solved_once(graph) -> tuple[MemoryStore, PlanRequest, Plan, str, MemoEntry]:
-    """A store that holds one solve of tiny-gpt on [2, 2]: store, request, plan, key, entry."""
+@pytest.fixture(scope="module")
+def once(graph) -> tuple[dict[str, bytes], PlanRequest, Plan]:
+    """One solve of tiny-gpt on [2, 2] into an empty store (solved once for the module):
+    what the store then holds, the request, the plan."""
     store = MemoryStore()
     request = PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS)
     first = plan(request, store=store)
+    return dict(store._data), request, first
+
+
+def _solved_once(once) -> tuple[MemoryStore, PlanRequest, Plan, str, MemoEntry]:
+    """A store of its own that holds the module's one solve of tiny-gpt on [2, 2] (``once``):
+    store, request, plan, key, entry."""
+    held, request, first = once
+    store = MemoryStore()
+    store.put_many(held)
     key = _memo(first)["key"]
     return store, request, first, key, _entry(store, key)
 
 
-def test_a_repeated_problem_is_recalled_and_re_checked(graph):
-    store = MemoryStore()
-    first = plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, OPTIONS), store=store)
+def test_a_repeated_problem_is_recalled_and_re_checked(graph, once):
+    store, _, first, _, _ = _solved_once(once)  # solved into an empty store
     memo = _memo(first)
     assert memo["found"] is False and memo["stored"] is True
     entry = _entry(store, memo["key"])
@@ -76,8 +86,8 @@ def test_a_repeated_problem_is_recalled_and_re_checked(graph):
 
 
 @pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
-def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph):
-    store, request, first, key, true = _solved_once(graph)
+def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph, once):
+    store, request, first, key, true = _solved_once(once)
     # a stored objective the plan does not have (and a bound that would prove it)
     lie = MemoEntry(true.choices, true.positions, true.objective / 2, true.objective / 2)
     store.put_many({key: lie.to_bytes()})
@@ -93,8 +103,8 @@ def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph):
     assert _memo(plan(request, store=store))["verified"] is False
 
 
-def test_an_entry_above_the_gap_is_where_the_solve_starts_and_bounds_only_grow(graph):
-    store, request, _, key, true = _solved_once(graph)
+def test_an_entry_above_the_gap_is_where_the_solve_starts_and_bounds_only_grow(graph, once):
+    store, request, _, key, true = _solved_once(once)
     # the same plan with only the trivial bound (step times are >= 0): gap 100 %
     store.put_many({key: MemoEntry(true.choices, true.positions, true.objective, 0.0).to_bytes()})
     again = plan(request, store=store)
@@ -169,8 +179,8 @@ def test_an_entry_reads_back():
 
 
 @pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
-def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph):
-    store, request, first, key, _ = _solved_once(graph)
+def test_solver_options_that_choose_how_are_keyed_and_resolve_solves_again(graph, once):
+    store, request, first, key, _ = _solved_once(once)
     # another way to solve the same problem is asked for: not answered by the default way's plan
     other_way = SolverOptions(runtime=RUNTIME, time_limit_s=20, workers=2, reductions=False)
     assert _memo(plan(PlanRequest(graph, CLUSTER, (2, 2), None, 2, other_way), store=store))["key"] != key
@@ -217,11 +227,11 @@ def test_the_entry_without_a_budget_answers_a_budget_its_plan_fits_and_only_that
     assert _memo(again)["plan"] == "recalled" and again.signatures == free.signatures
 
 
-def test_without_time_to_re_check_an_entry_it_is_neither_used_nor_replaced(graph, monkeypatch):
+def test_without_time_to_re_check_an_entry_it_is_neither_used_nor_replaced(graph, once, monkeypatch):
     import autopar_solver.planner.context as context
     from autopar.errors import TimeLimitError
 
-    store, request, _, key, true = _solved_once(graph)
+    store, request, _, key, true = _solved_once(once)
     monkeypatch.setattr(context, "EVALUATE_RESERVE_S", 1e6)  # never time to evaluate a plan
     with pytest.raises(TimeLimitError):
         plan(request, store=store)
@@ -308,10 +318,10 @@ def test_stores_that_cannot_swap_are_overwritten_and_a_busy_key_is_given_up():
 
 
 @pytest.mark.slow  # 60-150 s at load 4-10 (README, Tests)
-def test_the_gap_asked_decides_answer_or_improve_and_another_iteration_is_another_problem(graph):
+def test_the_gap_asked_decides_answer_or_improve_and_another_iteration_is_another_problem(graph, once):
     """Issue 34: the time limit and the gap are the effort, not the problem.  An entry that
     proves a gap within the one asked answers; a tighter gap asked improves it, from it."""
-    store, _, _, key, true = _solved_once(graph)
+    store, _, _, key, true = _solved_once(once)
     # the same plan with a bound 4 % under it
     store.put_many(
         {key: MemoEntry(true.choices, true.positions, true.objective, 0.96 * true.objective).to_bytes()}
