@@ -20,10 +20,16 @@ def _request(budget: int | None = None) -> PlanRequest:
     return PlanRequest(build("tiny-gpt"), Cluster.parse("1x8"), None, budget, 2, options)
 
 
-def test_a_two_stage_plan_verifies_and_its_bound_is_below_it():
+@pytest.fixture(scope="module")
+def free_plan() -> PipelinePlan:
+    """tiny-gpt in 2 stages of [2, 2], K = 4, no budget: solved once for the module."""
+    return solve_pipeline(_request(), 2, Deadline(60), stage_mesh_shape=(2, 2))
+
+
+def test_a_two_stage_plan_verifies_and_its_bound_is_below_it(free_plan: PipelinePlan) -> None:
     request = _request()
     assert stage_candidates(request) == [2]  # 2 blocks: at most 2 stages
-    plan = solve_pipeline(request, 2, Deadline(60), stage_mesh_shape=(2, 2))
+    plan = free_plan
     ev = evaluate_pipeline(request.graph, plan)
     assert ev.errors == []
     assert plan.iteration_time_s == pytest.approx(ev.iteration_time_s)
@@ -36,12 +42,13 @@ def test_a_two_stage_plan_verifies_and_its_bound_is_below_it():
     assert copy.tied_time_s == pytest.approx(2 * owner.tied_time_s)
 
 
-def test_a_stage_over_the_budget_with_its_micro_batches_in_flight_is_planned_again():
+def test_a_stage_over_the_budget_with_its_micro_batches_in_flight_is_planned_again(
+    free_plan: PipelinePlan,
+) -> None:
     """The intra-stage solve sees one micro-batch; the first stage keeps two in flight.  A budget
     just above the unconstrained first stage's one-micro-batch peak forces a memory round, and
     the result fits with its stash counted."""
-    free = solve_pipeline(_request(), 2, Deadline(60), stage_mesh_shape=(2, 2))
-    ev = evaluate_pipeline(build("tiny-gpt"), free)
+    ev = evaluate_pipeline(build("tiny-gpt"), free_plan)
     first = ev.stages[0]
     budget = int(first.evaluation.memory.total + 0.5 * first.stash_bytes)
     assert first.memory_bytes > budget  # as planned freely, stage 0 would not fit
