@@ -72,6 +72,7 @@ from autopar.sbp import NdSbp, Signature, is_even, local_shape
 __all__ = [
     "COST_MODEL_VERSION",
     "EdgeKind",
+    "boundary_bytes_per_device",
     "bucketed_time",
     "edge_kind",
     "edge_time",
@@ -85,7 +86,9 @@ __all__ = [
     "op_signatures",
     "optimizer_gather_plan",
     "optimizer_gather_time",
+    "receive_time",
     "rule_context",
+    "stage_boundary_link",
     "uneven_share",
     "zero_gather_dtype",
 ]
@@ -330,8 +333,15 @@ def receive_time(ctx: RuleContext, sig: Signature, mesh: Mesh) -> float:
     if not ctx.outputs or ctx.attrs.get("per") == "step":
         return 0.0
     spec = ctx.outputs[0]
-    piece = spec.numel * DTYPE_BYTES[spec.dtype] / sig.outputs[0].split_factor(mesh.shape)
+    piece = boundary_bytes_per_device(spec.numel, spec.dtype, sig.outputs[0], mesh.shape)
     return send_recv_time(piece, stage_boundary_link(mesh.cluster, bool(ctx.attrs.get("crosses_nodes"))))
+
+
+def boundary_bytes_per_device(numel: int, dtype: str, receiver: NdSbp, receiver_mesh: Sequence[int]) -> float:
+    """Bytes a device of the receiving stage gets for one tensor crossing pipeline stages:
+    ``numel * itemsize / f``, ``f`` the pieces its layout cuts the tensor into (the sending
+    stage's devices share the sending: Megatron-LM's scatter-gather of pipeline tensors)."""
+    return numel * DTYPE_BYTES[dtype] / receiver.split_factor(receiver_mesh)
 
 
 def stage_boundary_link(cluster: Cluster, crosses_nodes: bool) -> AxisLink:

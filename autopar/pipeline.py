@@ -24,7 +24,7 @@ from typing import Any
 
 from autopar.boxing import all_reduce_time, send_recv_time
 from autopar.cluster import AxisLink, Cluster
-from autopar.costs import stage_boundary_link
+from autopar.costs import boundary_bytes_per_device, stage_boundary_link
 from autopar.errors import ConfigError, PlanError
 from autopar.evaluate import Evaluation, evaluate
 from autopar.graph import DTYPE_BYTES, Graph, Role
@@ -95,14 +95,6 @@ def stage_memory_bytes(
     states of a copied parameter beyond the copy's own parameter bytes (the tied word
     embedding's gradient and optimizer states on the last stage)."""
     return peak_one_micro_batch + (in_flight - 1) * stash_bytes + extra
-
-
-def boundary_bytes_per_device(numel: int, dtype: str, receiver: NdSbp, receiver_mesh: Sequence[int]) -> float:
-    """Bytes a device of the receiving stage gets for one boundary tensor:
-    ``numel * itemsize / f``, ``f`` the pieces its layout cuts the tensor into (the sending
-    stage's devices share the sending: Megatron-LM's scatter-gather of pipeline tensors);
-    its time is :func:`autopar.costs.receive_time`."""
-    return numel * DTYPE_BYTES[dtype] / receiver.split_factor(receiver_mesh)
 
 
 def stage_link(cluster: Cluster, stages: int) -> AxisLink:
@@ -438,12 +430,21 @@ def _boundary_costs(
     return out
 
 
-def evaluate_pipeline(graph: Graph, plan: PipelinePlan, *, group_boxing: bool = False) -> PipelineEvaluation:
+def evaluate_pipeline(
+    graph: Graph,
+    plan: PipelinePlan,
+    *,
+    group_boxing: bool = False,
+    slices: list[StageSlice] | None = None,
+) -> PipelineEvaluation:
     """Re-check ``plan`` on ``graph``: split the graph as the plan says, evaluate every stage's
     plan on its stage graph (:func:`autopar.evaluate.evaluate`), price the boundaries, each
-    stage's memory with its micro-batches in flight, and the 1F1B iteration."""
+    stage's memory with its micro-batches in flight, and the 1F1B iteration.  ``slices``: the
+    split a caller already made of ``plan.counts`` with this cluster's link (the solver,
+    round after round), so it is not made again."""
     link = stage_link(plan.cluster, len(plan.counts))
-    slices = split_graph(graph, plan.counts, link.crosses_nodes)
+    if slices is None:
+        slices = split_graph(graph, plan.counts, link.crosses_nodes)
     if len(slices) != len(plan.stages):
         raise PlanError("bad_plan", f"{len(plan.stages)} stage plans for {len(slices)} stages")
     errors: list[str] = []

@@ -161,7 +161,7 @@ def assign_stages(graph: Graph, counts: Sequence[int]) -> dict[str, int]:
     return stage
 
 
-def _parameter_chain(graph: Graph, stage: dict[str, int]) -> set[str]:
+def _parameter_chain(graph: Graph) -> set[str]:
     """Variables and the forward ops that read only them (or such ops): a parameter and its
     cast, which a later stage copies instead of receiving it every micro-batch."""
     variables = {v.op for v in graph.variables}
@@ -182,7 +182,7 @@ def split_graph(graph: Graph, counts: Sequence[int], crosses_nodes: bool = True)
     :func:`autopar.costs.receive_time`)."""
     stage = assign_stages(graph, counts)
     n = len(counts)
-    chain = _parameter_chain(graph, stage)
+    chain = _parameter_chain(graph)
     producer, consumers = graph.producer, graph.consumers
     once = once_per_step_ops(graph)
     grads = weight_gradient_path(graph)
@@ -192,8 +192,6 @@ def split_graph(graph: Graph, counts: Sequence[int], crosses_nodes: bool = True)
         members[stage[op.name]].append(op)
     # inputs and parameter chains read by later stages: a copy in each reader's stage
     for op in graph.topological_order:
-        if op.inputs and op.name not in chain:
-            continue
         if not (op.type == "input" or op.name in chain):
             continue
         for t in op.outputs.values():
@@ -214,27 +212,24 @@ def split_graph(graph: Graph, counts: Sequence[int], crosses_nodes: bool = True)
             boundaries.setdefault(
                 (t, s), Boundary(t, stage[pname], s, "step" if tied else per, tied_gradient=tied)
             )
+    blocks = ordered_blocks(graph)
+    first = [sum(counts[:s]) for s in range(n + 1)]  # stage s holds blocks[first[s]:first[s + 1]]
+    variables = {v.op for v in graph.variables}
     slices = []
     for s in range(n):
         receives = tuple(b for b in boundaries.values() if b.dst == s)
         sends = tuple(b for b in boundaries.values() if b.src == s)
-        blocks = tuple(b for b in ordered_blocks(graph) if stage_of_block(graph, b, stage) == s)
         slices.append(
             StageSlice(
                 s,
-                blocks,
+                tuple(blocks[first[s] : first[s + 1]]),
                 _stage_graph(graph, s, members[s], copies[s], receives, crosses_nodes),
                 receives,
                 sends,
-                tuple(sorted(c for c in copies[s] if c in {v.op for v in graph.variables})),
+                tuple(sorted(c for c in copies[s] if c in variables)),
             )
         )
     return slices
-
-
-def stage_of_block(graph: Graph, block: str, stage: dict[str, int]) -> int:
-    """The stage of ``block`` under the op -> stage map ``stage``."""
-    return next(stage[op.name] for op in graph.ops if layer_of(op.name) == block)
 
 
 def _copy_with_sources(graph: Graph, name: str, s: int, chain: set[str], copies: list[set[str]]) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from autopar.cluster import Cluster
 from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError, VerificationError
+from autopar.graph import Graph
 from autopar.iteration import layer_of
 from autopar.pipeline import (
     PipelineEvaluation,
@@ -87,8 +88,8 @@ def default_stage_shape(sub: Cluster) -> tuple[int, ...]:
 
 def _stage_request(
     request: PlanRequest,
-    graph: Any,
-    cluster: Any,
+    graph: Graph,
+    cluster: Cluster,
     shape: tuple[int, ...] | None,
     budget: float | None,
     time_s: float,
@@ -221,7 +222,7 @@ class _PipelineSolve:
         while True:
             self.plan_round(todo, deadline)
             pp = self.pipeline()
-            ev = evaluate_pipeline(self.request.graph, pp)
+            ev = evaluate_pipeline(self.request.graph, pp, slices=self.slices)
             todo = self.over_budget(ev)
             if not todo:
                 break
@@ -266,7 +267,7 @@ class _PipelineSolve:
             self.request.cluster,
             self.counts,
             done,
-            _training(done),
+            self.request.options.training,
             memory_budget_bytes=self.budget,
         )
 
@@ -321,10 +322,3 @@ def _moved_name(name: str, moved: dict[str, str]) -> str:
     if block in moved and name.startswith(block):
         return moved[block] + name[len(block) :]
     return name
-
-
-def _training(plans: list[Plan]) -> Any:
-    from autopar.iteration import TrainingConfig
-
-    first = plans[0].training
-    return TrainingConfig(first.micro_batches, first.checkpointing)
