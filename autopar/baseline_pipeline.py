@@ -17,7 +17,7 @@ from autopar.baseline_configs import BaselineConfig
 from autopar.baselines import baseline_plan
 from autopar.cluster import Cluster, Mesh
 from autopar.errors import ConfigError
-from autopar.evaluate import attach_evaluation, evaluate
+from autopar.evaluate import attach_evaluation
 from autopar.graph import Graph
 from autopar.iteration import TrainingConfig
 from autopar.pipeline import PipelinePlan, evaluate_pipeline, priced, stage_cluster, stage_link
@@ -53,7 +53,6 @@ def pipeline_baseline(
             config.kind, sl.graph, Mesh(sub, config.mesh_shape), config.zero_stage, runtime=config.runtime
         )
         p.training = training
-        attach_evaluation(p, evaluate(sl.graph, p, group_boxing=True))
         plans.append(p)
     pp = PipelinePlan(
         graph.name,
@@ -65,6 +64,8 @@ def pipeline_baseline(
         source=f"baseline:{config.kind}",
         memory_budget_bytes=memory_budget_bytes,
     )
-    ev = evaluate_pipeline(graph, pp, group_boxing=True)
+    ev = evaluate_pipeline(graph, pp, group_boxing=True, slices=slices)
+    for p, cost in zip(plans, ev.stages):  # each stage's own figures, from the same evaluation
+        attach_evaluation(p, cost.evaluation)
     # the baseline is what the system runs: over the budget is reported, not refused
     return priced(pp, ev)
