@@ -131,8 +131,12 @@ def test_plan_with_a_memo_folder_answers_the_same_problem_again_from_it(tmp_path
     p1, p2 = (Plan.load(str(tmp_path / name)) for name in ("p1.json", "p2.json"))
     assert (p1.solver or {})["stats"]["memo"]["stored"] is True
     memo = (p2.solver or {})["stats"]["memo"]
-    assert memo["plan"] == "recalled" and memo["verified"] is True
-    assert p2.signatures == p1.signatures and p2.step_time_s == p1.step_time_s
+    assert memo["found"] is True and memo["verified"] is True
+    if not memo["solved_again"]:  # the first solve proved its gap: the stored plan answers
+        assert memo["plan"] == "recalled"
+        assert p2.signatures == p1.signatures and p2.step_time_s == p1.step_time_s
+    else:  # a loaded machine stopped the first solve short: it restarts from the stored plan
+        assert (p2.solver or {})["objective"] <= (p1.solver or {})["objective"] + 1e-15
     # without the folder nothing is kept: a cold solve
     cold = run_cli(*args[:-2], "--out", "p3.json", cwd=tmp_path)
     assert cold.returncode == 0, cold.stderr
