@@ -339,6 +339,10 @@ class MeshSearchEntry(TypedDict, total=False):
         Field(description="proven least iteration time of any plan on the shape, before solving it"),
     ]
     outcome: Annotated[str, Field(description="solved, proved worse (bound >= the best plan), or no plan")]
+    continued: Annotated[
+        bool,
+        Field(description="solved on after its first share, its gap having missed its target"),
+    ]
 
 
 @with_config(_SECTION)

@@ -16,6 +16,10 @@ first, the fastest verified plan wins.
       shape that finishes early leaves its rest to the next)
         │
         v
+    the first stage's best plan, when its gap misses the target: its shape's solve goes on
+    from where it stopped (its memo entry), with the time left, stopping at its gap target
+        │
+        v
     second stage: the three-axis shapes (and any without a bound), ranked by promise (the
     least bound of the shapes each refines by merging two axes):
       the first (likeliest best): solved at once, SECOND_FIRST_SHARE of the time left;
@@ -58,6 +62,7 @@ from autopar_solver.planner.shape_bounds import ShapeBound, shape_bound, shape_t
 
 __all__ = [
     "BOUND_SHARE",
+    "CONTINUE_SHARE",
     "FIRST_SOLVE_FLOOR",
     "FIRST_STAGE_SHARE",
     "PROMISING_RATIO",
@@ -84,6 +89,10 @@ FIRST_SOLVE_FLOOR = 0.5
 """Least share of the time left for the first shape solved (:func:`_solve_bounded`), when the
 bound phase overran its part of the stage (tables and sweeps of large graphs on a loaded
 machine: gpt 40 x 6144 on 32x8 left ``[32, 8]`` 4.5 s of a 90 s limit)."""
+CONTINUE_SHARE = 1.0
+"""Share of the time left with which the first stage's best shape goes on solving when its
+gap misses the target (:func:`_continue_best`): all of it, as the first three-axis shape
+gets (:data:`SECOND_FIRST_SHARE`); its solve stops at its gap target and leaves the rest."""
 PROMISING_RATIO = 1.1
 """Bounded shapes share the time with the ones whose bound is within this factor of the
 least (:func:`_worth_solving`)."""
@@ -96,13 +105,16 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
     deadline = ctx.deadline
     shapes = candidate_mesh_shapes(request.cluster)
     deadline.report(ctx.progress, "mesh_search", detail={"shapes": [list(s) for s in shapes]})
-    # the tables are built once per shape: kept here between the two phases when there is no memo
+    # the tables are built once per shape: kept here between the two phases when there is no
+    # memo; so are the solves' memo entries, from which a shape's solve can go on (_continue_best)
     store: KeyValueStore = ctx.store if ctx.store is not None else MemoryStore()
+    ctx = replace(ctx, store=store)
     first, later = _stages(request, shapes)
     stage = Deadline(min(FIRST_STAGE_SHARE * deadline.left(), deadline.left())) if later else deadline
     bounds, bound_limit_s = _bound_phase(request, first, store, ctx, stage)
     rows: dict[tuple[int, ...], dict[str, Any]] = {b.shape: _error_row(b) for b in bounds if b.error}
     best = _solve_bounded(request, bounds, rows, stage, store, ctx, bool(later))
+    best = _continue_best(request, rows, store, ctx, best)
     rest = [b for b in bounds if b.error is None and b.bound_s is None] + [ShapeBound(s) for s in later]
     # under what the slowest bounded shape took (its tables and bound) a later one has no
     # chance: its tables alone take longer
@@ -236,6 +248,45 @@ def _solve_bounded(
         share = Deadline(min(stage.left() / worth, ctx.deadline.left()))
         best = _solve_into(rows, request, b, share, worth, store, ctx, best)
     return best
+
+
+def _continue_best(
+    request: PlanRequest,
+    rows: dict[tuple[int, ...], dict[str, Any]],
+    store: KeyValueStore,
+    ctx: PlanContext,
+    best: float,
+) -> float:
+    """When the best plan of the first stage misses its gap target (its share ran out), its
+    shape's solve goes on from where it stopped (the solve memo in ``store``: its plan, its
+    memory rows, its bound), with :data:`CONTINUE_SHARE` of the time left, before any
+    three-axis shape; it stops at its gap target and leaves the rest to them.  The best
+    iteration time.
+
+    A three-axis shape's problem is larger than the two-axis one it refines, so where the
+    two-axis leader could not reach its gap in its share, the three-axis ones had no plan
+    either: gpt 40 x 6144 on 32x8 (K = 8, 90 s) gave ``[32, 8]`` 38 s (10,073 ms, gap 6.5 %),
+    then ``[64, 2, 2]`` 43 s and ``[8, 2, 16]`` 11 s without a plan, where ``[32, 8]`` solved
+    alone reaches 9,850 ms (2.1 %).  Continued from its memo entry for 45 s it reaches the
+    same 9,850 ms; for 27 s it stays at 10,073 ms (the memory-priced dual needs the time)."""
+    solved = [r for r in rows.values() if "plan" in r]
+    if request.options.deterministic or not solved:
+        return best
+    row = min(solved, key=lambda r: r["plan"].iteration_time_s)
+    leader: Plan = row["plan"]
+    gap = (leader.solver or {}).get("gap")
+    if not isinstance(gap, (int, float)) or gap <= request.options.relative_gap:
+        return best
+    if ctx.deadline.left() < MIN_SOLVE_S:
+        return best
+    shape = tuple(row["shape"])
+    again = _solve_row(request, ShapeBound(shape), Deadline(CONTINUE_SHARE * ctx.deadline.left()), store, ctx)
+    if "plan" in again and again["plan"].iteration_time_s <= leader.iteration_time_s:
+        row.update(plan=again["plan"], bound_s=_proven_bound(row["bound_s"], again["plan"]))
+    row["wall_s"] += again["wall_s"]
+    row["share_s"] = row.get("share_s", 0.0) + again["share_s"]
+    row["continued"] = True
+    return min(best, row["plan"].iteration_time_s)
 
 
 def _worth_solving(rest: list[ShapeBound], best: float) -> int:
@@ -467,6 +518,7 @@ def _fastest(results: list[dict[str, Any]], deadline: Deadline) -> Plan:
             "error": r.get("error", {}).get("message"),
             "lower_bound_s": r["bound_s"],
             "outcome": r["outcome"],
+            "continued": bool(r.get("continued")),
         }
         for r in results
     ]

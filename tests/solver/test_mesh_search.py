@@ -1,6 +1,9 @@
 """Mesh search over every factorisation of the device count: a proven lower bound per shape
 before solving, the most promising solved first, shapes proved worse pruned."""
 
+import copy
+import importlib
+
 import pytest
 
 from autopar.cluster import Cluster, candidate_mesh_shapes
@@ -141,3 +144,68 @@ def test_later_three_axis_shapes_are_bounded_against_the_best_plan_before_a_solv
     for shape in three:
         alone = plan(PlanRequest(graph, cluster, shape, None, 2, SolverOptions(time_limit_s=60, workers=2)))
         assert alone.iteration_time_s >= rows[shape]["lower_bound_s"] * (1 - 1e-9), shape
+
+
+def _row(p, gap: float) -> dict:
+    """A solved row of the search whose plan is ``p`` with its proven ``gap``."""
+    p = copy.deepcopy(p)
+    p.solver = {**(p.solver or {}), "gap": gap}
+    return {"shape": list(p.mesh.shape), "plan": p, "bound_s": None, "outcome": "solved", "wall_s": 1.0}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_shapes(
+    graph, monkeypatch, deterministic
+):
+    """Issue 33: gpt 40 x 6144 on 32x8 (K = 8, 90 s) stopped ``[32, 8]`` at 10,073 ms (gap 6.5 %)
+    to spend the rest on three-axis shapes that found no plan; solved alone it reaches 9,850 ms.
+    A first-stage best that misses its gap goes on solving (from its memo entry) with the time
+    left; one within its gap, or a deterministic run, does not."""
+    from autopar.progress import Deadline
+
+    ms = importlib.import_module("autopar_solver.planner.mesh_search")  # the module, not plan()'s step
+    from autopar_solver.planner.context import PlanContext
+
+    target = 0.01
+    quick = SolverOptions(time_limit_s=2, deterministic=True, workers=2)
+    fast, slow = sorted(
+        (plan(PlanRequest(graph, CLUSTER, shape, None, 2, quick)) for shape in ((8,), (4, 2))),
+        key=lambda p: p.iteration_time_s,
+    )
+    assert fast.iteration_time_s < slow.iteration_time_s
+    calls: list[tuple[tuple[int, ...], float]] = []
+
+    def continued(request, b, deadline, store, ctx):
+        calls.append((b.shape, deadline.limit_s))
+        # the solve from the memo entry keeps its plan or finds a better one
+        return {"shape": list(b.shape), "plan": fast, "outcome": "solved", "wall_s": 2.0, "share_s": 1.0}
+
+    monkeypatch.setattr(ms, "_solve_row", continued)
+    options = SolverOptions(time_limit_s=60, relative_gap=target, deterministic=deterministic)
+    request = PlanRequest(graph, CLUSTER, None, None, 2, options)
+    ctx = PlanContext(deadline=Deadline(60.0))
+    key = tuple(slow.mesh.shape)
+    rows = {key: _row(slow, 5 * target), (2, 2, 2): {"shape": [2, 2, 2], "outcome": "no plan", "wall_s": 0.0}}
+    best = ms._continue_best(request, rows, ms.MemoryStore(), ctx, slow.iteration_time_s)
+    if deterministic:
+        assert calls == [] and best == slow.iteration_time_s
+        return
+    assert [shape for shape, _ in calls] == [key]
+    assert calls[0][1] == pytest.approx(ms.CONTINUE_SHARE * 60.0, rel=0.01)
+    assert rows[key]["continued"] is True and rows[key]["plan"] is fast
+    assert best == fast.iteration_time_s and rows[key]["wall_s"] == 3.0
+    # a continuation that comes back worse leaves the plan it started from
+    key = tuple(fast.mesh.shape)
+    rows = {key: _row(fast, 5 * target)}
+    monkeypatch.setattr(ms, "_solve_row", lambda *a: {**continued(*a), "plan": slow})
+    assert (
+        ms._continue_best(request, rows, ms.MemoryStore(), ctx, fast.iteration_time_s)
+        == fast.iteration_time_s
+    )
+    assert rows[key]["plan"].iteration_time_s == fast.iteration_time_s
+    # within its gap: no continuation
+    calls.clear()
+    key = tuple(slow.mesh.shape)
+    rows = {key: _row(slow, target / 2)}
+    ms._continue_best(request, rows, ms.MemoryStore(), ctx, slow.iteration_time_s)
+    assert calls == [] and "continued" not in rows[key]
