@@ -122,32 +122,23 @@ def _autopar(bin_dir: Path, graph: Path, row: Row, limit: float, out: Path, extr
 
 def _megatron(graph_path: Path, row: Row) -> dict:
     from autopar.baseline_configs import best_config, candidate_configs
-    from autopar.baseline_pipeline import pipeline_baseline
-    from autopar.baselines import baseline_plan, batch_size
-    from autopar.cluster import Cluster, Mesh
-    from autopar.evaluate import attach_evaluation, evaluate
+    from autopar.baseline_pricing import price_baseline_config
+    from autopar.baselines import batch_size
+    from autopar.cluster import Cluster
     from autopar.graph import Graph
     from autopar.iteration import TrainingConfig
-    from autopar.pipeline import PipelinePlan
     from autopar.pipeline_split import ordered_blocks
-    from autopar.plan import Plan
 
     graph = Graph.load(str(graph_path))
     cluster = Cluster.parse(row.cluster, "a100-80g")
     budget = cluster.device.memory_bytes
     training = TrainingConfig(row.micro_batches, "full")
-
-    def price(c) -> Plan | PipelinePlan:
-        if c.pipeline > 1:
-            return pipeline_baseline(graph, cluster, c, training)
-        p = baseline_plan("megatron", graph, Mesh(cluster, c.mesh_shape), c.zero_stage, runtime=c.runtime)
-        p.training = training
-        return attach_evaluation(p, evaluate(graph, p, group_boxing=True))
-
     configs = candidate_configs(
         "megatron", cluster, 2, "oneflow-0.9", batch_size(graph), len(ordered_blocks(graph))
     )
-    chosen, priced = best_config(configs, price, budget)
+    chosen, priced = best_config(
+        configs, lambda c: price_baseline_config(graph, cluster, c, training), budget
+    )
     assert chosen.plan is not None
     return {
         "iteration_s": chosen.plan.iteration_time_s,

@@ -79,25 +79,20 @@ def _autopar(bin_dir: Path, graph: Path, cluster: str, limit: float, out: Path) 
 
 def _baselines(graph_path: Path, cluster_text: str) -> dict[str, dict]:
     from autopar.baseline_configs import best_config, candidate_configs
-    from autopar.baselines import baseline_plan
-    from autopar.cluster import Cluster, Mesh
-    from autopar.evaluate import attach_evaluation, evaluate
+    from autopar.baseline_pricing import price_baseline_config
+    from autopar.cluster import Cluster
     from autopar.graph import Graph
-    from autopar.iteration import TrainingConfig, baseline_training
+    from autopar.iteration import TrainingConfig
 
     graph = Graph.load(str(graph_path))
     cluster = Cluster.parse(cluster_text, "a100-80g")
     budget = cluster.device.memory_bytes
+    training = TrainingConfig(GLOBAL_BATCH // MICRO_BATCH, "auto")  # each system its own checkpointing
     out = {}
     for kind in ("megatron", "data-parallel"):
-        training = baseline_training(kind, TrainingConfig(GLOBAL_BATCH // MICRO_BATCH, "auto"))
-
-        def price(c, kind=kind, training=training):
-            p = baseline_plan(kind, graph, Mesh(cluster, c.mesh_shape), c.zero_stage, runtime=c.runtime)
-            p.training = training
-            return attach_evaluation(p, evaluate(graph, p, group_boxing=True))
-
-        chosen, _ = best_config(candidate_configs(kind, cluster, 2, "oneflow-0.9"), price, budget)
+        # no batch or blocks: every tensor-parallel degree, one mesh (no pipeline)
+        configs = candidate_configs(kind, cluster, 2, "oneflow-0.9")
+        chosen, _ = best_config(configs, lambda c: price_baseline_config(graph, cluster, c, training), budget)
         assert chosen.plan is not None
         out[kind] = {
             "iteration_ms": chosen.plan.iteration_time_s * 1e3,

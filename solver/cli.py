@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from autopar.baseline_pricing import baseline_evaluated
 from autopar.cli_args import (
     Command,
     add_memory_arg,
@@ -25,9 +26,9 @@ from autopar.cli_args import (
     graph_arg_help,
     wrote,
 )
-from autopar.cluster import Cluster, Mesh, parse_mesh_shape
+from autopar.cluster import Cluster, parse_mesh_shape
 from autopar.graph import Graph
-from autopar.iteration import TrainingConfig, baseline_training
+from autopar.iteration import TrainingConfig
 from autopar.pipeline import PipelinePlan
 from autopar.plan import Plan, format_bytes
 from autopar.progress import Progress
@@ -166,65 +167,6 @@ def _cache_dir() -> Path:
     return Path(root) / "autopar" / "baselines"
 
 
-def baseline_evaluated(
-    kind: str,
-    graph: Graph,
-    mesh: Mesh,
-    zero_stage: int,
-    cache: Path | None,
-    runtime: str,
-    training: TrainingConfig | None = None,
-) -> Plan:
-    """The ``kind`` baseline of ``graph`` on ``mesh``, evaluated; kept in ``cache`` (a folder)
-    under a key of the graph's content, the mesh and cluster, the ZeRO stage, the runtime
-    profile, the iteration priced and the versions of autopar and its cost model, so it is
-    evaluated once.  ``training``: the plan's K, with the checkpointing the real system
-    uses (:func:`autopar.iteration.baseline_training`)."""
-    training = baseline_training(kind, training or TrainingConfig())
-    from autopar import __version__ as autopar_version
-    from autopar.baselines import baseline_plan
-    from autopar.content_key import content_key
-    from autopar.costs import COST_MODEL_VERSION, model_digest
-    from autopar.evaluate import attach_evaluation, evaluate
-
-    key = content_key(
-        {
-            "baseline": kind,
-            "graph": graph.content_hash(),
-            "mesh": mesh.key(),
-            "zero_stage": zero_stage,
-            "runtime": runtime,
-            "boxing": "grouped by (tensor, layout)",
-            **({} if training.is_default else {"training": training.to_dict()}),
-            "versions": {
-                "autopar": autopar_version,
-                "cost_model": COST_MODEL_VERSION,
-                "model": model_digest(),
-            },
-        }
-    )[:32]
-    path = cache / f"{key}.json" if cache is not None else None
-    if path is not None and path.exists():
-        try:
-            return Plan.load(str(path))
-        except Exception:  # a damaged entry is recomputed
-            path.unlink(missing_ok=True)
-    b = baseline_plan(kind, graph, mesh, zero_stage, runtime=runtime)
-    b.training = training
-    attach_evaluation(
-        b, evaluate(graph, b, group_boxing=True)
-    )  # one boxing per (tensor, layout), as runtimes run it
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            b.save(str(tmp))
-            tmp.replace(path)
-        except OSError:
-            pass  # an unwritable cache only costs the next run the evaluation
-    return b
-
-
 def compared_rows(
     result: Plan | PipelinePlan,
     graph: Graph,
@@ -239,7 +181,7 @@ def compared_rows(
     each plan carrying its configuration and the others tried in
     ``diagnostics["baseline_configuration"]``.  After the plan: outside its time limit."""
     from autopar.baseline_configs import best_config, candidate_configs, parse_config
-    from autopar.baseline_pipeline import pipeline_baseline
+    from autopar.baseline_pricing import price_baseline_config
     from autopar.baselines import batch_size
     from autopar.pipeline_split import ordered_blocks
 
@@ -266,14 +208,9 @@ def compared_rows(
             if named
             else candidate_configs(kind, cluster, args.zero, args.runtime, batch, blocks)
         )
-
-        def price(c: Any, kind: str = kind) -> Plan | PipelinePlan:
-            if c.pipeline > 1:
-                return pipeline_baseline(graph, cluster, c, baseline_training(kind, training))
-            mesh = Mesh(cluster, c.mesh_shape)
-            return baseline_evaluated(kind, graph, mesh, c.zero_stage, _cache_dir(), c.runtime, training)
-
-        chosen, priced = best_config(configs, price, budget)
+        chosen, priced = best_config(
+            configs, lambda c: price_baseline_config(graph, cluster, c, training, _cache_dir()), budget
+        )
         assert chosen.plan is not None
         chosen.plan.diagnostics["baseline_configuration"] = {
             **chosen.config.to_dict(),
