@@ -139,6 +139,11 @@ def mesh_search_text(entries: list[Any]) -> str:
             what = (
                 f"iteration {t * 1e3:.2f} ms{each}, {format_bytes(r.get('memory_per_device_bytes'))}, "
                 f"proven gap {100 * (gap or 0):.2f} %, {r.get('wall_s', 0):.1f} s"
+                + (
+                    " (solved on after its first share: its gap missed the target)"
+                    if r.get("continued")
+                    else ""
+                )
             )
         elif r.get("outcome") == "proved worse" and bound is not None:
             what = f"proved worse: no iteration under {bound * 1e3:.2f} ms (lower bound), not solved"
