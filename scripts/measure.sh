@@ -26,7 +26,7 @@ PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --tim
 
 SECTIONS=(of-mt5 of-eval of-eval-fkv baselines model-truth model-truth-fkv seed-replay cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
-  iteration-fidelity heldout-truth scale scale-suite pipeline-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
+  iteration-fidelity heldout-truth scale scale-suite scale-40-layers pipeline-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
 run() {
@@ -155,6 +155,16 @@ section() {
       ;;
     scale-suite)  # issue 33: GPT-3 sizes on 4x8-32x8 against Megatron-LM at its best configuration
       run scale-suite $PY -m benchmarks.scale_suite --time-limit 90 ;;
+    scale-40-layers)  # issue 33's repro: the 40-layer GPT on 32x8, the search cold and warm beside [32, 8] alone
+      run scale-40-layers-model $AUTOPAR model gpt-1.3b --layers 40 --hidden 6144 --heads 48 --ffn 24576 \
+        --vocab 51200 --seq 2048 --batch 128 --out "$OUT/gpt40.json"
+      rm -rf "$OUT/memo-40"
+      local args=(--cluster 32x8 --preset a100-80g --memory 80GiB --zero 2 --micro-batches 8 --checkpointing auto
+        --time-limit 90 --no-progress)
+      timed scale-40-layers-cold $AUTOPAR plan "$OUT/gpt40.json" "${args[@]}" --memo "$OUT/memo-40" --out "$OUT/gpt40-cold.json"
+      timed scale-40-layers-warm $AUTOPAR plan "$OUT/gpt40.json" "${args[@]}" --memo "$OUT/memo-40" --out "$OUT/gpt40-warm.json"
+      timed scale-40-layers-32x8 $AUTOPAR plan "$OUT/gpt40.json" "${args[@]}" --mesh-shape 32,8 --out "$OUT/gpt40-32x8.json"
+      ;;
     pipeline-suite)  # issue 36: pipeline stages against Megatron-LM's best PTD-P (39.1B, 13B, 175B, issue 33's 18.4B)
       run pipeline-suite $PY -m benchmarks.pipeline_suite --time-limit 120 ;;
     efficiency) run efficiency $PY -m benchmarks.efficiency_check ;;  # issue 33: the compute model vs Megatron-LM's runs
