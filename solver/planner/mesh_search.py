@@ -16,8 +16,9 @@ first, the fastest verified plan wins.
       shape that finishes early leaves its rest to the next)
         │
         v
-    the first stage's best plan, when its gap misses the target: its shape's solve goes on
-    from where it stopped (its memo entry), with the time left, stopping at its gap target
+    the first stage's best plan, when its gap misses the target and the likeliest best
+    three-axis shape does not refine its shape: its shape's solve goes on from where it
+    stopped (its memo entry), with the time left, stopping at its gap target
         │
         v
     second stage: the three-axis shapes (and any without a bound), ranked by promise (the
@@ -114,8 +115,8 @@ def mesh_search(request: PlanRequest, ctx: PlanContext) -> Plan:
     bounds, bound_limit_s = _bound_phase(request, first, store, ctx, stage)
     rows: dict[tuple[int, ...], dict[str, Any]] = {b.shape: _error_row(b) for b in bounds if b.error}
     best = _solve_bounded(request, bounds, rows, stage, store, ctx, bool(later))
-    best = _continue_best(request, rows, store, ctx, best)
     rest = [b for b in bounds if b.error is None and b.bound_s is None] + [ShapeBound(s) for s in later]
+    best = _continue_best(request, rows, rest, store, ctx, best)
     # under what the slowest bounded shape took (its tables and bound) a later one has no
     # chance: its tables alone take longer
     floor = max([MIN_SOLVE_S, *(b.wall_s for b in bounds)])
@@ -253,22 +254,27 @@ def _solve_bounded(
 def _continue_best(
     request: PlanRequest,
     rows: dict[tuple[int, ...], dict[str, Any]],
+    rest: list[ShapeBound],
     store: KeyValueStore,
     ctx: PlanContext,
     best: float,
 ) -> float:
-    """When the best plan of the first stage misses its gap target (its share ran out), its
-    shape's solve goes on from where it stopped (the solve memo in ``store``: its plan, its
-    memory rows, its bound), with :data:`CONTINUE_SHARE` of the time left, before any
-    three-axis shape; it stops at its gap target and leaves the rest to them.  The best
-    iteration time.
+    """When the best plan of the first stage misses its gap target (its share ran out) and
+    the likeliest best of the shapes ``rest`` after it (:func:`_promise`) does not refine its
+    shape, its shape's solve goes on from where it stopped (the solve memo in ``store``: its
+    plan, its memory rows, its bound), with :data:`CONTINUE_SHARE` of the time left, before
+    them; it stops at its gap target and leaves the rest to them.  The best iteration time.
 
-    A three-axis shape's problem is larger than the two-axis one it refines, so where the
-    two-axis leader could not reach its gap in its share, the three-axis ones had no plan
-    either: gpt 40 x 6144 on 32x8 (K = 8, 90 s) gave ``[32, 8]`` 38 s (10,073 ms, gap 6.5 %),
-    then ``[64, 2, 2]`` 43 s and ``[8, 2, 16]`` 11 s without a plan, where ``[32, 8]`` solved
-    alone reaches 9,850 ms (2.1 %).  Continued from its memo entry for 45 s it reaches the
-    same 9,850 ms; for 27 s it stays at 10,073 ms (the memory-priced dual needs the time)."""
+    A shape that refines the leader's (``[16, 2, 4]`` refines ``[16, 8]``) holds every plan of
+    it: solving it is the leader's solve on a larger space (GPT-3 6.7B on 16x8, K = 8, 90 s:
+    ``[16, 2, 4]`` 2,825 ms at a 0.5 % gap, where ``[16, 8]`` continued stays at 3,302 ms,
+    5.2 %).  One that refines only shapes the first stage left without a plan is ranked by
+    their bounds alone, and its problem is larger than theirs: gpt 40 x 6144 on 32x8 (K = 8,
+    90 s) gave ``[32, 8]`` 38 s (10,073 ms, gap 6.5 %), then ``[64, 2, 2]`` (refining the
+    unsolved ``[64, 4]`` and ``[128, 2]``) 43 s and ``[8, 2, 16]`` 11 s without a plan, where
+    ``[32, 8]`` alone reaches 9,850 ms (2.1 %).  Continued from its memo entry for 45 s it
+    reaches the same 9,850 ms; for 27 s it stays at 10,073 ms (the memory-priced dual needs
+    the time)."""
     solved = [r for r in rows.values() if "plan" in r]
     if request.options.deterministic or not solved:
         return best
@@ -277,9 +283,9 @@ def _continue_best(
     gap = (leader.solver or {}).get("gap")
     if not isinstance(gap, (int, float)) or gap <= request.options.relative_gap:
         return best
-    if ctx.deadline.left() < MIN_SOLVE_S:
-        return best
     shape = tuple(row["shape"])
+    if ctx.deadline.left() < MIN_SOLVE_S or _next_refines(shape, rest, rows):
+        return best
     again = _solve_row(request, ShapeBound(shape), Deadline(CONTINUE_SHARE * ctx.deadline.left()), store, ctx)
     if "plan" in again and again["plan"].iteration_time_s <= leader.iteration_time_s:
         row.update(plan=again["plan"], bound_s=_proven_bound(row["bound_s"], again["plan"]))
@@ -287,6 +293,22 @@ def _continue_best(
     row["share_s"] = row.get("share_s", 0.0) + again["share_s"]
     row["continued"] = True
     return min(best, row["plan"].iteration_time_s)
+
+
+def _next_refines(
+    shape: tuple[int, ...], rest: list[ShapeBound], rows: dict[tuple[int, ...], dict[str, Any]]
+) -> bool:
+    """Does the likeliest best of ``rest`` (:func:`_promise`) refine ``shape``: merging two
+    of its neighbouring axes gives ``shape``?"""
+    if not rest:
+        return False
+    first = min(rest, key=lambda u: _promise(u.shape, rows)).shape
+    return shape in _merged(first)
+
+
+def _merged(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shapes ``shape`` refines: two neighbouring axes merged into one."""
+    return [(*shape[:i], shape[i] * shape[i + 1], *shape[i + 2 :]) for i in range(len(shape) - 1)]
 
 
 def _worth_solving(rest: list[ShapeBound], best: float) -> int:
@@ -329,8 +351,7 @@ def _promise(shape: tuple[int, ...], rows: dict[tuple[int, ...], dict[str, Any]]
     the best three-axis shape when each is solved alone (19.9 ms at 30 s; ``[2, 2, 8]``
     21.9 ms)."""
     known = []
-    for i in range(len(shape) - 1):
-        merged = (*shape[:i], shape[i] * shape[i + 1], *shape[i + 2 :])
+    for merged in _merged(shape):
         row = rows.get(merged, {})
         if row.get("bound_s") is not None:
             known.append(float(row["bound_s"]))

@@ -160,7 +160,8 @@ def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_sh
     """Issue 33: gpt 40 x 6144 on 32x8 (K = 8, 90 s) stopped ``[32, 8]`` at 10,073 ms (gap 6.5 %)
     to spend the rest on three-axis shapes that found no plan; solved alone it reaches 9,850 ms.
     A first-stage best that misses its gap goes on solving (from its memo entry) with the time
-    left; one within its gap, or a deterministic run, does not."""
+    left, unless the likeliest best shape after it refines its shape; one within its gap, or a
+    deterministic run, does not."""
     from autopar.progress import Deadline
 
     ms = importlib.import_module("autopar_solver.planner.mesh_search")  # the module, not plan()'s step
@@ -186,7 +187,7 @@ def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_sh
     ctx = PlanContext(deadline=Deadline(60.0))
     key = tuple(slow.mesh.shape)
     rows = {key: _row(slow, 5 * target), (2, 2, 2): {"shape": [2, 2, 2], "outcome": "no plan", "wall_s": 0.0}}
-    best = ms._continue_best(request, rows, ms.MemoryStore(), ctx, slow.iteration_time_s)
+    best = ms._continue_best(request, rows, [], ms.MemoryStore(), ctx, slow.iteration_time_s)
     if deterministic:
         assert calls == [] and best == slow.iteration_time_s
         return
@@ -199,7 +200,7 @@ def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_sh
     rows = {key: _row(fast, 5 * target)}
     monkeypatch.setattr(ms, "_solve_row", lambda *a: {**continued(*a), "plan": slow})
     assert (
-        ms._continue_best(request, rows, ms.MemoryStore(), ctx, fast.iteration_time_s)
+        ms._continue_best(request, rows, [], ms.MemoryStore(), ctx, fast.iteration_time_s)
         == fast.iteration_time_s
     )
     assert rows[key]["plan"].iteration_time_s == fast.iteration_time_s
@@ -207,5 +208,17 @@ def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_sh
     calls.clear()
     key = tuple(slow.mesh.shape)
     rows = {key: _row(slow, target / 2)}
-    ms._continue_best(request, rows, ms.MemoryStore(), ctx, slow.iteration_time_s)
+    ms._continue_best(request, rows, [], ms.MemoryStore(), ctx, slow.iteration_time_s)
     assert calls == [] and "continued" not in rows[key]
+    # the likeliest best shape after it refines the leader's: that shape's solve comes first
+    ShapeBound = importlib.import_module("autopar_solver.planner.shape_bounds").ShapeBound
+    key = tuple(slow.mesh.shape)
+    finer = (*key[:-1], 2, key[-1] // 2) if key[-1] % 2 == 0 else (2, key[0] // 2, *key[1:])
+    rows = {key: _row(slow, 5 * target)}
+    rows[key]["bound_s"] = slow.iteration_time_s * 0.9
+    ms._continue_best(request, rows, [ShapeBound(finer)], ms.MemoryStore(), ctx, slow.iteration_time_s)
+    assert calls == [] and "continued" not in rows[key]
+    # one that refines only shapes without a plan does not: the leader goes on
+    other = next(s for s in candidate_mesh_shapes(CLUSTER) if len(s) == 3 and key not in ms._merged(s))
+    ms._continue_best(request, rows, [ShapeBound(other)], ms.MemoryStore(), ctx, slow.iteration_time_s)
+    assert [shape for shape, _ in calls] == [key] and rows[key]["continued"] is True
