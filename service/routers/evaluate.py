@@ -19,6 +19,7 @@ from autopar_service.graphs import parse_graph
 from autopar_service.jobs import finite
 from autopar_service.openapi import WRITE_ERRORS, json_body, problem_responses
 from autopar_service.problems import ApiError
+from autopar_service.report_page import check_plan_fits
 from autopar_service.requests import EvaluateBody
 from autopar_service.routers.common import in_thread_bounded
 from autopar_service.state import Service
@@ -26,21 +27,6 @@ from autopar_service.state import Service
 __all__ = ["check_plan_fits", "router"]
 
 router = APIRouter(route_class=BodyRoute, tags=["plans"])
-
-
-def check_plan_fits(graph: Graph, plan: Plan) -> None:
-    """Raise :class:`PlanError` naming the first op the plan lacks or whose ports differ."""
-    for op in graph.ops:
-        ports = plan.ports.get(op.name)
-        if ports is None:
-            raise PlanError("plan_mismatch", f"the plan has no signature for op {op.name!r}", op=op.name)
-        if list(op.inputs) != ports[0] or list(op.outputs) != ports[1]:
-            raise PlanError(
-                "plan_mismatch",
-                f"op {op.name!r}: the plan's ports {ports} differ from the graph's "
-                f"({list(op.inputs)}, {list(op.outputs)})",
-                op=op.name,
-            )
 
 
 def _plan_of(data: Any) -> Plan:
