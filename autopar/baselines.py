@@ -51,7 +51,14 @@ from autopar.rules.registry import RuleContext, RuleSet
 from autopar.runtime import DEFAULT_RUNTIME, runtime_profile
 from autopar.sbp import B, Broadcast, NdSbp, Partial, S, Signature, Split
 
-__all__ = ["BASELINES", "BaselineKind", "baseline_plan", "batch_size", "megatron_parameter_layout"]
+__all__ = [
+    "BASELINES",
+    "BaselineKind",
+    "baseline_plan",
+    "batch_size",
+    "megatron_input_gradient_linears",
+    "megatron_parameter_layout",
+]
 
 
 class BaselineKind(str, Enum):
@@ -534,7 +541,30 @@ class MegatronBaseline(Baseline):
     kind = BaselineKind.MEGATRON
 
     def signatures(self, problem: _Problem) -> dict[str, Signature]:
+        _check_heads_divide(problem)
         return _GreedyWalk(problem, _libai_layout(problem), _structure(problem.graph), megatron=True).run()
+
+
+def _check_heads_divide(problem: _Problem) -> None:
+    """Megatron-LM gives every tensor-parallel rank the same number of attention heads and
+    refuses a degree that does not divide them (``num_attention_heads_per_partition =
+    divide(num_attention_heads, world_size)``, megatron/core/transformer/attention.py;
+    ``ensure_divisibility``, megatron/core/utils.py).  Checked where the graph says its
+    heads (a built model's ``meta["config"]["heads"]``); an imported job's layout splits
+    what its shapes allow."""
+    tp_axis = problem.tp_axis
+    heads = ((problem.graph.meta or {}).get("config") or {}).get("heads")
+    if tp_axis is None or not isinstance(heads, int) or heads <= 0:
+        return
+    tp = problem.mesh.shape[tp_axis]
+    if heads % tp:
+        fits = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ConfigError(
+            "megatron_heads_split",
+            f"Megatron-LM cannot split {heads} attention heads over a tensor-parallel degree of {tp} "
+            f"(megatron/core/transformer/attention.py divides the heads evenly): use a mesh whose "
+            f"last axis is one of {fits}",
+        )
 
 
 class InferredBaseline(Baseline):
@@ -898,6 +928,23 @@ def _gradient_owners(graph: Graph, var_layout: dict[str, NdSbp], st: _Structure)
             layouts[t] = v
             stack.extend(graph.op_by_name[graph.producer[t][0]].inputs.values())
     return layouts
+
+
+def megatron_input_gradient_linears(graph: Graph, mesh: Mesh) -> dict[str, int]:
+    """Backward matmul op -> the Megatron linear (an id of :func:`_megatron_layout`'s map) whose
+    input gradient it computes a part of, on ``mesh``'s tensor-parallel axis.
+
+    Megatron-LM runs the column-parallel linears that read one activation and meet before
+    the next weight matmul as one GEMM (``query_key_value``; a cross-attention's
+    ``key_value``; the gated ``dense_h_to_4h``), so the input-gradient matmuls of a graph
+    written with separate ``q``, ``k``, ``v`` (or ``k``, ``v``) are parts of one GEMM's
+    output, all-reduced once (``copy_to_tensor_model_parallel_region``,
+    megatron/core/tensor_parallel/mappings.py).  Empty without a tensor-parallel axis."""
+    _, fused = _megatron_layout(graph, mesh)
+    if not fused:
+        return {}
+    found = _input_gradient_matmuls(graph, _structure(graph), fused)
+    return {op: linear for linear, ops in found.items() for op in ops}
 
 
 def _input_gradient_matmuls(graph: Graph, st: _Structure, fused: dict[str, int]) -> dict[int, frozenset[str]]:

@@ -776,6 +776,7 @@ def _runtime_of(data: dict[str, Any]) -> RuntimeProfile:
         int(data["grad_bucket_bytes"]),
         bool(data["overlap_grad_comm"]),
         ZeroSharding(data["zero_sharding"]),
+        bool(data["fuses_sibling_linears"]),
     )
     if profile.key() != data:
         raise ConfigError("bad_remote_batch", f"runtime {data['name']!r} does not decode to the profile sent")

@@ -35,6 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from autopar.baselines import megatron_input_gradient_linears
 from autopar.boxing import BoxingPlan, BoxingStep
 from autopar.cluster import Mesh
 from autopar.costs import (
@@ -400,6 +401,8 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
     order_pos = {op.name: i for i, op in enumerate(graph.topological_order)}
     gradients = weight_gradient_path(graph)
     boxed: set[tuple[str, NdSbp]] = set()
+    linear_of = _fused_linear_parts(p) if group_boxing else {}
+    reduced: set[tuple[str, int, NdSbp, NdSbp]] = set()
     for op in graph.ops:
         sig = plan.signatures.get(op.name)
         if sig is None or op.name not in plan.ports or plan.ports[op.name][0] != list(op.inputs):
@@ -425,6 +428,12 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                     p.copies.append(copy)  # the boxed copy is shared with an earlier consumer
                     continue
                 boxed.add((tensor, dst))
+                linear = linear_of.get(graph.producer[tensor][0])
+                if linear is not None and op.type in FUSED_GRADIENT_SUMS:
+                    if (op.name, linear, src, dst) in reduced:
+                        p.copies.append(copy)  # reduced with its linear's other parts
+                        continue
+                    reduced.add((op.name, linear, src, dst))
             t_edge, bp = edge_time(spec, src, dst, mesh, kind, p.runtime)
             if bp is None or not math.isfinite(t_edge):
                 p.errors.append(
@@ -455,6 +464,26 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                     per_step=runs[1],
                 )
             )
+
+
+FUSED_GRADIENT_SUMS = frozenset({"add_n", "add"})
+"""Sum ops whose inputs a runtime that fuses sibling linears reduces per linear
+(:func:`_fused_linear_parts`)."""
+
+
+def _fused_linear_parts(p: _Pricing) -> dict[str, int]:
+    """Under a runtime that fuses sibling linears (:attr:`RuntimeProfile.fuses_sibling_linears`):
+    backward matmul op -> the linear whose input gradient it computes a part of
+    (:func:`autopar.baselines.megatron_input_gradient_linears`); else empty.
+
+    Such a runtime computes the parts in one GEMM, so the parts' reductions into one sum
+    op (``(S(0), P) -> (S(0), B)`` of a cross-attention's ``k`` and ``v`` input gradients,
+    both added to the encoder output's gradient) are one collective: priced once, on the
+    first part's edge.  A sum of one part each of several linears still reduces each
+    linear once: Megatron-LM all-reduces every linear's input gradient."""
+    if not p.runtime.fuses_sibling_linears:
+        return {}
+    return megatron_input_gradient_linears(p.graph, p.plan.mesh)
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,13 @@ class RuntimeProfile:
     """Data-parallel gradient reduction overlaps the backward pass."""
     zero_sharding: ZeroSharding = ZeroSharding.ALL_AXES
     """Mesh axes ZeRO shards a replicated parameter's gradient and states over."""
+    fuses_sibling_linears: bool = False
+    """The framework runs the column-parallel linears that read one activation as one GEMM
+    (Megatron-LM's ``query_key_value``, a cross-attention's ``key_value``, the gated
+    ``dense_h_to_4h``): a graph's separate ``k`` and ``v`` input gradients are one tensor
+    there, all-reduced once (``copy_to_tensor_model_parallel_region``,
+    megatron/core/tensor_parallel/mappings.py).  :func:`autopar.evaluate.evaluate` with
+    ``group_boxing`` prices their reductions into one sum once."""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -183,6 +190,7 @@ RUNTIMES: dict[str, RuntimeProfile] = {
         Lowering.DIRECT,
         overlap_grad_comm=False,
         zero_sharding=ZeroSharding.DATA_AXES,
+        fuses_sibling_linears=True,
         source=(
             "Megatron-LM (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py, "
             "megatron/core/optimizer/distrib_optimizer.py): NCCL ring collectives; gradients "

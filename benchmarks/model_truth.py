@@ -276,7 +276,7 @@ def hand_count_dp_bytes_from_layout(graph: Graph, mesh: Mesh) -> float:
     return 2 * (dp - 1) / dp * total
 
 
-RUNTIMES = ("oneflow-0.9", "ideal")
+RUNTIMES = ("oneflow-0.9", "ideal", "megatron-lm")
 """The runtime profiles every row is measured with."""
 
 

@@ -10,6 +10,7 @@ skips (e.g. a test that does not apply on this platform) stay skips.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,12 @@ def missing_tool(reason: str) -> Tool | None:
         if any(word in lowered for word in tool.reasons):
             return tool
     return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``redis`` (it starts its own ``redis-server``) skips where there is none."""
+    if item.get_closest_marker("redis") is not None and shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not installed (apt-get install -y redis-server)")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -276,14 +276,15 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
     ``copy_to_tensor_model_parallel_region``), although the graph sums all of them in one
     ``add_n``: partial sums are summed only within one Megatron linear (Q, K, V of an
     attention; the cross-attention's K, V; wi_0, wi_1).  This graph's cross-attention has
-    separate ``k`` and ``v`` linears, so that is 2 per decoder layer, one more encoder-output
-    all-reduce per decoder layer than Megatron-LM's fused ``key_value``.  The relative
-    position bias moves nothing: its table is split by heads, as each tensor-parallel rank
-    adds only its heads' slice."""
+    separate ``k`` and ``v`` linears: OneFlow runs the Megatron layout with 2 encoder-output
+    all-reduces per decoder layer (one per ``add_n`` input), Megatron-LM with 1 (its
+    ``key_value`` is one GEMM: runtime ``megatron-lm`` fuses sibling linears), the hand
+    count.  The relative position bias moves nothing: its table is split by heads, as each
+    tensor-parallel rank adds only its heads' slice."""
     from autopar.baselines import _megatron_layout
-    from benchmarks.model_truth import hand_count_tp_bytes
+    from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes
 
-    decoder_layers, batch, encoder_seq, hidden = 2, 16, 64, 256
+    decoder_layers = SMALL_MT5["decoder_layers"]
     g = build("mt5-base", **SMALL_MT5)
     layout, fused = _megatron_layout(g, MESH)
     tables = [name for name in layout if "relative_attention_bias" in name]
@@ -295,14 +296,48 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
         assert fused[f"{cross}.k.weight"] != fused[f"decoder.layers.{1 - i}.cross_attn.k.weight"]
         mlp = f"decoder.layers.{i}.mlp"
         assert fused[f"{mlp}.wi_0.weight"] == fused[f"{mlp}.wi_1.weight"]
-    ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime="megatron-lm"), group_boxing=True)
-    # Megatron-LM's hand count (the fused key_value: 1 encoder-output all-reduce per decoder
-    # layer) is a floor; this graph's separate k, v cost at most one more per decoder layer
-    # (test_megatron_lm_tensor_parallel_bytes_are_the_hand_count: xfail strict until they do not)
+    plan = baseline_plan("megatron", g, MESH, 0, runtime="megatron-lm")
+    megatron_lm = evaluate(g, plan, group_boxing=True).comm_bytes_per_axis[1]
+    oneflow = evaluate(g, _with_runtime(plan, "oneflow-0.9"), group_boxing=True).comm_bytes_per_axis[1]
     hand = hand_count_tp_bytes(g, MESH)
-    enc = batch // MESH.shape[0] * encoder_seq * hidden * DTYPE_BYTES["float16"]
-    assert hand * (1 - MEGATRON_HAND_TOLERANCE) <= ev.comm_bytes_per_axis[1]
-    assert ev.comm_bytes_per_axis[1] <= (hand + decoder_layers * enc) * (1 + MEGATRON_HAND_TOLERANCE)
+    per_linear = hand_count_tp_bytes(g, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
+    assert megatron_lm == pytest.approx(hand, rel=MEGATRON_HAND_TOLERANCE)
+    assert oneflow == pytest.approx(per_linear, rel=MEGATRON_HAND_TOLERANCE)
+    assert per_linear > hand * (1 + 5 * MEGATRON_HAND_TOLERANCE)  # the two are told apart
+
+
+def test_a_runtime_that_fuses_sibling_linears_reduces_their_parts_once_per_sum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same plan priced with and without ``fuses_sibling_linears``: the cross-attention's
+    k and v input gradients, each reduced ``(S(0), P) -> (S(0), B)`` into the encoder
+    output's ``add_n``, are one all-reduce per decoder layer when fused, two when not, and
+    nothing else changes: one edge per layer fewer, and exactly that edge's bytes."""
+    g = build("mt5-base", **SMALL_MT5)
+    plan = baseline_plan("megatron", g, MESH, 0, runtime="megatron-lm")
+    fused = evaluate(g, plan, group_boxing=True)
+    unfused_profile = dataclasses.replace(RUNTIMES["megatron-lm"], fuses_sibling_linears=False)
+    monkeypatch.setitem(RUNTIMES, "megatron-lm", unfused_profile)
+    unfused = evaluate(g, plan, group_boxing=True)
+
+    def into_encoder_output(ev):
+        return [
+            e
+            for e in ev.edges
+            if e.consumer.startswith("encoder.final_dropout") and e.consumer.endswith("add_n")
+        ]
+
+    layers = SMALL_MT5["decoder_layers"]
+    assert len(into_encoder_output(unfused)) == 2 * layers
+    assert len(into_encoder_output(fused)) == layers
+    assert {e.producer.split(".cross_attn.")[0] for e in into_encoder_output(fused)} == {
+        f"decoder.layers.{i}" for i in range(layers)
+    }
+    one = into_encoder_output(unfused)[0]
+    all_reduce = sum(step.bytes_per_device for step in one.steps if step.axis == 1)
+    assert unfused.comm_bytes_per_axis[1] - fused.comm_bytes_per_axis[1] == pytest.approx(layers * all_reduce)
+    assert unfused.comm_bytes_per_axis[0] == pytest.approx(fused.comm_bytes_per_axis[0])
+    assert fused.step_time_s < unfused.step_time_s
 
 
 MEGATRON_TOLERANCE = 0.05
@@ -546,10 +581,6 @@ def test_bert_layout_keeps_the_lm_head_transform_whole():
 MEGATRON_HAND_TOLERANCE = 0.02
 """Issue 33: Megatron's tensor-parallel bytes within 2 % of Megatron-LM's hand count."""
 SMALL_DECODER = {"layers": 2, "batch": 16, "seq": 64, "hidden": 256, "heads": 4, "vocab": 4096}
-_CROSS_KV = (
-    "the graph's autograd sums every decoder layer's cross-attention k and v input gradients in one "
-    "add_n: no SBP plan all-reduces once per layer (Megatron-LM's fused key_value); +11 % to +17 %"
-)
 
 
 @pytest.mark.parametrize(
@@ -561,8 +592,8 @@ _CROSS_KV = (
         ("bert-large", 0),
         ("bert-large", 1),
         ("bert-large", 2),
-        pytest.param("mt5-base", 0, marks=pytest.mark.xfail(strict=True, reason=_CROSS_KV)),
-        pytest.param("mt5-base", 2, marks=pytest.mark.xfail(strict=True, reason=_CROSS_KV)),
+        ("mt5-base", 0),
+        ("mt5-base", 2),
     ],
 )
 def test_megatron_lm_tensor_parallel_bytes_are_the_hand_count(model: str, stage: int) -> None:

@@ -54,6 +54,19 @@ def test_megatron_on_an_imported_mt5_job_all_reduces_once_per_linear(mesh_jobs):
     assert got < per_linear * (1 - NEAR)
 
 
+@pytest.mark.parametrize("stage", [0, 2])
+def test_megatron_lm_on_an_imported_mt5_job_moves_the_hand_count(mesh_jobs, stage: int):
+    """Issue 33 on a job OneFlow built (separate cross-attention k and v): priced as
+    Megatron-LM runs (runtime ``megatron-lm``, whose ``key_value`` is one GEMM), the
+    ``megatron`` baseline's tensor-parallel bytes are the hand count within 2 % at ZeRO-0
+    and ZeRO-2."""
+    out, _ = mesh_jobs
+    graph = import_job(out / "mt5-tiny_zero2.pb", zero_stage=2)
+    plan = baseline_plan("megatron", graph, MESH, stage, runtime="megatron-lm")
+    got = evaluate(graph, plan, group_boxing=True).comm_bytes_per_axis[1]
+    assert got == pytest.approx(hand_count("t5", MT5_TINY, MESH), rel=0.02)
+
+
 def test_megatron_on_an_imported_gpt_job_with_head_first_qkv_moves_megatrons_bytes(mesh_jobs):
     """The GPT job's fused QKV is laid out head-first ([b, s, heads, 3 * head_dim], as
     Megatron-LM and LiBai): the column-parallel c_attn split is a split by heads, so the
