@@ -562,8 +562,8 @@ def _check_heads_divide(problem: _Problem) -> None:
         raise ConfigError(
             "megatron_heads_split",
             f"Megatron-LM cannot split {heads} attention heads over a tensor-parallel degree of {tp} "
-            f"(megatron/core/transformer/attention.py divides the heads evenly): use a mesh whose "
-            f"last axis is one of {fits}",
+            f"(megatron/core/transformer/attention.py divides the heads evenly): use a tensor-parallel "
+            f"degree (the mesh's last axis) that divides {heads}: one of {fits}",
         )
 
 

@@ -148,3 +148,24 @@ def test_oneflow_zero2_regathers_every_micro_batch_where_megatron_lm_does_not():
     megatron = _priced(graph, cluster, BaselineConfig("megatron", (4, 2), 1, MEGATRON_RUNTIME), training)
     # the same layout: OneFlow's ZeRO gather runs after its repeat op, once per micro-batch
     assert oneflow.predicted["micro_batch_time_s"] > megatron.predicted["micro_batch_time_s"]
+
+
+def test_megatron_refuses_a_tensor_parallel_degree_that_does_not_divide_the_heads():
+    """Megatron-LM divides the heads evenly over the tensor-parallel ranks
+    (``divide(num_attention_heads, world_size)``, megatron/core/transformer/attention.py):
+    12 heads on tp=8 is refused with the degrees that work, and the configuration search
+    leaves that degree out and prices the rest."""
+    graph = build("tiny-gpt", heads=12, hidden=96)
+    cluster = Cluster.parse("1x8", "a100-40g")
+    with pytest.raises(ConfigError) as info:
+        baseline_plan("megatron", graph, Mesh(cluster, (1, 8)), 2, runtime="megatron-lm")
+    assert info.value.code == "megatron_heads_split"
+    assert "12" in info.value.message and "1, 2, 3, 4, 6, 12" in info.value.message
+    configs = candidate_configs("megatron", cluster, 2, "megatron-lm")
+    training = TrainingConfig(1, "full")
+    chosen, priced = best_config(configs, lambda c: _priced(graph, cluster, c, training), None)
+    refused = [p for p in priced if p.error is not None]
+    assert refused and all(p.config.tensor_parallel == 8 for p in refused)
+    assert all("12 attention heads" in (p.error or "") for p in refused)
+    assert chosen.plan is not None and 12 % chosen.config.tensor_parallel == 0
+    assert len(refused) < len(priced)
