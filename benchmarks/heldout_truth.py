@@ -19,6 +19,9 @@ Per job (``OUT/{family}_zero2.pb``), as built by OneFlow's own SBP inference:
   tensor-parallel bytes against Megatron-LM's hand count (:func:`hand_count_family`),
   data-parallel bytes against the DDP count from the configuration
   (:func:`benchmarks.model_truth.hand_count_dp_bytes_config`);
+* the same tensor-parallel bytes per runtime and ZeRO stage (:data:`HAND_COUNT_PRICINGS`,
+  :func:`hand_count_table`): Megatron-LM as it runs (runtime ``megatron-lm``, which
+  all-reduces a fused linear's input gradient once) at ZeRO-0 and ZeRO-2 beside OneFlow 0.9's;
 * fidelity of OneFlow's plan: predicted (``evaluate(..., group_boxing=True)`` of the plan
   imported from the built job) against counted (:func:`autopar.oneflow.traffic.count_job_traffic`
   on the *compiled* job, ``{family}_zero2_compiled.pb`` / ``{family}_min1024_compiled.pb``)
@@ -206,6 +209,12 @@ def measure(job: Path, family: str, compiled: Path | None = None) -> dict[str, A
     hand_family, cfg = family_config(family)
     mesh = plan.mesh
     meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    tp_by_pricing = {
+        f"{runtime}, ZeRO-{stage}": evaluate(
+            graph, baseline_plan("megatron", graph, mesh, stage, runtime=runtime), group_boxing=True
+        ).comm_bytes_per_axis[1]
+        for runtime, stage in HAND_COUNT_PRICINGS
+    }
     counted = count_job_traffic(compiled or job)
     return {
         "family": family,
@@ -217,6 +226,7 @@ def measure(job: Path, family: str, compiled: Path | None = None) -> dict[str, A
         "agreement_cascaded": agreement(graph, plan).share,
         "agreement_per_op": agreement(graph, plan, cascade=False).share,
         "megatron_tp": meg.comm_bytes_per_axis[1],
+        "megatron_tp_by_pricing": tp_by_pricing,
         "hand_tp": hand_count_family(hand_family, cfg, mesh),
         "megatron_dp": meg.comm_bytes_per_axis[0],
         "hand_dp": hand_count_dp_bytes_config(hand_family, cfg, mesh),
@@ -260,6 +270,25 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+HAND_COUNT_PRICINGS = (("oneflow-0.9", 0), ("megatron-lm", 0), ("megatron-lm", 2))
+"""(runtime, ZeRO stage) pairs :func:`hand_count_table` prices the ``megatron`` baseline with."""
+
+
+def hand_count_table(rows: list[dict[str, Any]]) -> str:
+    """``megatron``'s tensor-parallel bytes per device over Megatron-LM's hand count, per
+    job and per (runtime, ZeRO stage) of :data:`HAND_COUNT_PRICINGS`."""
+    names = [f"{runtime}, ZeRO-{stage}" for runtime, stage in HAND_COUNT_PRICINGS]
+    lines = [
+        "| job | split | hand count (KiB) | " + " | ".join(f"megatron tp / hand, {n}" for n in names) + " |",
+        "|---|---|---:|" + "---:|" * len(names),
+    ]
+    for r in rows:
+        hand = r["hand_tp"]
+        ratios = " | ".join(f"{r['megatron_tp_by_pricing'][n] / hand:.4f}" for n in names)
+        lines.append(f"| {r['family']} | {r['split']} | {hand / 1024:.1f} | {ratios} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("jobs", type=Path, help="the OUT folder of _build_heldout_families.py")
@@ -277,6 +306,8 @@ def main() -> None:
             compiled = args.jobs / f"{stem}_compiled.pb"
             rows.append(measure(args.jobs / f"{stem}.pb", family, compiled if compiled.exists() else None))
     print(table(rows))
+    print("\nmegatron tensor-parallel bytes / Megatron-LM's hand count, per runtime and ZeRO stage:")
+    print(hand_count_table(rows))
     for r in rows:
         if r["missing"]:
             print(f"\n{r['family']}: signatures the rules lack (ops refused):")

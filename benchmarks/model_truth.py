@@ -308,13 +308,14 @@ def measure(model: str) -> dict[str, Any]:
     hand = hand_count_tp_bytes(graph, mesh)
     hand_graph = hand_count_tp_bytes(graph, mesh, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     rows = {}
-    for runtime in ("oneflow-0.9", "ideal", "megatron-lm"):  # megatron-lm: Megatron-LM as it runs
+    for runtime in RUNTIMES:  # megatron-lm: Megatron-LM as it runs
         meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True)
         meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime), group_boxing=True)
         inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime), group_boxing=True)
         rows[runtime] = {
             "megatron_tp_bytes_zero0": meg0.comm_bytes_per_axis[1],
             "megatron_dp_bytes_zero0": meg0.comm_bytes_per_axis[0],
+            "megatron_tp_bytes_zero2": meg.comm_bytes_per_axis[1],
             "megatron_ms": meg.step_time_s * 1e3,
             "megatron_overlapped_ms": meg.step_time_overlapped_s * 1e3,
             "inferred_ms": inf.step_time_s * 1e3,
@@ -368,7 +369,7 @@ def measure_imported(folder: Path) -> dict[str, Any]:
         "hand_tp_bytes_graph": hand_count("t5", config, mesh, cross_kv_linears=linears),
         "runtimes": {},
     }
-    for runtime in ("oneflow-0.9", "ideal"):
+    for runtime in RUNTIMES:
         plan = baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
         ev = evaluate(graph, plan, group_boxing=True)
         out["runtimes"][runtime] = ev.comm_bytes_per_axis[len(mesh.shape) - 1]
@@ -424,7 +425,7 @@ def measure_imported_gpt(job: Path) -> dict[str, Any]:
         runtime: evaluate(
             graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True
         ).comm_bytes_per_axis[len(mesh.shape) - 1]
-        for runtime in ("oneflow-0.9", "ideal")
+        for runtime in RUNTIMES
     }
     return out
 
@@ -527,6 +528,9 @@ def main() -> None:
         print("  megatron tp bytes/device (ZeRO-0) vs Megatron-LM hand count:")
         for runtime, row in r["runtimes"].items():
             print(_tp_bytes_line(runtime, row["megatron_tp_bytes_zero0"], r))
+        print("  megatron tp bytes/device (ZeRO-2) vs Megatron-LM hand count:")
+        for runtime, row in r["runtimes"].items():
+            print(_tp_bytes_line(runtime, row["megatron_tp_bytes_zero2"], r))
         print("  megatron dp bytes/device (ZeRO-0) vs Megatron-LM's DDP hand count:")
         for runtime, row in r["runtimes"].items():
             print(_tp_bytes_line(runtime, row["megatron_dp_bytes_zero0"], r, axis="dp"))

@@ -159,7 +159,7 @@ def test_predicted_bytes_match_the_compiled_llama_job_per_axis(
     SBPs and edges, not the byte formula): the boxing of ``split_like``'s ``like`` inputs
     (rotary embeddings' backward) included, which autopar once took as free (-4.2 % on
     axis 1), and ZeRO's unsharded small variables in the layout the job stores them."""
-    from benchmarks.heldout_truth import measure
+    from benchmarks.heldout_truth import hand_count_table, measure
     from tests.oneflow.conftest import launch
 
     cached = os.environ.get("AUTOPAR_ONEFLOW_JOBS")
@@ -172,6 +172,10 @@ def test_predicted_bytes_match_the_compiled_llama_job_per_axis(
     assert row["counted_on"] == "compiled" and row["errors"] == 0
     assert row["predicted"] == pytest.approx(row["counted"], rel=1e-6)
     assert sum(row["counted_kernel"]) == pytest.approx(sum(row["counted"]))
+    # the benchmark's hand-count table: Megatron-LM as it runs, ZeRO-0 and ZeRO-2, within 2 %
+    for pricing in ("megatron-lm, ZeRO-0", "megatron-lm, ZeRO-2"):
+        assert row["megatron_tp_by_pricing"][pricing] == pytest.approx(row["hand_tp"], rel=0.02)
+    assert "| llama | evaluation |" in hand_count_table([row])
 
 
 def test_megatron_reduces_a_tied_table_read_through_identities_once(
