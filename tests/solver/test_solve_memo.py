@@ -99,7 +99,11 @@ def test_an_entry_that_does_not_verify_is_solved_again_and_replaced(graph, once)
     store.put_many({key: lie.to_bytes()})
     again = plan(request, store=store)
     assert _memo(again)["found"] is True and _memo(again)["verified"] is False
-    assert again.solver["objective"] == pytest.approx(first.solver["objective"], rel=1e-9)
+    # solved again, not the stored lie: each solve's plan is at least the other's proven
+    # bound (the two solves may stop at different plans within their gaps under load)
+    assert again.solver["objective"] > lie.objective * 1.01
+    assert again.solver["objective"] >= first.solver["bound"] * (1 - 1e-9)
+    assert first.solver["objective"] >= again.solver["bound"] * (1 - 1e-9)
     assert again.solver["bound"] <= again.solver["objective"] + 1e-15
     assert _entry(store, key).objective == pytest.approx(again.solver["objective"], rel=1e-12)
     # a choice out of an op's table: not trusted either
