@@ -428,8 +428,8 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                     p.copies.append(copy)  # the boxed copy is shared with an earlier consumer
                     continue
                 boxed.add((tensor, dst))
-                linear = linear_of.get(graph.producer[tensor][0])
-                if linear is not None and op.type in FUSED_GRADIENT_SUMS:
+                linear = linear_of.get(graph.producer[tensor][0]) if op.type in FUSED_GRADIENT_SUMS else None
+                if linear is not None:
                     if (op.name, linear, src, dst) in reduced:
                         p.copies.append(copy)  # reduced with its linear's other parts
                         continue
