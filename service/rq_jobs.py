@@ -225,9 +225,13 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("bad_settings", "solve_job runs outside RQ and AUTOPAR_REDIS_URL is unset")
     records = JobRecords(client, settings.job_ttl_s)
     store = RedisStore(settings.redis_url or "redis://(worker connection)", client=client)
-    store.incr("stat:solves_started")
-
     fence = _start_attempt(records, job_id)
+    if fence is None:
+        # a stale retry: the record is already terminal (the janitor queued it again while the
+        # attempt that finished it was writing its end); solving again would be wasted work
+        log.warning("job %s: already ended; this run does nothing", job_id[:12])
+        return {"ok": False, "already_ended": True}
+    store.incr("stat:solves_started")
     report = _reporter(records, job_id, fence)
     with _Heartbeat(records, job_id, settings, fence):
         try:
@@ -255,19 +259,25 @@ def solve_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
             error = error_of(exc)
             _record_outcome(records, job_id, settings, JobStatus.FAILED, fence, error=error)
             return {"ok": False, "error": error}
-    store.incr("stat:plans_stored")
-    _record_outcome(
-        records, job_id, settings, JobStatus.SUCCEEDED, fence, result=result, phase="done", error=None
-    )
+        # the end is written while the heartbeat still beats: between a stopped heartbeat and a
+        # terminal record the janitor would take the finished job for a lost one and run it again
+        store.incr("stat:plans_stored")
+        _record_outcome(
+            records, job_id, settings, JobStatus.SUCCEEDED, fence, result=result, phase="done", error=None
+        )
     return {"ok": True, "result": result}
 
 
-def _start_attempt(records: JobRecords, job_id: str) -> str:
-    """Mark the job running under a fresh fencing token (this attempt's) and return the token."""
+def _start_attempt(records: JobRecords, job_id: str) -> str | None:
+    """Mark the job running under a fresh fencing token (this attempt's) and return the token;
+    None when the record is terminal already (nothing is left to run)."""
     fence = uuid.uuid4().hex
+    ended = False
 
     def started(info: JobInfo) -> bool:
+        nonlocal ended
         if info.terminal:
+            ended = True
             return False
         info.status = JobStatus.RUNNING
         info.attempts += 1
@@ -278,7 +288,7 @@ def _start_attempt(records: JobRecords, job_id: str) -> str:
 
     if records.update(job_id, started) is None:
         records.save(JobInfo(job_id, JobStatus.RUNNING, attempts=1, started_at=time.time(), fence=fence))
-    return fence
+    return None if ended else fence
 
 
 def _reporter(records: JobRecords, job_id: str, fence: str) -> Callable[[dict[str, Any]], None]:
@@ -606,21 +616,38 @@ class RQJobManager:
                 f"the worker running this job stopped sending heartbeats for "
                 f"{self.settings.worker_lost_after_s:.0f} s (killed or lost)"
             )
+            error = {"kind": "worker_lost", "code": "worker_lost", "message": message}
+            retry = rq_job.should_retry
+            # the record first, atomically: an attempt that wrote the job's end since it was
+            # loaded above keeps it, and the job is neither queued again nor failed
+            change = (
+                _requeued({**error, "retrying": True}) if retry else _finish(JobStatus.FAILED, error=error)
+            )
+            if not _applied(self.records, job_id, change):
+                continue
             with self.client.pipeline() as pipe:
                 registry.remove_executions(rq_job, pipeline=pipe)
-                retry = rq_job.should_retry
                 if retry:
                     rq_job.retry(self.queue, pipe)
                 else:
                     record_job_failure(rq_job, message, pipe)
                 pipe.execute()
-            error = {"kind": "worker_lost", "code": "worker_lost", "message": message}
             if retry:
                 log.warning("job %s: worker lost, retrying", job_id[:12])
-
-                self.records.update(job_id, _requeued({**error, "retrying": True}))
             else:
                 log.warning("job %s: worker lost, no retries left", job_id[:12])
-                self._terminal(job_id, JobStatus.FAILED, error)
             handled.append(job_id)
         return handled
+
+
+def _applied(records: JobRecords, job_id: str, change: Callable[[JobInfo], bool]) -> bool:
+    """Apply ``change`` to a running record (atomically); whether it was applied."""
+    applied = False
+
+    def running_only(info: JobInfo) -> bool:
+        nonlocal applied
+        applied = info.status is JobStatus.RUNNING and change(info)
+        return applied
+
+    records.update(job_id, running_only)
+    return applied
