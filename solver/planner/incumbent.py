@@ -67,7 +67,18 @@ def full_incumbent(job: MeshJob, ctx: PlanContext, reserve: float) -> Verified |
     plan, _, solution = state.kept
     plan = dataclasses.replace(plan, training=training.with_recomputed(rc.blocks))
     ev = evaluate(job.graph, plan)
-    stats = {"source": "checkpointing full, solved first (every block recomputed)", "full": solution.stats}
+    bound = state.best_bound if math.isfinite(state.best_bound) else None
+    first = {
+        "objective": solution.objective,
+        "bound": bound,
+        "gap": None if bound is None else (solution.objective - bound) / max(solution.objective, 1e-300),
+        "wall_s": deadline.elapsed(),
+    }
+    stats = {
+        "source": "checkpointing full, solved first (every block recomputed)",
+        "full": solution.stats,
+        "full_first": first,
+    }
     choices = rc.all_recomputing(solution.choices)
     incumbent = Solution(choices, solution.objective, -math.inf, 1.0, "feasible", solution.wall_s, stats)
     return plan, ev, incumbent
@@ -94,5 +105,7 @@ def seed_with_full(job: MeshJob, state: Rounds, ctx: PlanContext) -> None:
         return
     state.kept = found
     state.kept_positions = []
+    state.full_first = found[2].stats["full_first"]
     if state.hint is None:
         state.hint = list(found[2].choices)
+

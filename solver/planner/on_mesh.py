@@ -190,6 +190,8 @@ def _solver_report(
     stats = dict(solution.stats)
     stats["rounds"] = state.log
     stats["memo"] = memo.stats
+    if state.full_first is not None:
+        stats["full_first"] = state.full_first
     stats["time_cost_tables_s"] = t_tables
     stats["cost_tables"] = {k: v for k, v in tables.stats.items() if k != "fallback_ops"}
     report: SolverReport = {

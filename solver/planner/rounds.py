@@ -106,6 +106,9 @@ class Rounds:
     later round)."""
     log: list[dict[str, Any]] = field(default_factory=list)
     """One entry per round (``solver["stats"]["rounds"]``)."""
+    full_first: dict[str, Any] | None = None
+    """Under checkpointing ``auto``: the ``full`` plan solved first, the incumbent the rounds
+    must beat (its objective, gap and wall time; ``solver["stats"]["full_first"]``)."""
 
 
 def shares_time(job: MeshJob, state: Rounds) -> bool:
