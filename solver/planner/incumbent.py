@@ -108,4 +108,3 @@ def seed_with_full(job: MeshJob, state: Rounds, ctx: PlanContext) -> None:
     state.full_first = found[2].stats["full_first"]
     if state.hint is None:
         state.hint = list(found[2].choices)
-

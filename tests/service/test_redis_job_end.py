@@ -22,7 +22,6 @@ from rq import Queue, Retry
 from rq.executions import Execution
 from rq.job import JobStatus as RQStatus
 from rq.registry import StartedJobRegistry
-from rq.serializers import JSONSerializer
 
 from autopar_cache.redis_server import RedisServer
 from autopar_cache.redis_store import RedisStore

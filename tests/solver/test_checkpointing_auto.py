@@ -164,7 +164,9 @@ def test_under_the_floor_of_off_auto_recomputes_what_makes_the_plan_fit(
     assert ev.recompute_time_s > 0
 
 
-def test_auto_is_never_worse_than_the_full_plan_it_solved_first(graph, tight: Tight, auto_untied: Plan) -> None:
+def test_auto_is_never_worse_than_the_full_plan_it_solved_first(
+    graph, tight: Tight, auto_untied: Plan
+) -> None:
     """Every ``full`` plan is an ``auto`` plan (every flag set to recompute): ``auto`` solves
     ``full`` first and keeps that plan as its incumbent, so its objective is at most that
     plan's, whatever time either solve had.  The ``full`` plan solved first is within its own
