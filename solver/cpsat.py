@@ -20,7 +20,7 @@ from ortools.sat.python import cp_model
 
 from autopar.errors import AutoparError
 from autopar_solver.cpsat_model import ModelBuilder, OutOfTime
-from autopar_solver.options import Progress, ProgressFn, SolverOptions
+from autopar_solver.options import DETERMINISTIC_WALL_FACTOR, Progress, ProgressFn, SolverOptions
 from autopar_solver.problem import Problem, evaluate
 
 __all__ = [
@@ -94,7 +94,7 @@ def _configure(solver: cp_model.CpSolver, options: SolverOptions, time_limit_s: 
     if options.deterministic:
         params.interleave_search = True
         params.max_deterministic_time = time_limit_s
-        params.max_time_in_seconds = 4 * time_limit_s
+        params.max_time_in_seconds = DETERMINISTIC_WALL_FACTOR * time_limit_s
     else:
         params.max_time_in_seconds = time_limit_s
 

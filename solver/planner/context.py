@@ -17,7 +17,7 @@ from autopar.cost_tables import RemoteTableBuilder
 from autopar.plan import Plan
 from autopar.progress import Deadline, Progress, ProgressFn
 from autopar.store import KeyValueStore
-from autopar_solver.options import SolverOptions
+from autopar_solver.options import DETERMINISTIC_WALL_FACTOR, SolverOptions
 
 __all__ = [
     "DETERMINISTIC_WALL_FACTOR",
@@ -45,14 +45,12 @@ the 50k-op graph, 2-core machine, 2026-12-02: 1.7 s to build the plan, 5.3 s to 
 it; with 1 s per 10k ops kept free, a 30 s limit ended at 33.7 s)."""
 EVALUATE_PER_BUILD = 5.0
 """Evaluator seconds per second of :func:`build_problem` kept free before the deadline."""
-DETERMINISTIC_WALL_FACTOR = 4
-"""Deterministic runs measure their limit in CP-SAT's deterministic units; their wall
-clock is capped at this many times the limit per solve, so a whole command gets
-this factor times the limit for every memory round and mesh shape."""
 
 
 def wall_limit(options: SolverOptions) -> float:
-    """Wall seconds the command may take."""
+    """Wall seconds the command may take: deterministic runs get
+    :data:`~autopar_solver.options.DETERMINISTIC_WALL_FACTOR` times their limit for every
+    memory round and mesh shape."""
     if options.deterministic:
         return DETERMINISTIC_WALL_FACTOR * options.time_limit_s * MAX_MEMORY_ROUNDS * 4
     return options.time_limit_s
