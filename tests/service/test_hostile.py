@@ -176,9 +176,11 @@ def test_case6_graph_name_and_meta_belong_to_the_request(
     with server.client() as a, server.client() as b:
         ra = a.post("/v1/plans", json=plan_body(first))
         rb = b.post("/v1/plans", json=plan_body(second))
-        assert ra.status_code == rb.status_code == 202
-        key = ra.json()["id"]
-        assert rb.json()["id"] == key  # same content, one job
+        # same content, one job: the second joins it (202) or, where it ended in between (a
+        # loaded machine, or an earlier test's job of the same content), gets its plan (200)
+        assert ra.status_code in (200, 202) and rb.status_code in (200, 202)
+        key = ra.json().get("id") or ra.json()["key"]
+        assert (rb.json().get("id") or rb.json()["key"]) == key
         wait_status(a, key, {"succeeded"}, timeout_s=120)
         record = a.get(f"/v1/plans/{key}").json()
     text = json.dumps(record)

@@ -188,11 +188,13 @@ def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_sh
     key = tuple(slow.mesh.shape)
     rows = {key: _row(slow, 5 * target), (2, 2, 2): {"shape": [2, 2, 2], "outcome": "no plan", "wall_s": 0.0}}
     best = ms._continue_best(request, rows, [], ms.MemoryStore(), ctx, slow.iteration_time_s)
+    left_after = ctx.deadline.left()
     if deterministic:
         assert calls == [] and best == slow.iteration_time_s
         return
     assert [shape for shape, _ in calls] == [key]
-    assert calls[0][1] == pytest.approx(ms.CONTINUE_SHARE * 60.0, rel=0.01)
+    # its share of the time left when it was called (a loaded machine spends some of it first)
+    assert ms.CONTINUE_SHARE * left_after <= calls[0][1] <= ms.CONTINUE_SHARE * 60.0
     assert rows[key]["continued"] is True and rows[key]["plan"] is fast
     assert best == fast.iteration_time_s and rows[key]["wall_s"] == 3.0
     # a continuation that comes back worse leaves the plan it started from
