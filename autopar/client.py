@@ -164,7 +164,7 @@ class PlanClient:
         wait_s: float = 0.0,
         refresh: bool = False,
     ) -> Submission:
-        """POST /v1/plans.  ``graph``: a :class:`~autopar.graph.Graph`, a dict or JSON bytes."""
+        """POST /v1/plans.  ``graph``: a :class:`~autopar.ir.graph.Graph`, a dict or JSON bytes."""
         fields: dict[str, Any] = {"cluster": cluster, "preset": preset, "zero_stage": zero_stage}
         if mesh_shape is not None:
             fields["mesh_shape"] = list(mesh_shape)

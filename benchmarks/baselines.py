@@ -6,7 +6,7 @@
 Prints, per baseline, the evaluator's step time, compute / communication split,
 communication per mesh axis and memory per device, and the ratio to ``megatron``;
 with ``--micro-batches K`` also the iteration (K micro-batches, the checkpointing
-each system runs with: :func:`autopar.iteration.baseline_training`).
+each system runs with: :func:`autopar.cost.iteration.baseline_training`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh, parse_mesh_shape
-from autopar.evaluate import evaluate
-from autopar.iteration import TrainingConfig, baseline_training
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.evaluate import evaluate
+from autopar.cost.iteration import baseline_training
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh, parse_mesh_shape
+from autopar.ir.training import TrainingConfig
 from autopar.models import build
 
 GIB = 1024**3

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from autopar.cluster import Cluster, Mesh, parse_mesh_shape
-from autopar.cost_tables import build_cost_tables, clear_process_caches
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.tables import clear_process_caches
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh, parse_mesh_shape
+from autopar.infra.store import MemoryStore
 from autopar.models import build
-from autopar.store import MemoryStore
 
 
 def main() -> None:

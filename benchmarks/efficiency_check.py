@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.efficiency_check [--preset a100-80g] [--rows 1.7b,18b]
 
 A check, never an input: no constant of the cost model is fitted to these numbers (the
-compute efficiencies come from kernel measurements, ``autopar/profiles/*.json`` and
+compute efficiencies come from kernel measurements, ``autopar/hardware/profiles/*.json`` and
 ``docs/calibration.md``).
 
 Rows: the four pipeline-1 rows of Narayanan et al. 2021 ("Efficient Large-Scale Language
@@ -81,11 +81,12 @@ ROWS = {
 
 def modelled_iteration_s(row: Row, preset: str) -> tuple[float, float]:
     """(iteration seconds, compute seconds of one micro-batch step) of autopar's megatron baseline."""
-    from autopar.baseline_configs import parse_config
-    from autopar.baselines import baseline_plan
-    from autopar.cluster import Cluster, Mesh
-    from autopar.evaluate import attach_evaluation, evaluate
-    from autopar.iteration import TrainingConfig
+    from autopar.baselines.configs import parse_config
+    from autopar.baselines.plans import baseline_plan
+    from autopar.cost.evaluate import attach_evaluation, evaluate
+    from autopar.hardware.cluster import Cluster
+    from autopar.hardware.mesh import Mesh
+    from autopar.ir.training import TrainingConfig
     from autopar.models import build
 
     graph = build(

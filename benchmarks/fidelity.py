@@ -22,12 +22,12 @@ row-parallel ``o`` / ``wo`` / ``dense`` ``(B, S(1))``, the rest ``B``; data ``(S
    the plan now, with OneFlow's grouping of boxings by destination
    (``evaluate(..., group_boxing=True)``; OneFlow's plans read back with
    ``import_plan``, autopar's re-scored on the graph it was solved for, not the
-   prediction stored when it was solved), *counted* = :func:`autopar.oneflow.traffic.count_job_traffic`
-   on the compiled job (every edge's own N-D SBP, priced as OneFlow 0.9 lowers
-   it, ZeRO casts, optimizer inputs and dropped ops included: the same per-hop
-   formula, ``lower_hop``, as the ``oneflow-0.9`` prediction, so it checks the SBPs,
-   not the formula) and again with the counter's formula of its own
-   (``kernel_bytes_per_axis``, :mod:`autopar.oneflow.kernel_bytes`).  Prints one table
+   prediction stored when it was solved), *counted* =
+   :func:`autopar.bridges.oneflow.traffic.count_job_traffic` on the compiled job (every edge's own
+   N-D SBP, priced as OneFlow 0.9 lowers it, ZeRO casts, optimizer inputs and dropped ops
+   included: the same per-hop formula, ``lower_hop``, as the ``oneflow-0.9`` prediction, so it
+   checks the SBPs, not the formula) and again with the counter's formula of its own
+   (``kernel_bytes_per_axis``, :mod:`autopar.bridges.oneflow.kernel_bytes`).  Prints one table
    and writes ``fidelity.json`` / ``fidelity.md`` in ``--out``.
 
 CPU jobs are fp32 (AMP is a no-op on CPU); the norms are OneFlow's CPU
@@ -104,7 +104,7 @@ def _setup(args: argparse.Namespace, model: str, mesh: tuple[int, int]) -> tuple
 
 def build_rank(args: argparse.Namespace) -> None:
     """One rank of the launch that builds and compiles OneFlow's two plans of every model."""
-    from autopar.oneflow import make_train_graph
+    from autopar.bridges.oneflow import make_train_graph
 
     out = Path(args.out)
     mesh = MESHES[args.mesh]
@@ -134,9 +134,9 @@ def build_rank(args: argparse.Namespace) -> None:
 
 def pin_rank(args: argparse.Namespace) -> None:
     """One rank of the launch that pins autopar's plan into each model and compiles it."""
-    from autopar.oneflow import compile_with_plan, make_train_graph
-    from autopar.oneflow.apply import plan_input_sbps, to_flow_sbp
-    from autopar.plan import Plan
+    from autopar.bridges.oneflow import compile_with_plan, make_train_graph
+    from autopar.bridges.oneflow.apply import plan_input_sbps, to_flow_sbp
+    from autopar.ir.plan import Plan
 
     out = Path(args.out)
     mesh = MESHES[args.mesh]
@@ -144,12 +144,12 @@ def pin_rank(args: argparse.Namespace) -> None:
         stem = out / f"{model}_{args.mesh}"
         plan = Plan.load(f"{stem}_autopar_plan.json")
         flow, module, inputs, _ = _setup(args, model, mesh)
-        from autopar.oneflow import apply_plan
+        from autopar.bridges.oneflow import apply_plan
 
         # the inputs are laid out as the plan's input ops say (the data loader's layout is free);
         # that may change what OneFlow builds (a replicated label or replicated logits turn
         # sparse_softmax_cross_entropy_ms into sparse_softmax_cross_entropy), which the pin
-        # maps back to the plan's ops (autopar.oneflow.apply.match_plan_ops)
+        # maps back to the plan's ops (autopar.bridges.oneflow.pin.match_plan_ops)
         apply_plan(module, plan, inputs[0].placement, copy_values=True)
         planned = plan_input_sbps(plan)
         if len(planned) == len(inputs):
@@ -177,8 +177,8 @@ def pin_rank(args: argparse.Namespace) -> None:
 
 
 def plan_models(args: argparse.Namespace) -> None:
-    from autopar.oneflow import import_job
-    from autopar.oneflow.planning import request_plan
+    from autopar.bridges.oneflow import import_job
+    from autopar.bridges.oneflow.planning import request_plan
 
     out = Path(args.out)
     for mesh_name in args.meshes.split(","):
@@ -217,12 +217,12 @@ def _row(label: str, predicted: dict[str, float], counted: Any, ndim: int) -> di
 
 
 def report(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from autopar.cluster import Cluster
-    from autopar.evaluate import attach_evaluation, evaluate
-    from autopar.graph import Graph
-    from autopar.oneflow import import_job, import_plan
-    from autopar.oneflow.traffic import count_job_traffic
-    from autopar.plan import Plan
+    from autopar.bridges.oneflow import import_job, import_plan
+    from autopar.bridges.oneflow.traffic import count_job_traffic
+    from autopar.cost.evaluate import attach_evaluation, evaluate
+    from autopar.hardware.cluster import Cluster
+    from autopar.ir.graph import Graph
+    from autopar.ir.plan import Plan
 
     out = Path(args.out)
     rows: list[dict[str, Any]] = []

@@ -10,7 +10,7 @@ solves), on the jobs ``benchmarks/heldout_truth.py``'s build commands write to O
 Jobs: ``OUT/{family}_zero2.pb`` (``_build_heldout_families.py``) and
 ``OUT/{name}_min1024.pb`` (``_build_heldout.py``), all at OneFlow's default ZeRO-2
 (``shard_min_size`` 1024).  ``plan`` solves each on ``[4, 2]`` of ``1x8`` ``a100-40g``,
-ZeRO-2, the runtime the job was built for (:func:`autopar.oneflow.plans.job_runtime`).
+ZeRO-2, the runtime the job was built for (:func:`autopar.bridges.oneflow.plans.job_runtime`).
 ``table`` reads what ``_pin_families.py`` wrote: per job, its split (development rows
 are in-sample, evaluation rows held out), the compile attempts, the op types OneFlow
 refused to take pinned (``compile_with_plan`` then leaves them to OneFlow's inference),
@@ -54,10 +54,10 @@ def plan_job(
 ) -> None:
     """autopar's plan of ``out/{job}.pb`` on ``[4, 2]`` of ``1x8``, ZeRO-2, written to
     ``out/{stem}.plan.json`` (``stem`` defaults to ``job``), on ``runtime`` (default: the
-    one the job was built for, :func:`autopar.oneflow.plans.job_runtime`)."""
-    from autopar.oneflow import import_job, load_job
-    from autopar.oneflow.planning import request_plan
-    from autopar.oneflow.plans import job_runtime
+    one the job was built for, :func:`autopar.bridges.oneflow.plans.job_runtime`)."""
+    from autopar.bridges.oneflow import import_job, load_job
+    from autopar.bridges.oneflow.planning import request_plan
+    from autopar.bridges.oneflow.plans import job_runtime
 
     proto = load_job(out / f"{job}.pb")
     graph_path = out / f"{job}.graph.json"

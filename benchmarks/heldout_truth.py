@@ -13,7 +13,7 @@ Per job (``OUT/{family}_zero2.pb``), as built by OneFlow's own SBP inference:
 
 * OneFlow's plan imported (``import_plan``) and evaluated: evaluator errors, and the
   (op type, signature) pairs the rules do not offer;
-* ``inferred`` agreement with OneFlow's choice (:func:`autopar.oneflow_inference.agreement`),
+* ``inferred`` agreement with OneFlow's choice (:func:`autopar.baselines.oneflow_inference.agreement`),
   cascaded and per op;
 * the ``megatron`` baseline (ZeRO-0, boxed as OneFlow groups) on the imported graph:
   tensor-parallel bytes against Megatron-LM's hand count (:func:`hand_count_family`),
@@ -23,7 +23,7 @@ Per job (``OUT/{family}_zero2.pb``), as built by OneFlow's own SBP inference:
   :func:`hand_count_table`): Megatron-LM as it runs (runtime ``megatron-lm``, which
   all-reduces a fused linear's input gradient once) at ZeRO-0 and ZeRO-2 beside OneFlow 0.9's;
 * fidelity of OneFlow's plan: predicted (``evaluate(..., group_boxing=True)`` of the plan
-  imported from the built job) against counted (:func:`autopar.oneflow.traffic.count_job_traffic`
+  imported from the built job) against counted (:func:`autopar.bridges.oneflow.traffic.count_job_traffic`
   on the *compiled* job, ``{family}_zero2_compiled.pb`` / ``{family}_min1024_compiled.pb``)
   with ``lower_hop`` and with the formula of its own (``kernel_bytes_per_axis``), per mesh axis.
   The compiled job is the one to count: it holds the ``System-Boxing-Middle-Identity`` ops
@@ -52,8 +52,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autopar.cluster import Mesh
-from autopar.graph import DTYPE_BYTES
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import DTYPE_BYTES
 from benchmarks.model_truth import MT5_TINY, hand_count, hand_count_dp_bytes_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,11 +197,11 @@ def _missing_signatures(errors: list[str]) -> dict[str, int]:
 def measure(job: Path, family: str, compiled: Path | None = None) -> dict[str, Any]:
     """One row of the table for the built ``job``; bytes counted on ``compiled`` (the job
     nn.Graph compiled from it) when given, else on ``job`` (see the module doc)."""
-    from autopar.baselines import baseline_plan
-    from autopar.evaluate import evaluate
-    from autopar.oneflow import import_job, import_plan
-    from autopar.oneflow.traffic import count_job_traffic
-    from autopar.oneflow_inference import agreement
+    from autopar.baselines.oneflow_inference import agreement
+    from autopar.baselines.plans import baseline_plan
+    from autopar.bridges.oneflow import import_job, import_plan
+    from autopar.bridges.oneflow.traffic import count_job_traffic
+    from autopar.cost.evaluate import evaluate
 
     graph = import_job(job, zero_stage=2)
     plan = import_plan(job, graph=graph, zero_stage=2)

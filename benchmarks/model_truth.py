@@ -61,7 +61,7 @@ the hand count.  ``--imported-tiny-mt5 JOB.pb`` does the same for the imported
 LiBai's fused cross-attention ``key_value``.
 
 With ``--inference-jobs DIR`` (OneFlow 0.9 needed) it prints instead how many op
-signatures :func:`autopar.oneflow_inference.infer_like_oneflow` picks as OneFlow
+signatures :func:`autopar.baselines.oneflow_inference.infer_like_oneflow` picks as OneFlow
 did in the jobs ``DIR/{model}_2x2_inference_built.pb`` (the LiBai-layout
 inference jobs of ``benchmarks/fidelity.py``, ZeRO-2): cascaded (every op
 decides from the emulation's own earlier choices) and per op (every op decides
@@ -78,13 +78,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autopar.baselines import baseline_plan, megatron_parameter_layout
-from autopar.cluster import Cluster, Mesh
-from autopar.evaluate import evaluate
-from autopar.graph import DTYPE_BYTES, Graph
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import DTYPE_BYTES, Graph
+from autopar.ir.sbp import Split
 from autopar.models import build
 from autopar.models.config import padded_vocab
-from autopar.sbp import Split
+from autopar.runtimes.megatron_lm.linears import megatron_parameter_layout
 from benchmarks.seed_replay import print_replay, replay
 
 GIB = 1024**3
@@ -252,7 +254,7 @@ def hand_count_dp_bytes(graph: Graph, mesh: Mesh) -> float:
 def hand_count_dp_bytes_from_layout(graph: Graph, mesh: Mesh) -> float:
     """The former count, kept beside the configuration's as a cross-check: each trainable
     variable's gradient, its tensor-parallel shard under
-    :func:`autopar.baselines.megatron_parameter_layout` (the baseline's own layout, so
+    :func:`autopar.runtimes.megatron_lm.linears.megatron_parameter_layout` (the baseline's own layout, so
     agreement with the baseline here is circular), in the dtype the graph casts it to."""
     layout = megatron_parameter_layout(graph, mesh)
     dp = math.prod(mesh.shape[:-1])
@@ -398,7 +400,7 @@ def measure_imported_tiny_mt5(job: Path) -> dict[str, Any]:
     """``megatron`` tensor-parallel bytes (ZeRO-0, grouped boxing) on an imported ``mt5-tiny`` job,
     against Megatron-LM's count and, where the job has separate ``k`` and ``v`` linears
     (no ``key_value`` parameter), the per-linear count on them."""
-    from autopar.oneflow import import_job
+    from autopar.bridges.oneflow import import_job
 
     graph = import_job(job, zero_stage=2)
     mesh = Mesh(Cluster.parse(GPT_TINY_MESH[0]), GPT_TINY_MESH[1])
@@ -415,7 +417,7 @@ def measure_imported_tiny_mt5(job: Path) -> dict[str, Any]:
 
 def measure_imported_gpt(job: Path) -> dict[str, Any]:
     """``megatron`` tensor-parallel bytes (ZeRO-0, grouped boxing) on an imported ``gpt-tiny`` job."""
-    from autopar.oneflow import import_job
+    from autopar.bridges.oneflow import import_job
 
     graph = import_job(job, zero_stage=2)
     mesh = Mesh(Cluster.parse(GPT_TINY_MESH[0]), GPT_TINY_MESH[1])
@@ -435,8 +437,8 @@ INFERENCE_MODELS = ("mt5-tiny", "gpt-tiny", "bert-tiny")
 
 def inference_agreement(jobs: Path) -> list[dict[str, Any]]:
     """Share of op signatures the emulated inference picks as OneFlow did, per inference job."""
-    from autopar.oneflow import import_job, import_plan
-    from autopar.oneflow_inference import agreement
+    from autopar.baselines.oneflow_inference import agreement
+    from autopar.bridges.oneflow import import_job, import_plan
 
     rows = []
     for model in INFERENCE_MODELS:

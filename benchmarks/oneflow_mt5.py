@@ -76,7 +76,7 @@ def build_rank(args: argparse.Namespace) -> None:
     import oneflow as flow
     import zoo
 
-    from autopar.oneflow import make_train_graph
+    from autopar.bridges.oneflow import make_train_graph
 
     out = Path(args.out)
     placement = flow.placement("cpu", ranks=np.arange(8).reshape(4, 2).tolist())
@@ -134,7 +134,7 @@ def build_rank(args: argparse.Namespace) -> None:
 
 
 def summarize(name: str, graph: Any, plan: Any, plan_s: float | None) -> dict[str, Any]:
-    from autopar.evaluate import evaluate
+    from autopar.cost.evaluate import evaluate
 
     ev = evaluate(graph, plan)
     gib = 1024**3
@@ -185,9 +185,9 @@ def table(rows: list[dict[str, Any]], timings: dict[str, Any]) -> str:
 
 
 def plan_and_evaluate(args: argparse.Namespace) -> None:
-    from autopar.cluster import Cluster
-    from autopar.oneflow import import_job, import_plan
-    from autopar.oneflow.planning import request_plan
+    from autopar.bridges.oneflow import import_job, import_plan
+    from autopar.bridges.oneflow.planning import request_plan
+    from autopar.hardware.cluster import Cluster
 
     out = Path(args.out)
     cluster = Cluster.parse(args.cluster, args.preset)

@@ -19,7 +19,7 @@ Per row:
   wall time that command's; and the same under ``--runtime megatron-lm --zero 1`` (a runtime
   that reduces and gathers once per step, as Megatron-LM does): how autopar's search does
   where the runtime is Megatron's.
-* ``megatron``: Megatron-LM at its best PTD-P configuration (:mod:`autopar.baseline_configs`:
+* ``megatron``: Megatron-LM at its best PTD-P configuration (:mod:`autopar.baselines.configs`:
   tensor 1-8 inside a node, pipeline across nodes dividing the layers, data-parallel for
   the rest dividing the micro-batch; DDP or the distributed optimizer; the ``megatron-lm``
   runtime), the fastest that fits 80 GiB.
@@ -121,13 +121,13 @@ def _autopar(bin_dir: Path, graph: Path, row: Row, limit: float, out: Path, extr
 
 
 def _megatron(graph_path: Path, row: Row) -> dict:
-    from autopar.baseline_configs import best_config, candidate_configs
-    from autopar.baseline_pricing import price_baseline_config
-    from autopar.baselines import batch_size
-    from autopar.cluster import Cluster
-    from autopar.graph import Graph
-    from autopar.iteration import TrainingConfig
-    from autopar.pipeline_split import ordered_blocks
+    from autopar.baselines.configs import best_config, candidate_configs
+    from autopar.baselines.pricing import price_baseline_config
+    from autopar.hardware.cluster import Cluster
+    from autopar.ir.graph import Graph
+    from autopar.ir.structure import batch_size
+    from autopar.ir.training import TrainingConfig
+    from autopar.pipeline.split import ordered_blocks
 
     graph = Graph.load(str(graph_path))
     cluster = Cluster.parse(row.cluster, "a100-80g")

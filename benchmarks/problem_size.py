@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.problem_size [--model mt5-base] [--mesh-shapes 4,2 2,4 2,2,2]
 
 What the solver gets before its reductions: one node per op with one choice per
-valid N-D signature (the op rules, :func:`autopar.costs.op_signatures`), one
+valid N-D signature (the op rules, :func:`autopar.cost.compute.op_signatures`), one
 matrix per edge with |producer signatures| x |consumer signatures| entries
 (edges into shape-only ports carry no data and are left out, as the cost tables
 leave them out); each entry is a boxing the cost tables price (identical
@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from autopar.cluster import parse_mesh_shape
-from autopar.costs import EdgeKind, edge_kind, op_signatures, rule_context
-from autopar.graph import Graph
+from autopar.cost.compute import op_signatures, rule_context
+from autopar.cost.edges import EdgeKind, edge_kind
+from autopar.hardware.mesh import parse_mesh_shape
+from autopar.ir.graph import Graph
 from autopar.models import build
 from autopar.rules.registry import default_rules
-from autopar.runtime import runtime_profile
+from autopar.runtimes.registry import runtime_profile
 
 
 def problem_size(graph: Graph, mesh_shape: tuple[int, ...], zero_stage: int = 2) -> dict[str, int]:

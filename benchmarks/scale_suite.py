@@ -13,7 +13,7 @@ Per row:
 * ``autopar``: ``autopar plan`` with no mesh shape (the mesh search), ZeRO-2, checkpointing
   ``auto``, 80 GiB per device, ``--time-limit`` (default 90 s), in its own process; wall time
   is that command's.
-* ``megatron``: Megatron-LM at its best configuration (:mod:`autopar.baseline_configs`:
+* ``megatron``: Megatron-LM at its best configuration (:mod:`autopar.baselines.configs`:
   tensor-parallel 1-8 inside a node, data-parallel across, DDP or the distributed
   optimizer, full recomputation, the ``megatron-lm`` runtime), the fastest that fits.
 * ``data-parallel``: ZeRO-2 over all devices, the 1-D mesh.
@@ -78,11 +78,11 @@ def _autopar(bin_dir: Path, graph: Path, cluster: str, limit: float, out: Path) 
 
 
 def _baselines(graph_path: Path, cluster_text: str) -> dict[str, dict]:
-    from autopar.baseline_configs import best_config, candidate_configs
-    from autopar.baseline_pricing import price_baseline_config
-    from autopar.cluster import Cluster
-    from autopar.graph import Graph
-    from autopar.iteration import TrainingConfig
+    from autopar.baselines.configs import best_config, candidate_configs
+    from autopar.baselines.pricing import price_baseline_config
+    from autopar.hardware.cluster import Cluster
+    from autopar.ir.graph import Graph
+    from autopar.ir.training import TrainingConfig
 
     graph = Graph.load(str(graph_path))
     cluster = Cluster.parse(cluster_text, "a100-80g")

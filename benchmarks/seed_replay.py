@@ -22,12 +22,12 @@ micro-batches per 512-sample step (``mb16_gb512``, lines 242-252):
 
 1. compute speed: ``matmul_efficiency`` and ``memory_efficiency`` of the preset
    scaled by one factor so that the single-device plan's micro-batch compute
-   (:func:`autopar.breakdown.micro_batch_time`, 4 samples) is 88 ms (compute
-   time is inversely proportional to both, ``autopar.costs``);
+   (:func:`autopar.cost.breakdown.micro_batch_time`, 4 samples) is 88 ms (compute
+   time is inversely proportional to both, ``autopar.cost.compute``);
 2. intra-node bus bandwidth, so that the ``megatron`` baseline's
    tensor-parallel all-reduces of one micro-batch (64 samples, mesh ``[4, 2]``
    on 2x4, the axis inside a node) take 49.8 % of 357 ms = 177.8 ms.
-   All-reduce time is ``L + X / beta`` (:mod:`autopar.boxing`); two evaluations
+   All-reduce time is ``L + X / beta`` (:mod:`autopar.runtimes.ideal`); two evaluations
    give ``L`` and ``X``, then ``beta = X / (0.178 s - L)``.
 
 Two choices the report does not determine: the inter-node bandwidth (no
@@ -56,16 +56,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from autopar.baselines import baseline_plan
-from autopar.boxing import Collective
-from autopar.breakdown import MicroBatchTime, micro_batch_time
-from autopar.cluster import PRESETS, Cluster, DeviceSpec, Mesh
-from autopar.evaluate import EdgeCost, Evaluation, evaluate
-from autopar.graph import DTYPE_BYTES, Graph, Role
-from autopar.iteration import TrainingConfig
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.breakdown import MicroBatchTime, micro_batch_time
+from autopar.cost.evaluate import evaluate
+from autopar.cost.evaluation import EdgeCost, Evaluation
+from autopar.hardware.cluster import PRESETS, Cluster
+from autopar.hardware.collectives import Collective
+from autopar.hardware.devices import DeviceSpec
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import DTYPE_BYTES, Graph, Role
+from autopar.ir.sbp import Broadcast, NdSbp, Partial, SbpValue, local_shape
+from autopar.ir.training import TrainingConfig
 from autopar.models import build
-from autopar.oneflow.lowering import ring_steps
-from autopar.sbp import Broadcast, NdSbp, Partial, SbpValue, local_shape
+from autopar.runtimes.oneflow_09.lowering import ring_steps
 
 SEED_FILE = "../shared/seed/mt5-throughput-issue.txt"
 
@@ -141,7 +144,7 @@ def _evaluated(
     """``kind``'s plan evaluated at the seed's iteration (K micro-batches, checkpointing).
     The report's Megatron figures come from Megatron-DeepSpeed, whose ZeRO-2 gathers
     parameters once per step, after the update (not inside a micro-batch as OneFlow 0.9
-    does after its repeat op, :data:`autopar.iteration.ACCUMULATION`): ``megatron``'s
+    does after its repeat op, :data:`autopar.cost.iteration.ACCUMULATION`): ``megatron``'s
     gathers are moved to once per step."""
     plan = baseline_plan(kind, graph, mesh, zero_stage, runtime=runtime)
     ev = evaluate(graph, plan, training=seed.training)

@@ -72,7 +72,7 @@ CLUSTER, MESH, BUDGET, ZERO = "2x4", [4, 2], 30 * 2**30, 2
 
 LOCAL_PLAN = """
 import json, sys, time
-from autopar.cluster import Cluster
+from autopar.hardware.cluster import Cluster
 from autopar.models import build
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan

@@ -127,12 +127,12 @@ SCALE: dict[str, Case] = {
 
 
 def run_case(case: Case, time_limit: float, workers: int) -> dict[str, Any]:
-    from autopar.cluster import Cluster
     from autopar.errors import AutoparError
-    from autopar.graph import Graph
+    from autopar.hardware.cluster import Cluster
+    from autopar.infra.progress import Deadline
+    from autopar.infra.store import MemoryStore
+    from autopar.ir.graph import Graph
     from autopar.models import build
-    from autopar.progress import Deadline
-    from autopar.store import MemoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
 

@@ -61,8 +61,8 @@ def _alive_workers(store: Any, queue: str | None) -> int:
 
 
 def _timed_remote(graph: Any, mesh: Any, store: Any, settings: Any) -> tuple[float, Any, dict[str, Any]]:
-    from autopar.cost_tables import build_cost_tables
-    from autopar.progress import Deadline
+    from autopar.cost.build_tables import build_cost_tables
+    from autopar.infra.progress import Deadline
     from autopar_cache.base import PrefixedStore
     from autopar_service.table_jobs import COST_PREFIX, RQTableBuilder
 
@@ -91,7 +91,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _local(graph: Any, mesh: Any, workers: int) -> tuple[float, Any]:
-    from autopar.cost_tables import build_cost_tables, clear_process_caches
+    from autopar.cost.build_tables import build_cost_tables
+    from autopar.cost.tables import clear_process_caches
 
     clear_process_caches()
     t = time.perf_counter()
@@ -113,7 +114,8 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from autopar.cluster import Cluster, Mesh, parse_mesh_shape
+    from autopar.hardware.cluster import Cluster
+    from autopar.hardware.mesh import Mesh, parse_mesh_shape
     from autopar.models import build
     from autopar_cache.redis_server import RedisServer
     from autopar_cache.redis_store import RedisStore

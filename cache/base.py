@@ -1,7 +1,7 @@
 """The cache interface shared by the embedded (diskcache) and Redis backends.
 
 A :class:`Store` is a bytes-valued key-value store with TTLs.  It extends the
-core's :class:`autopar.store.KeyValueStore` (``get_many`` / ``put_many``, what
+core's :class:`autopar.infra.store.KeyValueStore` (``get_many`` / ``put_many``, what
 the cost-table memo uses) with the few atomic operations the service needs:
 
 * ``add`` (set if absent) for locks and single-flight markers,
@@ -34,7 +34,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
-from autopar.store import SwappableStore
+from autopar.infra.store import SwappableStore
 from autopar_cache.errors import CacheUnavailable
 
 __all__ = ["PrefixedStore", "Store", "score_text"]
@@ -96,7 +96,7 @@ def score_text(score: float) -> str:
 
 
 class PrefixedStore:
-    """A :class:`~autopar.store.KeyValueStore` view of ``store`` under ``prefix``.
+    """A :class:`~autopar.infra.store.KeyValueStore` view of ``store`` under ``prefix``.
 
     Every write uses ``ttl_s`` (the caller's TTL is ignored) so the core's memo
     need not know about expiry.  With ``tolerant`` an unavailable backend reads

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from autopar.content_key import content_key, python_sources, source_digest
+from autopar.ir.content_key import content_key, python_sources, source_digest
 from autopar_cache import codec
 from autopar_cache.base import Store
 

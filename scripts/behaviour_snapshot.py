@@ -97,12 +97,13 @@ def cli_section(out: Path, models: list[str]) -> None:
 
 def tables_section(out: Path, models: list[str]) -> None:
     """Every cost-table entry, model digest held fixed."""
-    from autopar import costs
-    from autopar.cluster import Cluster, Mesh
-    from autopar.cost_tables import build_cost_tables
-    from autopar.graph import Graph
+    from autopar.cost import model_version
+    from autopar.cost.build_tables import build_cost_tables
+    from autopar.hardware.cluster import Cluster
+    from autopar.hardware.mesh import Mesh
+    from autopar.ir.graph import Graph
 
-    costs._DIGEST_CACHE[:] = ["fixed-digest"]
+    model_version._DIGEST_CACHE[:] = ["fixed-digest"]
     for model in models:
         graph = Graph.from_json((out / f"{model}.json").read_text())
         for runtime in ("oneflow-0.9", "ideal", "megatron-lm"):
@@ -137,8 +138,8 @@ def _edge_text(edge: Any) -> str:
 
 def solve_section(out: Path) -> None:
     """Deterministic solves and the cache key of each request."""
-    from autopar.cluster import Cluster
-    from autopar.graph import Graph
+    from autopar.hardware.cluster import Cluster
+    from autopar.ir.graph import Graph
     from autopar_cache.plans import plan_key
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan

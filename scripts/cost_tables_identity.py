@@ -14,11 +14,11 @@ size-1 axes instead (mt5-base on [4, 2, 1] and [1, 1, 1, 8]), slow with the old 
 ``sample`` checks the three-axis tables, which the old code takes minutes per
 mt5-base case to build: for mt5-base on [2, 2, 2] (2x4), [4, 2, 4] and [2, 2, 8]
 (4x8), it builds the tables (priced from the shared
-:class:`autopar.oneflow.hop_table.HopTable`) and reprices a sample of the edges,
+:class:`autopar.runtimes.oneflow_09.hop_table.HopTable`) and reprices a sample of the edges,
 every pair, on the reference path: each pair's route and hops as
-:func:`autopar.oneflow.pricing.chain_steps` lowers them (``lower_hop`` and its
+:func:`autopar.runtimes.oneflow_09.pricing.chain_steps` lowers them (``lower_hop`` and its
 per-pair send/recv contraction), gradient edges through
-:func:`autopar.costs.edge_time` pair by pair.  Every entry must be equal
+:func:`autopar.cost.edges.edge_time` pair by pair.  Every entry must be equal
 (the largest relative difference is printed).
 """
 
@@ -43,10 +43,12 @@ MORE = [
 
 def dump(path: str, cases: list[tuple[str, str, tuple[int, ...]]]) -> None:
     import autopar
-    from autopar.cluster import Cluster, Mesh
-    from autopar.cost_tables import build_cost_tables, clear_process_caches
+    from autopar.cost.build_tables import build_cost_tables
+    from autopar.cost.tables import clear_process_caches
+    from autopar.hardware.cluster import Cluster
+    from autopar.hardware.mesh import Mesh
+    from autopar.infra.store import MemoryStore
     from autopar.models import build
-    from autopar.store import MemoryStore
 
     print("autopar from", autopar.__file__)
     arrays: dict[str, np.ndarray] = {}
@@ -75,9 +77,9 @@ SAMPLE = [
 
 def reference_matrix(tables: object, edge: object) -> np.ndarray:
     """The edge's matrix priced pair by pair, off the shared hop table."""
-    from autopar.boxing import OneFlowBoxing
-    from autopar.costs import EdgeKind, edge_kind, edge_time
-    from autopar.optimizer import weight_gradient_path
+    from autopar.cost.edges import EdgeKind, edge_kind, edge_time
+    from autopar.ir.optimizer import weight_gradient_path
+    from autopar.runtimes.oneflow_09.boxing import OneFlowBoxing
 
     t, e = tables, edge
     graph, mesh = t.graph, t.mesh  # type: ignore[attr-defined]
@@ -93,17 +95,19 @@ def reference_matrix(tables: object, edge: object) -> np.ndarray:
         return np.array([[edge_time(spec, a, b, mesh, kind, t.runtime)[0] for b in dst] for a in src])  # type: ignore[attr-defined]
     if kind is EdgeKind.IN_PLACE:
         return np.array([[0.0 if a == b else np.inf for b in dst] for a in src])
-    from autopar.graph import DTYPE_BYTES
+    from autopar.ir.graph import DTYPE_BYTES
 
     search = OneFlowBoxing(spec.shape, DTYPE_BYTES[spec.dtype], mesh)
     return search.matrices(src, dst, None)[0]
 
 
 def sample(cases: list[tuple[str, str, tuple[int, ...]]], n_edges: int) -> int:
-    from autopar.cluster import Cluster, Mesh
-    from autopar.cost_tables import build_cost_tables, clear_process_caches
+    from autopar.cost.build_tables import build_cost_tables
+    from autopar.cost.tables import clear_process_caches
+    from autopar.hardware.cluster import Cluster
+    from autopar.hardware.mesh import Mesh
+    from autopar.infra.store import MemoryStore
     from autopar.models import build
-    from autopar.store import MemoryStore
 
     bad = 0
     worst = 0.0

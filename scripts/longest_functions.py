@@ -1,6 +1,6 @@
-"""Print the longest function of each package; exit 1 when one is over the limit.
+"""Print the longest function and the longest file of each package; exit 1 when one is over its limit.
 
-    python scripts/longest_functions.py [--limit 80]
+    python scripts/longest_functions.py [--limit 80] [--file-limit 600]
 
 Packages: autopar/, solver/, service/, cache/.  A function's length is its lines from
 ``def`` (or its first decorator) to its last line, nested functions counted in their
@@ -17,6 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("autopar", "solver", "service", "cache")
 LIMIT = 80
+FILE_LIMIT = 600
+"""Lines of a module: a longer one holds more than one concept (split it by meaning)."""
 
 
 def functions(path: Path) -> list[tuple[str, int, int]]:
@@ -43,12 +45,19 @@ def functions(path: Path) -> list[tuple[str, int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=LIMIT)
+    ap.add_argument("--file-limit", type=int, default=FILE_LIMIT)
     args = ap.parse_args(argv)
     failed = False
     for package in PACKAGES:
         longest: tuple[int, str] = (0, "")
+        longest_file: tuple[int, str] = (0, "")
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
+            lines = len(path.read_text().splitlines())
+            if lines > args.file_limit:
+                failed = True
+                print(f"file over {args.file_limit}: {rel} {lines} lines")
+            longest_file = max(longest_file, (lines, rel))
             for name, line, length in functions(path):
                 where = f"{rel}:{name}"
                 if length > args.limit:
@@ -57,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 if length > longest[0]:
                     longest = (length, f"{where} (line {line})")
         print(f"{package}/: longest function {longest[1] or '-'}: {longest[0]} lines")
+        print(f"{package}/: longest file {longest_file[1] or '-'}: {longest_file[0]} lines")
     return 1 if failed else 0
 
 

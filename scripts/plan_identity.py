@@ -4,7 +4,7 @@
     python scripts/plan_identity.py plans [--cases a,b] [--time-limit 5]
 
 ``graphs`` prints one line per model of :data:`autopar.models.MODEL_NAMES` (and a few
-overrides): its ops and :meth:`~autopar.graph.Graph.content_hash`.  ``plans`` plans the
+overrides): its ops and :meth:`~autopar.ir.graph.Graph.content_hash`.  ``plans`` plans the
 cases of ``benchmarks/solver.py`` (and a few small ones: a mesh search, a squeezed mesh,
 ZeRO 3) with ``SolverOptions(deterministic=True)``, each in its own process, and prints
 the objective (``repr``, exact), the plan's content hash (sha256 of the mesh, the ZeRO
@@ -66,8 +66,8 @@ def plan_hash(plan: Any) -> str:
 
 
 def run_one(name: str, limit: float) -> str:
-    from autopar.cluster import Cluster
     from autopar.errors import AutoparError
+    from autopar.hardware.cluster import Cluster
     from autopar.models import build
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan

@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from autopar import __version__
 from autopar.errors import ConfigError
+from autopar.version import __version__
 from autopar_cache import open_store
 from autopar_cache.base import Store
 from autopar_cache.plans import code_versions
@@ -52,7 +52,7 @@ DESCRIPTION = (
 def _job_manager(settings: Settings, store: Store, versions: dict[str, str]) -> JobManager:
     if settings.uses_redis:
         from autopar_cache.redis_store import RedisStore
-        from autopar_service.rq_jobs import RQJobManager
+        from autopar_service.rq_manager import RQJobManager
 
         if not isinstance(store, RedisStore):
             raise ConfigError("bad_settings", "AUTOPAR_REDIS_URL is set but the store is not Redis")

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from autopar.cli_args import (
+from autopar.cli.args import (
     Command,
     add_memory_arg,
     add_mesh_args,
@@ -46,8 +46,8 @@ from autopar.cli_args import (
     wrote,
 )
 from autopar.client import PlanClient, ServiceError
-from autopar.cluster import parse_mesh_shape
 from autopar.errors import ConfigError
+from autopar.hardware.mesh import parse_mesh_shape
 
 __all__ = [
     "SERVE_COMMAND",
@@ -360,7 +360,7 @@ SUBMIT_COMMAND = Command("submit", "send a graph to a planning service", _submit
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
-    from autopar.baselines import BASELINES
+    from autopar.baselines.problem import BASELINES
 
     p.add_argument("graph", help="graph JSON file or bundled model name (e.g. mt5-base)")
     p.add_argument("plan", help="autopar.plan/v1 or autopar.pipeline/v1 JSON file")
@@ -382,7 +382,7 @@ def check_compare_args(specs: list[str]) -> None:
     import difflib
     from pathlib import Path
 
-    from autopar.baselines import BASELINES
+    from autopar.baselines.problem import BASELINES
 
     for spec in specs:
         if "=" in spec or spec in BASELINES or Path(spec).exists():

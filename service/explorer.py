@@ -32,12 +32,12 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from autopar.baselines import BASELINES
-from autopar.cluster import PRESETS
-from autopar.graph import Graph
-from autopar.pipeline import FORMAT as PIPELINE_FORMAT
-from autopar.pipeline import PipelinePlan
-from autopar.plan import Plan
+from autopar.baselines.problem import BASELINES
+from autopar.hardware.cluster import PRESETS
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.pipeline.plan import FORMAT as PIPELINE_FORMAT
+from autopar.pipeline.plan import PipelinePlan
 from autopar_cache import codec
 from autopar_service.deps import Auth
 from autopar_service.graphs import model_json

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autopar.errors import AutoparError, GraphError
-from autopar.graph import Graph
+from autopar.ir.graph import Graph
 from autopar.rules.check import check_graph_rules
 from autopar_service.cancel import Canceled, checkpoint
 from autopar_service.problems import ApiError

@@ -12,7 +12,7 @@ job's plan is ``GET /v1/plans/{id}``.
        └─────────────────> canceled          (DELETE /v1/jobs/{id})
 
 Two managers implement :class:`JobManager`: :class:`autopar_service.local_jobs.LocalJobManager`
-(solver processes beside the API, no Redis) and :class:`autopar_service.rq_jobs.RQJobManager`
+(solver processes beside the API, no Redis) and :class:`autopar_service.rq_manager.RQJobManager`
 (RQ queue, ``autopar worker`` processes anywhere).
 """
 

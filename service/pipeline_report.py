@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autopar.breakdown import PricingMemo, layer_of
+from autopar.cost.breakdown import PricingMemo, layer_of
+from autopar.cost.iteration import baseline_training
 from autopar.errors import ConfigError
-from autopar.graph import Graph
-from autopar.iteration import baseline_training, micro_batches_text
-from autopar.pipeline import PipelinePlan
+from autopar.ir.graph import Graph
+from autopar.ir.training import micro_batches_text
+from autopar.pipeline.plan import PipelinePlan
 from autopar_service.report_page import (
     TOP_EDGES,
     PlanView,
@@ -72,10 +73,10 @@ def _number(x: Any) -> float | None:
 def pipeline_baseline_beside(kind: str, graph: Graph, plan: PipelinePlan) -> PipelinePlan:
     """Baseline ``kind`` in ``plan``'s stages (equal block counts, as Megatron-LM's PTD-P cuts
     them) on its stage mesh and ZeRO stage, at ``plan``'s K with the checkpointing its real
-    system runs (:func:`autopar.baseline_pipeline.pipeline_baseline`); ``ConfigError`` when the
+    system runs (:func:`autopar.baselines.megatron.pipeline.pipeline_baseline`); ``ConfigError`` when the
     blocks do not divide into the stages evenly or ``kind`` has no pipeline form."""
-    from autopar.baseline_configs import BaselineConfig
-    from autopar.baseline_pipeline import pipeline_baseline
+    from autopar.baselines.configs import BaselineConfig
+    from autopar.baselines.megatron.pipeline import pipeline_baseline
 
     if kind == "single-device":
         raise ConfigError("bad_baseline_config", "single-device has no pipeline form")
@@ -97,14 +98,14 @@ def build_pipeline_report(
 ) -> str:
     """One self-contained HTML page about an ``autopar.pipeline/v1`` plan on ``graph``.
 
-    Everything is re-checked by :func:`autopar.pipeline.evaluate_pipeline`: the headline (1F1B
+    Everything is re-checked by :func:`autopar.pipeline.evaluate.evaluate_pipeline`: the headline (1F1B
     iteration, bubble, the slowest stage's micro-batch, the largest stage's memory against the
     budget, the solver's figures), the stages table (:func:`stages_table`), and per stage, as
     the one-stage report shows plans side by side, its micro-batch's compute and communication,
     collectives, memory over a micro-batch and time per layer.  ``compare`` names baselines
     priced in the same stages (:func:`pipeline_baseline_beside`), shown in the headline."""
-    from autopar.pipeline import evaluate_pipeline, priced, stage_link
-    from autopar.pipeline_split import split_graph
+    from autopar.pipeline.evaluate import evaluate_pipeline, priced, stage_link
+    from autopar.pipeline.split import split_graph
 
     budget = float(budget_bytes or plan.memory_budget_bytes or plan.cluster.device.memory_bytes)
     ev = evaluate_pipeline(graph, plan)

@@ -12,7 +12,7 @@
   axis), the planner's iteration and the same iteration under overlap when the
   plan carries them, memory per device
   against the budget, solver status, gap and time;
-* per layer (module scope read from op names, :func:`autopar.breakdown.layer_of`):
+* per layer (module scope read from op names, :func:`autopar.cost.breakdown.layer_of`):
   compute and communication time, and per module the layout of its weight and
   of its output activation in ``(S(0), B)`` notation next to the Megatron
   layout, differences marked;
@@ -24,8 +24,8 @@
 
 Charts are Plotly figures; plotly.js is inlined once, so the file needs no
 network when viewed.  Every number is recomputed from the graph and the plan by
-:func:`autopar.evaluate.evaluate`, whose per-op and per-edge records and
-activation profile :mod:`autopar.breakdown` groups per layer and collective.
+:func:`autopar.cost.evaluate.evaluate`, whose per-op and per-edge records and
+activation profile :mod:`autopar.cost.breakdown` groups per layer and collective.
 
 The report of a pipeline plan is :mod:`autopar_service.pipeline_report`; what both reports
 share (the plan's view, the charts, the page) is :mod:`autopar_service.report_page`.
@@ -37,14 +37,16 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from autopar.baselines import BASELINES, baseline_plan
-from autopar.breakdown import PricingMemo, layer_of, module_of
+from autopar.baselines.plans import baseline_plan
+from autopar.baselines.problem import BASELINES
+from autopar.cost.breakdown import PricingMemo, layer_of, module_of
+from autopar.cost.iteration import baseline_training
 from autopar.errors import ConfigError
-from autopar.graph import Graph, Op, Role
-from autopar.iteration import baseline_training, micro_batches_text
-from autopar.pipeline import FORMAT as PIPELINE_FORMAT
-from autopar.pipeline import PipelinePlan
-from autopar.plan import Plan
+from autopar.ir.graph import Graph, Op, Role
+from autopar.ir.plan import Plan
+from autopar.ir.training import micro_batches_text
+from autopar.pipeline.plan import FORMAT as PIPELINE_FORMAT
+from autopar.pipeline.plan import PipelinePlan
 from autopar_service.pipeline_report import build_pipeline_report, pipeline_baseline_beside, stages_table
 from autopar_service.report_page import (
     MIB,
@@ -288,7 +290,7 @@ def build_report(
 
     ``budget_bytes`` defaults to the plan's budget, else the device's memory.
     The Megatron layout column comes from a ``megatron`` plan among the plans
-    (label or source) or from :func:`autopar.baselines.baseline_plan` on the
+    (label or source) or from :func:`autopar.baselines.plans.baseline_plan` on the
     plan's mesh and ZeRO stage.  Raises :class:`PlanError` when a plan does not
     fit the graph.
     """
@@ -389,7 +391,7 @@ def _load_plan_arg(spec: str) -> Plan:
 
 def baseline_beside(kind: str, graph: Graph, plan: Plan) -> Plan:
     """Baseline ``kind`` on ``plan``'s mesh and ZeRO stage, priced at ``plan``'s micro-batches
-    with the checkpointing its real system runs (:func:`autopar.iteration.baseline_training`)."""
+    with the checkpointing its real system runs (:func:`autopar.cost.iteration.baseline_training`)."""
     other = baseline_plan(kind, graph, plan.mesh, plan.zero_stage)
     other.training = baseline_training(kind, plan.training)
     return other
@@ -399,7 +401,7 @@ def _compare_arg(spec: str, graph: Graph, plan: Plan) -> tuple[str, Plan]:
     """``megatron`` / ``inferred`` / ... (a baseline on the plan's mesh), ``LABEL=PATH`` or ``PATH``.
 
     All are priced at ``plan.training``'s K; a baseline with the checkpointing its real
-    system runs (:func:`autopar.iteration.baseline_training`), a plan file with the plan's."""
+    system runs (:func:`autopar.cost.iteration.baseline_training`), a plan file with the plan's."""
     if spec in BASELINES:
         return spec, baseline_beside(spec, graph, plan)
     label, sep, path = spec.partition("=")
@@ -412,7 +414,7 @@ def _compare_arg(spec: str, graph: Graph, plan: Plan) -> tuple[str, Plan]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``autopar report``: write the HTML report of a plan (one stage or a pipeline)."""
-    from autopar.cli_args import parse_bytes, training_from_args
+    from autopar.cli.args import parse_bytes, training_from_args
 
     graph = _load_graph_arg(args.graph)
     loaded = load_any_plan(args.plan)

@@ -2,7 +2,7 @@
 
 :class:`PlanView` is a plan with everything a report shows about it (its breakdown per layer
 and collective, its memory timeline, its iteration), recomputed by
-:func:`autopar.evaluate.evaluate`; the charts (a micro-batch's compute and communication,
+:func:`autopar.cost.evaluate.evaluate`; the charts (a micro-batch's compute and communication,
 communication by collective, time per layer, memory over a micro-batch) take views side by
 side, the plans of :mod:`autopar_service.report` or the stages of
 :mod:`autopar_service.pipeline_report`; :func:`_page_head` opens a page with its styles and
@@ -21,12 +21,19 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from autopar.breakdown import EdgeCost, MemoryTimeline, PlanBreakdown, PricingMemo, breakdown, memory_timeline
+from autopar.cost.breakdown import (
+    EdgeCost,
+    MemoryTimeline,
+    PlanBreakdown,
+    PricingMemo,
+    breakdown,
+    memory_timeline,
+)
+from autopar.cost.evaluate import evaluate
+from autopar.cost.iteration import checkpoint_blocks
 from autopar.errors import PlanError
-from autopar.evaluate import evaluate
-from autopar.graph import Graph
-from autopar.iteration import checkpoint_blocks
-from autopar.plan import Plan
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 
 __all__ = ["PlanView", "check_plan_fits", "format_bytes", "plotly_js"]
 
@@ -87,7 +94,7 @@ class PlanView:
     iteration_time_s: float
     """One optimizer step at the plan's ``training`` (K micro-batches and once-per-step work)."""
     recomputed_blocks: int = 0
-    """Blocks the plan recomputes (:func:`autopar.iteration.checkpoint_blocks`)."""
+    """Blocks the plan recomputes (:func:`autopar.cost.iteration.checkpoint_blocks`)."""
     recompute_time_s: float = 0.0
     """Seconds per optimizer step spent recomputing them."""
 

@@ -19,10 +19,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autopar.cli_args import DEFAULT_TIME_LIMIT_S, TIME_LIMIT_MEANING
-from autopar.cluster import PRESETS, Cluster, DeviceSpec, Mesh
+from autopar.cli.args import DEFAULT_TIME_LIMIT_S, TIME_LIMIT_MEANING
 from autopar.errors import ConfigError
-from autopar.graph import Graph
+from autopar.hardware.cluster import PRESETS, Cluster
+from autopar.hardware.devices import DeviceSpec
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
 from autopar_service.schemas import GraphField
 from autopar_service.settings import Settings
 from autopar_solver.options import SolverOptions
@@ -221,8 +223,8 @@ def _check_stages(graph: Graph, cluster: Cluster, stages: int, shape: tuple[int,
     """422 before any job when ``stages`` cannot cut this cluster and graph: every stage needs
     world / S devices as whole nodes or an even slice of one node, and one block at least;
     a stage mesh shape must cover a stage's devices."""
-    from autopar.pipeline import stage_cluster
-    from autopar.pipeline_split import ordered_blocks
+    from autopar.pipeline.evaluate import stage_cluster
+    from autopar.pipeline.split import ordered_blocks
 
     try:
         sub = stage_cluster(cluster, stages)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from autopar.cli_args import DEFAULT_TIME_LIMIT_S
+from autopar.cli.args import DEFAULT_TIME_LIMIT_S
 from autopar.errors import ConfigError
 
 __all__ = ["Settings", "check_exposure", "load_settings"]

@@ -16,7 +16,7 @@ batch whose worker's liveness key (:func:`~autopar_service.worker.alive_key`) ha
 whose job failed, is computed by the requester.  The requester also works: it takes queued
 batches off the tail of the queue while the workers take them off the head, so with one
 worker (the requester's own, busy with the solve) the build still completes.
-Batch payloads are JSON (:func:`autopar.cost_tables.compute_remote_batch`; no pickle).
+Batch payloads are JSON (:func:`autopar.cost.remote_tables.compute_remote_batch`; no pickle).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from rq.job import Job, get_current_job
 from rq.job import JobStatus as RQStatus
 from rq.serializers import JSONSerializer
 
-from autopar.cost_tables import RemoteBatch, compute_remote_batch
-from autopar.progress import Deadline
+from autopar.cost.remote_tables import RemoteBatch, compute_remote_batch
+from autopar.infra.progress import Deadline
 from autopar_cache.base import PrefixedStore
 from autopar_cache.errors import CacheUnavailable
 from autopar_cache.redis_store import RedisStore, connect
@@ -75,7 +75,7 @@ def build_table_batch(prefix: str, ttl_s: float | None, keys: list[str], payload
 
 
 class RQTableBuilder:
-    """:class:`autopar.cost_tables.RemoteTableBuilder` on the RQ tables queue (module doc).
+    """:class:`autopar.cost.remote_tables.RemoteTableBuilder` on the RQ tables queue (module doc).
 
     ``help_out=False`` leaves every batch to the workers (the requester only waits, and
     computes the batches of workers that died): what a benchmark of 1 vs 2 workers wants."""

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from autopar.cost_tables import RemoteTableBuilder
+from autopar.cost.remote_tables import RemoteTableBuilder
 from autopar.errors import (
     AutoparError,
     ConfigError,
@@ -30,11 +30,12 @@ from autopar.errors import (
     PlanError,
     VerificationError,
 )
-from autopar.graph import Graph
-from autopar.pipeline import PipelinePlan, one_f_one_b_iteration
-from autopar.plan import Plan
-from autopar.progress import Deadline, ProgressFn
-from autopar.store import KeyValueStore
+from autopar.infra.progress import Deadline, ProgressFn
+from autopar.infra.store import KeyValueStore
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.pipeline.plan import PipelinePlan
+from autopar.pipeline.schedule import one_f_one_b_iteration
 from autopar_cache import codec
 from autopar_cache.base import PrefixedStore, Store
 from autopar_cache.errors import CacheUnavailable
@@ -120,7 +121,7 @@ def iteration_fields(result: Plan | PipelinePlan) -> dict[str, float]:
     it (K micro-batches plus once per step) and its parts; ``step_time_s`` is deprecated,
     kept one version (one micro-batch with its once-per-step work).
 
-    Of a pipeline: its 1F1B iteration (:func:`autopar.pipeline.one_f_one_b_iteration`), the
+    Of a pipeline: its 1F1B iteration (:func:`autopar.pipeline.schedule.one_f_one_b_iteration`), the
     slowest stage's micro-batch (the pace of the steady state), the largest once-per-step
     work (the stages run it at once after the flush), and the iteration at K = 1 (one
     micro-batch through every stage and back, plus that work)."""

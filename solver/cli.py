@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from autopar.baseline_pricing import baseline_evaluated
-from autopar.cli_args import (
+from autopar.baselines.pricing import baseline_evaluated
+from autopar.cli.args import (
     Command,
     add_memory_arg,
     add_mesh_args,
@@ -26,12 +26,13 @@ from autopar.cli_args import (
     graph_arg_help,
     wrote,
 )
-from autopar.cluster import Cluster, parse_mesh_shape
-from autopar.graph import Graph
-from autopar.iteration import TrainingConfig
-from autopar.pipeline import PipelinePlan
-from autopar.plan import Plan, format_bytes
-from autopar.progress import Progress
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import parse_mesh_shape
+from autopar.infra.progress import Progress
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan, format_bytes
+from autopar.ir.training import TrainingConfig
+from autopar.pipeline.plan import PipelinePlan
 
 __all__ = [
     "PLAN_COMMAND",
@@ -182,13 +183,13 @@ def compared_rows(
     report: Callable[[str], None] | None = None,
 ) -> list[tuple[str, Plan | PipelinePlan]]:
     """``autopar`` and each baseline at its own best configuration
-    (:mod:`autopar.baseline_configs`; ``--megatron-config`` prices the one the user runs),
+    (:mod:`autopar.baselines.configs`; ``--megatron-config`` prices the one the user runs),
     each plan carrying its configuration and the others tried in
     ``diagnostics["baseline_configuration"]``.  After the plan: outside its time limit."""
-    from autopar.baseline_configs import best_config, candidate_configs, parse_config
-    from autopar.baseline_pricing import price_baseline_config
-    from autopar.baselines import batch_size
-    from autopar.pipeline_split import ordered_blocks
+    from autopar.baselines.configs import best_config, candidate_configs, parse_config
+    from autopar.baselines.pricing import price_baseline_config
+    from autopar.ir.structure import batch_size
+    from autopar.pipeline.split import ordered_blocks
 
     rows: list[tuple[str, Plan | PipelinePlan]] = [("autopar", result)]
     batch, blocks = batch_size(graph), len(ordered_blocks(graph))
@@ -265,9 +266,9 @@ def configurations_text(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> str:
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
-    from autopar.cli_args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
-    from autopar.progress import Deadline
-    from autopar.store import DirectoryStore
+    from autopar.cli.args import cluster_from_args, graph_from_arg, parse_bytes, plan_from_arg
+    from autopar.infra.progress import Deadline
+    from autopar.infra.store import DirectoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
     from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
@@ -277,7 +278,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         relative_gap=args.gap,
         runtime=args.runtime,
-        micro_batches=args.micro_batches,  # the iteration to minimise (autopar.iteration)
+        micro_batches=args.micro_batches,  # the iteration to minimise (autopar.cost.iteration)
         checkpointing=args.checkpointing,
         stages=parse_stages(args.stages),
         **({"workers": args.workers} if args.workers else {}),

@@ -1,5 +1,5 @@
 """Solver options (one frozen dataclass, validated on construction); progress reports are
-:class:`autopar.progress.Progress` (re-exported here)."""
+:class:`autopar.infra.progress.Progress` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import os
 from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
-from autopar.iteration import TrainingConfig
-from autopar.progress import Progress, ProgressFn
-from autopar.runtime import DEFAULT_RUNTIME, RUNTIMES
+from autopar.infra.progress import Progress, ProgressFn
+from autopar.ir.training import TrainingConfig
+from autopar.ir.wire import DEFAULT_RUNTIME
+from autopar.runtimes.registry import RUNTIMES
 
 __all__ = ["DETERMINISTIC_WALL_FACTOR", "PHASES", "Progress", "ProgressFn", "SolverOptions"]
 
@@ -57,9 +58,10 @@ class SolverOptions:
     reductions: bool = True
     """Apply the exact reductions of :mod:`autopar_solver.reductions` before CP-SAT."""
     runtime: str = DEFAULT_RUNTIME
-    """Runtime profile the plan is priced for (:mod:`autopar.runtime`): ``oneflow-0.9`` or ``ideal``."""
+    """Runtime profile the plan is priced for (:mod:`autopar.runtimes.registry`): ``oneflow-0.9``,
+    ``ideal`` or ``megatron-lm``."""
     micro_batches: int = 1
-    """Micro-batches per optimizer step: the objective is the iteration (:mod:`autopar.iteration`)."""
+    """Micro-batches per optimizer step: the objective is the iteration (:mod:`autopar.cost.iteration`)."""
     checkpointing: str = "off"
     """Activation checkpointing priced: ``off``, ``full`` (every block) or ``auto`` (the solver
     chooses per block, jointly with the layout: :mod:`autopar_solver.planner.recompute`)."""

@@ -49,9 +49,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from autopar.cost_tables import CostTables
-from autopar.costs import COST_MODEL_VERSION, model_digest
-from autopar.store import KeyValueStore, SwappableStore
+from autopar.cost.model_version import COST_MODEL_VERSION, model_digest
+from autopar.cost.tables import CostTables
+from autopar.infra.store import KeyValueStore, SwappableStore
 
 __all__ = ["MEMO_VERSION", "REMEMBER_ATTEMPTS", "MemoEntry", "memo_keys", "merged", "remember"]
 
@@ -172,7 +172,7 @@ def remember(
     there, ``read`` as the caller read it (None: absent).  True when written; False when
     ``entry`` proves nothing new, or when the store kept changing under every attempt.
 
-    With a :class:`~autopar.store.SwappableStore` the merged value replaces exactly the value
+    With a :class:`~autopar.infra.store.SwappableStore` the merged value replaces exactly the value
     read; when another writer stored something in between, that value is read and merged in
     turn (at most :data:`REMEMBER_ATTEMPTS` times), so neither writer's plan or bound is
     lost.  ``rejected``: the caller found ``read`` wrong (its plan did not verify), so it is

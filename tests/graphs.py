@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autopar.graph import Graph, Op, Role, TensorSpec, Variable
+from autopar.ir.graph import Graph, Op, Role, TensorSpec, Variable
 
 
 def mlp_graph(batch: int = 16, hidden: int = 1024, ffn: int = 4096, layers: int = 1) -> Graph:

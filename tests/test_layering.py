@@ -1,4 +1,5 @@
-"""The import graph of the installed packages: no cycle, and the core imports no outer layer.
+"""The import graph of the installed packages: no cycle, the core's packages in layers, and the
+core imports no outer layer.
 
 Every ``import`` in every module counts, at the top or inside a function (a lazy
 import is still a dependency); imports under ``if TYPE_CHECKING:`` do not (they
@@ -126,11 +127,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_sees_lazy_imports() -> None:
     graph = import_graph()
-    assert "autopar.graph" in graph["autopar.cli_args"]  # imported inside a function
+    assert "autopar.ir.graph" in graph["autopar.cli.args"]  # imported inside a function
     assert any(t.startswith("autopar_solver.planner") for t in graph["autopar_solver.cli"])  # likewise
     assert "autopar.rules.families" in graph["autopar.rules"]
-    assert "autopar.models.config" not in graph["autopar.models.layers"]  # under TYPE_CHECKING only
-    assert {"autopar.cli", "autopar_solver.cli", "autopar_service.cli", "autopar_cache.codec"} <= set(graph)
+    assert "autopar.hardware.mesh" not in graph["autopar.runtimes.oneflow_09.pricing"]  # TYPE_CHECKING only
+    assert {"autopar.cli.main", "autopar_solver.cli", "autopar_service.cli", "autopar_cache.codec"} <= set(
+        graph
+    )
 
 
 def test_no_import_cycles() -> None:
@@ -150,3 +153,62 @@ def test_the_core_imports_no_outer_layer() -> None:
         if target.split(".")[0] in OUTER
     )
     assert arrows == []
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("autopar.errors", "autopar.version"),
+    ("autopar.infra", "autopar.client"),
+    ("autopar.hardware",),
+    ("autopar.ir",),
+    ("autopar.runtimes", "autopar.models"),
+    ("autopar.rules",),
+    ("autopar.cost",),
+    ("autopar.pipeline",),
+    ("autopar.baselines",),
+    ("autopar.bridges",),
+    ("autopar.cli",),
+    ("autopar",),
+)
+"""The core's packages (and its top-level modules), bottom up: a module imports only from its own
+package and from the layers below it (docs/architecture.md).  ``autopar`` itself is the facade of
+public names (``autopar.Graph``, ``autopar.Plan``, ...), above everything."""
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of the package (or top-level module) ``module`` belongs to."""
+    parts = module.split(".")
+    for depth in (2, 1):
+        name = ".".join(parts[:depth])
+        for i, members in enumerate(LAYERS):
+            if name in members:
+                return i
+    raise AssertionError(f"{module} is in no layer of LAYERS: add its package there")
+
+
+def test_every_core_module_has_a_layer() -> None:
+    for module in import_graph():
+        if module.split(".")[0] == "autopar":
+            layer_of(module)
+
+
+def test_the_core_imports_run_one_way() -> None:
+    def package(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.split(".")[0] == "autopar"
+        for target in targets
+        if target.split(".")[0] == "autopar"
+        and package(target) != package(module)
+        and layer_of(target) >= layer_of(module)
+    )
+    assert upward == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    assert layer_of("autopar.ir.plan") > layer_of("autopar.hardware.mesh")
+    assert layer_of("autopar.cost.evaluate") > layer_of("autopar.rules.registry")
+    assert layer_of("autopar.baselines.plans") > layer_of("autopar.pipeline.plan")
+    assert layer_of("autopar.runtimes.registry") == layer_of("autopar.models.builder")

@@ -1,4 +1,4 @@
-"""scripts/longest_functions.py: no function over 80 lines in the four packages."""
+"""scripts/longest_functions.py: no function over 80 lines and no file over 600 in the four packages."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def test_no_function_in_the_packages_is_over_80_lines():
     printed = out.stdout.splitlines()
     for package in ("autopar", "solver", "service", "cache"):
         assert any(line.startswith(f"{package}/: longest function ") for line in printed), printed
+        assert any(line.startswith(f"{package}/: longest file ") for line in printed), printed
 
 
 def test_a_long_function_fails_it(tmp_path, monkeypatch, capsys):
@@ -48,3 +49,14 @@ def test_a_long_function_fails_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(module, "PACKAGES", ("solver",))
     assert module.main([]) == 1  # type: ignore[attr-defined]
     assert "over 80: solver/long.py:long (line 1) 82 lines" in capsys.readouterr().out
+
+
+def test_a_long_file_fails_it(tmp_path, monkeypatch, capsys):
+    module = _load()
+    package = tmp_path / "cache"
+    package.mkdir()
+    (package / "big.py").write_text("x = 1\n" * 601)
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "PACKAGES", ("cache",))
+    assert module.main([]) == 1  # type: ignore[attr-defined]
+    assert "file over 600: cache/big.py 601 lines" in capsys.readouterr().out

@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from autopar.errors import ConfigError
-from autopar.graph import Graph, Role
+from autopar.ir.graph import Graph, Role
 from autopar.models.bert import BertConfig, build_bert
 from autopar.models.builder import GraphBuilder, Param
 from autopar.models.config import OptimizerConfig, apply_overrides

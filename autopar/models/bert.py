@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autopar.graph import Graph
+from autopar.ir.graph import Graph
 from autopar.models.builder import GraphBuilder
 from autopar.models.config import OptimizerConfig, TransformerLMConfig
 from autopar.models.layers import dense, lm_trunk, norm, tied_lm_head, training_step

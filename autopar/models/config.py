@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from autopar.errors import ConfigError
-from autopar.models.layers import LayerStyle
+from autopar.models.style import LayerStyle
 
 __all__ = [
     "COMPUTE_DTYPES",

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
-from autopar.graph import Graph
+from autopar.ir.graph import Graph
 from autopar.models.builder import GraphBuilder
 from autopar.models.config import (
     OptimizerConfig,
@@ -45,7 +45,8 @@ from autopar.models.config import (
     check_rate,
     check_sizes,
 )
-from autopar.models.layers import LayerStyle, embedding_sum, layer_stack, tied_lm_head, training_step
+from autopar.models.layers import embedding_sum, layer_stack, tied_lm_head, training_step
+from autopar.models.style import LayerStyle
 
 __all__ = ["T5Config", "build_t5"]
 

@@ -6,10 +6,10 @@ the wrong type) is :class:`GraphError` ``op_unsupported`` naming it, a zero-size
 matmul-like op or a zero-size parameter ``bad_shape``, shapes its family's check refuses
 (:mod:`autopar.rules.shapes`: matmul dims, reshape element counts, broadcasts)
 ``shape_mismatch``, instead of a failure inside a solve or a plan of a graph that cannot run.
-Importing :mod:`autopar.rules` registers it with :func:`autopar.graph.register_validator`,
+Importing :mod:`autopar.rules` registers it with :func:`autopar.ir.graph.register_validator`,
 so :meth:`Graph.validate` runs it wherever the rules are loaded (every planning path: the
 planner, the cost tables, the evaluator); the command line
-(:func:`autopar.cli_args.graph_from_arg`) and the service (``autopar_service.graphs``)
+(:func:`autopar.cli.args.graph_from_arg`) and the service (``autopar_service.graphs``)
 call it as well.  A graph is checked once (``Graph.rules_checked``).  It lives beside the
 rules, registered, rather than imported by the graph module: the rules import that module.
 """
@@ -20,9 +20,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from autopar.collector import collector_paused
 from autopar.errors import GraphError
-from autopar.graph import Graph, Op, TensorSpec, register_validator
+from autopar.infra.collector import collector_paused
+from autopar.ir.graph import Graph, Op, TensorSpec, register_validator
 from autopar.rules.registry import CostKind, RuleContext, default_rules, nd_signatures
 from autopar.rules.shapes import shape_problem
 

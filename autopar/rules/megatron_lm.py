@@ -35,10 +35,10 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
+from autopar.ir.sbp import P, Split
 from autopar.rules.families import nn, views
 from autopar.rules.families._common import partial_ok, port_map, sig, uniform
 from autopar.rules.registry import OneDSignature, RuleContext, RuleSet, default_rules
-from autopar.sbp import P, Split
 
 __all__ = ["MEGATRON_SOURCE", "megatron_lm_rules", "rules_for_source"]
 

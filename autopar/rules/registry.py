@@ -18,7 +18,7 @@ and returns the **1-D** signatures valid on one mesh axis: for each input port
     ((B, B), (B,))          # replicate                  (B, B) -> B
 
 :func:`nd_signatures` takes the Cartesian product over mesh axes and keeps only
-products where every port's layout is one OneFlow accepts (:func:`autopar.sbp.local_shape`:
+products where every port's layout is one OneFlow accepts (:func:`autopar.ir.sbp.local_shape`:
 a split dim at least as long as the axes cutting it; uneven splits are cut by
 OneFlow's ``BalancedSplitter``).  A rule may also return full N-D signatures by setting
 ``nd=True`` at registration (used by optimizer ops whose layout depends on the
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from autopar.graph import DTYPE_BYTES, Op, TensorSpec
-from autopar.optimizer import model_port_index
-from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, is_even, local_shape
+from autopar.ir.graph import DTYPE_BYTES, Op, TensorSpec
+from autopar.ir.optimizer import model_port_index
+from autopar.ir.sbp import B, NdSbp, SbpValue, Signature, Split, is_even, local_shape
 
 __all__ = [
     "CostKind",
@@ -78,10 +78,10 @@ class RuleContext:
     zero_stage: int = 0
     zero_sharding: str = "all_axes"
     """``all_axes`` or ``one_axis``: where ZeRO shards a replicated parameter
-    (:class:`autopar.runtime.ZeroSharding`)."""
+    (:class:`autopar.runtimes.profile.ZeroSharding`)."""
     gather_dtype: str | None = None
     """An optimizer op's: the dtype its parameter's ZeRO gather moves (the forward's copy,
-    :func:`autopar.costs.zero_gather_dtype`); None: the parameter's own dtype."""
+    :func:`autopar.cost.zero_gathers.zero_gather_dtype`); None: the parameter's own dtype."""
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -107,7 +107,7 @@ class Rule:
     nd: bool = False
     fits: FitsFn | None = None
     """An op-specific test each N-D signature must also pass (e.g. ``reshape``'s: a split of
-    unequal dims must divide); None: only :func:`autopar.sbp.local_shape`'s."""
+    unequal dims must divide); None: only :func:`autopar.ir.sbp.local_shape`'s."""
 
 
 @dataclass
@@ -216,9 +216,9 @@ def axis_product(one_d: Sequence[OneDSignature], n_in: int, n_out: int, n_axes: 
 
 def planning_signatures(ctx: RuleContext, sigs: Sequence[Signature]) -> list[Signature]:
     """The signatures the planner searches: those of ``sigs`` whose every split divides
-    evenly (:func:`autopar.sbp.is_even`); all of ``sigs`` when none does.
+    evenly (:func:`autopar.ir.sbp.is_even`); all of ``sigs`` when none does.
 
-    OneFlow accepts uneven splits (:func:`autopar.sbp.local_shape`), so plans OneFlow
+    OneFlow accepts uneven splits (:func:`autopar.ir.sbp.local_shape`), so plans OneFlow
     infers are evaluated with them, but the planner keeps its search space to even
     layouts: an uneven shard leaves devices idle for its difference, and the options
     it adds (e.g. 12 heads over 8 devices) grow the search for little.

@@ -349,7 +349,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from autopar.oneflow import make_train_graph
+    from autopar.bridges.oneflow import make_train_graph
 
     options = {"fused_cross_kv": args.fused_cross_kv}
     config = MT5Config.tiny(**options) if args.size == "tiny" else MT5Config.base(**options)

@@ -16,8 +16,8 @@
    beside OneFlow); or ``--plan FILE``;
 3. **launch** ``python -m oneflow.distributed.launch --nproc_per_node N
    train_with_plan.py run ...``: every rank lays out the parameters and adds the
-   activation hints of the plan (:func:`autopar.oneflow.apply_plan`), builds the
-   job, checks it against the plan (:func:`autopar.oneflow.check_fidelity`),
+   activation hints of the plan (:func:`autopar.bridges.oneflow.apply_plan`), builds the
+   job, checks it against the plan (:func:`autopar.bridges.oneflow.check_fidelity`),
    and trains ``--steps`` steps;
 4. print the fidelity report and the losses next to the one-rank losses.
 
@@ -27,7 +27,7 @@ The iteration follows the plan: ``--micro-batches K`` and ``--checkpointing
 {off,auto,full}`` set what the plan is solved for (``autopar plan --micro-batches
 --checkpointing``); the run then takes ``K`` and the recomputed blocks from the plan JSON
 (``micro_batches``, ``checkpointing``, ``recomputed_blocks``): ``compile_with_plan`` (or,
-with ``--no-pin``, :func:`autopar.oneflow.iteration.configure_iteration`) sets the
+with ``--no-pin``, :func:`autopar.bridges.oneflow.iteration.configure_iteration`) sets the
 gradient accumulation steps and activation checkpointing on those blocks' modules.  Each
 step feeds ``K`` copies of the reference batch, one per micro-batch, and reports the mean
 of their losses.
@@ -53,19 +53,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo
 
-from autopar.cli_args import parse_bytes
-from autopar.client import PlanClient
-from autopar.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph
-from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp
-from autopar.oneflow.iteration import (
+from autopar.bridges.oneflow import apply_plan, check_fidelity, export_job, import_job, make_train_graph
+from autopar.bridges.oneflow.apply import plan_input_sbps, to_flow_sbp
+from autopar.bridges.oneflow.compile import compile_with_plan
+from autopar.bridges.oneflow.iteration import (
     checkpoint_modules,
     configure_iteration,
     job_micro_batches,
     job_recomputed_scopes,
     plan_recomputed_scopes,
 )
-from autopar.oneflow.planning import request_plan
-from autopar.plan import Plan
+from autopar.bridges.oneflow.planning import request_plan
+from autopar.cli.args import parse_bytes
+from autopar.client import PlanClient
+from autopar.ir.plan import Plan
 
 LEARNING_RATE = 1e-3
 

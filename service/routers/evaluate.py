@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from autopar.errors import AutoparError, PlanError
-from autopar.graph import Graph
-from autopar.pipeline import FORMAT as PIPELINE_FORMAT
-from autopar.plan import Plan, check_plan_graph
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan, check_plan_graph
+from autopar.pipeline.plan import FORMAT as PIPELINE_FORMAT
 from autopar_service import schemas
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
 from autopar_service.cancel import checkpoint
@@ -40,7 +40,7 @@ def _plan_of(data: Any) -> Plan:
 
 def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
     """Parse, check and evaluate (runs in a thread)."""
-    from autopar.evaluate import evaluate
+    from autopar.cost.evaluate import evaluate
 
     body = parse_json_model(
         EvaluateBody,
@@ -80,10 +80,12 @@ def evaluate_body(service: Service, raw: bytes) -> dict[str, Any]:
 
 
 def evaluate_pipeline_body(graph: Graph, data: dict[str, Any], body: EvaluateBody) -> dict[str, Any]:
-    """An ``autopar.pipeline/v1`` plan re-checked on ``graph`` (:func:`autopar.pipeline.evaluate_pipeline`):
-    the 1F1B iteration, the bubble, the largest stage's memory and one row per stage, at the plan's
-    K and checkpointing or at the ones the body gives."""
-    from autopar.pipeline import PipelinePlan, evaluate_pipeline, priced
+    """An ``autopar.pipeline/v1`` plan re-checked on ``graph``
+    (:func:`autopar.pipeline.evaluate.evaluate_pipeline`): the 1F1B iteration, the bubble, the
+    largest stage's memory and one row per stage, at the plan's K and checkpointing or at the ones
+    the body gives."""
+    from autopar.pipeline.evaluate import evaluate_pipeline, priced
+    from autopar.pipeline.plan import PipelinePlan
 
     try:
         plan = PipelinePlan.from_dict(data)

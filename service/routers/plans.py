@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from autopar.graph import Graph
+from autopar.ir.graph import Graph
 from autopar_cache.plans import PlanRecord, plan_key
 from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
 from autopar_service.cancel import checkpoint

@@ -27,19 +27,19 @@ Where each concept lives:
 * :mod:`.mesh_search`: every candidate mesh shape in turn;
 * :mod:`.on_mesh`: :func:`solve_on_mesh`, the stages of one mesh in order.
 
-Every returned plan has been re-checked by :func:`autopar.evaluate.evaluate`:
+Every returned plan has been re-checked by :func:`autopar.cost.evaluate.evaluate`:
 its step time equals the solver's objective and its memory fits the budget;
 a mismatch raises :class:`~autopar.errors.VerificationError`.
 """
 
 from __future__ import annotations
 
-from autopar.collector import collector_paused
-from autopar.cost_tables import RemoteTableBuilder
-from autopar.graph import Graph
-from autopar.plan import Plan
-from autopar.progress import Deadline, Progress, ProgressFn
-from autopar.store import KeyValueStore
+from autopar.cost.remote_tables import RemoteTableBuilder
+from autopar.infra.collector import collector_paused
+from autopar.infra.progress import Deadline, Progress, ProgressFn
+from autopar.infra.store import KeyValueStore
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 from autopar_solver.planner.context import PlanContext
 from autopar_solver.planner.floors import memory_floors
 from autopar_solver.planner.memory_rows import BuiltProblem, build_problem
@@ -77,7 +77,7 @@ def plan(
     when a deadline is given, e.g. by a command that loaded the graph first) bounds
     the whole call.  ``progress`` gets every phase, then ``done`` once with the
     chosen plan's objective.  The cyclic garbage collector is paused meanwhile
-    (:func:`~autopar.collector.collector_paused`).
+    (:func:`~autopar.infra.collector.collector_paused`).
 
     With a ``store``, what earlier solves of the same problem proved is recalled
     (:mod:`autopar_solver.solve_memo`): re-checked, it is the answer when its gap is

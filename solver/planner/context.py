@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autopar.cost_tables import RemoteTableBuilder
-from autopar.plan import Plan
-from autopar.progress import Deadline, Progress, ProgressFn
-from autopar.store import KeyValueStore
+from autopar.cost.remote_tables import RemoteTableBuilder
+from autopar.infra.progress import Deadline, Progress, ProgressFn
+from autopar.infra.store import KeyValueStore
+from autopar.ir.plan import Plan
 from autopar_solver.options import DETERMINISTIC_WALL_FACTOR, SolverOptions
 
 __all__ = [

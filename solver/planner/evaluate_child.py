@@ -1,7 +1,7 @@
 """The evaluator in a child process, stopped at a time limit.
 
 The re-check of a plan lifted onto the requested mesh (:mod:`.squeeze`) must not run
-past the deadline, and :func:`autopar.evaluate.evaluate` cannot be interrupted: it runs
+past the deadline, and :func:`autopar.cost.evaluate.evaluate` cannot be interrupted: it runs
 in a forked child, killed when the time is up.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autopar.evaluate import evaluate
-from autopar.graph import Graph
-from autopar.plan import Plan
+from autopar.cost.evaluate import evaluate
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 
 __all__ = ["RECHECK_MIN_S", "evaluate_within"]
 

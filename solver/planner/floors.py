@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autopar.cluster import Mesh
-from autopar.cost_tables import CostTables
+from autopar.cost.tables import CostTables
 from autopar.errors import InfeasibleError, TimeLimitError
-from autopar.graph import DTYPE_BYTES
-from autopar.progress import Deadline
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline
+from autopar.ir.graph import DTYPE_BYTES
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import build_problem, state_terms, zero3_buffer_bytes
 from autopar_solver.planner.recompute import least_spans

@@ -1,8 +1,8 @@
 """Checkpointing ``auto`` starts from ``full``: every ``full`` plan is an ``auto`` plan.
 
 A ``full`` plan (every block recomputed) is the ``auto`` plan with every flag set to
-recompute, priced the same (:func:`autopar.iteration.checkpoint_blocks`: ``auto`` with
-every block of :func:`~autopar.iteration.candidate_blocks` recomputes what ``full`` does),
+recompute, priced the same (:func:`autopar.cost.iteration.checkpoint_blocks`: ``auto`` with
+every block of :func:`~autopar.cost.iteration.candidate_blocks` recomputes what ``full`` does),
 so ``auto`` can never be worse than the ``full`` plan it could have found.  The doubled
 problem is larger and harder, though: within a time limit CP-SAT may stop on a worse plan
 (gpt-1.3b, 2x4 ``a100-40g``, ``[4, 2]``, ZeRO-2, K = 8, 13.5 GiB: ``auto`` 2594.7 ms, gap
@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from autopar.cost.evaluate import evaluate
+from autopar.cost.weighted_tables import training_of, with_training
 from autopar.errors import InfeasibleError, TimeLimitError
-from autopar.evaluate import evaluate
-from autopar.iteration import TrainingConfig, training_of, with_training
-from autopar.progress import Deadline
+from autopar.infra.progress import Deadline
+from autopar.ir.training import TrainingConfig
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext
 from autopar_solver.planner.floors import SEED_ROW_FRACTION, memory_floors, memory_seed
 from autopar_solver.planner.recall import Verified

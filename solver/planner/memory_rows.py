@@ -9,7 +9,7 @@ constrained topological position ``p``::
            + sum_(t live at p) bytes_t(choice of t's producer)   (live activations)
            + sum_(e into the op at p) copy_e(choices of e's ends) (its boxed inputs)
 
-in bytes per device, each term a pure function of :mod:`autopar.memory`.
+in bytes per device, each term a pure function of :mod:`autopar.cost.memory`.
 """
 
 from __future__ import annotations
@@ -19,21 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from autopar.cost_tables import CostTables
-from autopar.graph import DTYPE_BYTES
-from autopar.iteration import (
-    TrainingConfig,
-    activation_spans,
-    table_costs,
-    training_of,
-    variable_memory_bytes,
-)
-from autopar.memory import (
-    boxed_copy_bytes,
-    graph_state_bytes,
-    zero3_gather_buffer_bytes,
-)
-from autopar.sbp import B, NdSbp, Signature
+from autopar.cost.activation_spans import activation_spans, variable_memory_bytes
+from autopar.cost.memory import boxed_copy_bytes, graph_state_bytes, zero3_gather_buffer_bytes
+from autopar.cost.tables import CostTables
+from autopar.cost.weighted_tables import table_costs, training_of
+from autopar.ir.graph import DTYPE_BYTES
+from autopar.ir.sbp import B, NdSbp, Signature
+from autopar.ir.training import TrainingConfig
 from autopar_solver.planner.recompute import (
     LiveTerm,
     RecomputeChoices,
@@ -124,7 +116,7 @@ def _memory_rows(tables: CostTables, index: dict[str, int], positions: list[int]
     graph = tables.graph
     order = graph.topological_order
     states = state_terms(tables, index)
-    # checkpointing: a recomputed tensor is live twice (autopar.iteration.activation_spans)
+    # checkpointing: a recomputed tensor is live twice (autopar.cost.activation_spans.activation_spans)
     spans = activation_spans(graph, training_of(tables))
     by_consumer: dict[int, list[int]] = {}
     for e_index, e in enumerate(tables.edges):

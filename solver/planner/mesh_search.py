@@ -50,12 +50,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from autopar.cluster import Mesh, candidate_mesh_shapes
-from autopar.cost_tables import CostTables
+from autopar.cost.tables import CostTables
 from autopar.errors import InfeasibleError, TimeLimitError
-from autopar.plan import Plan
-from autopar.progress import Deadline, Progress, ProgressFn
-from autopar.store import KeyValueStore, MemoryStore
+from autopar.hardware.mesh import Mesh, candidate_mesh_shapes
+from autopar.infra.progress import Deadline, Progress, ProgressFn
+from autopar.infra.store import KeyValueStore, MemoryStore
+from autopar.ir.plan import Plan
 from autopar_solver.planner.context import MIN_SOLVE_S, PlanContext
 from autopar_solver.planner.on_mesh import solve_mesh
 from autopar_solver.planner.request import PlanRequest

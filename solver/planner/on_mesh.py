@@ -5,7 +5,7 @@
     cost tables ─> memory floors ─> solve memo recall ─> memory rounds ─> chosen plan
     (memo: store)  (floors.py)      (recall.py)          (rounds.py)      verified, memo written
 
-Every returned plan has been re-checked by :func:`autopar.evaluate.evaluate`: its step
+Every returned plan has been re-checked by :func:`autopar.cost.evaluate.evaluate`: its step
 time equals the solver's objective and its memory fits the budget
 (:mod:`.verify`); a mismatch raises :class:`~autopar.errors.VerificationError`.
 """
@@ -16,16 +16,18 @@ import json
 import time
 from typing import Any
 
-from autopar.cluster import Mesh
-from autopar.cost_tables import CostTables, build_cost_tables
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.evaluate import attach_evaluation
+from autopar.cost.iteration import checkpoint_blocks
+from autopar.cost.tables import CostTables
+from autopar.cost.weighted_tables import with_training
 from autopar.errors import TimeLimitError
-from autopar.evaluate import attach_evaluation
-from autopar.graph import Graph
-from autopar.iteration import checkpoint_blocks, with_training
-from autopar.plan import Plan
-from autopar.progress import Deadline, ProgressFn
-from autopar.store import KeyValueStore
-from autopar.wire import SolverReport
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline, ProgressFn
+from autopar.infra.store import KeyValueStore
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.ir.wire import SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext, evaluate_reserve
 from autopar_solver.planner.floors import MemorySeed, memory_seed, raise_infeasible
@@ -85,7 +87,7 @@ def solve_mesh(
     """:func:`solve_on_mesh` with its clock and channels in ``ctx``: the stages, in order."""
     t0 = time.perf_counter()
     tables = tables if tables is not None else _cost_tables(graph, mesh, zero_stage, options, ctx)
-    tables = with_training(tables, options.training)  # the iteration priced (autopar.iteration)
+    tables = with_training(tables, options.training)  # the iteration priced (autopar.cost.iteration)
     t_tables = time.perf_counter() - t0
     tied = tie_layers if tie_layers is not None else len(graph.ops) > TIE_THRESHOLD_OPS
     seed: MemorySeed = memory_seed(tables, budget, mesh, ctx.deadline)

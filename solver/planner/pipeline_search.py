@@ -2,7 +2,7 @@
 
 For a number of stages ``S`` (:func:`stage_candidates`: every ``S`` that gives each stage
 whole nodes or an even slice of one node, at most one stage per block), the blocks are
-cut into contiguous, balanced ranges (:func:`autopar.pipeline_split.balanced_counts`) and
+cut into contiguous, balanced ranges (:func:`autopar.pipeline.split.balanced_counts`) and
 every stage's graph is planned on its own ``world / S`` devices by the intra-stage
 planner (:func:`autopar_solver.planner.plan`: the exact SBP solve with ZeRO, checkpointing
 and memory rows), on the stage mesh named, else :func:`default_stage_shape`.  Identical
@@ -10,13 +10,13 @@ layers share cost-table entries across stages, and a stage starts from the plan 
 earlier stage with as many blocks (its op names moved).
 
 Memory: a stage keeps the activations of ``min(S - s, K)`` micro-batches
-(:func:`autopar.pipeline.stage_memory_bytes`), which the intra-stage planner does not see;
+(:func:`autopar.pipeline.evaluate.stage_memory_bytes`), which the intra-stage planner does not see;
 a stage over the budget is planned again under the budget less its overshoot (at most
 :data:`MEMORY_ROUNDS` times).  Every result is re-checked by
-:func:`autopar.pipeline.evaluate_pipeline`.
+:func:`autopar.pipeline.evaluate.evaluate_pipeline`.
 
 The bound: any plan with these stages runs an iteration of at least ``K x t_s + u_s`` for
-every stage ``s`` (1F1B, :func:`autopar.pipeline.one_f_one_b_iteration`), so the largest
+every stage ``s`` (1F1B, :func:`autopar.pipeline.schedule.one_f_one_b_iteration`), so the largest
 lower bound the stages' solves proved under the whole budget is a lower bound of the
 pipeline's iteration for this cut; the gap against it includes the pipeline bubble.
 """
@@ -29,22 +29,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from autopar.cluster import Cluster
+from autopar.cost.iteration import layer_of
 from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError, VerificationError
-from autopar.graph import Graph
-from autopar.iteration import layer_of
-from autopar.pipeline import (
-    PipelineEvaluation,
-    PipelinePlan,
-    evaluate_pipeline,
-    priced,
-    stage_cluster,
-    stage_link,
-)
-from autopar.pipeline_split import StageSlice, balanced_counts, ordered_blocks, split_graph
-from autopar.plan import Plan, format_bytes
-from autopar.progress import Deadline, ProgressFn
-from autopar.store import KeyValueStore, MemoryStore
+from autopar.hardware.cluster import Cluster
+from autopar.infra.progress import Deadline, ProgressFn
+from autopar.infra.store import KeyValueStore, MemoryStore
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan, format_bytes
+from autopar.pipeline.evaluate import PipelineEvaluation, evaluate_pipeline, priced, stage_cluster, stage_link
+from autopar.pipeline.plan import PipelinePlan
+from autopar.pipeline.split import StageSlice, balanced_counts, ordered_blocks, split_graph
 from autopar_solver.planner.request import PlanRequest
 
 __all__ = ["MEMORY_ROUNDS", "default_stage_shape", "rebalanced_counts", "solve_pipeline", "stage_candidates"]
@@ -54,7 +48,7 @@ MEMORY_ROUNDS = 3
 REBALANCE_GAIN = 0.01
 """Least predicted gain (share of the iteration) for which an uneven cut is planned too."""
 VERIFY_S_PER_OP = 1e-3
-"""Seconds per op of the whole graph kept for :func:`autopar.pipeline.evaluate_pipeline` after
+"""Seconds per op of the whole graph kept for :func:`autopar.pipeline.evaluate.evaluate_pipeline` after
 each round (measured: 6.7 s for the 8,334 ops of a 48-layer GPT at load 18 on 2 cores)."""
 MEMORY_RESERVE = 0.25
 """Share of the time the first round leaves for memory rounds (under a budget)."""
@@ -165,7 +159,7 @@ def rebalanced_counts(times: Sequence[float], counts: Sequence[int]) -> tuple[tu
     least over all stages when there are none (the stage without embedding or head);
     ``e_s = max(0, t_s - n_s b)`` is what a stage runs besides its blocks (the embedding, the
     head and loss).  ``sum_s t_s`` does not depend on the cut, so under 1F1B
-    (:func:`autopar.pipeline.one_f_one_b_iteration`) the cut that minimises the slowest stage
+    (:func:`autopar.pipeline.schedule.one_f_one_b_iteration`) the cut that minimises the slowest stage
     minimises the iteration: the least cap ``M`` with ``sum_s floor((M - e_s) / b) >= blocks``,
     the surplus taken from the slowest stages."""
     n = len(counts)

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.cluster import Mesh
-from autopar.cost_tables import CostTables
+from autopar.cost.evaluate import evaluate
+from autopar.cost.tables import CostTables
 from autopar.errors import VerificationError
-from autopar.evaluate import evaluate
-from autopar.graph import Graph
-from autopar.plan import Plan
-from autopar.store import KeyValueStore
+from autopar.hardware.mesh import Mesh
+from autopar.infra.store import KeyValueStore
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import assignment, build_problem, chosen_training
 from autopar_solver.planner.recompute import recompute_choices

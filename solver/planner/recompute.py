@@ -1,7 +1,7 @@
 """Checkpointing ``auto``: recompute or keep, per transformer block, chosen with the layout.
 
 Under ``--checkpointing auto`` each forward op of a block that can be recomputed
-(:func:`autopar.iteration.candidate_blocks`, the blocks ``full`` recomputes) has its
+(:func:`autopar.cost.iteration.candidate_blocks`, the blocks ``full`` recomputes) has its
 choices doubled::
 
     choice c      (c < n):  signature c, its block keeps its activations
@@ -11,17 +11,17 @@ choices doubled::
 
 * node costs: the ``keep`` half is the op's iteration cost with no block recomputed, the
   ``recompute`` half with its block recomputed (its forward compute twice per micro-batch,
-  :func:`autopar.iteration.recompute_table_costs`);
+  :func:`autopar.cost.weighted_tables.recompute_table_costs`);
 * edge costs depend on both ends' flags: the boxing of an edge runs twice per micro-batch
   when its producer and its consumer both recompute
-  (:func:`autopar.iteration.boxed_again_in_recompute`, from OneFlow's
+  (:func:`autopar.cost.iteration.boxed_again_in_recompute`, from OneFlow's
   ``checkpointing_pass.cpp``: a recomputed op reads what it takes from outside the
   recomputed ops through the forward's boxing); an edge between two ops of one block whose
   flags differ costs ``inf`` (:func:`expand_edge`, the one place that decides it), so a
   block recomputes as a whole.
   Ops of a block that no edge inside the block joins get an agreement edge (0 or ``inf``);
 * memory: a tensor's live spans depend on its home block's flag and on the flags of the
-  other blocks that read it in forward (:func:`autopar.iteration.tensor_spans`).  With at
+  other blocks that read it in forward (:func:`autopar.cost.activation_spans.tensor_spans`).  With at
   most one such reader the row term is exact: a node term of the producer, or an edge term
   on the edge into the reader when the reader's flag matters.  With two or more readers the
   term takes them all as recomputing: an upper bound (live spans only grow with the readers
@@ -45,19 +45,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.cost_tables import CostTables
-from autopar.graph import Graph, Role
-from autopar.iteration import (
-    TrainingConfig,
-    block_readers,
-    boxed_again_in_recompute,
-    candidate_blocks,
-    checkpoint_blocks,
-    layer_of,
-    recompute_table_costs,
-    tensor_spans,
-    training_of,
-)
+from autopar.cost.activation_spans import block_readers, tensor_spans
+from autopar.cost.iteration import boxed_again_in_recompute, candidate_blocks, checkpoint_blocks, layer_of
+from autopar.cost.tables import CostTables
+from autopar.cost.weighted_tables import recompute_table_costs, training_of
+from autopar.ir.graph import Graph, Role
+from autopar.ir.training import TrainingConfig
 
 __all__ = [
     "LiveTerm",
@@ -134,7 +127,7 @@ def tile(rc: RecomputeChoices, u: int, v: int | None, values: np.ndarray) -> np.
 def expand_edge(rc: RecomputeChoices, u: int, v: int, keep: np.ndarray, recompute: np.ndarray) -> np.ndarray:
     """Edge ``u -> v``'s cost over the doubled choices (flags ``f_u``, ``f_v``): ``recompute``
     (the edge priced with every block recomputed) where
-    :func:`autopar.iteration.boxed_again_in_recompute` ``(f_u, f_v)``, else ``keep``.  A
+    :func:`autopar.cost.iteration.boxed_again_in_recompute` ``(f_u, f_v)``, else ``keep``.  A
     node that is not doubled has its flag off for ``u`` and, for ``v``, its ``recompute``
     price equals ``keep`` (it is no recomputed op); ``inf`` where ``u`` and ``v`` share a
     block and their flags differ (the one place that forbids half a block recomputed)."""
@@ -259,7 +252,7 @@ def live_terms(tables: CostTables, rc: RecomputeChoices, positions: Sequence[int
 def least_spans(tables: CostTables) -> list[tuple[str, int, int]]:
     """Live spans no plan goes below, for the memory floors: under ``auto`` every block's own
     tensors recomputed and no block holding the tensors it reads (each tensor's least span,
-    :func:`autopar.iteration.tensor_spans`); else the spans of the configured checkpointing."""
+    :func:`autopar.cost.activation_spans.tensor_spans`); else the spans of the configured checkpointing."""
     training: TrainingConfig = training_of(tables)
     graph = tables.graph
     if training.checkpointing == "auto":

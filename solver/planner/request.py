@@ -7,12 +7,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar import __version__ as autopar_version
-from autopar.cluster import Cluster, Mesh
-from autopar.costs import COST_MODEL_VERSION
+from autopar.cost.model_version import COST_MODEL_VERSION
 from autopar.errors import ConfigError, TimeLimitError
-from autopar.graph import Graph
-from autopar.progress import Deadline
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline
+from autopar.ir.graph import Graph
+from autopar.version import __version__ as autopar_version
 from autopar_solver.options import SolverOptions
 
 __all__ = ["TIE_THRESHOLD_OPS", "VALIDATE_S_PER_OP", "PlanRequest", "checked_graph"]
@@ -70,7 +71,7 @@ class PlanRequest:
                 "seed": opts.seed,
                 "deterministic": opts.deterministic,
                 "workers": opts.workers if opts.deterministic else None,
-                # the iteration priced (autopar.iteration); absent at K = 1 without checkpointing
+                # the iteration priced (autopar.cost.iteration); absent at K = 1 without checkpointing
                 **({} if opts.training.is_default else {"training": opts.training.to_dict()}),
                 # pipeline stages (planner.stage_search); absent for one stage
                 **({} if opts.stages == 1 else {"stages": opts.stages or "auto"}),

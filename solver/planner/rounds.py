@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autopar.cluster import Mesh
-from autopar.cost_tables import CostTables
+from autopar.cost.evaluate import evaluate
+from autopar.cost.tables import CostTables
 from autopar.errors import VerificationError
-from autopar.evaluate import evaluate
-from autopar.graph import Graph
-from autopar.plan import Plan
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import EVALUATE_PER_BUILD, MAX_MEMORY_ROUNDS, MIN_SOLVE_S, PlanContext
 from autopar_solver.planner.memory_rows import (

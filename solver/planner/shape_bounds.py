@@ -1,6 +1,6 @@
 """Proven lower bounds on a mesh shape's iteration time, before it is solved (mesh search
 pruning).  The iteration is the objective every plan is compared by: K micro-batches plus
-once per step, with recomputation (:mod:`autopar.iteration`).
+once per step, with recomputation (:mod:`autopar.cost.iteration`).
 
 For one shape: its cost tables, the numeric problem of :func:`build_problem` without
 memory rows, and::
@@ -23,12 +23,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from autopar.cluster import Mesh
-from autopar.cost_tables import CostTables, build_cost_tables
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.tables import CostTables
+from autopar.cost.weighted_tables import with_training
 from autopar.errors import InfeasibleError, TimeLimitError
-from autopar.iteration import with_training
-from autopar.progress import Deadline
-from autopar.store import KeyValueStore
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline
+from autopar.infra.store import KeyValueStore
 from autopar_solver.bounds import SINGLE_ENTRIES_PER_EDGE, DiffusionBound, LayoutCut
 from autopar_solver.planner.context import PlanContext
 from autopar_solver.planner.floors import memory_seed

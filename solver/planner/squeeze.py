@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
-from autopar.cluster import Mesh
-from autopar.evaluate import attach_evaluation
-from autopar.graph import Graph
-from autopar.plan import Plan
-from autopar.progress import Deadline
-from autopar.sbp import B, NdSbp, SbpValue, Signature
-from autopar.wire import MemoryReport, Predicted, SolverReport
+from autopar.cost.evaluate import attach_evaluation
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.ir.sbp import B, NdSbp, SbpValue, Signature
+from autopar.ir.wire import MemoryReport, Predicted, SolverReport
 from autopar_solver.planner.context import PlanContext
 from autopar_solver.planner.evaluate_child import evaluate_within
 from autopar_solver.planner.on_mesh import solve_mesh

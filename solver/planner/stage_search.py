@@ -16,10 +16,10 @@ import time
 from typing import Any
 
 from autopar.errors import AutoparError, ConfigError, TimeLimitError
-from autopar.pipeline import PipelinePlan
-from autopar.plan import Plan
-from autopar.progress import Deadline, ProgressFn
-from autopar.store import KeyValueStore
+from autopar.infra.progress import Deadline, ProgressFn
+from autopar.infra.store import KeyValueStore
+from autopar.ir.plan import Plan
+from autopar.pipeline.plan import PipelinePlan
 from autopar_solver.planner.pipeline_search import solve_pipeline, stage_candidates
 from autopar_solver.planner.request import PlanRequest
 
@@ -112,7 +112,7 @@ def plan_stages(
 def stage_search_text(rows: list[dict[str, Any]]) -> str:
     """The ``stage search:`` lines: per number of stages, its iteration, memory and gap, or why
     it has no plan."""
-    from autopar.plan import format_bytes
+    from autopar.ir.plan import format_bytes
 
     lines = ["stage search (each number of stages with its share of the time limit):"]
     for r in rows:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autopar.progress import ProgressFn
+from autopar.infra.progress import ProgressFn
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MIN_SOLVE_S
 from autopar_solver.planner.memory_rows import BuiltProblem

@@ -2,7 +2,7 @@
 
 Every plan the planner returns, solved, recalled from the solve memo or lifted onto the
 requested mesh, passes :func:`verify`: the independent evaluator
-(:func:`autopar.evaluate.evaluate`) accepts it, its step time equals the objective, and
+(:func:`autopar.cost.evaluate.evaluate`) accepts it, its step time equals the objective, and
 its memory fits the budget; else :class:`~autopar.errors.VerificationError`.
 """
 

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from autopar.calibrate import algorithm_steps, bus_factor
+from autopar.hardware.nccl_tests import algorithm_steps, bus_factor
 
 FIXTURES = Path(__file__).parent / "data" / "calibration"
 
@@ -177,7 +177,7 @@ GEMM_FIXTURE = """\
 m,n,k,dtype,seconds
 {rows}"""
 GEMM_TFLOPS_FIXTURE = """\
-# synthetic: rendered by tests/autopar/nccl_output.py from autopar.costs.gemm_time on a100-40g
+# synthetic: rendered by tests/autopar/nccl_output.py from autopar.hardware.kernels.gemm_time on a100-40g
 # with matmul_efficiency 0.7, not measured
 batch,m,n,k,dtype,tflops
 {rows}"""
@@ -222,8 +222,8 @@ def fixture_files() -> dict[str, str]:
 def _gemm_tflops_rows() -> list[str]:
     from dataclasses import replace
 
-    from autopar.cluster import PRESETS
-    from autopar.costs import gemm_time
+    from autopar.hardware.cluster import PRESETS
+    from autopar.hardware.kernels import gemm_time
 
     dev = replace(PRESETS["a100-40g"], matmul_efficiency=GEMM_TFLOPS_CEILING)
     return [

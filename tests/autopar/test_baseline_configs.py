@@ -1,4 +1,4 @@
-"""Each reference system at the configuration its users run (autopar.baseline_configs), and
+"""Each reference system at the configuration its users run (autopar.baselines.configs), and
 the Megatron-LM runtime that prices the megatron baseline."""
 
 from __future__ import annotations
@@ -7,20 +7,21 @@ import math
 
 import pytest
 
-from autopar.baseline_configs import (
+from autopar.baselines.configs import (
     MEGATRON_RUNTIME,
     BaselineConfig,
     best_config,
     candidate_configs,
     parse_config,
 )
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.evaluate import attach_evaluation, evaluate
 from autopar.errors import ConfigError
-from autopar.evaluate import attach_evaluation, evaluate
-from autopar.iteration import TrainingConfig
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.plan import Plan
+from autopar.ir.training import TrainingConfig
 from autopar.models import build
-from autopar.plan import Plan
 
 CLUSTER_32X8 = Cluster.parse("32x8", "a100-80g")
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.baselines import BASELINES, STRATEGIES, Baseline, BaselineKind, baseline_plan
-from autopar.cluster import Cluster, Mesh
+from autopar.baselines.plans import STRATEGIES, baseline_plan
+from autopar.baselines.problem import BASELINES, Baseline, BaselineKind
 from autopar.errors import ConfigError
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
 from autopar.models import build
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))
@@ -53,8 +55,8 @@ def test_megatron_lm_reduces_gradients_and_gathers_parameters_once_per_step(stag
     rank holds, counted from the configuration (``megatron_parameter_elements``), not from
     the baseline (Megatron-LM ``megatron/core/distributed/param_and_grad_buffer.py``,
     ``megatron/core/optimizer/distrib_optimizer.py``)."""
-    from autopar.evaluate import evaluate
-    from autopar.iteration import TrainingConfig
+    from autopar.cost.evaluate import evaluate
+    from autopar.ir.training import TrainingConfig
     from benchmarks.model_truth import hand_count_dp_bytes
 
     g = build("gpt2-medium", layers=2, hidden=256, heads=4, vocab=4096, seq=64, max_position=max_position)

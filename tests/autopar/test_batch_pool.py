@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from autopar.batch_pool import BatchPool, PoolTimeout, WorkerLost
-from autopar.progress import Deadline
+from autopar.infra.batch_pool import BatchPool, PoolTimeout, WorkerLost
+from autopar.infra.progress import Deadline
 
 
 def _square_all(batch: list[int]) -> list[int]:

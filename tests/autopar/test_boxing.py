@@ -5,17 +5,17 @@ import math
 
 import pytest
 
-from autopar.boxing import (
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.collectives import (
     Collective,
     all_gather_time,
     all_reduce_time,
     all_to_all_time,
-    boxing_plan,
-    boxing_time,
     reduce_scatter_time,
 )
-from autopar.cluster import Cluster, Mesh
-from autopar.sbp import B, P, S, nd
+from autopar.hardware.mesh import Mesh
+from autopar.ir.sbp import B, P, S, nd
+from autopar.runtimes.registry import boxing_plan, boxing_time
 
 MESH8 = Mesh(Cluster.parse("1x8"), (8,))
 MESH42 = Mesh(Cluster.parse("2x4"), (4, 2))
@@ -125,12 +125,13 @@ def test_broadcast_or_split_to_partial_is_free_but_partial_from_split_costs_noth
 
 def test_oneflow_pricing_follows_observed_routes_and_lowers_each_hop():
     """The oneflow-0.9 lowering takes the middle SBPs OneFlow inserted (boxing_observed.json)
-    and prices each hop per mesh axis with the bytes of autopar.oneflow.lowering.lower_hop."""
-    from autopar.boxing import OneFlowBoxing
-    from autopar.cluster import Cluster, Mesh
-    from autopar.oneflow.lowering import lower_chain
-    from autopar.oneflow.pricing import observed_routes, oneflow_route
-    from autopar.sbp import parse_nd_sbp
+    and prices each hop per mesh axis with the bytes of autopar.runtimes.oneflow_09.lowering.lower_hop."""
+    from autopar.hardware.cluster import Cluster
+    from autopar.hardware.mesh import Mesh
+    from autopar.ir.sbp import parse_nd_sbp
+    from autopar.runtimes.oneflow_09.boxing import OneFlowBoxing
+    from autopar.runtimes.oneflow_09.lowering import lower_chain
+    from autopar.runtimes.oneflow_09.pricing import observed_routes, oneflow_route
 
     mesh = Mesh(Cluster.parse("2x2"), (2, 2))
     shape, itemsize = (8, 16), 4

@@ -1,10 +1,10 @@
 """The fast ways the OneFlow 0.9 pricing computes its prices give the slow ways' prices exactly.
 
-* send/recv bytes (:func:`autopar.oneflow.lowering._send_recv`, a tensor contraction)
+* send/recv bytes (:func:`autopar.runtimes.oneflow_09.lowering._send_recv`, a tensor contraction)
   against the per-device-pair count it replaced, kept here as the reference;
-* a whole boxing matrix's middle-node routes (:func:`autopar.oneflow.pricing.oneflow_routes`)
-  against :func:`autopar.oneflow.copy_cost.cheapest_middle_route` pair by pair;
-* :meth:`autopar.boxing.OneFlowBoxing.matrix` / ``time`` against its plans' seconds.
+* a whole boxing matrix's middle-node routes (:func:`autopar.runtimes.oneflow_09.pricing.oneflow_routes`)
+  against :func:`autopar.runtimes.oneflow_09.copy_cost.cheapest_middle_route` pair by pair;
+* :meth:`autopar.runtimes.oneflow_09.boxing.OneFlowBoxing.matrix` / ``time`` against its plans' seconds.
 
 (``scripts/cost_tables_identity.py`` compares whole cost tables before and after a change.)
 """
@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from autopar.boxing import OneFlowBoxing
-from autopar.cluster import Cluster, Mesh
-from autopar.oneflow.copy_cost import VALID_MAX_COPY_COST, cheapest_middle_route, lazy_copy_cost
-from autopar.oneflow.lowering import _send_recv, device_slices
-from autopar.oneflow.pricing import _states, observed_routes, oneflow_routes, oneflow_steps
-from autopar.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, is_even, parse_nd_sbp
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.sbp import B, Broadcast, NdSbp, P, Partial, SbpValue, Split, is_even, parse_nd_sbp
+from autopar.runtimes.oneflow_09.boxing import OneFlowBoxing
+from autopar.runtimes.oneflow_09.copy_cost import VALID_MAX_COPY_COST, cheapest_middle_route, lazy_copy_cost
+from autopar.runtimes.oneflow_09.lowering import _send_recv, device_slices
+from autopar.runtimes.oneflow_09.pricing import _states, observed_routes, oneflow_routes, oneflow_steps
 
 
 def reference_send_recv(

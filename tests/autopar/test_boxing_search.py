@@ -11,20 +11,13 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from autopar.boxing import (
-    _TIME,
-    INF,
-    BoxingPlan,
-    BoxingSearch,
-    BoxingStep,
-    Collective,
-    boxing_matrix,
-    boxing_plan,
-    collective_bytes,
-    one_axis_collective,
-)
-from autopar.cluster import Cluster, Mesh
-from autopar.sbp import B, NdSbp, P, SbpValue, Split, is_even, local_shape
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.collectives import _TIME, Collective, collective_bytes
+from autopar.hardware.mesh import Mesh
+from autopar.ir.sbp import B, NdSbp, P, SbpValue, Split, is_even, local_shape
+from autopar.runtimes.boxing import INF, BoxingPlan, BoxingStep, one_axis_collective
+from autopar.runtimes.ideal import BoxingSearch
+from autopar.runtimes.registry import boxing_matrix, boxing_plan
 
 
 def _even_local_shape(shape: Sequence[int], sbp: NdSbp, mesh_shape: Sequence[int]) -> tuple[int, ...] | None:

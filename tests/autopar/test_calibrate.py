@@ -12,29 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from autopar.boxing import (
-    all_gather_time,
-    all_reduce_time,
-    boxing_time,
-    reduce_scatter_time,
-    send_recv_time,
-)
-from autopar.calibrate import (
-    algorithm_steps,
-    bus_factor,
-    calibrate_collective,
-    calibrate_profile,
+from autopar.cli.main import main
+from autopar.errors import ConfigError
+from autopar.hardware.calibrate import calibrate_profile, read_results_dir
+from autopar.hardware.cluster import PROFILES, Cluster, ClusterProfile, load_cluster_profile
+from autopar.hardware.collectives import all_gather_time, all_reduce_time, reduce_scatter_time, send_recv_time
+from autopar.hardware.kernel_timings import (
     fit_gemm_ceiling,
     memory_efficiency,
     parse_copy_table,
     parse_gemm_table,
-    parse_nccl_tests,
-    read_results_dir,
 )
-from autopar.cli import main
-from autopar.cluster import PROFILES, Cluster, ClusterProfile, Mesh, load_cluster_profile
-from autopar.errors import ConfigError
-from autopar.sbp import B, P, S, nd
+from autopar.hardware.mesh import Mesh
+from autopar.hardware.nccl_tests import algorithm_steps, bus_factor, calibrate_collective, parse_nccl_tests
+from autopar.ir.sbp import B, P, S, nd
+from autopar.runtimes.registry import boxing_time
 from tests.autopar.nccl_output import (
     FIXTURE_LINKS,
     FIXTURES,

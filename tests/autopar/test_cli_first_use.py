@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from autopar.cli import build_parser, main
-from autopar.cli_args import DEFAULT_TIME_LIMIT_S
-from autopar.cluster import Cluster
+from autopar.cli.args import DEFAULT_TIME_LIMIT_S
+from autopar.cli.main import build_parser, main
 from autopar.errors import InfeasibleError
+from autopar.hardware.cluster import Cluster
+from autopar.infra.progress import Deadline
+from autopar.ir.plan import Plan, format_bytes
 from autopar.models import build
-from autopar.plan import Plan, format_bytes
-from autopar.progress import Deadline
 
 STATIC = Path(__file__).resolve().parents[2] / "service" / "static"
 
@@ -105,7 +105,7 @@ def test_a_bad_time_limit_names_the_option(
 
 
 def test_the_cost_table_time_limit_error_says_when_a_rerun_resumes() -> None:
-    from autopar.cost_tables import _out_of_time
+    from autopar.cost.build_tables import _out_of_time
 
     message = _out_of_time(Deadline(0.150959), "cost_tables:ops", "op entries", 3, 10).message
     assert "(0.15 s)" in message and "0.150959" not in message

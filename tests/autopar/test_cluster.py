@@ -1,7 +1,8 @@
 import pytest
 
-from autopar.cluster import PRESETS, Cluster, Mesh, candidate_mesh_shapes, parse_mesh_shape
 from autopar.errors import ConfigError
+from autopar.hardware.cluster import PRESETS, Cluster
+from autopar.hardware.mesh import Mesh, candidate_mesh_shapes, parse_mesh_shape
 
 
 def test_presets_exist():
@@ -57,7 +58,7 @@ def test_device_validation():
 def test_a_profile_without_compute_units_does_not_model_sm_fill(tmp_path):
     import json
 
-    from autopar.cluster import PROFILES, load_cluster_profile
+    from autopar.hardware.cluster import PROFILES, load_cluster_profile
 
     data = PROFILES["a100-40g"].to_dict()
     del data["device"]["compute_units"]
@@ -71,7 +72,7 @@ def test_a_profile_without_compute_units_does_not_model_sm_fill(tmp_path):
 
 
 def test_presets_are_profiles_citing_a_source_for_every_number():
-    from autopar.cluster import PROFILES
+    from autopar.hardware.cluster import PROFILES
 
     assert set(PRESETS) == set(PROFILES)
     for name, profile in PROFILES.items():
@@ -88,7 +89,7 @@ def test_presets_are_profiles_citing_a_source_for_every_number():
 
 
 def test_preset_links_have_no_fits_so_collectives_use_latency_and_bandwidth():
-    from autopar.boxing import all_gather_time, all_reduce_time, send_recv_time
+    from autopar.hardware.collectives import all_gather_time, all_reduce_time, send_recv_time
 
     link = Mesh(Cluster.parse("2x4"), (4, 2)).axes[0]
     assert link.alpha_beta("all-reduce") == link.alpha_beta("send-recv") == (link.latency, link.bandwidth)
@@ -98,7 +99,7 @@ def test_preset_links_have_no_fits_so_collectives_use_latency_and_bandwidth():
     # a fit for one collective changes that collective only
     from dataclasses import replace
 
-    from autopar.cluster import CollectiveFit, LinkCosts
+    from autopar.hardware.links import CollectiveFit, LinkCosts
 
     fitted = replace(link, collectives=LinkCosts(all_gather=CollectiveFit(1e-6, 2 * link.bandwidth)))
     assert all_reduce_time(1e6, fitted) == all_reduce_time(1e6, link)
@@ -109,7 +110,7 @@ def test_preset_links_have_no_fits_so_collectives_use_latency_and_bandwidth():
 def test_profile_files_are_checked_field_by_field(tmp_path):
     import json
 
-    from autopar.cluster import PROFILES, load_cluster_profile
+    from autopar.hardware.cluster import PROFILES, load_cluster_profile
 
     good = PROFILES["a100-40g"].to_dict()
     cases = [
@@ -159,7 +160,7 @@ def test_profile_files_are_checked_field_by_field(tmp_path):
 
 
 def test_parse_with_a_profile_uses_its_device_and_links():
-    from autopar.cluster import PROFILES
+    from autopar.hardware.cluster import PROFILES
 
     profile = PROFILES["h100-80g"]
     assert Cluster.parse("2x4", profile=profile) == Cluster.parse("2x4", "h100-80g")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autopar.content_key import canonical_json, content_key, python_sources, source_digest
+from autopar.ir.content_key import canonical_json, content_key, python_sources, source_digest
 
 
 def test_key_ignores_mapping_order_and_sees_every_value():

@@ -5,12 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import build_cost_tables, op_key
-from autopar.costs import op_compute_time, rule_context
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.compute import op_compute_time, rule_context
+from autopar.cost.table_keys import op_key
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.infra.store import MemoryStore
+from autopar.ir.sbp import parse_signature
 from autopar.rules import default_rules
-from autopar.sbp import parse_signature
-from autopar.store import MemoryStore
 from tests.graphs import mlp_graph
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))

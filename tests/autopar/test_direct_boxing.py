@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.boxing import DirectBoxing, boxing_plan, boxing_search
-from autopar.cluster import Cluster, Mesh
-from autopar.runtime import Lowering, runtime_profile
-from autopar.sbp import parse_nd_sbp
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.sbp import parse_nd_sbp
+from autopar.runtimes.megatron_lm.boxing import DirectBoxing
+from autopar.runtimes.profile import Lowering
+from autopar.runtimes.registry import boxing_plan, boxing_search, runtime_profile
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))
 SHAPE, ITEMSIZE = (1024, 256), 2

@@ -4,13 +4,15 @@ import math
 
 import pytest
 
-from autopar.baselines import baseline_plan, megatron_parameter_layout
-from autopar.cluster import Cluster, Mesh
-from autopar.evaluate import attach_evaluation, evaluate
-from autopar.memory import Precision, graph_state_bytes, variable_state_bytes
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.evaluate import attach_evaluation, evaluate
+from autopar.cost.memory import Precision, graph_state_bytes, variable_state_bytes
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.plan import Plan
+from autopar.ir.sbp import parse_signature
 from autopar.models import build
-from autopar.plan import Plan
-from autopar.sbp import parse_signature
+from autopar.runtimes.megatron_lm.linears import megatron_parameter_layout
 from tests.graphs import mlp_graph
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))

@@ -1,12 +1,12 @@
-"""The GEMM and memory-bound compute model (autopar.costs.gemm_time): relations, not numbers."""
+"""The GEMM and memory-bound compute model (autopar.hardware.kernels.gemm_time): relations, not numbers."""
 
 import itertools
 from dataclasses import replace
 
 import pytest
 
-from autopar.cluster import PRESETS
-from autopar.costs import gemm_efficiency, gemm_time, memory_time
+from autopar.hardware.cluster import PRESETS
+from autopar.hardware.kernels import gemm_efficiency, gemm_time, memory_time
 
 SHAPES = [
     (1, m, n, k)
@@ -78,7 +78,7 @@ def test_memory_time_is_bytes_over_achieved_bandwidth():
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_cite_their_compute_sources(preset):
-    from autopar.cluster import PROFILES
+    from autopar.hardware.cluster import PROFILES
 
     sources = PROFILES[preset].sources
     for key in ("device.matmul_efficiency", "device.memory_efficiency", "device.compute_units"):

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from autopar.errors import GraphError
-from autopar.graph import FORMAT, Graph, Op, Role, TensorSpec, Variable
+from autopar.ir.graph import FORMAT, Graph, Op, Role, TensorSpec, Variable
 
 
 def small() -> Graph:

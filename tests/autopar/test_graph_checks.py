@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 import autopar.rules  # noqa: F401  (every planning path loads the rules, which registers their check)
-from autopar.cli import main
-from autopar.content_key import canonical_numbers
+from autopar.cli.main import main
 from autopar.errors import GraphError
-from autopar.graph import Graph
+from autopar.ir.content_key import canonical_numbers
+from autopar.ir.graph import Graph
 from autopar.models import build
 
 

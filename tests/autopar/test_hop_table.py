@@ -1,8 +1,8 @@
 """The shared three-axis hop table prices every boxing as the per-pair OneFlow path does.
 
-:class:`autopar.oneflow.hop_table.HopTable` fills the terms of many pairs at once
+:class:`autopar.runtimes.oneflow_09.hop_table.HopTable` fills the terms of many pairs at once
 (a vectorised hop rule, send/recv counted over device pairs) and prices a whole
-edge with numpy; the reference is :class:`autopar.boxing.OneFlowBoxing` without
+edge with numpy; the reference is :class:`autopar.runtimes.oneflow_09.boxing.OneFlowBoxing` without
 the table (each pair routed, each hop lowered by ``lower_hop``, whose send/recv is
 a tensor contraction).  Equal bit for bit.
 """
@@ -15,14 +15,15 @@ import itertools
 import numpy as np
 import pytest
 
-from autopar.boxing import OneFlowBoxing
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import _gradient_matrix
-from autopar.costs import EdgeKind, edge_time
-from autopar.graph import TensorSpec
-from autopar.oneflow.hop_table import clear_tables, hop_table
-from autopar.runtime import runtime_profile
-from autopar.sbp import B, NdSbp, P, Split, local_shape
+from autopar.cost.edges import EdgeKind, edge_time
+from autopar.cost.tables import _gradient_matrix
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import TensorSpec
+from autopar.ir.sbp import B, NdSbp, P, Split, local_shape
+from autopar.runtimes.oneflow_09.boxing import OneFlowBoxing
+from autopar.runtimes.oneflow_09.hop_table import clear_tables, hop_table
+from autopar.runtimes.registry import runtime_profile
 
 
 def _layouts(shape: tuple[int, ...], mesh: Mesh) -> list[NdSbp]:

@@ -8,22 +8,20 @@ import math
 import numpy as np
 import pytest
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import build_cost_tables
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.activation_spans import activation_spans
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.evaluate import evaluate
+from autopar.cost.iteration import checkpoint_blocks
+from autopar.cost.memory import activation_intervals
+from autopar.cost.weighted_tables import table_costs, with_training
 from autopar.errors import ConfigError
-from autopar.evaluate import evaluate
-from autopar.graph import Role
-from autopar.iteration import (
-    TrainingConfig,
-    activation_spans,
-    checkpoint_blocks,
-    table_costs,
-    with_training,
-)
-from autopar.memory import activation_intervals
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Role
+from autopar.ir.plan import Plan
+from autopar.ir.training import TrainingConfig
 from autopar.models import build
-from autopar.plan import Plan
 
 MESH = Mesh(Cluster.parse("1x4"), (2, 2))
 

@@ -1,4 +1,4 @@
-"""The counter's own per-hop byte formula (autopar/oneflow/kernel_bytes.py) against lower_hop."""
+"""The counter's own per-hop byte formula (autopar/bridges/oneflow/kernel_bytes.py) against lower_hop."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from autopar.oneflow.kernel_bytes import kernel_hop_bytes
-from autopar.oneflow.lowering import lower_hop
-from autopar.sbp import B, NdSbp, P, S
+from autopar.bridges.oneflow.kernel_bytes import kernel_hop_bytes
+from autopar.ir.sbp import B, NdSbp, P, S
+from autopar.runtimes.oneflow_09.lowering import lower_hop
 
 VALUES = (B, P, S(0), S(1))
 

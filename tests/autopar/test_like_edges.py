@@ -10,14 +10,15 @@ import dataclasses
 
 import pytest
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import build_cost_tables
-from autopar.costs import EdgeKind, edge_kind
-from autopar.evaluate import evaluate
-from autopar.graph import DTYPE_BYTES
-from autopar.oneflow.lowering import lower_hop
-from autopar.sbp import parse_signature
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.edges import EdgeKind, edge_kind
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import DTYPE_BYTES
+from autopar.ir.sbp import parse_signature
+from autopar.runtimes.oneflow_09.lowering import lower_hop
 from tests.graphs import mlp_graph
 
 MESH = Mesh(Cluster.parse("1x4"), (2, 2))

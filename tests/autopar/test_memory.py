@@ -2,17 +2,16 @@
 
 import pytest
 
-from autopar.errors import ConfigError
-from autopar.graph import Graph, Op, Role, TensorSpec, Variable
-from autopar.memory import (
+from autopar.cost.memory import (
     FP32_ADAM,
     activation_intervals,
     activation_profile,
-    data_parallel_axes,
     model_state_bytes,
     variable_state_bytes,
 )
-from autopar.sbp import B, P, S, nd
+from autopar.errors import ConfigError
+from autopar.ir.graph import Graph, Op, Role, TensorSpec, Variable
+from autopar.ir.sbp import B, P, S, data_parallel_axes, nd
 
 PSI = 7.5e9  # the ZeRO paper's 7.5B-parameter example on 64 GPUs
 ND = 64
@@ -105,8 +104,8 @@ def test_variables_are_model_states_not_activations():
 def test_oneflow_zero_shards_one_axis_as_its_pass_does():
     """OneFlow 0.9's GenerateSplitSignature: all-B -> S(0) on the last axis; else the first B
     axis next to a split axis takes that split; the ideal runtime shards every B axis."""
+    from autopar.ir.sbp import parse_nd_sbp
     from autopar.rules.families.optimizer import oneflow_zero_shard, zero_shard
-    from autopar.sbp import parse_nd_sbp
 
     mesh = (4, 2)
     shape = (64, 32)
@@ -130,8 +129,8 @@ def test_oneflow_zero_shards_one_axis_as_its_pass_does():
 
 
 def test_one_axis_zero_keeps_more_state_than_all_axes():
-    from autopar.memory import variable_state_bytes, zero_dp_size
-    from autopar.sbp import parse_nd_sbp
+    from autopar.cost.memory import variable_state_bytes, zero_dp_size
+    from autopar.ir.sbp import parse_nd_sbp
 
     v = parse_nd_sbp("(B, B)")
     assert zero_dp_size((64, 32), v, (4, 2), "one_axis") == 2
@@ -146,8 +145,8 @@ def test_one_axis_zero_keeps_more_state_than_all_axes():
 def test_oneflow_zero_shard_ignores_size_1_axes():
     """The planner solves size-1 axes away: the one-axis rule on (2, 1, 2) is the (2, 2) rule
     with B on the size-1 axis, so solver and verification agree."""
+    from autopar.ir.sbp import parse_nd_sbp
     from autopar.rules.families.optimizer import oneflow_zero_shard
-    from autopar.sbp import parse_nd_sbp
 
     for flat, want in {
         "(B, B)": "(B, S(0))",

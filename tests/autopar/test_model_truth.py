@@ -10,19 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from autopar import costs
-from autopar.baselines import baseline_plan
-from autopar.boxing import OneFlowBoxing, boxing_plan, send_recv_bytes
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import op_key
-from autopar.costs import bucketed_time, model_digest
+from autopar.baselines.plans import baseline_plan
+from autopar.cost import model_version
+from autopar.cost.compute import rule_context
+from autopar.cost.edges import bucketed_time
+from autopar.cost.evaluate import evaluate
+from autopar.cost.model_version import model_digest
+from autopar.cost.table_keys import op_key
+from autopar.cost.zero_gathers import optimizer_gather_plan
 from autopar.errors import ConfigError
-from autopar.evaluate import evaluate
-from autopar.graph import DTYPE_BYTES, Role
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import DTYPE_BYTES, Role
+from autopar.ir.plan import Plan
+from autopar.ir.sbp import Partial, parse_nd_sbp
 from autopar.models import build
-from autopar.plan import Plan
-from autopar.runtime import RUNTIMES, runtime_profile
-from autopar.sbp import Partial, parse_nd_sbp
+from autopar.runtimes.boxing import step_latency
+from autopar.runtimes.oneflow_09.boxing import OneFlowBoxing, send_recv_bytes
+from autopar.runtimes.registry import RUNTIMES, boxing_plan, runtime_profile
 from tests.graphs import mlp_graph
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))
@@ -67,9 +72,9 @@ def test_zero_gather_moves_the_forward_copy_in_its_half_precision_dtype():
     g = mlp_graph(layers=1, batch=64)  # fp32 variables, each read through one cast to fp16
     plan = baseline_plan("data-parallel", g, MESH, 2, runtime="ideal")  # ZeRO over all 8 devices
     ctx_op = next(op for op in g.ops if op.type == "adam_update")
-    ctx = costs.rule_context(g, ctx_op, MESH.shape, 2)
+    ctx = rule_context(g, ctx_op, MESH.shape, 2)
     assert ctx.gather_dtype == "float16"
-    gather = costs.optimizer_gather_plan(ctx, plan.signatures[ctx_op.name], MESH)
+    gather = optimizer_gather_plan(ctx, plan.signatures[ctx_op.name], MESH)
     assert gather is not None
     param = g.tensors[next(iter(ctx_op.inputs.values()))]
     assert DTYPE_BYTES[param.dtype] == 4
@@ -112,7 +117,7 @@ def test_bucketing_pays_one_latency_per_bucket():
     small = bucketed_time(plan, nbytes, 64 * nbytes, MESH)
     assert small < plan.time_s
     # 64 such gradients fill one bucket: together they pay one latency
-    latency = sum(costs.step_latency(s, MESH) for s in plan.steps)
+    latency = sum(step_latency(s, MESH) for s in plan.steps)
     assert 64 * small == pytest.approx(64 * (plan.time_s - latency) + latency)
     # a gradient larger than a bucket pays its own latency
     assert bucketed_time(plan, nbytes, nbytes // 2, MESH) == plan.time_s
@@ -149,7 +154,7 @@ def test_boxed_copies_count_in_the_activation_peak():
 
 
 def test_model_digest_changes_when_a_rule_changes(tmp_path: Path):
-    src = Path(costs.__file__).parent
+    src = Path(model_version.__file__).parent.parent  # the autopar folder
     copy = tmp_path / "autopar"
     shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__"))
     before = model_digest(str(copy))
@@ -164,7 +169,7 @@ def test_op_keys_change_with_the_model_digest_and_runtime(monkeypatch):
     op = next(op for op in g.ops if op.type == "adam_update")
     key = op_key(g, op, MESH, 2)
     assert key != op_key(g, op, MESH, 2, RUNTIMES["ideal"])
-    monkeypatch.setattr(costs, "_DIGEST_CACHE", ["0" * 16])
+    monkeypatch.setattr(model_version, "_DIGEST_CACHE", ["0" * 16])
     assert op_key(g, op, MESH, 2) != key
 
 
@@ -281,7 +286,7 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
     ``key_value`` is one GEMM: runtime ``megatron-lm`` fuses sibling linears), the hand
     count.  The relative position bias moves nothing: its table is split by heads, as each
     tensor-parallel rank adds only its heads' slice."""
-    from autopar.baselines import _megatron_layout
+    from autopar.runtimes.megatron_lm.linears import _megatron_layout
     from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes
 
     decoder_layers = SMALL_MT5["decoder_layers"]
@@ -352,7 +357,7 @@ def test_megatron_on_t5_with_libai_fused_key_value_moves_megatron_lms_bytes(runt
     per decoder layer on the encoder output, ``fused_cross_kv``), the baseline's
     tensor-parallel bytes are Megatron-LM's hand count (1 encoder-output all-reduce per
     decoder layer), not the per-linear count of the separate-k/v graph (2)."""
-    from autopar.baselines import _megatron_layout
+    from autopar.runtimes.megatron_lm.linears import _megatron_layout
     from benchmarks.model_truth import SEPARATE_CROSS_KV_LINEARS, hand_count_tp_bytes, megatron_tp_bytes
 
     decoder_layers = SMALL_MT5["decoder_layers"]
@@ -374,11 +379,11 @@ def test_megatron_on_t5_with_libai_fused_key_value_moves_megatron_lms_bytes(runt
 
 
 def test_oneflow_copy_costs_by_hand():
-    from autopar.oneflow_inference import (
+    from autopar.baselines.oneflow_inference import copy_cost_with_middle_nodes
+    from autopar.runtimes.oneflow_09.copy_cost import (
         TRANSFER_COST,
         UNSUPPORTED_BOXING,
         VALID_MAX_COPY_COST,
-        copy_cost_with_middle_nodes,
         lazy_copy_cost,
     )
 
@@ -403,8 +408,8 @@ def test_oneflow_copy_costs_by_hand():
 
 
 def test_oneflow_candidate_order_is_the_product_of_one_d_signatures():
-    from autopar.oneflow_inference import oneflow_candidate_order
-    from autopar.sbp import Signature
+    from autopar.baselines.oneflow_inference import oneflow_candidate_order
+    from autopar.ir.sbp import Signature
 
     values = ["S(0)", "S(1)", "P", "B"]
     sigs = [
@@ -425,8 +430,8 @@ def test_oneflow_candidates_keep_only_the_signatures_oneflow_offers():
     """broadcast_matmul_grad_b / softmax_grad: OneFlow 0.9 offers no partial-sum input
     (matmul_op.cpp, softmax_op.cpp) though the arithmetic would allow (B, P) -> P;
     broadcast_mul lists B x P -> P before P x B -> P (math_binary_broadcast_ops.cpp)."""
-    from autopar.oneflow_inference import oneflow_candidate_order
-    from autopar.sbp import Signature
+    from autopar.baselines.oneflow_inference import oneflow_candidate_order
+    from autopar.ir.sbp import Signature
 
     def sig(a: str, b: str, out: str) -> Signature:
         return Signature((parse_nd_sbp(a), parse_nd_sbp(b)), (parse_nd_sbp(out),))
@@ -456,8 +461,8 @@ def test_oneflow_lists_matmul_grad_b_signatures_in_its_build_order():
     copy costs, an all-gather of dy ties an all-to-all of x and OneFlow keeps
     ((S(0), B), (S(0), S(2))) -> (P, S(1)) (the development tiny MT5 with fused RMSNorm: 12 of
     its 13 disagreements with OneFlow's inference before this order)."""
-    from autopar.oneflow_inference import copy_cost_with_middle_nodes, oneflow_candidate_order
-    from autopar.sbp import Signature
+    from autopar.baselines.oneflow_inference import copy_cost_with_middle_nodes, oneflow_candidate_order
+    from autopar.ir.sbp import Signature
 
     def sig(a: str, b: str, out: str) -> Signature:
         return Signature((parse_nd_sbp(a), parse_nd_sbp(b)), (parse_nd_sbp(out),))
@@ -492,7 +497,8 @@ def test_oneflow_lists_matmul_grad_b_signatures_in_its_build_order():
 
 
 def test_micro_batch_time_is_the_step_less_what_runs_once_per_optimizer_step():
-    from autopar.breakdown import micro_batch_time, once_per_step_ops
+    from autopar.cost.breakdown import micro_batch_time
+    from autopar.cost.iteration import once_per_step_ops
 
     g = build("tiny-gpt")
     ev = evaluate(g, baseline_plan("data-parallel", g, MESH, 2))
@@ -506,7 +512,7 @@ def test_micro_batch_time_is_the_step_less_what_runs_once_per_optimizer_step():
     once += sum(e.time_s for e in ev.edges if not e.zero_gather and (e.gradient or e.consumer in per_step))
     assert once > 0
     # OneFlow 0.9 gathers ZeRO parameters after the gradient-accumulation repeat op: every
-    # micro-batch (autopar.iteration.ACCUMULATION)
+    # micro-batch (autopar.cost.iteration.ACCUMULATION)
     gathers = sum(e.time_s for e in ev.edges if e.zero_gather)
     assert gathers > 0
     assert micro.total_s == pytest.approx(ev.step_time_s - once)
@@ -615,7 +621,7 @@ def test_megatron_lm_distributed_optimizer_shards_over_the_data_parallel_group_o
     """A weight replicated on the tensor-parallel axis (a LayerNorm's) keeps a whole copy on
     each tp rank and is sharded over the dp group: ``Nd`` = 4 on ``[4, 2]``, not 8
     (``distrib_optimizer.py`` shards over ``get_data_parallel_group()``)."""
-    from autopar.memory import zero_dp_size
+    from autopar.cost.memory import zero_dp_size
 
     sharding = runtime_profile("megatron-lm").zero_sharding.value
     assert zero_dp_size((1024,), parse_nd_sbp("(B, B)"), (4, 2), sharding) == 4

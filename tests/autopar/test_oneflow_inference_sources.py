@@ -1,10 +1,10 @@
 """The emulated OneFlow inference and ops without inputs (arange, constant-like ops)."""
 
-from autopar.costs import op_signatures, rule_context
-from autopar.graph import Graph, Op, TensorSpec
-from autopar.oneflow_inference import infer_like_oneflow
+from autopar.baselines.oneflow_inference import infer_like_oneflow
+from autopar.cost.compute import op_signatures, rule_context
+from autopar.ir.graph import Graph, Op, TensorSpec
+from autopar.ir.sbp import B, NdSbp, Signature, Split
 from autopar.rules.registry import default_rules
-from autopar.sbp import B, NdSbp, Signature, Split
 
 
 def _graph() -> Graph:

@@ -9,9 +9,9 @@ prices them; with the variable set to 1.65e8 OneFlow takes ``(S(0), B)`` at ever
 
 import pytest
 
-from autopar.graph import Graph, Op, TensorSpec
-from autopar.oneflow_inference import infer_like_oneflow
-from autopar.sbp import B, NdSbp, P, Signature, Split
+from autopar.baselines.oneflow_inference import infer_like_oneflow
+from autopar.ir.graph import Graph, Op, TensorSpec
+from autopar.ir.sbp import B, NdSbp, P, Signature, Split
 
 MESH = (4, 2)
 
@@ -60,8 +60,8 @@ def test_the_switch_between_one_and_two_hops_is_where_oneflows_formula_puts_it(l
 def test_a_large_transfer_cost_keeps_the_one_hop_route_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``AUTO_PARALLEL_TRANSFER_COST=1.65e8`` OneFlow takes ``(S(0), B)`` at every size
     measured (module docstring); the formula agrees up to 165 MB."""
-    import autopar.oneflow.copy_cost as copy_cost
-    from autopar.oneflow_inference import copy_cost_with_middle_nodes
+    import autopar.runtimes.oneflow_09.copy_cost as copy_cost
+    from autopar.baselines.oneflow_inference import copy_cost_with_middle_nodes
 
     monkeypatch.setattr(copy_cost, "TRANSFER_COST", 1.65e8)
     copy_cost_with_middle_nodes.cache_clear()  # its costs were priced at the default

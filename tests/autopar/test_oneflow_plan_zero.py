@@ -1,4 +1,4 @@
-"""import_plan's ZeRO layouts (:func:`autopar.oneflow.plans.zero_update_layouts`), without OneFlow.
+"""import_plan's ZeRO layouts (:func:`autopar.bridges.oneflow.plans.zero_update_layouts`), without OneFlow.
 
 OneFlow 0.9's ZeRO (``optimizer_placement_optimization_pass.cpp``) shards a variable
 only when every shard keeps ``shard_min_size`` (default 1024) elements, and then
@@ -6,14 +6,15 @@ restores its layout for the forward pass with a ``System-ZeRO-ParallelCast``.  A
 variable it leaves alone is stored, and updated, in its own declared layout.
 """
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
-from autopar.evaluate import evaluate
-from autopar.graph import Graph
-from autopar.oneflow.plans import zero_update_layouts
-from autopar.plan import Plan
+from autopar.baselines.plans import baseline_plan
+from autopar.bridges.oneflow.plans import zero_update_layouts
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.ir.sbp import NdSbp, Signature, parse_nd_sbp
 from autopar.rules.families.optimizer import oneflow_zero_shard
-from autopar.sbp import NdSbp, Signature, parse_nd_sbp
 from tests.graphs import mlp_graph
 
 MESH = Mesh(Cluster.parse("1x4"), (2, 2))

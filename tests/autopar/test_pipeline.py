@@ -8,21 +8,17 @@ import math
 
 import pytest
 
-from autopar.baseline_configs import parse_config
-from autopar.baseline_pipeline import pipeline_baseline
-from autopar.cluster import Cluster
+from autopar.baselines.configs import parse_config
+from autopar.baselines.megatron.pipeline import pipeline_baseline
 from autopar.errors import ConfigError
-from autopar.graph import DTYPE_BYTES, Role
-from autopar.iteration import TrainingConfig
+from autopar.hardware.cluster import Cluster
+from autopar.ir.graph import DTYPE_BYTES, Role
+from autopar.ir.training import TrainingConfig
 from autopar.models import build
-from autopar.pipeline import (
-    PipelinePlan,
-    evaluate_pipeline,
-    in_flight_micro_batches,
-    one_f_one_b_iteration,
-    stage_cluster,
-)
-from autopar.pipeline_split import assign_stages, balanced_counts, ordered_blocks, split_graph
+from autopar.pipeline.evaluate import evaluate_pipeline, stage_cluster
+from autopar.pipeline.plan import PipelinePlan
+from autopar.pipeline.schedule import in_flight_micro_batches, one_f_one_b_iteration
+from autopar.pipeline.split import assign_stages, balanced_counts, ordered_blocks, split_graph
 
 
 def test_one_f_one_b_with_equal_stages_is_k_plus_s_minus_one_slots():
@@ -127,7 +123,7 @@ def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
 
 
 def test_the_command_line_prices_megatron_ptd_p_and_re_checks_it_at_another_k(tmp_path, capsys):
-    from autopar.cli import main
+    from autopar.cli.main import main
 
     out = tmp_path / "meg.json"
     argv = ["baseline", "megatron", "tiny-gpt", "--cluster", "2x4", "--micro-batches", "4"]

@@ -2,8 +2,9 @@
 
 import pytest
 
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import build_cost_tables
+from autopar.cost.build_tables import build_cost_tables
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
 from autopar.models import build
 from benchmarks.problem_size import problem_size
 

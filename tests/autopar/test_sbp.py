@@ -1,7 +1,8 @@
 import pytest
 
-from autopar.cluster import Cluster, Mesh
-from autopar.sbp import (
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.sbp import (
     B,
     NdSbp,
     P,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from autopar.breakdown import micro_batch_time
-from autopar.cluster import PRESETS, Cluster, Mesh
-from autopar.graph import Graph
+from autopar.cost.breakdown import micro_batch_time
+from autopar.hardware.cluster import PRESETS, Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
+from autopar.ir.sbp import Partial
 from autopar.models import build
-from autopar.sbp import Partial
 from benchmarks.seed_replay import (
     INTER_FACTORS,
     NSYS_CLASSES,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.store import DirectoryStore, KeyValueStore, MemoryStore, SwappableStore
+from autopar.infra.store import DirectoryStore, KeyValueStore, MemoryStore, SwappableStore
 
 
 @pytest.mark.parametrize("make", [lambda tmp: MemoryStore(), lambda tmp: DirectoryStore(tmp / "memo")])

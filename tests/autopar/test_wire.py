@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.evaluate import attach_evaluation, evaluate
 from autopar.errors import GraphError, PlanError
-from autopar.evaluate import attach_evaluation, evaluate
-from autopar.graph import Graph
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.ir.wire import GRAPH_DOCUMENT, MAX_JSON_DEPTH, PlanModel, json_schemas
 from autopar.models import MODEL_NAMES, build
-from autopar.plan import Plan
-from autopar.wire import GRAPH_DOCUMENT, MAX_JSON_DEPTH, PlanModel, json_schemas
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,9 +126,9 @@ def test_plan_fields_are_typed() -> None:
 
 
 def test_committed_schema_files_are_up_to_date() -> None:
-    """``python -m autopar.wire docs/schemas`` regenerates them."""
+    """``python -m autopar.ir.wire docs/schemas`` regenerates them."""
     for name, schema in json_schemas().items():
         path = REPO / "docs" / "schemas" / name
-        assert path.exists(), f"run: python -m autopar.wire docs/schemas ({name} missing)"
+        assert path.exists(), f"run: python -m autopar.ir.wire docs/schemas ({name} missing)"
         committed = json.loads(path.read_text())
-        assert committed == schema, f"{name} is stale: run python -m autopar.wire docs/schemas"
+        assert committed == schema, f"{name} is stale: run python -m autopar.ir.wire docs/schemas"

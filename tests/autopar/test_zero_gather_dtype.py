@@ -19,11 +19,13 @@ import math
 
 import pytest
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
-from autopar.costs import rule_context, zero_gather_dtype
-from autopar.evaluate import evaluate
-from autopar.graph import Graph, Op, Role, TensorSpec, Variable
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.compute import rule_context
+from autopar.cost.evaluate import evaluate
+from autopar.cost.zero_gathers import zero_gather_dtype
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph, Op, Role, TensorSpec, Variable
 from autopar.models import build
 
 MESH_8 = Mesh(Cluster.parse("2x4"), (8,))

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from autopar.cluster import Cluster
-from autopar.graph import Graph
+from autopar.hardware.cluster import Cluster
+from autopar.ir.graph import Graph
 from autopar.models import build
 from autopar_cache.base import Store
 from autopar_cache.plans import PlanCache, code_versions, plan_key

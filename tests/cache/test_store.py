@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from autopar.store import KeyValueStore
+from autopar.infra.store import KeyValueStore
 from autopar_cache.base import PrefixedStore, Store
 from autopar_cache.errors import CacheUnavailable
 from autopar_cache.redis_server import RedisServer, free_port

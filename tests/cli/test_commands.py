@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from autopar import __version__
-from autopar.cli import ENTRY_POINT_GROUP, build_parser, core_commands
-from autopar.cli_args import BASELINE_KINDS, missing_distributions, parse_bytes
+from autopar.cli.args import BASELINE_KINDS, missing_distributions, parse_bytes
+from autopar.cli.main import ENTRY_POINT_GROUP, build_parser, core_commands
 from autopar.errors import ConfigError
+from autopar.ir.plan import Plan
 from autopar.models import MODEL_NAMES
-from autopar.plan import Plan
 from tests.cli.helpers import run_cli
 
 MESH = ("--cluster", "1x2", "--mesh-shape", "2")

@@ -39,7 +39,7 @@ def test_evaluate_and_the_summary_print_the_iteration_first(tmp_path: Path) -> N
     assert figures[0][:3] == ["iteration", f"{ev['iteration_time_s'] * 1e3:.2f}", "ms"], text
     assert figures[1][:5] == ["at", "K", "=", "1", f"{ev['step_time_s'] * 1e3:.2f}"], text
     assert "step time" not in text
-    from autopar.plan import Plan
+    from autopar.ir.plan import Plan
 
     plan = Plan.load(str(tmp_path / "m.json"))
     assert plan.iteration_time_s == pytest.approx(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.cli import main
+from autopar.cli.main import main
 from tests.cli.helpers import assert_user_error, run_cli
 
 MESH = ("--cluster", "1x2", "--mesh-shape", "2")

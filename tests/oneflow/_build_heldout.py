@@ -29,10 +29,11 @@ import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
 from _libai_layout import global_inputs  # noqa: E402
 
-from autopar.oneflow import apply_plan, export_job, make_train_graph  # noqa: E402
-from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp  # noqa: E402
-from autopar.plan import Plan  # noqa: E402
-from autopar.sbp import parse_nd_sbp  # noqa: E402
+from autopar.bridges.oneflow import apply_plan, export_job, make_train_graph  # noqa: E402
+from autopar.bridges.oneflow.apply import plan_input_sbps, to_flow_sbp  # noqa: E402
+from autopar.bridges.oneflow.compile import compile_with_plan  # noqa: E402
+from autopar.ir.plan import Plan  # noqa: E402
+from autopar.ir.sbp import parse_nd_sbp  # noqa: E402
 
 out = Path(sys.argv[1])
 mode = sys.argv[2]

@@ -29,7 +29,7 @@ import zoo  # noqa: E402
 from heldout import families  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from autopar.oneflow import export_job, make_train_graph  # noqa: E402
+from autopar.bridges.oneflow import export_job, make_train_graph  # noqa: E402
 from benchmarks.fidelity import libai_layout  # noqa: E402
 
 out = Path(sys.argv[1])

@@ -36,9 +36,9 @@ import oneflow as flow  # noqa: E402
 import zoo  # noqa: E402
 from _libai_layout import global_inputs, libai_weights  # noqa: E402
 
-from autopar.iteration import TrainingConfig  # noqa: E402
-from autopar.oneflow import compile_with_plan, import_job, import_plan, make_train_graph  # noqa: E402
-from autopar.plan import Plan  # noqa: E402
+from autopar.bridges.oneflow import compile_with_plan, import_job, import_plan, make_train_graph  # noqa: E402
+from autopar.ir.plan import Plan  # noqa: E402
+from autopar.ir.training import TrainingConfig  # noqa: E402
 
 MICRO_BATCH, K = 2, 4
 IDENTITY_READS = False  # compiled, never run: the variables may feed their consumers directly

@@ -27,7 +27,7 @@ import oneflow as flow  # noqa: E402
 import zoo  # noqa: E402
 from _libai_layout import global_inputs, libai_weights  # noqa: E402
 
-from autopar.oneflow import export_job, make_train_graph  # noqa: E402
+from autopar.bridges.oneflow import export_job, make_train_graph  # noqa: E402
 
 out = Path(sys.argv[1])
 variant = sys.argv[2] if len(sys.argv) > 2 else "heads"

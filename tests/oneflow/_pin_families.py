@@ -30,9 +30,10 @@ import oneflow as flow  # noqa: E402
 import zoo  # noqa: E402
 from heldout import families  # noqa: E402
 
-from autopar.oneflow import apply_plan, make_train_graph  # noqa: E402
-from autopar.oneflow.apply import compile_with_plan, plan_input_sbps, to_flow_sbp  # noqa: E402
-from autopar.plan import Plan  # noqa: E402
+from autopar.bridges.oneflow import apply_plan, make_train_graph  # noqa: E402
+from autopar.bridges.oneflow.apply import plan_input_sbps, to_flow_sbp  # noqa: E402
+from autopar.bridges.oneflow.compile import compile_with_plan  # noqa: E402
+from autopar.ir.plan import Plan  # noqa: E402
 
 out = Path(sys.argv[1])
 placement = flow.placement("cpu", ranks=np.arange(8).reshape(4, 2).tolist())

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import oneflow as flow
 
-from autopar.oneflow import compile_with_plan, import_plan, make_train_graph
-from autopar.oneflow.convert import nd_sbp_from_proto
-from autopar.sbp import Signature, parse_nd_sbp
+from autopar.bridges.oneflow import compile_with_plan, import_plan, make_train_graph
+from autopar.bridges.oneflow.convert import nd_sbp_from_proto
+from autopar.ir.sbp import Signature, parse_nd_sbp
 
 out = Path(sys.argv[1])
 placement = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())

@@ -6,7 +6,7 @@
 Both train ``STEPS`` steps of examples/oneflow/gpt.py's tiny GPT (seed 0) with AdamW, the
 plan's ``K`` micro-batches per step (``batch = 8 K`` rows of ``gpt.example_inputs``, seed 1:
 each micro-batch its own 8 rows) and its checkpointing.  ``pipeline``:
-:func:`autopar.oneflow.pipeline_apply.apply_pipeline_plan` on 8 ranks; ``reference``: the
+:func:`autopar.bridges.oneflow.pipeline_apply.apply_pipeline_plan` on 8 ranks; ``reference``: the
 same graph on rank 0 alone.  The first rank of the last stage writes ``OUT/<mode>.json``
 (losses, what was applied) and, for ``pipeline``, the compiled job ``OUT/pipeline_job.pb``.
 The plan's graph (``autopar model tiny-gpt``, float32) gives the blocks' planned layouts.
@@ -26,16 +26,16 @@ import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
 from oflayers import arange, read_param  # noqa: E402
 
-from autopar.models import build  # noqa: E402
-from autopar.oneflow.apply import to_flow_sbp  # noqa: E402
-from autopar.oneflow.jobs import make_train_graph  # noqa: E402
-from autopar.oneflow.pipeline_apply import (  # noqa: E402
+from autopar.bridges.oneflow.apply import to_flow_sbp  # noqa: E402
+from autopar.bridges.oneflow.jobs import make_train_graph  # noqa: E402
+from autopar.bridges.oneflow.pipeline_apply import (  # noqa: E402
     GPT_NAMES,
     apply_pipeline_plan,
     make_pipeline_train_graph,
     to_stage,
 )
-from autopar.pipeline import PipelinePlan  # noqa: E402
+from autopar.models import build  # noqa: E402
+from autopar.pipeline.plan import PipelinePlan  # noqa: E402
 
 STEPS = 3
 LEARNING_RATE = 1e-3

@@ -4,9 +4,9 @@ write the plan and autopar's boundary bytes.  Runs in the main venv (the solver)
     python _pipeline_plan.py OUT_DIR [MICRO_BATCHES]
 
 ``OUT_DIR/plan.json``: the ``autopar.pipeline/v1`` plan; ``OUT_DIR/boundaries.json``: per
-boundary of :func:`autopar.pipeline_split.split_graph` (``StageSlice.receives``) its tensor,
+boundary of :func:`autopar.pipeline.split.split_graph` (``StageSlice.receives``) its tensor,
 stages, when it crosses, shape, the sender's and receiver's layouts and
-:func:`autopar.pipeline.boundary_bytes_per_device`.
+:func:`autopar.pipeline.evaluate.boundary_bytes_per_device`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from autopar.cluster import Cluster
+from autopar.cost.compute import boundary_bytes_per_device
+from autopar.hardware.cluster import Cluster
+from autopar.infra.progress import Deadline
 from autopar.models import build
-from autopar.pipeline import boundary_bytes_per_device
-from autopar.pipeline_split import RECV_SUFFIX, split_graph
-from autopar.progress import Deadline
+from autopar.pipeline.split import RECV_SUFFIX, split_graph
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest
 from autopar_solver.planner.pipeline_search import solve_pipeline

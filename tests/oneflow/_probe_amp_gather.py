@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import oneflow as flow
 
-from autopar.oneflow import make_train_graph
+from autopar.bridges.oneflow import make_train_graph
 
 PLACEMENT = flow.placement("cpu", ranks=np.arange(4).reshape(2, 2).tolist())
 B, S0, S1 = flow.sbp.broadcast, flow.sbp.split(0), flow.sbp.split(1)

@@ -34,9 +34,9 @@ def oneflow_env() -> dict[str, str]:
 
 def skip_without_solver() -> str:
     """The Python of the main autopar environment (the solver's,
-    :func:`autopar.oneflow.planning.autopar_python`); skips the calling test where there is none."""
+    :func:`autopar.bridges.oneflow.planning.autopar_python`); skips the calling test where there is none."""
+    from autopar.bridges.oneflow.planning import autopar_python
     from autopar.errors import ConfigError
-    from autopar.oneflow.planning import autopar_python
 
     try:
         return autopar_python()

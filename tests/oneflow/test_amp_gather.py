@@ -8,7 +8,7 @@ on GPUs; on CPU ranks the pass rewrites nothing), at ``K = 1`` and ``K = 4``.  W
   output (``optimizer_placement_optimization_pass.cpp`` L92-129 walks variable -> cast,
   L161-198 puts the parallel cast after the sequence's last node), and where the pass drops
   that op the forward boxes the fp16 copy itself; at ``K = 4`` the sequence is variable ->
-  ``repeat`` -> cast, still fp16 -- so :func:`autopar.costs.zero_gather_dtype` prices 2 bytes;
+  ``repeat`` -> cast, still fp16 -- so :func:`autopar.cost.zero_gathers.zero_gather_dtype` prices 2 bytes;
 * the gradient reduction (``P -> S`` on the data-parallel axis) moves **fp16 at K = 1** (SBP
   inference boxes the matmul's fp16 gradient into the fp16 -> fp32 cast) and **fp32 at
   K = 4** (the ``acc`` op accumulates the fp32 gradient after that cast, and the reduction
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from autopar.costs import zero_gather_dtype
-from autopar.evaluate import evaluate
-from autopar.iteration import TrainingConfig
+from autopar.cost.evaluate import evaluate
+from autopar.cost.zero_gathers import zero_gather_dtype
+from autopar.ir.training import TrainingConfig
 
 pytestmark = pytest.mark.oneflow
 
@@ -69,7 +69,7 @@ def test_the_zero_parallel_cast_reads_the_fp16_cast(jobs: dict[int, bytes], k: i
 def test_gathers_are_fp16_and_reductions_fp16_at_k1_fp32_after_accumulation(
     jobs: dict[int, bytes], k: int
 ) -> None:
-    from autopar.oneflow import import_job, import_plan
+    from autopar.bridges.oneflow import import_job, import_plan
 
     graph = import_job(jobs[k])
     optimizers = [op for op in graph.ops if op.type == "adam_update"]

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from autopar.oneflow.planning import autopar_python
-from autopar.plan import Plan
+from autopar.bridges.oneflow.planning import autopar_python
+from autopar.ir.plan import Plan
 
 pytestmark = pytest.mark.oneflow
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from conftest import launch
 
-from autopar.oneflow.lowering import observed_table
+from autopar.runtimes.oneflow_09.lowering import observed_table
 
 pytestmark = pytest.mark.oneflow
 
-TABLE = Path(__file__).resolve().parents[2] / "autopar" / "oneflow" / "boxing_observed.json"
+TABLE = Path(__file__).resolve().parents[2] / "autopar" / "runtimes" / "oneflow_09" / "boxing_observed.json"
 
 
 def test_oneflow_inserts_the_recorded_middle_nodes(tmp_path: Path, flow: Any) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from autopar.oneflow.cli import add_oneflow_commands
+from autopar.cli.oneflow import add_oneflow_commands
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -42,9 +42,9 @@ def test_commands_and_options():
 
 def test_importing_the_bridge_does_not_import_oneflow():
     code = (
-        "import sys, autopar.oneflow, autopar.oneflow.cli, autopar.oneflow.apply, "
-        "autopar.oneflow.plans, autopar.oneflow.importer, autopar.oneflow.planning\n"
-        "from autopar.cli import build_parser\n"
+        "import sys, autopar.bridges.oneflow, autopar.cli.oneflow, autopar.bridges.oneflow.apply, "
+        "autopar.bridges.oneflow.plans, autopar.bridges.oneflow.importer, autopar.bridges.oneflow.planning\n"
+        "from autopar.cli.main import build_parser\n"
         "parser, handlers = build_parser()\n"
         "assert 'oneflow' in handlers, sorted(handlers)\n"
         "print('oneflow' in sys.modules)"
@@ -54,7 +54,7 @@ def test_importing_the_bridge_does_not_import_oneflow():
 
 
 def test_public_names_resolve_without_oneflow():
-    import autopar.oneflow as bridge
+    import autopar.bridges.oneflow as bridge
 
     for name in bridge.__all__:
         assert getattr(bridge, name) is not None, name

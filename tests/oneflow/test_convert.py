@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from autopar.errors import GraphError, PlanError
-from autopar.oneflow.convert import (
+from autopar.bridges.oneflow.convert import (
     dtype_name,
     nd_sbp_from_proto,
     nd_sbp_from_strings,
@@ -19,7 +18,8 @@ from autopar.oneflow.convert import (
     sbp_from_proto,
     sbp_strings,
 )
-from autopar.sbp import B, P, S, nd, parse_nd_sbp
+from autopar.errors import GraphError, PlanError
+from autopar.ir.sbp import B, P, S, nd, parse_nd_sbp
 
 # ------------------------------------------------------------------ duck-typed protobuf stand-ins
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, launch, skip_without_solver
 
-from autopar.cluster import Cluster
-from autopar.evaluate import evaluate
-from autopar.oneflow import import_job, import_plan, load_job
-from autopar.oneflow.plans import job_runtime
+from autopar.bridges.oneflow import import_job, import_plan, load_job
+from autopar.bridges.oneflow.plans import job_runtime
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
 from benchmarks.heldout_pinned import plan_job
 
 pytestmark = pytest.mark.oneflow
@@ -78,7 +78,7 @@ def test_predicted_bytes_of_oneflows_plan_are_the_compiled_jobs_count(heldout_jo
     destination SBP), as the evaluator prices them; within 1 % per mesh axis.  (Counted on
     the built job, ZeRO's ``(P, P) -> (B, S(0))`` gradients are single 2-D send/recv edges and
     each consumer its own edge: the held-out table's +50 % on axis 0.)"""
-    from autopar.oneflow.traffic import count_job_traffic
+    from autopar.bridges.oneflow.traffic import count_job_traffic
 
     built = heldout_jobs / f"{name}_min1024.pb"
     graph = import_job(built, zero_stage=2)
@@ -142,7 +142,7 @@ def test_autopar_plans_pin_into_heldout_jobs_without_a_refused_signature(heldout
 
 def _megatron_against_hand_counts(job: Path, name: str) -> tuple[float, float, float, float]:
     """(megatron tp bytes, Megatron-LM's tp hand count, megatron dp bytes, DDP's dp hand count)."""
-    from autopar.baselines import baseline_plan
+    from autopar.baselines.plans import baseline_plan
     from benchmarks.heldout_truth import family_config, hand_count_family
     from benchmarks.model_truth import hand_count_dp_bytes_config
 

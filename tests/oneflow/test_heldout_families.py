@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from autopar.evaluate import evaluate
-from autopar.graph import Role
-from autopar.sbp import Broadcast, Partial
+from autopar.cost.evaluate import evaluate
+from autopar.ir.graph import Role
+from autopar.ir.sbp import Broadcast, Partial
 
 pytestmark = pytest.mark.oneflow
 
@@ -37,8 +37,8 @@ def heldout_jobs(tmp_path_factory: pytest.TempPathFactory, flow: Any) -> Path:
 
 
 def _megatron(job: Path) -> tuple[Any, Any]:
-    from autopar.baselines import baseline_plan
-    from autopar.oneflow import import_job, import_plan
+    from autopar.baselines.plans import baseline_plan
+    from autopar.bridges.oneflow import import_job, import_plan
 
     graph = import_job(job, zero_stage=2)
     mesh = import_plan(job, graph=graph, zero_stage=2).mesh
@@ -74,7 +74,7 @@ def test_megatron_bytes_within_5_percent_of_megatron_lms_hand_counts(heldout_job
     vocab-split head stays vocab-parallel (Megatron-LM's ``_VocabParallelCrossEntropy``:
     ``[b, s]`` all-reduces, not the logits; LLaMA, BERT); a fused ``[3, heads, head_dim]``
     qkv is split by heads (ViT); BERT's LM-head dense stays whole; conv2d splits its batch."""
-    from autopar.oneflow import import_plan
+    from autopar.bridges.oneflow import import_plan
     from benchmarks.heldout_truth import family_config, hand_count_family
     from benchmarks.model_truth import hand_count_dp_bytes_config
 
@@ -97,8 +97,8 @@ def test_megatron_lm_tensor_parallel_bytes_within_2_percent_of_the_hand_count(
     moves nothing on the tensor-parallel axis), the ``megatron`` baseline's tensor-parallel
     bytes are Megatron-LM's hand count within 2 %, at ZeRO-0 and ZeRO-2 (measured: 0.2 %,
     0.5 % and 0.8 % for LLaMA, BERT and ViT)."""
-    from autopar.baselines import baseline_plan
-    from autopar.oneflow import import_job, import_plan
+    from autopar.baselines.plans import baseline_plan
+    from autopar.bridges.oneflow import import_job, import_plan
     from benchmarks.heldout_truth import family_config, hand_count_family
 
     job = heldout_jobs / f"{family}_zero2.pb"
@@ -118,7 +118,7 @@ def test_oneflows_own_plan_imports_valid(heldout_jobs: Path, family: str) -> Non
     (``broadcast_div_grad`` ``(y B, z P, dz B) -> P``, ``negative`` without ``P``), and
     every edge boxes: ViT's 17 tokens split unevenly over an axis of 2 (``var``
     ``(S(0), S(1))`` on ``[8, 17, 64]``; OneFlow's ``BalancedSplitter``, 9 and 8)."""
-    from autopar.oneflow import import_job, import_plan
+    from autopar.bridges.oneflow import import_job, import_plan
 
     job = heldout_jobs / f"{family}_zero2.pb"
     graph = import_job(job, zero_stage=2)
@@ -133,8 +133,8 @@ def test_inferred_agrees_with_oneflow_on_98_percent_of_ops(heldout_jobs: Path, f
     while the port priced each hop at 1.65e8 (``AUTO_PARALLEL_TRANSFER_COST``; OneFlow 0.9.0
     uses 1.65e4): its first residual ``add_n`` (``(S(0), B)`` + ``(S(0), P)``, 34 KiB) then
     took ``(S(0), B)`` where OneFlow takes ``(S(0), S(2))``, and the difference cascaded."""
-    from autopar.oneflow import import_job, import_plan
-    from autopar.oneflow_inference import agreement
+    from autopar.baselines.oneflow_inference import agreement
+    from autopar.bridges.oneflow import import_job, import_plan
 
     job = heldout_jobs / f"{family}_zero2.pb"
     graph = import_job(job, zero_stage=2)
@@ -145,7 +145,7 @@ def test_inferred_agrees_with_oneflow_on_98_percent_of_ops(heldout_jobs: Path, f
 def test_both_byte_formulas_count_the_same_total(heldout_jobs: Path, family: str) -> None:
     """The counter's two per-hop formulas may split a flat collective differently over the
     axes, never its total."""
-    from autopar.oneflow.traffic import count_job_traffic
+    from autopar.bridges.oneflow.traffic import count_job_traffic
 
     counted = count_job_traffic(heldout_jobs / f"{family}_zero2.pb")
     assert sum(counted.kernel_bytes_per_axis.values()) == pytest.approx(sum(counted.bytes_per_axis.values()))
@@ -199,7 +199,7 @@ def test_megatron_reduces_a_tied_table_read_through_identities_once(
     graph, ev = _megatron(job)
     assert any(op.type == "identity" for op in graph.ops)
     family, cfg = family_config("gpt-tiny")
-    from autopar.oneflow import import_plan
+    from autopar.bridges.oneflow import import_plan
 
     mesh = import_plan(job, graph=graph, zero_stage=2).mesh
     assert ev.comm_bytes_per_axis[0] == pytest.approx(hand_count_dp_bytes_config(family, cfg, mesh), rel=0.01)

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from autopar.graph import Graph, Role
-from autopar.oneflow import import_job, load_job
-from autopar.oneflow.importer import OPTIMIZER_MODEL_PORTS
+from autopar.bridges.oneflow import import_job, load_job
+from autopar.bridges.oneflow.job_rewrites import OPTIMIZER_MODEL_PORTS
+from autopar.ir.graph import Graph, Role
 
 pytestmark = pytest.mark.oneflow
 

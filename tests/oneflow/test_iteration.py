@@ -21,10 +21,7 @@ from typing import Any
 import pytest
 from conftest import launch, skip_without_solver
 
-from autopar.errors import PlanError
-from autopar.graph import Graph
-from autopar.iteration import ACCUMULATION, TrainingConfig, checkpoint_blocks, run_counts
-from autopar.oneflow.iteration import (
+from autopar.bridges.oneflow.iteration import (
     ACCUMULATION_OP_TYPES,
     block_scopes,
     checkpoint_modules,
@@ -33,8 +30,12 @@ from autopar.oneflow.iteration import (
     job_micro_batches,
     job_recomputed_scopes,
 )
-from autopar.plan import Plan
-from autopar.runtime import RUNTIMES
+from autopar.cost.iteration import ACCUMULATION, checkpoint_blocks, run_counts
+from autopar.errors import PlanError
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
+from autopar.ir.training import TrainingConfig
+from autopar.runtimes.registry import RUNTIMES
 
 pytestmark = pytest.mark.oneflow
 
@@ -69,7 +70,7 @@ def _variants(out: Path, model: str) -> list[str]:
 
 
 def _job(path: Path) -> Any:
-    from autopar.oneflow.jobs import load_job
+    from autopar.bridges.oneflow.jobs import load_job
 
     return load_job(path)
 
@@ -94,9 +95,9 @@ def test_compile_with_plan_sets_k_and_checkpoints_the_planned_blocks(
 def test_the_import_reads_the_iteration_back_and_is_the_graph_of_one_micro_batch(
     iteration_jobs: Path, model: str
 ) -> None:
-    from autopar.oneflow import import_job
-    from autopar.oneflow.convert import op_keys
-    from autopar.oneflow.plans import imported_training
+    from autopar.bridges.oneflow import import_job
+    from autopar.bridges.oneflow.convert import op_keys
+    from autopar.bridges.oneflow.plans import imported_training
 
     one = Graph.load(str(iteration_jobs / f"{model}_graph.json"))  # built with K = 1, batch 2
     assert one.meta["training"] == {"micro_batches": 1, "checkpointing": "off", "recomputed_blocks": []}
@@ -147,9 +148,9 @@ def test_oneflow_gathers_zero_parameters_every_micro_batch_and_reduces_gradients
     layout (a ``P``: the full-size local gradient) and is reduced into ZeRO's shard after the
     ``acc``, once per step.  A recomputed block's copy of a cast reads the same repeated
     variable in the same layout: OneFlow boxes it once for both (no second gather)."""
-    from autopar.oneflow.convert import input_bns, nd_sbp_from_proto
-    from autopar.oneflow.iteration import op_phases
-    from autopar.oneflow.traffic import count_job_traffic
+    from autopar.bridges.oneflow.convert import input_bns, nd_sbp_from_proto
+    from autopar.bridges.oneflow.iteration import op_phases
+    from autopar.bridges.oneflow.traffic import count_job_traffic
 
     job = _job(iteration_jobs / f"{model}_{_variants(iteration_jobs, model)[0]}.pb")
     ops = {op.name: op for op in job.net.op}
@@ -192,7 +193,7 @@ def test_oneflow_gathers_zero_parameters_every_micro_batch_and_reduces_gradients
 
 
 def _fidelity(iteration_jobs: Path, model: str, variant: str) -> Any:
-    from autopar.oneflow.apply import check_fidelity
+    from autopar.bridges.oneflow.fidelity import check_fidelity
 
     plan_file = "full_plan" if variant == "full" else "off_plan"
     return check_fidelity(
@@ -230,7 +231,7 @@ def _check_fidelity_by_phase(iteration_jobs: Path, model: str, variant: str) -> 
         for phase in ("per_micro_batch", "once_per_step", "per_step"):
             assert rows[axis, phase]["predicted"] == pytest.approx(rows[axis, phase]["counted"], rel=0.05)
         # recompute: boxed again only between ops of OneFlow's recomputed copy (ZeRO casts
-        # included), autopar.iteration.boxed_again_in_recompute; measured: GPT +0.0 % (first
+        # included), autopar.cost.iteration.boxed_again_in_recompute; measured: GPT +0.0 % (first
         # block) and +5.0 % (both), MT5 -9.1 % (encoder block) and -6.0 % (both); 0.0 % on axis 0
         assert rows[axis, "recompute"]["predicted"] == pytest.approx(
             rows[axis, "recompute"]["counted"], rel=0.12, abs=1e-9
@@ -261,7 +262,7 @@ def test_a_plan_scope_without_a_module_is_refused_with_a_stable_code(flow: Any) 
 
 
 def test_make_train_graph_sets_k_and_checkpointing_on_the_named_modules(flow: Any) -> None:
-    from autopar.oneflow import make_train_graph
+    from autopar.bridges.oneflow import make_train_graph
 
     class Block(flow.nn.Module):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
@@ -294,7 +295,7 @@ def test_make_train_graph_sets_k_and_checkpointing_on_the_named_modules(flow: An
 def test_request_plan_solves_for_the_iteration_compile_with_plan_runs(
     iteration_jobs: Path, tmp_path: Path
 ) -> None:
-    from autopar.oneflow.planning import request_plan
+    from autopar.bridges.oneflow.planning import request_plan
 
     python = skip_without_solver()
     model = _variants_models(iteration_jobs)[0]
@@ -319,7 +320,7 @@ def test_a_solver_auto_plan_compiles_with_the_blocks_it_recomputes(
     """The solver's ``auto`` plan of tiny GPT at a budget under the floor of ``off`` (some
     block must recompute), compiled by ``compile_with_plan``: the blocks OneFlow recomputes,
     read back from the compiled job, are the plan's ``recomputed_blocks``."""
-    from autopar.oneflow.planning import request_plan
+    from autopar.bridges.oneflow.planning import request_plan
 
     python = skip_without_solver()
     graph_path = str(iteration_jobs / "gpt-tiny_graph.json")

@@ -1,4 +1,5 @@
-"""OneFlow 0.9's boxing lowering (autopar/oneflow/lowering.py): pure Python, runs without OneFlow."""
+"""OneFlow 0.9's boxing lowering (autopar/runtimes/oneflow_09/lowering.py): pure Python, runs
+without OneFlow."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autopar.oneflow.lowering import Hop, balanced_range, device_slices, lower_hop, observed_table
-from autopar.sbp import parse_nd_sbp
+from autopar.ir.sbp import parse_nd_sbp
+from autopar.runtimes.oneflow_09.lowering import Hop, balanced_range, device_slices, lower_hop, observed_table
 
-TABLE = Path(__file__).resolve().parents[2] / "autopar" / "oneflow" / "boxing_observed.json"
+TABLE = Path(__file__).resolve().parents[2] / "autopar" / "runtimes" / "oneflow_09" / "boxing_observed.json"
 SHAPE = [8, 16]
 T = 8 * 16 * 4
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.baselines import baseline_plan, megatron_parameter_layout
-from autopar.cluster import Cluster, Mesh
-from autopar.evaluate import evaluate
-from autopar.oneflow import import_job
+from autopar.baselines.plans import baseline_plan
+from autopar.bridges.oneflow import import_job
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.runtimes.megatron_lm.linears import megatron_parameter_layout
 from benchmarks.model_truth import (
     GPT_TINY,
     MT5_TINY,

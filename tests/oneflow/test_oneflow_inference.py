@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from autopar.oneflow.importer import import_job
-from autopar.oneflow.plans import import_plan
-from autopar.oneflow_inference import SOURCE_TYPES, agreement, infer_like_oneflow
+from autopar.baselines.oneflow_inference import SOURCE_TYPES, agreement, infer_like_oneflow
+from autopar.bridges.oneflow.importer import import_job
+from autopar.bridges.oneflow.plans import import_plan
 
 pytestmark = pytest.mark.oneflow
 

@@ -5,7 +5,7 @@ A residual ``x + matmul(y, w)``: ``x`` ``(S(0), B)``, the row-parallel product `
 prices the ``add_n``'s candidates with ``GetTransferCost()`` per hop plus bytes
 (``sbp_infer_util.cpp``): ``(S(0), B)`` is one hop of ``h`` (``T + 2 bytes``), ``(S(0), S(2))``
 two (``2 T + 1 + bytes``).  With the default, OneFlow switches between 16 and 32 KiB, which
-puts ``T`` at 1.65e4 (:data:`autopar.oneflow.copy_cost.TRANSFER_COST`), not 1.65e8; the
+puts ``T`` at 1.65e4 (:data:`autopar.runtimes.oneflow_09.copy_cost.TRANSFER_COST`), not 1.65e8; the
 emulation then agrees op for op.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from autopar.graph import Role
-from autopar.sbp import B, NdSbp, Split
+from autopar.ir.graph import Role
+from autopar.ir.sbp import B, NdSbp, Split
 
 pytestmark = pytest.mark.oneflow
 
@@ -37,8 +37,8 @@ def residual_jobs(tmp_path_factory: pytest.TempPathFactory, flow: Any) -> Path:
 
 @pytest.mark.parametrize(("length", "width"), list(SIZES))
 def test_residual_add_n_follows_oneflows_transfer_cost(residual_jobs: Path, length: int, width: int) -> None:
-    from autopar.oneflow import import_job, import_plan
-    from autopar.oneflow_inference import agreement
+    from autopar.baselines.oneflow_inference import agreement
+    from autopar.bridges.oneflow import import_job, import_plan
 
     job = residual_jobs / f"residual_{length}x{width}.pb"
     graph = import_job(job)

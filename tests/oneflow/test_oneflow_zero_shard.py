@@ -6,8 +6,8 @@ by one or two ops.  What it shows: every weight is stored as
 and the ``System-ZeRO-ParallelCast`` that restores the forward layout is missing exactly
 when it would have one consumer reading the cast's own layout (a replicated weight read
 only by a ``conv2d`` or ``matmul`` whose input needs no gradient: ViT's
-``patch_embed.weight``); :func:`autopar.oneflow.import_plan` then takes that reader's
-layout as the variable's (``autopar/oneflow/plans.py``, ``_uncast_zero_layout``).
+``patch_embed.weight``); :func:`autopar.bridges.oneflow.import_plan` then takes that reader's
+layout as the variable's (``autopar/bridges/oneflow/plans.py``, ``_uncast_zero_layout``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from autopar.evaluate import evaluate
+from autopar.cost.evaluate import evaluate
+from autopar.ir.sbp import parse_nd_sbp
 from autopar.rules.families.optimizer import oneflow_zero_shard
-from autopar.sbp import parse_nd_sbp
 
 pytestmark = pytest.mark.oneflow
 
@@ -58,7 +58,7 @@ def test_every_weight_is_stored_as_the_one_axis_rule_shards_it(probe: Path) -> N
 
 
 def test_the_zero_cast_is_missing_where_its_one_consumer_reads_its_layout(probe: Path) -> None:
-    from autopar.oneflow import import_job
+    from autopar.bridges.oneflow import import_job
 
     casts = import_job(probe, zero_stage=2).meta["oneflow"]["zero_layouts"]
     assert {name for name, use in USES.items() if use[3]} == {op.removeprefix("m.") for op in casts}
@@ -67,7 +67,7 @@ def test_the_zero_cast_is_missing_where_its_one_consumer_reads_its_layout(probe:
 def test_the_probe_jobs_own_plan_imports_valid(probe: Path) -> None:
     """The plan models the cast-less replicated weights as ``(B, B)`` variables whose
     updates read the ``(B, S(0))`` shard, as the cast-holding ones."""
-    from autopar.oneflow import import_job, import_plan
+    from autopar.bridges.oneflow import import_job, import_plan
 
     graph = import_job(probe, zero_stage=2)
     plan = import_plan(probe, graph=graph, zero_stage=2)

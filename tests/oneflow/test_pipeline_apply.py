@@ -1,7 +1,7 @@
 """A pipeline plan applied to tiny GPT on 8 CPU ranks as 2 stages x [2, 2] (issue 36 item 5):
 compiled with ``nn.Graph``'s stages, trained 3 steps with the plan's K = 4 micro-batches and
 full checkpointing, the same losses as one rank; the bytes the compiled job moves across
-the stage boundary against autopar's :func:`autopar.pipeline.boundary_bytes_per_device`.
+the stage boundary against autopar's :func:`autopar.pipeline.evaluate.boundary_bytes_per_device`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def pipeline_run(tmp_path_factory: pytest.TempPathFactory, flow: object) -> Path
 
 
 def test_two_stages_train_like_one_rank(pipeline_run: Path) -> None:
-    from autopar.pipeline import PipelinePlan
+    from autopar.pipeline.plan import PipelinePlan
 
     plan = PipelinePlan.from_dict(json.loads((pipeline_run / "plan.json").read_text()))
     assert plan.counts == (1, 1) and [p.mesh.shape for p in plan.stages] == [(2, 2), (2, 2)]
@@ -60,7 +60,7 @@ def test_two_stages_train_like_one_rank(pipeline_run: Path) -> None:
 
 
 def test_boundary_bytes_of_the_compiled_job_match_the_plan(pipeline_run: Path) -> None:
-    from autopar.oneflow.pipeline_apply import count_boundary_traffic
+    from autopar.bridges.oneflow.boundary_traffic import count_boundary_traffic
 
     predicted = json.loads((pipeline_run / "boundaries.json").read_text())
     edges = [e for e in count_boundary_traffic(pipeline_run / "pipeline_job.pb") if e.shape != [1]]
@@ -85,8 +85,8 @@ def test_boundary_bytes_of_the_compiled_job_match_the_plan(pipeline_run: Path) -
         assert got.sent_per_device == pytest.approx(want["bytes_per_device"])
     # the tied word embedding: OneFlow moves the weight to the head's stage twice and its
     # gradient back once every micro-batch, as autopar prices it under oneflow-0.9
-    # (autopar.pipeline.TIED_TRANSFERS_PER_MICRO_BATCH)
-    from autopar.pipeline import TIED_TRANSFERS_PER_MICRO_BATCH
+    # (autopar.pipeline.evaluate.TIED_TRANSFERS_PER_MICRO_BATCH)
+    from autopar.pipeline.evaluate import TIED_TRANSFERS_PER_MICRO_BATCH
 
     tied = [e for e in edges if e.shape == [512, 64]]
     tied_want = next(r for r in predicted if r["tied_gradient"])
@@ -108,8 +108,8 @@ def test_boundary_bytes_of_the_compiled_job_match_the_plan(pipeline_run: Path) -
     assert all(e.received_per_device == pytest.approx(512 * 64 * 4 / pieces) for e in tied)
 
 
-def plan_of(run: Path) -> Any:  # the run's autopar.pipeline.PipelinePlan
-    from autopar.pipeline import PipelinePlan
+def plan_of(run: Path) -> Any:  # the run's autopar.pipeline.plan.PipelinePlan
+    from autopar.pipeline.plan import PipelinePlan
 
     return PipelinePlan.from_dict(json.loads((run / "plan.json").read_text()))
 
@@ -118,7 +118,7 @@ def test_oneflow_fidelity_prints_the_stage_boundaries(
     pipeline_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``autopar oneflow fidelity JOB PIPELINE --graph G``: each boundary predicted vs counted."""
-    from autopar.cli import main
+    from autopar.cli.main import main
 
     report = pipeline_run / "fidelity.json"
     argv = [str(pipeline_run / "pipeline_job.pb"), str(pipeline_run / "plan.json")]

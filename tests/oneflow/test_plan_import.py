@@ -7,14 +7,14 @@ import math
 
 import pytest
 
-from autopar.cluster import Cluster
-from autopar.costs import op_signatures, rule_context
-from autopar.evaluate import evaluate
-from autopar.oneflow import check_fidelity, import_job, import_plan, load_job
-from autopar.oneflow.convert import nd_sbp_from_proto
-from autopar.plan import Plan
+from autopar.bridges.oneflow import check_fidelity, import_job, import_plan, load_job
+from autopar.bridges.oneflow.convert import nd_sbp_from_proto
+from autopar.cost.compute import op_signatures, rule_context
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.ir.plan import Plan
+from autopar.ir.sbp import P, Signature, nd
 from autopar.rules import default_rules
-from autopar.sbp import P, Signature, nd
 
 pytestmark = pytest.mark.oneflow
 

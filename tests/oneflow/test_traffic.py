@@ -1,4 +1,4 @@
-"""Bytes a OneFlow job moves by its own N-D SBP (autopar.oneflow.traffic), on the tiny [2, 2] jobs."""
+"""Bytes a OneFlow job moves by its own N-D SBP (autopar.bridges.oneflow.traffic), on the tiny [2, 2] jobs."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from autopar.oneflow.traffic import count_job_traffic
+from autopar.bridges.oneflow.traffic import count_job_traffic
 
 pytestmark = pytest.mark.oneflow
 
 
 def _job(path: Path) -> Any:
-    from autopar.oneflow.jobs import load_job
+    from autopar.bridges.oneflow.jobs import load_job
 
     return load_job(path)
 
@@ -51,12 +51,12 @@ def test_oneflow_zero_stores_each_variable_as_the_one_axis_rule_says(
 ) -> None:
     """OneFlow's ZeRO pass (run at build) stores every variable one axis more split than
     its forward layout: the `oneflow-0.9` runtime's rule (oneflow_zero_shard) predicts it."""
-    from autopar.oneflow import import_job
-    from autopar.oneflow.convert import nd_sbp_from_proto
-    from autopar.oneflow.plans import job_runtime
+    from autopar.bridges.oneflow import import_job
+    from autopar.bridges.oneflow.convert import nd_sbp_from_proto
+    from autopar.bridges.oneflow.plans import job_runtime
+    from autopar.ir.sbp import parse_nd_sbp
     from autopar.rules.families.optimizer import oneflow_zero_shard
-    from autopar.runtime import RUNTIMES
-    from autopar.sbp import parse_nd_sbp
+    from autopar.runtimes.registry import RUNTIMES
 
     out, _ = mesh_jobs
     checked = 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
-from autopar.graph import Graph
+from autopar.baselines.plans import baseline_plan
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 from autopar.models import build
-from autopar.plan import Plan
 
 MESH = Mesh(Cluster.parse("2x4"), (4, 2))
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from autopar.breakdown import TOP_LEVEL, PricingMemo, breakdown, layer_of, memory_timeline, module_of
-from autopar.evaluate import evaluate
-from autopar.sbp import S, Signature, nd
+from autopar.cost.breakdown import TOP_LEVEL, PricingMemo, breakdown, layer_of, memory_timeline, module_of
+from autopar.cost.evaluate import evaluate
+from autopar.ir.sbp import S, Signature, nd
 from tests.report import plans
 from tests.report.plans import model
 
@@ -79,7 +79,9 @@ def test_a_shared_memo_gives_the_same_prices(graph) -> None:
         assert [(e.consumer, e.port, e.time_s) for e in alone.edges] == [
             (e.consumer, e.port, e.time_s) for e in shared.edges
         ]
-    assert memo.signatures  # boxing searches are shared process-wide (autopar.boxing.boxing_search)
+    assert (
+        memo.signatures
+    )  # boxing searches are shared process-wide (autopar.runtimes.registry.boxing_search)
 
 
 def test_invalid_signature_is_reported(graph) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from autopar.graph import Graph
+from autopar.ir.graph import Graph
 from autopar_service.tasks import graph_key
 from tests.service.helpers import live_server, make_settings, wait_job
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from autopar.baseline_configs import BaselineConfig
-from autopar.baseline_pipeline import pipeline_baseline
-from autopar.cluster import Cluster
-from autopar.iteration import TrainingConfig
-from autopar.pipeline import PipelinePlan
+from autopar.baselines.configs import BaselineConfig
+from autopar.baselines.megatron.pipeline import pipeline_baseline
+from autopar.hardware.cluster import Cluster
+from autopar.ir.training import TrainingConfig
+from autopar.pipeline.plan import PipelinePlan
 from autopar_service.report import build_pipeline_report, cmd_report, load_any_plan
 from tests.report.plans import model
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autopar.cost.evaluate import evaluate
 from autopar.errors import PlanError
-from autopar.evaluate import evaluate
-from autopar.iteration import TrainingConfig
+from autopar.ir.training import TrainingConfig
 from autopar_service.report import baseline_beside, build_report, format_bytes
 from tests.report.plans import MESH, baseline, model
 from tests.service.helpers import REPO
@@ -202,7 +202,7 @@ def test_the_planner_rows_are_the_iteration_and_the_same_iteration_under_overlap
 
 def test_the_headline_names_each_plans_configuration(graph) -> None:
     """A baseline priced at its own configuration shows it in its users' words (issue 33)."""
-    from autopar.baseline_configs import parse_config
+    from autopar.baselines.configs import parse_config
 
     plan = baseline("tiny-gpt", "inferred", 2)
     megatron = baseline("tiny-gpt", "megatron", 0)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import zstandard
 
-from autopar.plan import Plan
+from autopar.ir.plan import Plan
 from tests.service.helpers import (
     encode,
     live_server,
@@ -400,7 +400,7 @@ def test_a_request_that_differs_only_in_its_time_limit_is_the_same_problem(
 
 
 def test_a_cached_plan_answers_only_within_the_gap_asked() -> None:
-    from autopar.cluster import Cluster
+    from autopar.hardware.cluster import Cluster
     from autopar.models import build
     from autopar_service.requests import answers_within_gap
     from autopar_solver.options import SolverOptions

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.plan import Plan
+from autopar.ir.plan import Plan
 from autopar_service.cli import REPORT_COMMAND, SERVE_COMMAND, SUBMIT_COMMAND, WORKER_COMMAND
 from tests.cli.helpers import run_cli
 from tests.service.helpers import REPO, live_server, make_settings

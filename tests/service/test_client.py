@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from autopar.client import PlanClient, ServiceError
-from autopar.graph import Graph
-from autopar.plan import Plan
+from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 from autopar_cache.redis_server import RedisServer, free_port
 from tests.service.helpers import live_server, make_settings
 

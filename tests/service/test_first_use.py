@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from autopar.plan import Plan
+from autopar.ir.plan import Plan
 from tests.service.helpers import REPO, LiveServer, live_server, make_settings, plan_body, wait_job
 
 

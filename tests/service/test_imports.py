@@ -21,7 +21,7 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Block())
 import autopar.client, autopar_service.cli, autopar_solver.cli
-from autopar.cli import build_parser
+from autopar.cli.main import build_parser
 parser, handlers = build_parser()
 assert {"serve", "worker", "submit", "plan"} <= set(handlers), handlers
 assert not {"fastapi", "ortools", "rq", "autopar_solver.planner", "autopar_service.app"} & set(sys.modules)

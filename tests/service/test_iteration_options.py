@@ -9,8 +9,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from autopar.baselines import baseline_plan
-from autopar.cluster import Cluster, Mesh
+from autopar.baselines.plans import baseline_plan
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
 from autopar.models import build
 from autopar_service.requests import SolverOptionsBody, build_request, key_dict_of
 from autopar_service.settings import Settings

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from autopar.cluster import Cluster
 from autopar.errors import ConfigError
+from autopar.hardware.cluster import Cluster
 from autopar.models import build
 from autopar_service.requests import SolverOptionsBody, build_request, key_dict_of
 from autopar_service.settings import Settings

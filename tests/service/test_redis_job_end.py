@@ -27,7 +27,8 @@ from autopar_cache.redis_server import RedisServer
 from autopar_cache.redis_store import RedisStore
 from autopar_service import rq_jobs
 from autopar_service.jobs import JobInfo, JobStatus
-from autopar_service.rq_jobs import SOLVE_FUNC, JobRecords, RQJobManager, solve_job
+from autopar_service.rq_jobs import SOLVE_FUNC, JobRecords, solve_job
+from autopar_service.rq_manager import RQJobManager
 from tests.service.helpers import make_settings
 
 pytestmark = pytest.mark.redis

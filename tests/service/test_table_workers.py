@@ -21,11 +21,13 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import CostTables, build_cost_tables, clear_process_caches
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.tables import CostTables, clear_process_caches
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline, Progress
+from autopar.infra.store import MemoryStore
 from autopar.models import build
-from autopar.progress import Deadline, Progress
-from autopar.store import MemoryStore
 from autopar_cache.base import PrefixedStore
 from autopar_cache.redis_server import RedisServer
 from autopar_cache.redis_store import RedisStore

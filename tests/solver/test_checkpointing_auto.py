@@ -8,13 +8,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import CostTables, build_cost_tables
+from autopar.cost.activation_spans import block_readers
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.evaluate import evaluate
+from autopar.cost.iteration import candidate_blocks
+from autopar.cost.tables import CostTables
+from autopar.cost.weighted_tables import with_training
 from autopar.errors import InfeasibleError
-from autopar.evaluate import evaluate
-from autopar.iteration import TrainingConfig, block_readers, candidate_blocks, with_training
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.ir.plan import Plan
+from autopar.ir.training import TrainingConfig
 from autopar.models import build
-from autopar.plan import Plan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import build_problem, memory_floors, solve_on_mesh
 from autopar_solver.planner.memory_rows import assignment, chosen_training

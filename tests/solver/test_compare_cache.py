@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import autopar.baselines
-from autopar.cluster import Cluster, Mesh
+import autopar.baselines.plans
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
 from autopar.models import build
 from autopar_solver.cli import baseline_evaluated
 
@@ -16,13 +17,13 @@ MESH = Mesh(Cluster.parse("1x4", "a100-40g"), (2, 2))
 
 def test_each_baseline_is_evaluated_once_per_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     built: list[str] = []
-    real = autopar.baselines.baseline_plan
+    real = autopar.baselines.plans.baseline_plan
 
     def counting(kind, *args, **kwargs):  # type: ignore[no-untyped-def]
         built.append(kind)
         return real(kind, *args, **kwargs)
 
-    monkeypatch.setattr(autopar.baselines, "baseline_plan", counting)
+    monkeypatch.setattr(autopar.baselines.plans, "baseline_plan", counting)
     graph = build("tiny-gpt")
     first = baseline_evaluated("data-parallel", graph, MESH, 2, tmp_path, "ideal")
     again = baseline_evaluated("data-parallel", graph, MESH, 2, tmp_path, "ideal")

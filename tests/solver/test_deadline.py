@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autopar.cluster import Cluster, Mesh
-from autopar.cost_tables import build_cost_tables
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.evaluate import evaluate
 from autopar.errors import TimeLimitError
-from autopar.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline, Progress
+from autopar.infra.store import MemoryStore
 from autopar.models import build
-from autopar.progress import Deadline, Progress
-from autopar.store import MemoryStore
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan, solve_on_mesh
 from autopar_solver.problem import evaluate as evaluate_problem

@@ -2,10 +2,12 @@
 
 import pytest
 
-from autopar.baselines import baseline_plan, megatron_parameter_layout
-from autopar.cluster import Cluster, Mesh
-from autopar.evaluate import evaluate
+from autopar.baselines.plans import baseline_plan
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
 from autopar.models import build
+from autopar.runtimes.megatron_lm.linears import megatron_parameter_layout
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan
 from tests.graphs import mlp_graph

@@ -10,12 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from autopar.cluster import PRESETS, Cluster, Mesh
-from autopar.cost_tables import build_cost_tables
-from autopar.evaluate import evaluate
-from autopar.iteration import with_training
+from autopar.cost.build_tables import build_cost_tables
+from autopar.cost.evaluate import evaluate
+from autopar.cost.weighted_tables import with_training
+from autopar.hardware.cluster import PRESETS, Cluster
+from autopar.hardware.mesh import Mesh
+from autopar.infra.progress import Deadline
 from autopar.models import build
-from autopar.progress import Deadline
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan, solve_on_mesh
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS
@@ -23,7 +24,7 @@ from autopar_solver.planner.floors import memory_seed
 from autopar_solver.planner.rounds import ROUND_SHARE
 
 CLUSTER = Cluster(1, 4, replace(PRESETS["a100-40g"], compute_units=0))
-"""As test_planner's: a100-40g without the SM-fill term of :func:`autopar.costs.gemm_time`
+"""As test_planner's: a100-40g without the SM-fill term of :func:`autopar.hardware.kernels.gemm_time`
 (tiny-gpt's GEMMs leave most SMs idle; with the term its [2, 2] solve keeps a gap)."""
 RUNTIME = "oneflow-0.9-shard-min-1"
 SHAPE = (4,)

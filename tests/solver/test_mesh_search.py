@@ -6,7 +6,8 @@ import importlib
 
 import pytest
 
-from autopar.cluster import Cluster, candidate_mesh_shapes
+from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import candidate_mesh_shapes
 from autopar.models import build
 from autopar_solver.cli import mesh_search_text
 from autopar_solver.options import SolverOptions
@@ -162,7 +163,7 @@ def test_the_best_plan_short_of_its_gap_goes_on_solving_before_the_three_axis_sh
     A first-stage best that misses its gap goes on solving (from its memo entry) with the time
     left, unless the likeliest best shape after it refines its shape; one within its gap, or a
     deterministic run, does not."""
-    from autopar.progress import Deadline
+    from autopar.infra.progress import Deadline
 
     ms = importlib.import_module("autopar_solver.planner.mesh_search")  # the module, not plan()'s step
     from autopar_solver.planner.context import PlanContext

@@ -19,9 +19,9 @@ import copy
 
 import pytest
 
-from autopar.cluster import Cluster
+from autopar.hardware.cluster import Cluster
+from autopar.infra.progress import Deadline
 from autopar.models import build
-from autopar.progress import Deadline
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan
 from autopar_solver.planner.mesh_search import PROVED_WORSE, _fastest

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cluster import Cluster
+from autopar.hardware.cluster import Cluster
+from autopar.infra.progress import Deadline
 from autopar.models import build
-from autopar.pipeline import PipelinePlan, evaluate_pipeline
-from autopar.progress import Deadline
+from autopar.pipeline.evaluate import evaluate_pipeline
+from autopar.pipeline.plan import PipelinePlan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest
 from autopar_solver.planner.pipeline_search import solve_pipeline, stage_candidates
@@ -70,7 +71,7 @@ def test_stages_auto_keeps_the_least_iteration_it_found():
 
 
 def test_a_bad_stage_count_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from autopar.cli import main
+    from autopar.cli.main import main
 
     status = main(["plan", "tiny-gpt", "--stages", "two", "--out", "/dev/null"])
     assert status == 2

@@ -6,11 +6,11 @@ import zlib
 
 import pytest
 
-from autopar.cluster import Cluster
-from autopar.evaluate import evaluate
+from autopar.cost.evaluate import evaluate
+from autopar.hardware.cluster import Cluster
+from autopar.infra.store import MemoryStore
+from autopar.ir.plan import Plan
 from autopar.models import build
-from autopar.plan import Plan
-from autopar.store import MemoryStore
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner import PlanRequest, plan
 from autopar_solver.solve_memo import MEMO_VERSION, REMEMBER_ATTEMPTS, MemoEntry, remember

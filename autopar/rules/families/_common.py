@@ -20,10 +20,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autopar.graph import TensorSpec
-from autopar.ports import base_name
+from autopar.ir.graph import TensorSpec
+from autopar.ir.ports import base_name
+from autopar.ir.sbp import B, SbpValue, Split
 from autopar.rules.registry import OneDSignature, RuleContext
-from autopar.sbp import B, SbpValue, Split
 
 __all__ = [
     "FLOAT_DTYPES",

@@ -14,9 +14,9 @@ whole (all ``B``).
 
 from __future__ import annotations
 
+from autopar.ir.sbp import B, P, Split
 from autopar.rules.families._common import partial_ok, port_map, sig, uniform
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, Split
 
 __all__: list[str] = []
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from autopar.ir.sbp import B, P, SbpValue, Split
 from autopar.rules.families._common import (
     broadcast_dim_map,
     is_float,
@@ -36,7 +37,6 @@ from autopar.rules.families._common import (
     uniform,
 )
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, SbpValue, Split
 
 __all__ = [
     "BINARY_GRAD_OPS",

@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from autopar.ir.sbp import B, P, Split
 from autopar.rules.families._common import norm_dim, partial_ok, port_map, sig, uniform
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, Split
 
 __all__: list[str] = []
 

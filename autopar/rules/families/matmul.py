@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 
+from autopar.ir.sbp import B, P, SbpValue, Split
 from autopar.rules.families._common import PortMap, partial_ok, port_map, sig
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, SbpValue, Split
 
 __all__ = ["MATMUL_OPS", "matmul_flops"]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from autopar.ir.sbp import B, P, SbpValue, Split
 from autopar.rules.families._common import (
     norm_dim,
     partial_ok,
@@ -33,7 +34,6 @@ from autopar.rules.families._common import (
 )
 from autopar.rules.families.elementwise import broadcast_splits, linear_signatures
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, P, SbpValue, Split
 
 __all__ = ["SOFTMAX_GRAD_OPS", "SOFTMAX_OPS"]
 

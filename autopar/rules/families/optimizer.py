@@ -3,7 +3,7 @@
 An update reads the parameter (``model``), its gradient (``model_diff``) and its
 states (``m``, ``v`` ...) elementwise, so all of them share one layout ``v``:
 any N-D SBP of the parameter made of ``B`` and ``S(d)`` (never ``P``: a variable
-holds values, not addends) that OneFlow accepts (:func:`autopar.sbp.local_shape`:
+holds values, not addends) that OneFlow accepts (:func:`autopar.ir.sbp.local_shape`:
 uneven splits included).
 
 ZeRO (``ctx.zero_stage >= 1``; Rajbhandari et al. 2020, OneFlow's
@@ -19,7 +19,7 @@ parameter and all-gathers it back into the replicated variable over that axis;
 the cost model charges that all-gather (the second half of ZeRO's traffic).
 OneFlow leaves a variable unsharded when a shard would keep fewer than
 ``shard_min_size`` elements (default 1024; ``ctx.zero_sharding`` carries it,
-:func:`autopar.runtime.parse_zero_sharding`): its update then reads ``model``,
+:func:`autopar.runtimes.profile.parse_zero_sharding`): its update then reads ``model``,
 ``model_diff`` and the states all in ``v``, so no all-gather is charged.
 
 Scalar inputs (``learning_rate``, ``bias_correction1/2``, ``scale_by_tensor``,
@@ -34,11 +34,11 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from autopar.optimizer import OPTIMIZER_OPS, SCALAR_PORTS
+from autopar.ir.optimizer import OPTIMIZER_OPS, SCALAR_PORTS
+from autopar.ir.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
 from autopar.rules.families._common import port_map
 from autopar.rules.registry import CostKind, RuleContext, register
-from autopar.runtime import ONEFLOW_SHARD_MIN_SIZE, parse_zero_sharding
-from autopar.sbp import B, NdSbp, SbpValue, Signature, Split, local_shape
+from autopar.runtimes.profile import ONEFLOW_SHARD_MIN_SIZE, parse_zero_sharding
 
 __all__ = ["OPTIMIZER_OPS", "oneflow_shard_is_valid", "oneflow_zero_shard", "parameter_layouts", "zero_shard"]
 
@@ -138,7 +138,7 @@ def oneflow_zero_shard(
     solves them away; OneFlow would split such an axis, sharding nothing).
     OneFlow accepts uneven splits
     (``BalancedSplitter``) as long as the shard keeps ``threshold`` elements, and
-    so does autopar (:func:`autopar.sbp.local_shape`; the planner still chooses
+    so does autopar (:func:`autopar.ir.sbp.local_shape`; the planner still chooses
     among even parameter layouts, :func:`autopar.rules.registry.planning_signatures`).
     When the new layout leaves
     a shard of fewer than ``min_size`` elements (:func:`oneflow_shard_is_valid`,
@@ -146,7 +146,7 @@ def oneflow_zero_shard(
     Checked on OneFlow 0.9 (``tests/oneflow/test_oneflow_zero_shard.py``: conv and
     matmul weights, ``(B, B)`` and ``(B, S(0))``, one or two readers, all stored as
     this says; where the job lacks the forward cast, OneFlow pruned it, see
-    ``autopar/oneflow/plans.py``).
+    ``autopar/bridges/oneflow/plans.py``).
     """
     values = list(v.values)
     # size-1 mesh axes hold nothing (the planner solves them away): neighbours and the

@@ -34,9 +34,9 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from autopar.ir.sbp import B, NdSbp, P, SbpValue, Signature, Split
 from autopar.rules.families._common import PortMap, norm_dims, partial_ok, port_map, sig, uniform
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, NdSbp, P, SbpValue, Signature, Split
 
 __all__ = [
     "DEVICE_STAGE_GRAD_OPS",

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import itertools
 
+from autopar.ir.sbp import B, NdSbp, P, SbpValue, Signature, Split, local_shape, parse_sbp
 from autopar.rules.families._common import all_splits, partial_ok, port_map, sig, uniform
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, NdSbp, P, SbpValue, Signature, Split, local_shape, parse_sbp
 
 __all__ = ["TICK_OPS"]
 
@@ -52,9 +52,9 @@ def _source_signatures(ctx: RuleContext) -> list[OneDSignature]:
 
 @register("pipeline_recv", cost=CostKind.RECEIVE)
 def received(ctx: RuleContext) -> list[OneDSignature]:
-    """A tensor another pipeline stage sends (:mod:`autopar.pipeline_split`): ``() -> S(d)``
+    """A tensor another pipeline stage sends (:mod:`autopar.pipeline.split`): ``() -> S(d)``
     for every dim, ``() -> B``, as a graph input; never ``P`` (the sender completes its sums).
-    Its time is the receive of the chosen layout's piece (:func:`autopar.costs.receive_time`)."""
+    Its time is the receive of the chosen layout's piece (:func:`autopar.cost.compute.receive_time`)."""
     return _source_signatures(ctx)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from autopar.ir.sbp import B, NdSbp, P, Signature, Split
 from autopar.rules.families._common import (
     norm_dim,
     partial_ok,
@@ -31,7 +32,6 @@ from autopar.rules.families._common import (
     uniform,
 )
 from autopar.rules.registry import CostKind, OneDSignature, RuleContext, register
-from autopar.sbp import B, NdSbp, P, Signature, Split
 
 __all__ = ["RESHAPE_OPS", "reshape_splits_fit"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from autopar.graph import Graph, Op, Role
+from autopar.ir.graph import Graph, Op, Role
 
 Arrays = dict[str, np.ndarray]
 Kernel = Callable[[Op, Arrays], Arrays]

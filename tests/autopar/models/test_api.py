@@ -10,7 +10,7 @@ import pytest
 
 import autopar.models as models
 from autopar.errors import ConfigError
-from autopar.graph import Graph, Role
+from autopar.ir.graph import Graph, Role
 from autopar.models import MODEL_NAMES, T5Config, build, config_for, describe
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from autopar.graph import Graph, Role
+from autopar.ir.graph import Graph, Role
 from autopar.models import build
 
 from ._numpy_exec import NumpyExecutor, random_feeds, random_params

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from autopar.graph import Graph, Role
+from autopar.ir.graph import Graph, Role
 from autopar.models import MODEL_NAMES, build
 
 MATMUL_TYPES = {"matmul", "batch_matmul", "broadcast_matmul", "broadcast_matmul_grad_b"}

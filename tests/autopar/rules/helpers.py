@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autopar.graph import Op, TensorSpec
+from autopar.ir.graph import Op, TensorSpec
+from autopar.ir.sbp import Signature, local_shape
 from autopar.rules import Rule, RuleContext, default_rules, nd_signatures
-from autopar.sbp import Signature, local_shape
 
 PortSpec = Sequence[int] | tuple[Sequence[int], str]
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from autopar.oneflow.lowering import device_slices
+from autopar.ir.sbp import Broadcast, NdSbp, Partial, Signature, Split, local_shape
 from autopar.rules import RuleContext
 from autopar.rules.families._common import base_name
-from autopar.sbp import Broadcast, NdSbp, Partial, Signature, Split, local_shape
+from autopar.runtimes.oneflow_09.lowering import device_slices
 from tests.autopar.rules.helpers import signatures
 
 

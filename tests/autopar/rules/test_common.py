@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from autopar.ir.sbp import B, P, S
 from autopar.rules.families._common import base_name, port_map, sig
-from autopar.sbp import B, P, S
 from tests.autopar.rules.helpers import make_ctx, printed
 
 

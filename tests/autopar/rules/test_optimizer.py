@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from autopar.ir.sbp import B, S, nd
 from autopar.rules.families.optimizer import parameter_layouts, zero_shard
-from autopar.sbp import B, S, nd
 from tests.autopar.rules.helpers import assert_all_fit, make_ctx, rule_for, signatures
 
 W = (1024, 512)
@@ -148,7 +148,8 @@ def test_adam_of_a_small_parameter_offers_the_unsharded_update():
 
 def test_runtime_profiles_carry_the_threshold_in_their_key():
     from autopar.errors import ConfigError
-    from autopar.runtime import parse_zero_sharding, runtime_profile
+    from autopar.runtimes.profile import parse_zero_sharding
+    from autopar.runtimes.registry import runtime_profile
 
     default = runtime_profile("oneflow-0.9")
     variant = runtime_profile("oneflow-0.9-shard-min-1")

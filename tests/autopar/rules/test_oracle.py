@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autopar.sbp import parse_signature
+from autopar.ir.sbp import parse_signature
 from tests.autopar.rules.helpers import make_ctx
 from tests.autopar.rules.oracle import check_signature
 

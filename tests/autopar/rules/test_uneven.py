@@ -12,10 +12,10 @@ import dataclasses
 
 import numpy as np
 
-from autopar.memory import shard_bytes
-from autopar.oneflow.lowering import can_merge_split, hop_rule
+from autopar.cost.memory import shard_bytes
+from autopar.ir.sbp import B, NdSbp, Split, parse_signature
 from autopar.rules.registry import planning_signatures
-from autopar.sbp import B, NdSbp, Split, parse_signature
+from autopar.runtimes.oneflow_09.lowering import can_merge_split, hop_rule
 from tests.autopar.rules.helpers import assert_all_fit, make_ctx, printed, signatures
 from tests.autopar.rules.oracle import check_all
 

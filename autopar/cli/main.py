@@ -1,0 +1,408 @@
+"""``autopar`` command line: the composition root.
+
+::
+
+    autopar model NAME --out graph.json            build a training-step graph
+    autopar costs GRAPH --cluster 2x4 --mesh-shape 4,2   build cost tables, print stats
+    autopar baseline KIND GRAPH --cluster 2x4 --mesh-shape 4,2 --out plan.json
+    autopar evaluate GRAPH PLAN [--json]            recompute a plan's time and memory
+    autopar oneflow import | import-plan            (OneFlow 0.9 when run)
+    autopar plan GRAPH --cluster 2x4 --memory 40GiB --zero 2 --out plan.json   (autopar[solver])
+    autopar serve | worker | submit                 (serve, worker: autopar[service])
+
+``GRAPH`` is a graph JSON file or a bundled model name.  The core's commands
+(``model`` ... ``oneflow``) are defined here and need only the core's
+dependencies; the other packages contribute theirs through the
+``autopar.commands`` entry-point group in ``pyproject.toml`` (``plan`` from
+``autopar_solver.cli``, ``serve``/``worker``/``submit`` from ``autopar_service.cli``), as Flask
+and pytest plugins do, so the core never imports them.  A command whose extra is
+not installed stays listed and answers ``[missing_extra] ... pip install
+'autopar[extra]'``.  Every user error is one ``autopar: error: [code] ...`` line
+on stderr with exit status 2; Ctrl-C exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from autopar.cli.args import (
+    BASELINE_KINDS,
+    Command,
+    add_mesh_args,
+    add_training_args,
+    check_writable,
+    closest_name,
+    graph_arg_help,
+    graph_from_arg,
+    mesh_from_args,
+    model_names,
+    pipeline_plan_file,
+    plan_from_arg,
+    require_extra,
+    training_from_args,
+    wrote,
+)
+from autopar.cli.calibrate import add_calibrate_arguments, cmd_calibrate
+from autopar.cost.iteration import baseline_training
+from autopar.errors import AutoparError, PlanError
+from autopar.hardware.cluster import load_cluster_profile
+from autopar.hardware.mesh import Mesh
+from autopar.ir.plan import check_plan_graph, format_bytes
+from autopar.ir.training import TrainingConfig
+from autopar.version import __version__
+
+__all__ = ["ENTRY_POINT_GROUP", "build_parser", "main"]
+
+ENTRY_POINT_GROUP = "autopar.commands"
+OUTPUT_OPTIONS = ("out", "graph_out")
+"""Namespace attributes naming files a command writes; checked before the command runs."""
+
+log = logging.getLogger("autopar")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error line: ``autopar: error: [bad_args] ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(2))
+            close = closest_name(choice.group(1), options)
+            if close:
+                message += f"; did you mean {close!r}?"
+        self.exit(2, f"autopar: error: [bad_args] {message} (see `{self.prog} --help`)\n")
+
+
+def _load_graph(path: str):  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    g = graph_from_arg(path)
+    log.info("loaded %s in %.2f s", g, time.perf_counter() - t0)
+    return g
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from autopar.models import build, describe
+
+    overrides: dict[str, Any] = {}
+    for key in ("layers", "hidden", "heads", "ffn", "vocab", "batch", "seq", "decoder_seq"):
+        value = getattr(args, key)
+        if value is not None:
+            overrides[key] = value
+    t0 = time.perf_counter()
+    graph = build(args.name, **overrides)
+    built = time.perf_counter() - t0
+    graph.validate()
+    graph.save(args.out)
+    info = describe(graph)
+    sys.stdout.write(
+        f"{args.name}: {len(graph.ops)} ops, {len(graph.tensors)} tensors, "
+        f"{len(graph.variables)} variables, {info.get('parameters', 0):,} parameters; "
+        f"built in {built:.2f} s\n"
+    )
+    wrote("graph", args.out)
+    return 0
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from autopar.cost.build_tables import build_cost_tables
+
+    graph = _load_graph(args.graph)
+    mesh = mesh_from_args(args)
+    t0 = time.perf_counter()
+    tables = build_cost_tables(graph, mesh, args.zero, workers=args.workers)
+    cold = time.perf_counter() - t0
+    sys.stdout.write(
+        json.dumps(
+            {**tables.stats, "fallback_ops": len(tables.stats["fallback_ops"]), "wall_s": cold}, indent=1
+        )
+        + "\n"
+    )
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from autopar.baselines.plans import baseline_plan
+    from autopar.cost.evaluate import attach_evaluation, evaluate
+
+    graph = _load_graph(args.graph)
+    mesh = mesh_from_args(args)
+    zero, runtime, configuration = args.zero, args.runtime, None
+    if getattr(args, "megatron_config", None):
+        from autopar.baselines.configs import parse_config
+
+        configuration = parse_config(args.kind, args.megatron_config, mesh.cluster)
+        zero, runtime = configuration.zero_stage, configuration.runtime
+        if configuration.pipeline == 1:
+            mesh = Mesh(mesh.cluster, configuration.mesh_shape)
+    if configuration is not None and configuration.pipeline > 1:  # Megatron-LM's PTD-P
+        from autopar.baselines.megatron.pipeline import pipeline_baseline
+
+        training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
+        staged = pipeline_baseline(graph, mesh.cluster, configuration, training)
+        staged.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
+        staged.save(args.out)
+        sys.stdout.write(staged.summary() + "\n")
+        sys.stdout.write(f"configuration  {configuration.describe()}, runtime {runtime} (named)\n")
+        wrote("plan", args.out)
+        return 0
+    plan = baseline_plan(args.kind, graph, mesh, zero, runtime=runtime)
+    if configuration is not None:
+        plan.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
+    # the iteration the real system runs: K as asked, checkpointing as it uses it by default
+    plan.training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
+    # a tensor boxed to one layout for several consumers is boxed once, as the system runs it
+    attach_evaluation(plan, evaluate(graph, plan, group_boxing=True))
+    plan.save(args.out)
+    sys.stdout.write(plan.summary() + "\n")
+    if configuration is not None:
+        sys.stdout.write(f"configuration  {configuration.describe()}, runtime {runtime} (named)\n")
+    wrote("plan", args.out)
+    return 0
+
+
+MAX_ERRORS_SHOWN = 20
+"""``autopar evaluate`` prints this many of a plan's errors, then how many it left out."""
+
+
+def _evaluation_text(name: str, plan: Any, ev: Any) -> str:
+    """What ``autopar evaluate`` prints without ``--json``."""
+    mem = ev.memory
+    lines = [
+        f"{name}: {'valid' if ev.valid else 'INVALID'} ({plan.source})",
+        f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  (one optimizer step: "
+        f"{ev.training.micro_batches} x "
+        f"{ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
+        f"once per step; checkpointing {ev.training.checkpointing})",
+        f"  at K = 1   {ev.step_time_s * 1e3:10.2f} ms  (one micro-batch with the once-per-step work, "
+        f"compute {ev.compute_time_s * 1e3:.2f} ms, comm {ev.comm_time_s * 1e3:.2f} ms)",
+        "  comm/axis  "
+        + ", ".join(
+            f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"
+            for a, t in ev.comm_time_s_per_axis.items()
+        ),
+        f"  memory     {format_bytes(mem.total):>13} per device (params {format_bytes(mem.params)}, "
+        f"grads {format_bytes(mem.grads)}, optimizer {format_bytes(mem.optimizer)}, "
+        f"activations {format_bytes(mem.activations)})",
+    ]
+    lines += [f"  error: {e}" for e in ev.errors[:MAX_ERRORS_SHOWN]]
+    left_out = len(ev.errors) - MAX_ERRORS_SHOWN
+    if left_out > 0:
+        lines.append(f"  ... {left_out} more error(s) left out ({len(ev.errors)} in all)")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from autopar.cost.evaluate import evaluate
+
+    graph = _load_graph(args.graph)
+    if pipeline_plan_file(args.plan):
+        return _evaluate_pipeline(args, graph)
+    plan = plan_from_arg(args.plan)
+    check_plan_graph(graph, plan, "autopar plan GRAPH ...")
+    if args.cluster_profile:  # re-price the plan's mesh on the profile
+        old = plan.mesh.cluster
+        cluster = load_cluster_profile(args.cluster_profile).cluster(old.nodes, old.devices_per_node)
+        plan.mesh = Mesh(cluster, plan.mesh.shape)
+    plan.training = training_from_args(args, plan.training)  # any plan at another K
+    ev = evaluate(graph, plan)
+    if args.json:
+        sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
+    else:
+        sys.stdout.write(_evaluation_text(args.plan, plan, ev))
+    return 0 if ev.valid else 1
+
+
+def _evaluate_pipeline(args: argparse.Namespace, graph: Any) -> int:
+    """``autopar evaluate`` of an ``autopar.pipeline/v1`` plan: every stage re-checked on its
+    stage's graph, the 1F1B iteration and each stage's memory with its micro-batches in flight."""
+    import dataclasses
+
+    from autopar.pipeline.evaluate import evaluate_pipeline, priced
+    from autopar.pipeline.plan import PipelinePlan
+
+    staged = PipelinePlan.from_json(Path(args.plan).read_text())
+    if staged.graph_hash != graph.content_hash():
+        raise PlanError(
+            "plan_graph_mismatch",
+            f"plan {args.plan!r} is for graph {staged.graph_hash[:12]}, not this one; plan this graph "
+            "with autopar plan GRAPH ...",
+        )
+    training = training_from_args(args, staged.training)  # any plan at another K
+    staged.training = training
+    for p in staged.stages:
+        p.training = dataclasses.replace(training, recomputed=p.training.recomputed)
+    ev = evaluate_pipeline(graph, staged)
+    if args.json:
+        sys.stdout.write(json.dumps({"errors": ev.errors, **ev.predicted()}) + "\n")
+    else:
+        status = "valid" if ev.valid else "INVALID"
+        sys.stdout.write(f"{args.plan}: {status} ({staged.source})\n{priced(staged, ev).summary()}\n")
+        sys.stdout.writelines(f"  error: {e}\n" for e in ev.errors[:MAX_ERRORS_SHOWN])
+    return 0 if ev.valid else 1
+
+
+# ------------------------------------------------------------------ the core's commands
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=model_names(), metavar="NAME", help="one of: %(choices)s")
+    p.add_argument("--out", required=True, help="graph JSON to write")
+    for key in ("layers", "hidden", "heads", "ffn", "vocab", "batch", "seq", "decoder-seq"):
+        p.add_argument(
+            f"--{key}", type=int, dest=key.replace("-", "_"), help="override (default: the model's)"
+        )
+
+
+def _costs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help=graph_arg_help())
+    add_mesh_args(p)
+    p.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU)")
+
+
+def _baseline_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=BASELINE_KINDS, metavar="KIND", help="one of: %(choices)s")
+    p.add_argument("graph", help=graph_arg_help())
+    add_mesh_args(p)
+    add_training_args(p, defaults_from="1; checkpointing full for megatron and inferred, else off")
+    p.add_argument(
+        "--megatron-config",
+        default=None,
+        metavar="tp=T,dp=D[,optimizer=ddp|distributed]",
+        help="megatron only: the configuration you run, priced as Megatron-LM runs it (its mesh "
+        "[dp, tp], ZeRO stage and the megatron-lm runtime replace --mesh-shape, --zero, --runtime)",
+    )
+    p.add_argument("--out", required=True, help="plan JSON to write")
+
+
+def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", help=graph_arg_help())
+    p.add_argument("plan", help="autopar.plan/v1 JSON file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--cluster-profile", metavar="FILE", help="price on this cluster profile, not the plan's")
+    add_training_args(p, defaults_from="the plan's")
+
+
+def _oneflow_command() -> Command:
+    from autopar.cli.oneflow import add_oneflow_arguments, run_oneflow_command
+
+    return Command(
+        "oneflow",
+        "OneFlow bridge: import jobs and OneFlow's own plans (run it beside OneFlow 0.9)",
+        add_oneflow_arguments,
+        run_oneflow_command,
+    )
+
+
+def core_commands() -> list[Command]:
+    """The commands of the core (numpy and pydantic only)."""
+    return [
+        Command("model", "build a training-step graph of a bundled model", _model_arguments, cmd_model),
+        Command(
+            "costs", "build the cost tables of a graph and print statistics", _costs_arguments, cmd_costs
+        ),
+        Command(
+            "baseline",
+            "write a reference plan (megatron, inferred, data-parallel, single-device)",
+            _baseline_arguments,
+            cmd_baseline,
+        ),
+        Command(
+            "evaluate",
+            "recompute a plan's step time, memory and communication",
+            _evaluate_arguments,
+            cmd_evaluate,
+        ),
+        Command(
+            "calibrate",
+            "fit a cluster profile from nccl-tests output and GEMM timings",
+            add_calibrate_arguments,
+            cmd_calibrate,
+        ),
+        _oneflow_command(),
+    ]
+
+
+def contributed_commands() -> list[Command]:
+    """The commands other packages register under the ``autopar.commands`` entry points."""
+    commands = []
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        command = ep.load()
+        if not isinstance(command, Command) or command.name != ep.name:
+            raise TypeError(f"entry point {ep.name} = {ep.value} must name an autopar Command {ep.name!r}")
+        commands.append(command)
+    return commands
+
+
+# ------------------------------------------------------------------ parser
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+    """The ``autopar`` parser and its commands by name."""
+    parser = ArgumentParser(
+        prog="autopar",
+        description="Auto-parallel planning for training graphs: N-D SBP plans under a memory budget.",
+        epilog=f"GRAPH arguments take a graph JSON file or a bundled model: {', '.join(model_names())}. "
+        "Run `autopar COMMAND --help` for a command's options and defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands: dict[str, Command] = {}
+    for command in [*core_commands(), *contributed_commands()]:
+        if command.name in commands:
+            raise ValueError(f"two packages register the command {command.name!r}")
+        help_text = command.help + (f" (needs autopar[{command.extra}])" if command.extra else "")
+        p = sub.add_parser(
+            command.name,
+            help=help_text,
+            description=command.description or help_text,
+            epilog=command.epilog,
+        )
+        command.add_arguments(p)
+        commands[command.name] = command
+    return parser, commands
+
+
+def _interrupted() -> int:
+    # end a progress line left on the terminal, then one line
+    sys.stderr.write(("\n" if sys.stderr.isatty() else "") + "autopar: interrupted\n")
+    return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser, commands = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+        command = commands[args.command]
+        if command.extra:
+            require_extra(command.name, command.extra)
+        for option in OUTPUT_OPTIONS:
+            path = getattr(args, option, None)
+            if path:
+                check_writable(path, "--" + option.replace("_", "-"))
+        return command.run(args)
+    except AutoparError as exc:
+        sys.stderr.write(f"autopar: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return _interrupted()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
