@@ -104,7 +104,7 @@ def modelled_iteration_s(row: Row, preset: str) -> tuple[float, float]:
     mesh = Mesh(cluster, config.mesh_shape)
     plan = baseline_plan("megatron", graph, mesh, config.zero_stage, runtime=config.runtime)
     plan.training = TrainingConfig(row.micro_batches, "full")
-    plan = attach_evaluation(plan, evaluate(graph, plan, group_boxing=True))
+    plan = attach_evaluation(plan, evaluate(graph, plan))
     return plan.iteration_time_s, float(plan.predicted["compute_time_s"])
 
 

@@ -20,7 +20,7 @@ row-parallel ``o`` / ``wo`` / ``dense`` ``(B, S(1))``, the rest ``B``; data ``(S
    writes the compiled job.
 4. ``report``: for each of the three plans, *predicted* = autopar's evaluation of
    the plan now, with OneFlow's grouping of boxings by destination
-   (``evaluate(..., group_boxing=True)``; OneFlow's plans read back with
+   (``evaluate(...)``; OneFlow's plans read back with
    ``import_plan``, autopar's re-scored on the graph it was solved for, not the
    prediction stored when it was solved), *counted* =
    :func:`autopar.bridges.oneflow.traffic.count_job_traffic` on the compiled job (every edge's own
@@ -239,7 +239,7 @@ def report(args: argparse.Namespace) -> list[dict[str, Any]]:
                     continue  # not built (--skip-auto-parallel)
                 graph = import_job(f"{stem}_{variant}_built.pb", zero_stage=2)
                 plan = import_plan(f"{stem}_{variant}_built.pb", graph=graph, cluster=cluster, zero_stage=2)
-                ev = evaluate(graph, plan, group_boxing=True)
+                ev = evaluate(graph, plan)
                 attach_evaluation(plan, ev)
                 compiled = Path(f"{stem}_{variant}_compiled.pb")
                 job = compiled if compiled.exists() else Path(f"{stem}_{variant}_built.pb")
@@ -248,7 +248,7 @@ def report(args: argparse.Namespace) -> list[dict[str, Any]]:
             # prediction stored when it was solved)
             graph = Graph.load(f"{stem}_graph.json")
             plan = Plan.load(f"{stem}_autopar_plan.json")
-            ev = evaluate(graph, plan, group_boxing=True)
+            ev = evaluate(graph, plan)
             attach_evaluation(plan, ev)
             pin = json.loads(Path(f"{stem}_autopar_compile.json").read_text())
             entries.append(("autopar (pinned)", plan, f"{stem}_autopar_compiled.pb", ev.valid, pin))

@@ -22,7 +22,7 @@ Per job (``OUT/{family}_zero2.pb``), as built by OneFlow's own SBP inference:
 * the same tensor-parallel bytes per runtime and ZeRO stage (:data:`HAND_COUNT_PRICINGS`,
   :func:`hand_count_table`): Megatron-LM as it runs (runtime ``megatron-lm``, which
   all-reduces a fused linear's input gradient once) at ZeRO-0 and ZeRO-2 beside OneFlow 0.9's;
-* fidelity of OneFlow's plan: predicted (``evaluate(..., group_boxing=True)`` of the plan
+* fidelity of OneFlow's plan: predicted (``evaluate(...)`` of the plan
   imported from the built job) against counted (:func:`autopar.bridges.oneflow.traffic.count_job_traffic`
   on the *compiled* job, ``{family}_zero2_compiled.pb`` / ``{family}_min1024_compiled.pb``)
   with ``lower_hop`` and with the formula of its own (``kernel_bytes_per_axis``), per mesh axis.
@@ -205,12 +205,12 @@ def measure(job: Path, family: str, compiled: Path | None = None) -> dict[str, A
 
     graph = import_job(job, zero_stage=2)
     plan = import_plan(job, graph=graph, zero_stage=2)
-    ev = evaluate(graph, plan, group_boxing=True)
+    ev = evaluate(graph, plan)
     hand_family, cfg = family_config(family)
     mesh = plan.mesh
     megatron = {
         f"{runtime}, ZeRO-{stage}": evaluate(
-            graph, baseline_plan("megatron", graph, mesh, stage, runtime=runtime), group_boxing=True
+            graph, baseline_plan("megatron", graph, mesh, stage, runtime=runtime)
         )
         for runtime, stage in HAND_COUNT_PRICINGS
     }

@@ -47,7 +47,7 @@ real OneFlow MT5 job built on 8 CPU ranks and imported, fp32) it also prints the
 ``megatron`` baseline's tensor-parallel bytes on that imported job against the
 same hand counts (a job built with ``--fused-cross-kv``: against ``hand`` only).
 Bytes are counted as OneFlow boxes them, once per tensor and
-destination layout (``evaluate(..., group_boxing=True)``; an imported job reads
+destination layout (``evaluate(...)``; an imported job reads
 one tensor from several consumers, e.g. ``rms_norm_grad`` and
 ``rms_norm_param_grad``, where the built-in graphs have one).
 
@@ -286,7 +286,7 @@ def megatron_tp_bytes(graph: Graph, mesh: Mesh, runtime: str) -> float:
     """The ``megatron`` baseline's tensor-parallel (last axis) bytes per device, ZeRO-0,
     boxed as OneFlow groups it (once per tensor and destination layout)."""
     plan = baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
-    return evaluate(graph, plan, group_boxing=True).comm_bytes_per_axis[len(mesh.shape) - 1]
+    return evaluate(graph, plan).comm_bytes_per_axis[len(mesh.shape) - 1]
 
 
 def measure_fused_kv(model: str, mesh: Mesh) -> dict[str, Any]:
@@ -311,9 +311,9 @@ def measure(model: str) -> dict[str, Any]:
     hand_graph = hand_count_tp_bytes(graph, mesh, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     rows = {}
     for runtime in RUNTIMES:  # megatron-lm: Megatron-LM as it runs
-        meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True)
-        meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime), group_boxing=True)
-        inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime), group_boxing=True)
+        meg0 = evaluate(graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime))
+        meg = evaluate(graph, baseline_plan("megatron", graph, mesh, 2, runtime=runtime))
+        inf = evaluate(graph, baseline_plan("inferred", graph, mesh, 2, runtime=runtime))
         rows[runtime] = {
             "megatron_tp_bytes_zero0": meg0.comm_bytes_per_axis[1],
             "megatron_dp_bytes_zero0": meg0.comm_bytes_per_axis[0],
@@ -373,7 +373,7 @@ def measure_imported(folder: Path) -> dict[str, Any]:
     }
     for runtime in RUNTIMES:
         plan = baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
-        ev = evaluate(graph, plan, group_boxing=True)
+        ev = evaluate(graph, plan)
         out["runtimes"][runtime] = ev.comm_bytes_per_axis[len(mesh.shape) - 1]
     return out
 
@@ -425,7 +425,7 @@ def measure_imported_gpt(job: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"ops": len(graph.ops), "hand_tp_bytes": hand, "hand_tp_bytes_graph": hand}
     out["runtimes"] = {
         runtime: evaluate(
-            graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime), group_boxing=True
+            graph, baseline_plan("megatron", graph, mesh, 0, runtime=runtime)
         ).comm_bytes_per_axis[len(mesh.shape) - 1]
         for runtime in RUNTIMES
     }

@@ -110,7 +110,7 @@ def baseline_evaluated(
     b = baselines.baseline_plan(kind, graph, mesh, zero_stage, runtime=runtime)  # by the module: patchable
     b.training = training
     attach_evaluation(
-        b, evaluate(graph, b, group_boxing=True)
+        b, evaluate(graph, b)
     )  # one boxing per (tensor, layout), as runtimes run it
     if path is not None:
         try:

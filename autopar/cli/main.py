@@ -163,7 +163,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     # the iteration the real system runs: K as asked, checkpointing as it uses it by default
     plan.training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
     # a tensor boxed to one layout for several consumers is boxed once, as the system runs it
-    attach_evaluation(plan, evaluate(graph, plan, group_boxing=True))
+    attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
     if configuration is not None:

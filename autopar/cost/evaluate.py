@@ -72,7 +72,6 @@ def evaluate(
     precision: Precision | None = None,
     check_signatures: bool = True,
     memo: PricingMemo | None = None,
-    group_boxing: bool = False,
     training: TrainingConfig | None = None,
 ) -> Evaluation:
     """Recompute validity, step and iteration time, communication and memory of ``plan`` on ``graph``.
@@ -84,14 +83,17 @@ def evaluate(
     optimizer step and checkpointing the iteration is priced for
     (:mod:`autopar.cost.iteration`): any plan can be re-evaluated at another ``K``.
 
-    ``group_boxing``: price the boxing of a producer's tensor once per distinct
-    destination N-D SBP, shared by every consumer that takes it in that layout,
-    as OneFlow does (``oneflow/core/job_rewriter/group_boxing_by_dst_parallel.cpp``:
-    one boxing per (tensor, destination placement and N-D SBP); the task graph
-    then reuses it for every consumer).  Off by default: the solver prices
-    every edge separately, and the planner's verification checks the solver's
-    arithmetic with it off; reports of OneFlow plans (``benchmarks/fidelity.py``)
-    turn it on.  Grouping never prices more than per edge.
+    The plan is priced as its runtime runs it, one rule for every plan (a solved one, a
+    baseline, an imported one): where the runtime groups fan-out
+    (:attr:`~autopar.runtimes.profile.RuntimeProfile.groups_fan_out`), a producer's tensor is
+    boxed once per distinct destination N-D SBP and every consumer that takes it in that
+    layout shares the copy (OneFlow's ``group_boxing_by_dst_parallel.cpp``: one boxing per
+    tensor and destination placement and N-D SBP); where it fuses sibling linears
+    (:attr:`~autopar.runtimes.profile.RuntimeProfile.fuses_sibling_linears`), their input
+    gradients are reduced once.  The shared boxings are kept apart
+    (``Evaluation.shared_edges``) and the iteration with every consumer's boxing priced on its
+    own is ``Evaluation.per_edge_iteration_time_s``: the solver's objective, which the
+    planner's verification checks (grouping never prices more than that).
     """
     pricing = _Pricing(
         graph,
@@ -102,7 +104,7 @@ def evaluate(
         training or plan.training,
     )
     _price_ops(pricing, check_signatures)
-    _price_edges(pricing, group_boxing)
+    _price_edges(pricing)
     memory = _price_memory(pricing, precision)
     return _summarise(pricing, memory)
 
@@ -120,6 +122,8 @@ class _Pricing:
     errors: list[str] = field(default_factory=list)
     ops: list[OpCost] = field(default_factory=list)
     edges: list[EdgeCost] = field(default_factory=list)
+    shared: list[EdgeCost] = field(default_factory=list)
+    """Boxings the runtime shares with an earlier consumer (not in the totals)."""
     copies: list[tuple[int, float]] = field(default_factory=list)
     tensor_sbp: dict[str, NdSbp] = field(default_factory=dict)
     backward_s: float = 0.0
@@ -208,15 +212,17 @@ def _gather_cost(graph: Graph, op: Op, gather: BoxingPlan, runs: tuple[int, int]
     )
 
 
-def _price_edges(p: _Pricing, group_boxing: bool) -> None:
+def _price_edges(p: _Pricing) -> None:
     """Edge pricing: every producer -> consumer port whose layouts differ, priced by
-    :func:`autopar.cost.edges.edge_time`, with the boxed copy each consumer receives."""
+    :func:`autopar.cost.edges.edge_time`, with the boxed copy each consumer receives; a boxing
+    the runtime shares with an earlier consumer is recorded in ``p.shared`` (see
+    :func:`evaluate`)."""
     graph, plan, mesh = p.graph, p.plan, p.plan.mesh
     assert p.counts is not None
     order_pos = {op.name: i for i, op in enumerate(graph.topological_order)}
     gradients = weight_gradient_path(graph)
     boxed: set[tuple[str, NdSbp]] = set()
-    linear_of = _fused_linear_parts(p) if group_boxing else {}
+    linear_of = _fused_linear_parts(p)
     reduced: set[tuple[str, int, NdSbp, NdSbp]] = set()
     for op in graph.ops:
         sig = plan.signatures.get(op.name)
@@ -237,48 +243,56 @@ def _price_edges(p: _Pricing, group_boxing: bool) -> None:
                 )
                 continue
             spec = graph.tensors[tensor]
-            copy = (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape, spec.shape))
-            if group_boxing:
-                if (tensor, dst) in boxed:
-                    p.copies.append(copy)  # the boxed copy is shared with an earlier consumer
-                    continue
-                boxed.add((tensor, dst))
-                linear = linear_of.get(graph.producer[tensor][0]) if op.type in FUSED_GRADIENT_SUMS else None
-                if linear is not None:
-                    if (op.name, linear, src, dst) in reduced:
-                        p.copies.append(copy)  # reduced with its linear's other parts
-                        continue
-                    reduced.add((op.name, linear, src, dst))
-            t_edge, bp = edge_time(spec, src, dst, mesh, kind, p.runtime)
-            if bp is None or not math.isfinite(t_edge):
-                p.errors.append(
-                    f"edge {graph.producer[tensor][0]!r} -> {op.name!r} port {port!r}: "
-                    f"cannot box {src} into {dst} for shape {list(spec.shape)}"
-                )
-                continue
-            p.copies.append(copy)
-            gradient = kind is EdgeKind.GRADIENT
-            runs = p.counts.edge(graph.producer[tensor][0], op.name, gradient)
-            # the plan's steps carry the unbucketed time; a bucketed gradient edge
-            # spreads its saving over its steps in proportion
-            scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
-            p.edges.append(
-                EdgeCost(
-                    graph.producer[tensor][0],
-                    op.name,
-                    port,
-                    tensor,
-                    tuple(spec.shape),
-                    spec.dtype,
-                    src,
-                    dst,
-                    tuple(dataclasses.replace(step, time_s=step.time_s * scale) for step in bp.steps),
-                    t_edge,
-                    gradient=gradient,
-                    per_micro_batch=runs[0],
-                    per_step=runs[1],
-                )
+            p.copies.append(
+                (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape, spec.shape))
             )
+            shared = p.runtime.groups_fan_out and (tensor, dst) in boxed
+            boxed.add((tensor, dst))
+            linear = linear_of.get(graph.producer[tensor][0]) if op.type in FUSED_GRADIENT_SUMS else None
+            if linear is not None and not shared:
+                shared = (op.name, linear, src, dst) in reduced  # reduced with its linear's other parts
+                reduced.add((op.name, linear, src, dst))
+            record = _edge_cost(p, op, port, tensor, src, dst, kind)
+            if record is not None:
+                (p.shared if shared else p.edges).append(record)
+
+
+def _edge_cost(
+    p: _Pricing, op: Op, port: str, tensor: str, src: NdSbp, dst: NdSbp, kind: EdgeKind
+) -> EdgeCost | None:
+    """The record of one boxed edge into ``op``'s ``port``; None (with the error recorded) when
+    ``src`` cannot be boxed into ``dst``."""
+    graph, mesh = p.graph, p.plan.mesh
+    assert p.counts is not None
+    spec = graph.tensors[tensor]
+    producer = graph.producer[tensor][0]
+    t_edge, bp = edge_time(spec, src, dst, mesh, kind, p.runtime)
+    if bp is None or not math.isfinite(t_edge):
+        p.errors.append(
+            f"edge {producer!r} -> {op.name!r} port {port!r}: "
+            f"cannot box {src} into {dst} for shape {list(spec.shape)}"
+        )
+        return None
+    gradient = kind is EdgeKind.GRADIENT
+    runs = p.counts.edge(producer, op.name, gradient)
+    # the plan's steps carry the unbucketed time; a bucketed gradient edge
+    # spreads its saving over its steps in proportion
+    scale = t_edge / bp.time_s if bp.time_s > 0 else 0.0
+    return EdgeCost(
+        producer,
+        op.name,
+        port,
+        tensor,
+        tuple(spec.shape),
+        spec.dtype,
+        src,
+        dst,
+        tuple(dataclasses.replace(step, time_s=step.time_s * scale) for step in bp.steps),
+        t_edge,
+        gradient=gradient,
+        per_micro_batch=runs[0],
+        per_step=runs[1],
+    )
 
 
 FUSED_GRADIENT_SUMS = frozenset({"add_n", "add"})
@@ -371,6 +385,8 @@ def _summarise(p: _Pricing, memory: _Memory) -> Evaluation:
     micro = sum(r.cost_s * r.per_micro_batch for r in records)
     once = sum(r.cost_s * r.per_step for r in records)
     iteration = serial if p.training.is_default else k * micro + once
+    shared = sum(e.cost_s * (e.per_micro_batch * k + e.per_step) for e in p.shared)
+    shared_step = sum(e.cost_s for e in p.shared)
     # bucketed gradient reduction hides behind the backward of the micro-batch it follows:
     # the last one when it runs once per step, each one when it runs every micro-batch
     reductions = k if p.counts is not None and p.counts.gradient_per_micro_batch else 1
@@ -402,6 +418,8 @@ def _summarise(p: _Pricing, memory: _Memory) -> Evaluation:
         once_per_step_time_s=once,
         recompute_time_s=sum(r.cost_s for r in records if r.per_micro_batch > 1) * k,
         accumulation_bytes=memory.accumulation_bytes,
+        shared_edges=p.shared,
+        per_edge_iteration_time_s=(serial + shared_step) if p.training.is_default else iteration + shared,
     )
 
 

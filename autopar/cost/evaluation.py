@@ -155,6 +155,12 @@ class Evaluation:
     """Seconds per step of recomputed forward compute and boxing (included above)."""
     accumulation_bytes: float = 0.0
     """Bytes per device of gradient-accumulation buffers (included in ``memory.grads``)."""
+    shared_edges: list[EdgeCost] = field(default_factory=list)
+    """Boxings the runtime shares with an earlier consumer of the same tensor in the same
+    layout, or reduces with their fused linear's other parts: priced, not in the totals."""
+    per_edge_iteration_time_s: float = math.nan
+    """The iteration with every consumer's boxing priced on its own (``iteration_time_s`` plus
+    what ``shared_edges`` would cost): the solver's objective, at least ``iteration_time_s``."""
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -190,6 +196,8 @@ class Evaluation:
             "once_per_step_time_s": self.once_per_step_time_s,
             "recompute_time_s": self.recompute_time_s,
             "accumulation_bytes": self.accumulation_bytes,
+            "per_edge_iteration_time_s": self.per_edge_iteration_time_s,
+            "shared_boxings": len(self.shared_edges),
             "boxed_edges": self.boxed_edges,
             "fallback_ops": self.fallback_ops,
             "fallback_op_types": self.fallback_op_types,

@@ -297,7 +297,6 @@ def evaluate_pipeline(
     graph: Graph,
     plan: PipelinePlan,
     *,
-    group_boxing: bool = False,
     slices: list[StageSlice] | None = None,
 ) -> PipelineEvaluation:
     """Re-check ``plan`` on ``graph``: split the graph as the plan says, evaluate every stage's
@@ -317,7 +316,7 @@ def evaluate_pipeline(
     for sl, sp in zip(slices, plan.stages):
         if sp.graph_hash != sl.graph.content_hash():
             errors.append(f"stage {sl.index}: its plan is for another graph than the split gives")
-        ev = evaluate(sl.graph, sp, group_boxing=group_boxing, training=sp.training)
+        ev = evaluate(sl.graph, sp, training=sp.training)
         errors.extend(f"stage {sl.index}: {e}" for e in ev.errors)
         stash = stash_bytes(sl.graph, sp)
         extra = _copy_extra_bytes(graph, sl, sp)

@@ -127,13 +127,19 @@ class RuntimeProfile:
     """Data-parallel gradient reduction overlaps the backward pass."""
     zero_sharding: ZeroSharding = ZeroSharding.ALL_AXES
     """Mesh axes ZeRO shards a replicated parameter's gradient and states over."""
+    groups_fan_out: bool = True
+    """The framework boxes a tensor once per destination layout, for every consumer that takes
+    it in that layout (OneFlow 0.9: ``oneflow/core/job_rewriter/group_boxing_by_dst_parallel.cpp``,
+    one boxing per tensor and destination placement and N-D SBP; Megatron-LM: one explicit
+    collective per tensor its layers need, e.g. one all-gather before the fused QKV GEMM;
+    ideal collectives likewise).  :func:`autopar.cost.evaluate.evaluate` prices a plan so."""
     fuses_sibling_linears: bool = False
     """The framework runs the column-parallel linears that read one activation as one GEMM
     (Megatron-LM's ``query_key_value``, a cross-attention's ``key_value``, the gated
     ``dense_h_to_4h``): a graph's separate ``k`` and ``v`` input gradients are one tensor
     there, all-reduced once (``copy_to_tensor_model_parallel_region``,
-    megatron/core/tensor_parallel/mappings.py).  :func:`autopar.cost.evaluate.evaluate` with
-    ``group_boxing`` prices their reductions into one sum once."""
+    megatron/core/tensor_parallel/mappings.py).  :func:`autopar.cost.evaluate.evaluate` prices
+    their reductions into one sum once."""
     source: str = ""
 
     def __post_init__(self) -> None:

@@ -2,8 +2,11 @@
 
 Every plan the planner returns, solved, recalled from the solve memo or lifted onto the
 requested mesh, passes :func:`verify`: the independent evaluator
-(:func:`autopar.cost.evaluate.evaluate`) accepts it, its step time equals the objective, and
-its memory fits the budget; else :class:`~autopar.errors.VerificationError`.
+(:func:`autopar.cost.evaluate.evaluate`) accepts it, its iteration with every consumer's
+boxing priced on its own equals the objective (the solver prices each edge; the runtime may
+share a tensor's boxing between consumers, which only lowers the plan's price: the plan
+reports the runtime's), and its memory fits the budget; else
+:class:`~autopar.errors.VerificationError`.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None) ->
             f"the evaluator rejected the solver's plan: {ev.errors[:3]}",
             errors=ev.errors[:20],
         )
-    # the objective is the iteration (K x micro-batch + once per step; the step at K = 1)
-    if not math.isclose(ev.iteration_time_s, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
+    # the objective is the iteration (K x micro-batch + once per step; the step at K = 1) with
+    # every edge priced on its own
+    per_edge = ev.per_edge_iteration_time_s
+    if not math.isclose(per_edge, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
         raise VerificationError(
             "cost_mismatch",
-            f"evaluator iteration {ev.iteration_time_s!r} s != solver objective {solution.objective!r} s",
+            f"evaluator iteration (every edge on its own) {per_edge!r} s != solver objective "
+            f"{solution.objective!r} s",
         )
     if budget is not None and ev.memory.total > budget:
         raise VerificationError(

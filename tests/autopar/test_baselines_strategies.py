@@ -61,7 +61,7 @@ def test_megatron_lm_reduces_gradients_and_gathers_parameters_once_per_step(stag
 
     g = build("gpt2-medium", layers=2, hidden=256, heads=4, vocab=4096, seq=64, max_position=max_position)
     plan = baseline_plan("megatron", g, MESH, stage, runtime="megatron-lm")
-    ev = evaluate(g, plan, group_boxing=True, training=TrainingConfig(8, "full"))
+    ev = evaluate(g, plan, training=TrainingConfig(8, "full"))
     on_dp = [e for e in ev.edges if any(s.axis == 0 for s in e.steps) and (e.gradient or e.zero_gather)]
     assert on_dp and all((e.per_micro_batch, e.per_step) == (0, 1) for e in on_dp)
     got = sum(s.bytes_per_device for e in on_dp for s in e.steps if s.axis == 0)

@@ -258,7 +258,7 @@ def test_megatron_reduces_each_weight_gradient_once_over_the_data_parallel_axis(
     g = build(model, **small)
     hand = hand_count_dp_bytes(g, MESH)
     for runtime in ("ideal", "oneflow-0.9"):
-        ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime=runtime), group_boxing=True)
+        ev = evaluate(g, baseline_plan("megatron", g, MESH, 0, runtime=runtime))
         # the gradients' reductions (T5 also boxes an activation on axis 0: its position
         # bias's gradient, before the batch is summed)
         grads = [e for e in ev.edges if e.gradient and any(s.axis == 0 for s in e.steps)]
@@ -302,8 +302,8 @@ def test_megatron_t5_all_reduces_each_linears_input_gradient_and_splits_the_posi
         mlp = f"decoder.layers.{i}.mlp"
         assert fused[f"{mlp}.wi_0.weight"] == fused[f"{mlp}.wi_1.weight"]
     plan = baseline_plan("megatron", g, MESH, 0, runtime="megatron-lm")
-    megatron_lm = evaluate(g, plan, group_boxing=True).comm_bytes_per_axis[1]
-    oneflow = evaluate(g, _with_runtime(plan, "oneflow-0.9"), group_boxing=True).comm_bytes_per_axis[1]
+    megatron_lm = evaluate(g, plan).comm_bytes_per_axis[1]
+    oneflow = evaluate(g, _with_runtime(plan, "oneflow-0.9")).comm_bytes_per_axis[1]
     hand = hand_count_tp_bytes(g, MESH)
     per_linear = hand_count_tp_bytes(g, MESH, cross_kv_linears=SEPARATE_CROSS_KV_LINEARS)
     assert megatron_lm == pytest.approx(hand, rel=MEGATRON_HAND_TOLERANCE)
@@ -320,10 +320,10 @@ def test_a_runtime_that_fuses_sibling_linears_reduces_their_parts_once_per_sum(
     nothing else changes: one edge per layer fewer, and exactly that edge's bytes."""
     g = build("mt5-base", **SMALL_MT5)
     plan = baseline_plan("megatron", g, MESH, 0, runtime="megatron-lm")
-    fused = evaluate(g, plan, group_boxing=True)
+    fused = evaluate(g, plan)
     unfused_profile = dataclasses.replace(RUNTIMES["megatron-lm"], fuses_sibling_linears=False)
     monkeypatch.setitem(RUNTIMES, "megatron-lm", unfused_profile)
-    unfused = evaluate(g, plan, group_boxing=True)
+    unfused = evaluate(g, plan)
 
     def into_encoder_output(ev):
         return [
@@ -612,7 +612,7 @@ def test_megatron_lm_tensor_parallel_bytes_are_the_hand_count(model: str, stage:
     from benchmarks.model_truth import hand_count_tp_bytes
 
     g = build(model, **(SMALL_MT5 if model == "mt5-base" else SMALL_DECODER))
-    ev = evaluate(g, baseline_plan("megatron", g, MESH, stage, runtime="megatron-lm"), group_boxing=True)
+    ev = evaluate(g, baseline_plan("megatron", g, MESH, stage, runtime="megatron-lm"))
     hand = hand_count_tp_bytes(g, MESH)
     assert ev.comm_bytes_per_axis[1] == pytest.approx(hand, rel=MEGATRON_HAND_TOLERANCE)
 

@@ -64,7 +64,7 @@ def test_unsharded_variable_update_is_one_the_rules_offer_and_pays_the_gather():
         for op in g.ops
     }
     plan = Plan.from_assignment(g, MESH, 2, sigs, source="test", runtime="oneflow-0.9")
-    ev = evaluate(g, plan, group_boxing=True)
+    ev = evaluate(g, plan)
     assert ev.valid, ev.errors
     (grad,) = [e for e in ev.edges if e.consumer == "l0.w1_adam" and e.port == "model_diff_0"]
     assert grad.dst == BB

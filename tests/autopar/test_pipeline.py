@@ -98,7 +98,7 @@ def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
     config = parse_config("megatron", "tp=2,dp=2,pp=2", cluster)
     k = 4
     plan = pipeline_baseline(graph, cluster, config, TrainingConfig(k, "full"))
-    ev = evaluate_pipeline(graph, plan, group_boxing=True)
+    ev = evaluate_pipeline(graph, plan)
     assert ev.errors == []
     t = [s.evaluation.micro_batch_time_s for s in ev.stages]
     u = [s.evaluation.once_per_step_time_s + s.once_comm_s for s in ev.stages]
@@ -116,7 +116,7 @@ def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
     assert ev.stages[1].receive_time_s == pytest.approx(receive, rel=1e-9)
     # the JSON form round-trips and re-checks to the same iteration
     again = PipelinePlan.from_dict(plan.to_dict())
-    assert evaluate_pipeline(graph, again, group_boxing=True).iteration_time_s == pytest.approx(
+    assert evaluate_pipeline(graph, again).iteration_time_s == pytest.approx(
         ev.iteration_time_s
     )
     assert math.isclose(plan.iteration_time_s, ev.iteration_time_s)

@@ -69,7 +69,7 @@ def test_zero2_gather_bytes_are_half_precision_parameters(runtime: str) -> None:
     all-gathered once per step, ``7/8 x Psi x 2`` bytes per device in all."""
     g = build("tiny-gpt", dtype="bfloat16")
     psi = sum(math.prod(g.tensors[v.tensor].shape) for v in g.variables)
-    ev = evaluate(g, baseline_plan("data-parallel", g, MESH_8, 2, runtime=runtime), group_boxing=True)
+    ev = evaluate(g, baseline_plan("data-parallel", g, MESH_8, 2, runtime=runtime))
     gathers = [e for e in ev.edges if e.zero_gather]
     assert {e.dtype for e in gathers} == {"bfloat16"}
     moved = sum(s.bytes_per_device for e in gathers for s in e.steps)

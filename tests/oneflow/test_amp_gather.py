@@ -76,7 +76,7 @@ def test_gathers_are_fp16_and_reductions_fp16_at_k1_fp32_after_accumulation(
     assert len(optimizers) == 2
     assert {zero_gather_dtype(graph, op) for op in optimizers} == {"float16"}
     plan = replace(import_plan(jobs[k], graph=graph, zero_stage=2), training=TrainingConfig(k, "off"))
-    ev = evaluate(graph, plan, group_boxing=True)
+    ev = evaluate(graph, plan)
     gathers = [e for e in ev.edges if not e.gradient and e.src != e.dst]
     reductions = [e for e in ev.edges if e.gradient]
     assert len(gathers) == 2 and {e.dtype for e in gathers} == {"float16"}

@@ -82,7 +82,7 @@ def test_predicted_bytes_of_oneflows_plan_are_the_compiled_jobs_count(heldout_jo
 
     built = heldout_jobs / f"{name}_min1024.pb"
     graph = import_job(built, zero_stage=2)
-    ev = evaluate(graph, import_plan(built, graph=graph, zero_stage=2), group_boxing=True)
+    ev = evaluate(graph, import_plan(built, graph=graph, zero_stage=2))
     counted = count_job_traffic(heldout_jobs / f"{name}_min1024_compiled.pb")
     assert counted.compiled and counted.middle_nodes > 0
     for axis in (0, 1):
@@ -148,7 +148,7 @@ def _megatron_against_hand_counts(job: Path, name: str) -> tuple[float, float, f
 
     graph = import_job(job, zero_stage=2)
     mesh = import_plan(job, graph=graph, zero_stage=2).mesh
-    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, 0))
     assert ev.valid, ev.errors[:3]
     family, cfg = family_config(name)
     tp, dp = ev.comm_bytes_per_axis[1], ev.comm_bytes_per_axis[0]

@@ -42,7 +42,7 @@ def _megatron(job: Path) -> tuple[Any, Any]:
 
     graph = import_job(job, zero_stage=2)
     mesh = import_plan(job, graph=graph, zero_stage=2).mesh
-    return graph, evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    return graph, evaluate(graph, baseline_plan("megatron", graph, mesh, 0))
 
 
 @pytest.mark.parametrize("family", ["llama", "bert"])
@@ -105,7 +105,7 @@ def test_megatron_lm_tensor_parallel_bytes_within_2_percent_of_the_hand_count(
     graph = import_job(job, zero_stage=2)
     mesh = import_plan(job, graph=graph, zero_stage=2).mesh
     ev = evaluate(
-        graph, baseline_plan("megatron", graph, mesh, stage, runtime="megatron-lm"), group_boxing=True
+        graph, baseline_plan("megatron", graph, mesh, stage, runtime="megatron-lm")
     )
     hand_family, cfg = family_config(family)
     assert ev.valid, ev.errors[:3]
@@ -122,7 +122,7 @@ def test_oneflows_own_plan_imports_valid(heldout_jobs: Path, family: str) -> Non
 
     job = heldout_jobs / f"{family}_zero2.pb"
     graph = import_job(job, zero_stage=2)
-    ev = evaluate(graph, import_plan(job, graph=graph, zero_stage=2), group_boxing=True)
+    ev = evaluate(graph, import_plan(job, graph=graph, zero_stage=2))
     assert ev.errors == []
 
 

@@ -29,7 +29,7 @@ NEAR = 0.01
 
 
 def _megatron_tp_bytes(graph, mesh: Mesh = MESH) -> float:
-    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, 0), group_boxing=True)
+    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, 0))
     return ev.comm_bytes_per_axis[len(mesh.shape) - 1]
 
 
@@ -65,7 +65,7 @@ def test_megatron_lm_on_an_imported_mt5_job_moves_the_hand_count(mesh_jobs, stag
     out, _ = mesh_jobs
     graph = import_job(out / "mt5-tiny_zero2.pb", zero_stage=2)
     plan = baseline_plan("megatron", graph, MESH, stage, runtime="megatron-lm")
-    got = evaluate(graph, plan, group_boxing=True).comm_bytes_per_axis[1]
+    got = evaluate(graph, plan).comm_bytes_per_axis[1]
     assert got == pytest.approx(hand_count("t5", MT5_TINY, MESH), rel=0.02)
 
 

@@ -71,6 +71,6 @@ def test_the_probe_jobs_own_plan_imports_valid(probe: Path) -> None:
 
     graph = import_job(probe, zero_stage=2)
     plan = import_plan(probe, graph=graph, zero_stage=2)
-    assert evaluate(graph, plan, group_boxing=True).errors == []
+    assert evaluate(graph, plan).errors == []
     for name, (_, _, layout, _) in USES.items():
         assert str(plan.signatures[f"m.{name}"].outputs[0]) == layout, name

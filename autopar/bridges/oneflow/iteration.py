@@ -331,7 +331,7 @@ def predicted_phases(
     phase (:data:`autopar.bridges.oneflow.traffic.PHASES`), for ``K = micro_batches``.
 
     From :func:`autopar.cost.evaluate.evaluate` at ``K`` with ``recomputed`` as the recomputed
-    blocks and OneFlow's grouping of boxings (``group_boxing``): an edge (or ZeRO gather)
+    blocks, priced as OneFlow runs it (one boxing per tensor and destination layout): an edge (or ZeRO gather)
     that runs every micro-batch adds its bytes to ``per_micro_batch``, and again to
     ``recompute`` when it runs twice per micro-batch (the iteration model's rule,
     :meth:`autopar.cost.iteration.RunCounts.edge`: an edge whose producer and consumer are both
@@ -343,7 +343,7 @@ def predicted_phases(
     from autopar.cost.evaluate import evaluate
 
     training = TrainingConfig(micro_batches, "auto", tuple(recomputed))
-    ev = evaluate(graph, plan, group_boxing=True, training=training)
+    ev = evaluate(graph, plan, training=training)
     phases = ("per_micro_batch", "recompute", "once_per_step")
     out: dict[str, dict[int, float]] = {ph: dict.fromkeys(range(plan.mesh.ndim), 0.0) for ph in phases}
     for e in ev.edges:
