@@ -81,7 +81,7 @@ ROWS = {
 
 def modelled_iteration_s(row: Row, preset: str) -> tuple[float, float]:
     """(iteration seconds, compute seconds of one micro-batch step) of autopar's megatron baseline."""
-    from autopar.baselines.configs import parse_config
+    from autopar.baselines.megatron.configs import megatron_config
     from autopar.baselines.plans import baseline_plan
     from autopar.cost.evaluate import attach_evaluation, evaluate
     from autopar.hardware.cluster import Cluster
@@ -100,7 +100,7 @@ def modelled_iteration_s(row: Row, preset: str) -> tuple[float, float]:
         batch=row.micro_batch * row.dp,
     )
     cluster = Cluster.parse(f"{row.gpus // DEVICES_PER_NODE}x{DEVICES_PER_NODE}", preset)
-    config = parse_config("megatron", f"tp={row.tp},dp={row.dp},optimizer=ddp", cluster)
+    config = megatron_config(f"tp={row.tp},dp={row.dp},optimizer=ddp", cluster)
     mesh = Mesh(cluster, config.mesh_shape)
     plan = baseline_plan("megatron", graph, mesh, config.zero_stage, runtime=config.runtime)
     plan.training = TrainingConfig(row.micro_batches, "full")

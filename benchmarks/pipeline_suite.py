@@ -121,27 +121,21 @@ def _autopar(bin_dir: Path, graph: Path, row: Row, limit: float, out: Path, extr
 
 
 def _megatron(graph_path: Path, row: Row) -> dict:
-    from autopar.baselines.configs import best_config, candidate_configs
-    from autopar.baselines.pricing import price_baseline_config
+    from autopar.baselines.search import search_baseline
     from autopar.hardware.cluster import Cluster
     from autopar.ir.graph import Graph
-    from autopar.ir.structure import batch_size
     from autopar.ir.training import TrainingConfig
-    from autopar.pipeline.split import ordered_blocks
 
     graph = Graph.load(str(graph_path))
     cluster = Cluster.parse(row.cluster, "a100-80g")
     budget = cluster.device.memory_bytes
     training = TrainingConfig(row.micro_batches, "full")
-    configs = candidate_configs(
-        "megatron", cluster, 2, "oneflow-0.9", batch_size(graph), len(ordered_blocks(graph))
-    )
-    chosen, priced = best_config(
-        configs, lambda c: price_baseline_config(graph, cluster, c, training), budget
+    chosen, priced = search_baseline(
+        "megatron", graph, cluster, training, budget, zero_stage=2, runtime="oneflow-0.9"
     )
     assert chosen.plan is not None
     return {
-        "iteration_s": chosen.plan.iteration_time_s,
+        "iteration_s": chosen.plan.achieved_iteration_time_s,
         "config": chosen.config.describe(),
         "fits": chosen.fits(budget),
         "tried": len(priced),

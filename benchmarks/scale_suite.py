@@ -78,8 +78,7 @@ def _autopar(bin_dir: Path, graph: Path, cluster: str, limit: float, out: Path) 
 
 
 def _baselines(graph_path: Path, cluster_text: str) -> dict[str, dict]:
-    from autopar.baselines.configs import best_config, candidate_configs
-    from autopar.baselines.pricing import price_baseline_config
+    from autopar.baselines.search import search_baseline
     from autopar.hardware.cluster import Cluster
     from autopar.ir.graph import Graph
     from autopar.ir.training import TrainingConfig
@@ -90,12 +89,14 @@ def _baselines(graph_path: Path, cluster_text: str) -> dict[str, dict]:
     training = TrainingConfig(GLOBAL_BATCH // MICRO_BATCH, "auto")  # each system its own checkpointing
     out = {}
     for kind in ("megatron", "data-parallel"):
-        # no batch or blocks: every tensor-parallel degree, one mesh (no pipeline)
-        configs = candidate_configs(kind, cluster, 2, "oneflow-0.9")
-        chosen, _ = best_config(configs, lambda c: price_baseline_config(graph, cluster, c, training), budget)
+        # megatron: every configuration of Megatron-LM (pipelines too), each at the least
+        # recomputation that fits
+        chosen, _ = search_baseline(
+            kind, graph, cluster, training, budget, zero_stage=2, runtime="oneflow-0.9"
+        )
         assert chosen.plan is not None
         out[kind] = {
-            "iteration_ms": chosen.plan.iteration_time_s * 1e3,
+            "iteration_ms": chosen.plan.achieved_iteration_time_s * 1e3,
             "config": chosen.config.describe(),
             "fits": chosen.fits(budget),
             "memory_gib": chosen.plan.memory_per_device_bytes / 2**30,

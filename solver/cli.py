@@ -183,16 +183,12 @@ def compared_rows(
     report: Callable[[str], None] | None = None,
 ) -> list[tuple[str, Plan | PipelinePlan]]:
     """``autopar`` and each baseline at its own best configuration
-    (:mod:`autopar.baselines.configs`; ``--megatron-config`` prices the one the user runs),
+    (:mod:`autopar.baselines.search`; ``--megatron-config`` fixes the keys the user names),
     each plan carrying its configuration and the others tried in
     ``diagnostics["baseline_configuration"]``.  After the plan: outside its time limit."""
-    from autopar.baselines.configs import best_config, candidate_configs, parse_config
-    from autopar.baselines.pricing import price_baseline_config
-    from autopar.ir.structure import batch_size
-    from autopar.pipeline.split import ordered_blocks
+    from autopar.baselines.search import search_baseline
 
     rows: list[tuple[str, Plan | PipelinePlan]] = [("autopar", result)]
-    batch, blocks = batch_size(graph), len(ordered_blocks(graph))
     for kind in BASELINES:
         if report is not None:
             report(kind)
@@ -209,13 +205,16 @@ def compared_rows(
             )
             continue
         named = getattr(args, "megatron_config", None) if kind == "megatron" else None
-        configs = (
-            [parse_config(kind, named, cluster)]
-            if named
-            else candidate_configs(kind, cluster, args.zero, args.runtime, batch, blocks)
-        )
-        chosen, priced = best_config(
-            configs, lambda c: price_baseline_config(graph, cluster, c, training, _cache_dir()), budget
+        chosen, priced = search_baseline(
+            kind,
+            graph,
+            cluster,
+            training,
+            budget,
+            zero_stage=args.zero,
+            runtime=args.runtime,
+            named=named,
+            cache=_cache_dir(),
         )
         assert chosen.plan is not None
         chosen.plan.diagnostics["baseline_configuration"] = {
@@ -355,8 +354,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--megatron-config",
         default=None,
-        metavar="tp=T,dp=D[,optimizer=ddp|distributed]",
-        help="with --compare: price megatron at the configuration you run, not at its best",
+        metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective|full|full:N,optimizer=ddp|distributed",
+        help="with --compare: price megatron at the configuration you run (any subset of these keys; "
+        "the ones left out are searched), not at its best",
     )
     p.add_argument(
         "--stages",

@@ -5,28 +5,27 @@ configuration its users would choose, never on the mesh autopar happened to choo
 (a ``[4, 64]`` mesh gives Megatron 64-way tensor parallelism across 8 nodes, which no
 Megatron-LM user runs)::
 
-    candidate_configs(kind, cluster, ...)      each configuration that system's users pick
-          │  price(config) -> Plan             the caller builds and evaluates it (cached)
+    candidate configurations                   each configuration that system's users pick
+          │  price(config) -> Plan             built and evaluated (:mod:`autopar.baselines.pricing`)
           v
     best_config(...)                           the fastest that fits the budget
+                                               (:mod:`autopar.baselines.search` walks the space)
 
-* ``megatron`` -- Megatron-LM's "PTD-P" rules (Narayanan et al. 2021, section 3.3 and
-  Takeaway #1): tensor-parallel degree ``t`` inside a node (``t`` divides the devices per
-  node), pipeline-parallel degree ``p`` across nodes (``p`` divides the nodes and the
-  number of blocks: Megatron-LM gives every stage the same number of layers), data-parallel
-  ``d = N / (t p)`` for the rest, dividing the batch;
-  every block recomputed (``--recompute-activations``); gradients reduced and parameters
-  gathered once per optimizer step, by DDP (ZeRO-0) or the distributed optimizer
-  (``--use-distributed-optimizer``, ZeRO-1); priced under the ``megatron-lm`` runtime
-  (:mod:`autopar.runtimes.profile`).  The mesh is ``[d, t]`` (``[N]`` when ``t = 1``).
+* ``megatron`` -- Megatron-LM (Megatron-Core) as its users run it today:
+  :mod:`autopar.baselines.megatron.configs` (``tp``, ``pp``, ``dp``, ``vpp``, ``sp``,
+  recomputation, DDP or the distributed optimizer, overlapped reduction and gather), priced
+  under the ``megatron-lm`` runtime (:mod:`autopar.runtimes.megatron_lm`).  The mesh is
+  ``[d, t]`` (``[N]`` when ``t = 1``), one stage's under a pipeline.
 * ``data-parallel`` -- ZeRO over every device: the 1-D mesh ``[N]``, the request's ZeRO
   stage and runtime.
 * ``inferred`` -- LiBai's ``dp x mp`` with OneFlow 0.9's SBP inference: ``[N / t, t]`` for
   ``t`` in 2..devices per node and ``[N]``, the request's ZeRO stage and runtime (LiBai runs
-  on OneFlow), every block recomputed (the seed's ``actrue``).
+  on OneFlow), with or without recomputing every block (LiBai's ``activation_checkpoint``,
+  the seed's ``actrue``).
 * ``single-device`` -- one configuration: every op replicated, on the request's mesh.
 
-A user names the configuration they run with :func:`parse_config` (``tp=8,dp=32``).
+Plans and baselines are compared by the iteration as their runtime runs it
+(``achieved_iteration_time_s``: less the communication the runtime hides).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ __all__ = [
     "PricedConfig",
     "best_config",
     "candidate_configs",
-    "parse_config",
+    "pick_best",
 ]
 
 MEGATRON_RUNTIME = "megatron-lm"
@@ -56,12 +55,12 @@ MEGATRON_RUNTIME = "megatron-lm"
 MEGATRON_OPTIMIZERS = {0: "DDP", 1: "distributed optimizer"}
 """ZeRO stage -> Megatron-LM's name for it: plain DDP, or ``--use-distributed-optimizer``
 (optimizer states sharded over the data-parallel group, ZeRO-1)."""
-_OPTIMIZER_NAMES = {"ddp": 0, "distributed": 1, "distributed-optimizer": 1}
 
 
 @dataclass(frozen=True)
 class BaselineConfig:
-    """One configuration of a reference system: its mesh, ZeRO stage and runtime profile."""
+    """One configuration of a reference system: its mesh, ZeRO stage and runtime profile, and
+    for Megatron-LM its pipeline, interleaving, sequence parallelism and recomputation."""
 
     kind: str
     mesh_shape: tuple[int, ...]
@@ -70,6 +69,17 @@ class BaselineConfig:
     pipeline: int = 1
     """Pipeline stages (Megatron-LM's ``--pipeline-model-parallel-size``); ``mesh_shape`` is
     then one stage's mesh."""
+    virtual_stages: int = 1
+    """Model chunks per device under interleaved 1F1B (``--num-layers-per-virtual-pipeline-stage``
+    giving ``L / (pp vpp)`` layers per chunk); 1: plain 1F1B."""
+    sequence_parallel: bool = False
+    """Megatron-LM's ``--sequence-parallel`` (tensor-parallel degree above 1 only)."""
+    recompute: str = ""
+    """Activation recomputation as the system's users name it: ``none``, ``selective``
+    (``--recompute-activations``), ``full`` (``--recompute-granularity full
+    --recompute-method uniform``), ``full:N`` (``--recompute-method block
+    --recompute-num-layers N``: the first N layers of each stage's chunk); empty: the
+    request's checkpointing."""
 
     @property
     def tensor_parallel(self) -> int:
@@ -85,11 +95,20 @@ class BaselineConfig:
         return math.prod(self.mesh_shape) * self.pipeline
 
     def describe(self) -> str:
-        """The configuration in its users' words: ``tp=8, dp=32, pp=1, DDP`` for Megatron-LM."""
+        """The configuration in its users' words: ``tp=8, dp=32, pp=1, DDP`` for Megatron-LM, with
+        ``vpp``, ``sp`` and the recomputation when they are set."""
         if self.kind == "megatron":
             optimizer = MEGATRON_OPTIMIZERS.get(self.zero_stage, f"ZeRO-{self.zero_stage}")
-            return f"tp={self.tensor_parallel}, dp={self.data_parallel}, pp={self.pipeline}, {optimizer}"
-        return f"mesh {list(self.mesh_shape)}, ZeRO-{self.zero_stage}"
+            parts = [f"tp={self.tensor_parallel}", f"dp={self.data_parallel}", f"pp={self.pipeline}"]
+            if self.virtual_stages > 1:
+                parts.append(f"vpp={self.virtual_stages}")
+            if self.sequence_parallel:
+                parts.append("sp")
+            if self.recompute:
+                parts.append(f"recompute={self.recompute}")
+            return ", ".join([*parts, optimizer])
+        text = f"mesh {list(self.mesh_shape)}, ZeRO-{self.zero_stage}"
+        return f"{text}, recompute={self.recompute}" if self.recompute else text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +119,9 @@ class BaselineConfig:
             "tensor_parallel": self.tensor_parallel,
             "data_parallel": self.data_parallel,
             "pipeline_parallel": self.pipeline,
+            "virtual_stages": self.virtual_stages,
+            "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute,
             "describe": self.describe(),
         }
 
@@ -117,95 +139,16 @@ def candidate_configs(
     cluster: Cluster,
     zero_stage: int,
     runtime: str,
-    batch: int | None = None,
-    blocks: int = 0,
 ) -> list[BaselineConfig]:
-    """Every configuration of ``kind`` its users would pick on ``cluster`` (module docstring);
-    ``zero_stage`` and ``runtime`` are the request's (used where the system runs the request's).
-    ``batch``: the micro-batch's batch size, which the data-parallel degree must divide
-    (None: not checked); ``blocks``: the graph's blocks, which megatron's pipeline degree
-    must divide (0: no pipeline)."""
+    """The configurations of ``data-parallel`` and ``inferred`` their users would pick on
+    ``cluster`` (module docstring); ``zero_stage`` and ``runtime`` are the request's.
+    Megatron-LM's space: :func:`autopar.baselines.megatron.configs.megatron_structures`."""
     n, per_node = cluster.world_size, cluster.devices_per_node
-
-    def splits_batch(dp: int) -> bool:
-        return batch is None or batch % dp == 0
-
-    if kind == "megatron":
-        stages = [p for p in _divisors(cluster.nodes) if p == 1 or (blocks and blocks % p == 0)]
-        shapes = [(pp, tp) for pp in stages for tp in _divisors(per_node)]
-        # none that splits the batch evenly: every pipeline-1 one (priced with uneven splits)
-        even = [(pp, tp) for pp, tp in shapes if splits_batch(n // (pp * tp))]
-        return [
-            BaselineConfig(kind, _dp_tp_shape(n // pp, tp), zero, MEGATRON_RUNTIME, pp)
-            for pp, tp in (even or [(1, tp) for tp in _divisors(per_node)])
-            for zero in sorted(MEGATRON_OPTIMIZERS)
-        ]
     if kind == "data-parallel":
         return [BaselineConfig(kind, (n,), zero_stage, runtime)]
     if kind == "inferred":
         return [BaselineConfig(kind, _dp_tp_shape(n, tp), zero_stage, runtime) for tp in _divisors(per_node)]
     raise ConfigError("unknown_baseline", f"no configurations are searched for baseline {kind!r}")
-
-
-def parse_config(kind: str, text: str, cluster: Cluster) -> BaselineConfig:
-    """The configuration a user runs, in its users' words: for ``megatron``,
-    ``tp=T,dp=D[,pp=P][,optimizer=ddp|distributed]`` (default: ``pp=1``, ``ddp``).
-
-    Raises :class:`ConfigError` (code ``bad_baseline_config``) naming what is wrong."""
-    if kind != "megatron":
-        raise ConfigError(
-            "bad_baseline_config", f"a configuration can be named for megatron only, not {kind!r}"
-        )
-    fields: dict[str, str] = {}
-    for part in text.split(","):
-        key, sep, value = part.strip().partition("=")
-        if not sep or not key or key in fields:
-            raise ConfigError(
-                "bad_baseline_config",
-                f"bad megatron configuration {text!r}: write tp=T,dp=D[,pp=P][,optimizer=ddp|distributed]",
-            )
-        fields[key.strip().lower()] = value.strip().lower()
-    unknown = sorted(set(fields) - {"tp", "dp", "pp", "optimizer"})
-    if unknown or not {"tp", "dp"} <= set(fields):
-        raise ConfigError(
-            "bad_baseline_config",
-            f"bad megatron configuration {text!r}: it needs tp and dp (and knows pp, optimizer)"
-            + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
-        )
-    tp, dp, pp = (_positive(fields, key, text) for key in ("tp", "dp", "pp"))
-    if tp * dp * pp != cluster.world_size:
-        raise ConfigError(
-            "bad_baseline_config",
-            f"tp({tp}) * dp({dp}) * pp({pp}) != devices({cluster.world_size}) of cluster {cluster}",
-        )
-    if pp > 1 and cluster.nodes % pp:
-        raise ConfigError(
-            "bad_baseline_config",
-            f"pp({pp}) must divide the {cluster.nodes} nodes (Megatron-LM pipelines across nodes)",
-        )
-    if cluster.devices_per_node % tp:
-        raise ConfigError(
-            "bad_baseline_config",
-            f"tp({tp}) must divide the {cluster.devices_per_node} devices of a node (Megatron-LM keeps "
-            "tensor parallelism inside a node)",
-        )
-    optimizer = fields.get("optimizer", "ddp")
-    if optimizer not in _OPTIMIZER_NAMES:
-        raise ConfigError(
-            "bad_baseline_config", f"unknown optimizer {optimizer!r} in {text!r}; use ddp or distributed"
-        )
-    return BaselineConfig(
-        kind, _dp_tp_shape(cluster.world_size // pp, tp), _OPTIMIZER_NAMES[optimizer], MEGATRON_RUNTIME, pp
-    )
-
-
-def _positive(fields: dict[str, str], key: str, text: str) -> int:
-    value = fields.get(key, "1")
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(
-            "bad_baseline_config", f"{key} must be a positive integer in {text!r}, got {value!r}"
-        )
-    return int(value)
 
 
 @dataclass
@@ -224,6 +167,7 @@ class PricedConfig:
         if self.plan is not None:
             out.update(
                 iteration_time_s=self.plan.iteration_time_s,
+                achieved_iteration_time_s=self.plan.achieved_iteration_time_s,
                 memory_per_device_bytes=self.plan.memory_per_device_bytes,
             )
         if self.error is not None:
@@ -236,8 +180,8 @@ def best_config(
     price: Callable[[BaselineConfig], Plan | PipelinePlan],
     budget: float | None,
 ) -> tuple[PricedConfig, list[PricedConfig]]:
-    """The fastest of ``configs`` (by iteration time) whose plan fits ``budget`` bytes per
-    device, and every configuration priced; when none fits, the one needing least memory.
+    """The fastest of ``configs`` (by the iteration as its runtime runs it) whose plan fits
+    ``budget`` bytes per device, and every configuration priced; when none fits, the one needing least memory.
     ``price`` builds and evaluates one configuration's plan; an :class:`AutoparError`
     (e.g. a tensor-parallel degree the model's shapes cannot split) leaves that
     configuration out, with its message."""
@@ -247,13 +191,21 @@ def best_config(
             priced.append(PricedConfig(config, price(config)))
         except AutoparError as exc:
             priced.append(PricedConfig(config, error=exc.message))
+    return pick_best(priced, budget, configs[0].kind if configs else "baseline")
+
+
+def pick_best(
+    priced: Sequence[PricedConfig], budget: float | None, kind: str
+) -> tuple[PricedConfig, list[PricedConfig]]:
+    """The fastest of ``priced`` that fits ``budget`` (by ``achieved_iteration_time_s``), else
+    the one needing least memory; :class:`ConfigError` ``no_baseline_config`` when none could
+    be priced (each one's reason in the message)."""
+    priced = list(priced)
     built = [p for p in priced if p.plan is not None and math.isfinite(p.plan.iteration_time_s)]
     if not built:
         reasons = "; ".join(f"{p.config.describe()}: {p.error}" for p in priced)
-        raise ConfigError(
-            "no_baseline_config", f"no configuration of {configs[0].kind} could be priced: {reasons}"
-        )
+        raise ConfigError("no_baseline_config", f"no configuration of {kind} could be priced: {reasons}")
     fitting = [p for p in built if p.fits(budget)]
     if fitting:
-        return min(fitting, key=lambda p: p.plan.iteration_time_s if p.plan else math.inf), priced
+        return min(fitting, key=lambda p: p.plan.achieved_iteration_time_s if p.plan else math.inf), priced
     return min(built, key=lambda p: p.plan.memory_per_device_bytes if p.plan else math.inf), priced

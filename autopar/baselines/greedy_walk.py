@@ -3,15 +3,24 @@ takes the signature with the least input boxing and compute among those Megatron
 allows (a partial sum only from a tensor-parallel matmul or towards a weight gradient, reduced
 as soon as it is used; constants whole on every rank; weight gradients in their parameter's
 layout).
+
+With sequence parallelism (Megatron-LM's ``--sequence-parallel``, Korthikanti et al. 2022
+section 4.2.2) the ops between the tensor-parallel regions -- norms, dropouts, residual adds,
+bias adds after a row-parallel linear, and their gradients -- split the sequence on the
+tensor-parallel axis: a row-parallel linear's partial sum is reduce-scattered to the sequence
+split instead of all-reduced, and a column-parallel linear all-gathers its input
+(:meth:`_GreedyWalk._sequence_dim`).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from autopar.baselines.problem import _Layout, _Problem
 from autopar.cost.compute import op_compute_time
-from autopar.ir.graph import DTYPE_BYTES, Op, Role, Variable
+from autopar.cost.fusion import fused_kernels
+from autopar.ir.graph import DTYPE_BYTES, Graph, Op, Role, Variable
 from autopar.ir.optimizer import model_port_index
 from autopar.ir.sbp import B, Broadcast, NdSbp, Partial, Signature, Split
 from autopar.ir.structure import (
@@ -38,7 +47,10 @@ class _GreedyWalk:
     def __init__(self, problem: _Problem, layout: _Layout, st: _Structure, *, megatron: bool) -> None:
         self.p, self.graph, self.layout, self.st, self.megatron = problem, problem.graph, layout, st, megatron
         self.tp_axis = problem.tp_axis
+        self.sp = problem.sequence_parallel and megatron and self.tp_axis is not None
+        self.hidden = _hidden_size(self.graph) if self.sp else None
         self.lowering = runtime_profile(problem.runtime).lowering.value
+        self.kernels = fused_kernels(self.graph, runtime_profile(problem.runtime))
         self.grad_owner = _gradient_owners(self.graph, layout.variables, st) if megatron else {}
         self.grad_layout = {t: layout.variables[v.op] for t, v in self.grad_owner.items()}
         self.diff_targets: dict[str, NdSbp | None] = {}
@@ -123,7 +135,41 @@ class _GreedyWalk:
                 return sigs
             want = self.tensor_sbp.get(list(op.inputs.values())[i])
             return [s for s in sigs if s.inputs[i] == want] or sigs
-        return [s for s in sigs if self._disciplined(op, s)] or sigs
+        disciplined = [s for s in sigs if self._disciplined(op, s)] or sigs
+        d = self._sequence_dim(op)
+        if d is None:
+            return disciplined
+        tp = self.tp_axis
+        assert tp is not None
+        hidden = [i for i, t in enumerate(op.outputs.values()) if self._is_hidden(t)]
+        sequence = [s for s in disciplined if all(s.outputs[i][tp] == Split(d) for i in hidden)]
+        return sequence or disciplined
+
+    def _is_hidden(self, tensor: str) -> bool:
+        """A hidden-state activation ``[..., seq, hidden]`` (not a weight gradient)."""
+        spec = self.graph.tensors[tensor]
+        return spec.ndim >= 3 and spec.shape[-1] == self.hidden and tensor not in self.st.grad_path
+
+    def _sequence_dim(self, op: Op) -> int | None:
+        """Under sequence parallelism: the dim ``op``'s hidden-state outputs split on the
+        tensor-parallel axis (the sequence, the dim before the hidden one), when ``op`` is in
+        a sequence-parallel region: not a matmul or embedding, with a hidden-state output,
+        and every hidden-state input whole, sequence-split or a partial sum there (a
+        head- or FFN-split input is inside a tensor-parallel region); else None."""
+        tp = self.tp_axis
+        if not self.sp or tp is None or op.type in MATMUL_OPS or op.type in EMBEDDING_OPS:
+            return None
+        outs = [t for t in op.outputs.values() if self._is_hidden(t)]
+        if not outs:
+            return None
+        d = self.graph.tensors[outs[0]].ndim - 2
+        for t in op.inputs.values():
+            sbp = self.tensor_sbp.get(t)
+            if sbp is None or not self._is_hidden(t):
+                continue
+            if isinstance(sbp[tp], Split) and sbp[tp] != Split(d):
+                return None
+        return d
 
     def _boxing(self, op: Op, cand: Signature, bound: float) -> tuple[float, int]:
         """(Seconds of input boxing, inputs whose layout changes) of ``cand``; stops
@@ -134,6 +180,8 @@ class _GreedyWalk:
             t = op.inputs[port]
             src = self.tensor_sbp[t]
             if src != dst:
+                if self.kernels.same_kernel(self.graph.producer[t][0], op.name):
+                    return math.inf, changed + 1  # a fused kernel cannot box between its ops
                 changed += 1
                 spec = self.graph.tensors[t]
                 boxing += self._box(spec.shape, DTYPE_BYTES[spec.dtype], src, dst)
@@ -155,7 +203,20 @@ class _GreedyWalk:
             and self._resolves_partial(op, sig)
             and self._keeps_gradient_layout(op, sig)
             and self._reduces_gradients(op, sig)
+            and self._keeps_weight_layout(op, sig)
         )
+
+    def _keeps_weight_layout(self, op: Op, sig: Signature) -> bool:
+        """Megatron never moves a weight: a tensor-parallel linear (or embedding) reads its
+        weight as laid out, and moves the activation instead (an all-gather of a
+        sequence-parallel input before a column-parallel linear)."""
+        if not self.megatron or (op.type not in MATMUL_OPS and op.type not in EMBEDDING_OPS):
+            return True
+        port = _weight_input(op, self.st)
+        if port is None:
+            return True
+        laid_out = self.tensor_sbp.get(op.inputs[port])
+        return laid_out is None or sig.inputs[list(op.inputs).index(port)] == laid_out
 
     def _splits_only_what_is_split(self, op: Op, sig: Signature) -> bool:
         """Megatron (without sequence parallelism) splits a tensor on the tensor-parallel axis
@@ -167,6 +228,9 @@ class _GreedyWalk:
             return True
         if not any(isinstance(out[tp], Split) for out in sig.outputs):
             return True
+        d = self._sequence_dim(op)
+        if d is not None and all(out[tp] in (Split(d), B) for out in sig.outputs):
+            return True  # sequence parallelism slices the sequence of the residual stream
         return any(isinstance(self.tensor_sbp[t][tp], Split) for t in op.inputs.values())
 
     def _allowed_partial(self, op: Op, sig: Signature) -> bool:
@@ -221,7 +285,13 @@ class _GreedyWalk:
         if op.role is not Role.BACKWARD:
             return False
         partial = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Partial)]
-        whole = [i for i in op.inputs.values() if isinstance(self.tensor_sbp[i][axis], Broadcast)]
+        d = self._sequence_dim(op)
+        whole = [
+            i
+            for i in op.inputs.values()
+            if isinstance(self.tensor_sbp[i][axis], Broadcast)
+            or (d is not None and self.tensor_sbp[i][axis] == Split(d))
+        ]
         if not partial or len(partial) + len(whole) != len(op.inputs):
             return False
         held = any(self.parts.get(i) for i in partial)
@@ -239,8 +309,12 @@ class _GreedyWalk:
             return True
         for t, out in zip(op.outputs.values(), sig.outputs):
             want = self.grad_layout.get(t)
-            if want is not None and isinstance(out[tp], Split) and out[tp] != want[tp]:
+            if want is None:
+                continue
+            if isinstance(out[tp], Split) and out[tp] != want[tp]:
                 return False
+            if isinstance(want[tp], Split) and out[tp] != want[tp]:
+                return False  # a tensor-parallel weight's gradient is made in its shard
         return True
 
     def _resolves_partial(self, op: Op, sig: Signature) -> bool:
@@ -250,14 +324,21 @@ class _GreedyWalk:
         tp = self.tp_axis
         if tp is None:
             return True
+        d = self._sequence_dim(op)
+        scattered = (Split(d),) if d is not None else ()
         for port, dst in zip(op.inputs, sig.inputs):
             src = self.tensor_sbp[op.inputs[port]]
-            if isinstance(src[tp], Partial) and not isinstance(dst[tp], (Partial, type(B))):
-                return False
+            if isinstance(src[tp], Partial) and not (
+                isinstance(dst[tp], (Partial, type(B))) or dst[tp] in scattered
+            ):
+                return False  # all-reduced; reduce-scattered to the sequence under sequence parallelism
             if (
                 isinstance(dst[tp], Partial)
                 and not isinstance(src[tp], Partial)
-                and not (isinstance(src[tp], Broadcast) and self._joins_input_gradient(op, tp))
+                and not (
+                    (isinstance(src[tp], Broadcast) or src[tp] in scattered)
+                    and self._joins_input_gradient(op, tp)
+                )
             ):
                 return False
         return True
@@ -307,3 +388,19 @@ class _GreedyWalk:
                 if dst[axis] != target[axis]:
                     return False
         return True
+
+
+def _hidden_size(graph: Graph) -> int | None:
+    """The hidden size: the model's (``meta["config"]["hidden"]``), else the last dim most of
+    the graph's 3-D forward activations share."""
+    hidden = ((graph.meta or {}).get("config") or {}).get("hidden")
+    if isinstance(hidden, int) and hidden > 0:
+        return hidden
+    dims = Counter(
+        graph.tensors[t].shape[-1]
+        for op in graph.ops
+        if op.role is Role.FORWARD
+        for t in op.outputs.values()
+        if graph.tensors[t].ndim == 3
+    )
+    return dims.most_common(1)[0][0] if dims else None

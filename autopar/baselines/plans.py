@@ -62,8 +62,12 @@ def baseline_plan(
     *,
     rules: RuleSet | None = None,
     runtime: str = DEFAULT_RUNTIME,
+    sequence_parallel: bool = False,
 ) -> Plan:
     """Build the ``kind`` baseline plan of ``graph`` on ``mesh`` (signatures only; evaluate it next).
+
+    ``sequence_parallel``: Megatron-LM's ``--sequence-parallel`` (``megatron`` only, on a mesh
+    with a tensor-parallel axis of more than one device).
 
     Boxing is priced as ``runtime`` lowers it (:mod:`autopar.runtimes.profile`).  ``rules`` None:
     the rules the plan's source is evaluated with (:func:`autopar.rules.megatron_lm.rules_for_source`:
@@ -75,5 +79,12 @@ def baseline_plan(
         raise ConfigError(
             "unknown_baseline", f"unknown baseline {kind!r}; choose one of {BASELINES}"
         ) from None
-    problem = _Problem(graph, mesh, zero_stage, rules or rules_for_source(f"baseline:{kind.value}"), runtime)
+    if sequence_parallel and (kind is not BaselineKind.MEGATRON or mesh.ndim < 2 or mesh.shape[-1] < 2):
+        raise ConfigError(
+            "bad_baseline_config",
+            "sequence parallelism splits the sequence over Megatron-LM's tensor-parallel group: "
+            f"it needs the megatron baseline with tp > 1, not {kind.value} on mesh {list(mesh.shape)}",
+        )
+    rules = rules or rules_for_source(f"baseline:{kind.value}")
+    problem = _Problem(graph, mesh, zero_stage, rules, runtime, sequence_parallel)
     return STRATEGIES[kind].plan(problem)

@@ -48,6 +48,9 @@ class _Problem:
     zero_stage: int
     rules: RuleSet
     runtime: str
+    sequence_parallel: bool = False
+    """Megatron-LM's ``--sequence-parallel``: norms, dropouts and residual adds split the
+    sequence on the tensor-parallel axis (:class:`autopar.baselines.greedy_walk._GreedyWalk`)."""
     _contexts: dict[str, tuple[RuleContext, list[Signature]]] = field(default_factory=dict)
     _batch: list[int | None] = field(default_factory=list)
 

@@ -53,9 +53,10 @@ from autopar.cli.args import (
 )
 from autopar.cli.calibrate import add_calibrate_arguments, cmd_calibrate
 from autopar.cost.iteration import baseline_training
-from autopar.errors import AutoparError, PlanError
-from autopar.hardware.cluster import load_cluster_profile
+from autopar.errors import AutoparError, ConfigError, PlanError
+from autopar.hardware.cluster import Cluster, load_cluster_profile
 from autopar.hardware.mesh import Mesh
+from autopar.ir.graph import Graph
 from autopar.ir.plan import check_plan_graph, format_bytes
 from autopar.ir.training import TrainingConfig
 from autopar.version import __version__
@@ -138,36 +139,54 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args.graph)
     mesh = mesh_from_args(args)
-    zero, runtime, configuration = args.zero, args.runtime, None
     if getattr(args, "megatron_config", None):
-        from autopar.baselines.configs import parse_config
-
-        configuration = parse_config(args.kind, args.megatron_config, mesh.cluster)
-        zero, runtime = configuration.zero_stage, configuration.runtime
-        if configuration.pipeline == 1:
-            mesh = Mesh(mesh.cluster, configuration.mesh_shape)
-    if configuration is not None and configuration.pipeline > 1:  # Megatron-LM's PTD-P
-        from autopar.baselines.megatron.pipeline import pipeline_baseline
-
-        training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
-        staged = pipeline_baseline(graph, mesh.cluster, configuration, training)
-        staged.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
-        staged.save(args.out)
-        sys.stdout.write(staged.summary() + "\n")
-        sys.stdout.write(f"configuration  {configuration.describe()}, runtime {runtime} (named)\n")
-        wrote("plan", args.out)
-        return 0
-    plan = baseline_plan(args.kind, graph, mesh, zero, runtime=runtime)
-    if configuration is not None:
-        plan.diagnostics["baseline_configuration"] = {**configuration.to_dict(), "named_by_user": True}
+        return _named_megatron(args, graph, mesh.cluster)
+    plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
     # the iteration the real system runs: K as asked, checkpointing as it uses it by default
     plan.training = training_from_args(args, baseline_training(args.kind, TrainingConfig()))
     # a tensor boxed to one layout for several consumers is boxed once, as the system runs it
     attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
     sys.stdout.write(plan.summary() + "\n")
-    if configuration is not None:
-        sys.stdout.write(f"configuration  {configuration.describe()}, runtime {runtime} (named)\n")
+    wrote("plan", args.out)
+    return 0
+
+
+def _named_megatron(args: argparse.Namespace, graph: Graph, cluster: Cluster) -> int:
+    """``autopar baseline megatron --megatron-config ...``: the configuration the user names,
+    the keys left out searched for the fastest that fits the device's memory
+    (:func:`autopar.baselines.search.search_baseline`)."""
+    from autopar.baselines.search import search_baseline
+
+    if args.kind != "megatron":
+        raise ConfigError("bad_baseline_config", f"--megatron-config is for megatron only, not {args.kind!r}")
+    training = training_from_args(args, TrainingConfig())
+    budget = cluster.device.memory_bytes
+    chosen, priced = search_baseline(
+        "megatron",
+        graph,
+        cluster,
+        training,
+        budget,
+        zero_stage=args.zero,
+        runtime=args.runtime,
+        named=args.megatron_config,
+    )
+    assert chosen.plan is not None
+    plan = chosen.plan
+    plan.diagnostics["baseline_configuration"] = {
+        **chosen.config.to_dict(),
+        "named_by_user": True,
+        "fits_budget": chosen.fits(budget),
+        "tried": [p.to_dict() for p in priced],
+    }
+    plan.save(args.out)
+    sys.stdout.write(plan.summary() + "\n")
+    sys.stdout.write(
+        f"configuration  {chosen.config.describe()}, runtime {chosen.config.runtime} "
+        f"(named {args.megatron_config!r}; {len(priced)} priced, the fastest within "
+        f"{budget / 2**30:.0f} GiB)\n"
+    )
     wrote("plan", args.out)
     return 0
 
@@ -275,13 +294,14 @@ def _baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=BASELINE_KINDS, metavar="KIND", help="one of: %(choices)s")
     p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p)
-    add_training_args(p, defaults_from="1; checkpointing full for megatron and inferred, else off")
+    add_training_args(p, defaults_from=("1", "full for inferred (LiBai's actrue), else off"))
     p.add_argument(
         "--megatron-config",
         default=None,
-        metavar="tp=T,dp=D[,optimizer=ddp|distributed]",
+        metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective|full|full:N,optimizer=ddp|distributed",
         help="megatron only: the configuration you run, priced as Megatron-LM runs it (its mesh "
-        "[dp, tp], ZeRO stage and the megatron-lm runtime replace --mesh-shape, --zero, --runtime)",
+        "[dp, tp], ZeRO stage and the megatron-lm runtime replace --mesh-shape, --zero, --runtime); "
+        "keys left out are searched for the fastest that fits the device's memory",
     )
     p.add_argument("--out", required=True, help="plan JSON to write")
 

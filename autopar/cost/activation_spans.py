@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from autopar.cost.iteration import accumulation_of, checkpoint_blocks, layer_of
+from autopar.cost.iteration import accumulation_of, checkpoint_units, unit_members
 from autopar.cost.memory import StateBytes, activation_intervals, variable_state_bytes
+from autopar.ir.blocks import layer_of, split_unit
 from autopar.ir.graph import Graph, Role
 from autopar.ir.sbp import NdSbp
 from autopar.ir.training import TrainingConfig
@@ -71,59 +72,85 @@ def variable_memory_bytes(
 
 
 def activation_spans(
-    graph: Graph, training: TrainingConfig, working_copy_is_state: bool = False
+    graph: Graph,
+    training: TrainingConfig,
+    working_copy_is_state: bool = False,
+    unmaterialized: frozenset[str] = frozenset(),
 ) -> list[tuple[str, int, int]]:
     """(tensor, first, last) positions of the topological order where each activation is live.
 
     Without checkpointing: :func:`autopar.cost.memory.activation_intervals`, one span per tensor.
-    With it, a tensor produced by a forward op of a recomputed block lives from its
-    producer to its last forward use (a use by a later recomputed block's forward keeps it
-    until that block's recompute: it is that block's input), and again from the start of
-    its block's backward (the recompute) to its last backward use.  A tensor a recomputed
-    block reads from outside stays live until that block's backward starts.  Source:
-    Chen et al. 2016 (checkpointing), Megatron-LM ``checkpointed_forward``."""
-    blocks = checkpoint_blocks(graph, training)
-    if not blocks:
-        intervals = activation_intervals(graph, working_copy_is_state)
+    With it, a tensor produced by a forward op of a recomputed unit (a block, or an op group of
+    a block: :mod:`autopar.ir.blocks`) lives from its producer to its last forward use (a use
+    by a later recomputed unit's forward keeps it until that unit's recompute: it is that
+    unit's input), and again from the unit's recompute (the start of its block's backward, or
+    for an op group the first backward use of what it makes) to its last backward use.  A
+    tensor a recomputed unit reads from outside stays live until that recompute.  Source:
+    Chen et al. 2016 (checkpointing), Megatron-LM ``checkpointed_forward``, Korthikanti et al.
+    2022 (selective recomputation of the attention core).  ``unmaterialized``: tensors a fused
+    kernel never writes to memory (:attr:`autopar.cost.fusion.Kernels.internal`): no span."""
+    units = checkpoint_units(graph, training)
+    if not units:
+        intervals = activation_intervals(graph, working_copy_is_state, unmaterialized)
         return [(t, s, e) for t, (s, e) in intervals.items()]
-    per_tensor = tensor_spans(graph, blocks, blocks, working_copy_is_state)
+    per_tensor = tensor_spans(graph, units, units, working_copy_is_state, unmaterialized)
     return [(t, s, e) for t, spans in per_tensor.items() for s, e in spans]
 
 
 def tensor_spans(
-    graph: Graph, dropped: frozenset[str], held: frozenset[str], working_copy_is_state: bool = False
+    graph: Graph,
+    dropped: frozenset[str],
+    held: frozenset[str],
+    working_copy_is_state: bool = False,
+    unmaterialized: frozenset[str] = frozenset(),
 ) -> dict[str, list[tuple[int, int]]]:
-    """Each activation's live spans when the blocks ``dropped`` free their own tensors after
-    forward and recompute them in backward, and the blocks ``held`` keep the tensors they
-    read from outside until their backward starts (:func:`activation_spans` is both sets
-    equal to the recomputed blocks; the solver also prices the sets apart, see
+    """Each activation's live spans when the units ``dropped`` free their own tensors after
+    forward and recompute them in backward, and the units ``held`` keep the tensors they
+    read from outside until their recompute (:func:`activation_spans` is both sets equal to
+    the recomputed units; the solver also prices the sets apart, see
     ``autopar_solver.planner.recompute``)."""
-    intervals = activation_intervals(graph, working_copy_is_state)
+    intervals = activation_intervals(graph, working_copy_is_state, unmaterialized)
     order = graph.topological_order
     pos = {op.name: i for i, op in enumerate(order)}
-    backward_start: dict[str, int] = {}
-    for i, op in enumerate(order):
-        if op.role is Role.BACKWARD:
-            backward_start.setdefault(layer_of(op.name), i)
+    view = _UnitView(graph, dropped | held, pos)
     return {
-        tname: _spans_of(graph, tname, start, end, (dropped, held), pos, backward_start)
+        tname: _spans_of(graph, tname, start, end, (dropped, held), pos, view)
         for tname, (start, end) in intervals.items()
     }
 
 
+class _UnitView:
+    """Which unit of ``units`` each forward op belongs to, and where each unit is recomputed."""
+
+    def __init__(self, graph: Graph, units: frozenset[str], pos: dict[str, int]) -> None:
+        self.member = unit_members(graph, units)
+        self.recompute_at: dict[str, int] = {}
+        for i, op in enumerate(graph.topological_order):
+            if op.role is Role.BACKWARD:
+                self.recompute_at.setdefault(layer_of(op.name), i)
+        for name, unit in self.member.items():
+            if split_unit(unit)[1] is None:
+                continue
+            for t in graph.op_by_name[name].outputs.values():
+                for consumer, _ in graph.consumers.get(t, []):
+                    if graph.op_by_name[consumer].role is Role.BACKWARD:
+                        first = self.recompute_at.get(unit, pos[consumer])
+                        self.recompute_at[unit] = min(first, pos[consumer])
+
+    def unit(self, op_name: str) -> str | None:
+        return self.member.get(op_name)
+
+
 def block_readers(graph: Graph, blocks: frozenset[str]) -> dict[str, tuple[str | None, frozenset[str]]]:
-    """Tensor -> (its home block, the other blocks that read it in forward), among ``blocks``:
-    the blocks whose recompute flags decide the tensor's live spans (home: None when its
-    producer is not a forward op of one of ``blocks``)."""
+    """Tensor -> (its home unit, the other units that read it in forward), among ``blocks``
+    (blocks or op groups): the units whose recompute flags decide the tensor's live spans
+    (home: None when its producer is not a forward op of one of ``blocks``)."""
+    member = unit_members(graph, blocks)
     out: dict[str, tuple[str | None, frozenset[str]]] = {}
     for tname, (pname, _) in graph.producer.items():
-        producer = graph.op_by_name[pname]
-        home = layer_of(pname) if producer.role is Role.FORWARD else None
-        home = home if home in blocks else None
-        readers = {
-            layer_of(c) for c, _ in graph.consumers.get(tname, []) if graph.op_by_name[c].role is Role.FORWARD
-        }
-        out[tname] = (home, frozenset(r for r in readers if r in blocks and r != home))
+        home = member.get(pname)
+        readers = {member.get(c) for c, _ in graph.consumers.get(tname, [])}
+        out[tname] = (home, frozenset(r for r in readers if r is not None and r != home))
     return out
 
 
@@ -132,31 +159,30 @@ def _spans_of(
     tname: str,
     start: int,
     end: int,
-    blocks: tuple[frozenset[str], frozenset[str]],
+    units: tuple[frozenset[str], frozenset[str]],
     pos: dict[str, int],
-    backward_start: dict[str, int],
+    view: _UnitView,
 ) -> list[tuple[int, int]]:
     """The live spans of one activation under checkpointing (see :func:`tensor_spans`;
-    ``blocks`` = (dropped, held))."""
-    dropped, held = blocks
+    ``units`` = (dropped, held))."""
+    dropped, held = units
     pname = graph.producer[tname][0]
-    producer = graph.op_by_name[pname]
-    home = layer_of(pname) if producer.role is Role.FORWARD else None
+    home = view.unit(pname)
     forward_end, backward_uses = start, []
     for cname, _ in graph.consumers.get(tname, []):
         consumer = graph.op_by_name[cname]
         if consumer.role is Role.FORWARD:
             forward_end = max(forward_end, pos[cname])
-            scope = layer_of(cname)
-            if scope in held and scope != home:  # an input of a recomputed block
-                forward_end = max(forward_end, backward_start.get(scope, pos[cname]))
+            scope = view.unit(cname)
+            if scope is not None and scope in held and scope != home:  # an input of a recomputed unit
+                forward_end = max(forward_end, view.recompute_at.get(scope, pos[cname]))
         else:
             backward_uses.append(pos[cname])
-    if home not in dropped:
+    if home is None or home not in dropped:
         return [(start, max(end, forward_end))]
     spans = [(start, forward_end)]
     if backward_uses:
-        again = min(backward_start.get(home, min(backward_uses)), min(backward_uses))
+        again = min(view.recompute_at.get(home, min(backward_uses)), min(backward_uses))
         if max(again, forward_end + 1) <= max(backward_uses):  # else live throughout the first
             spans.append((max(again, forward_end + 1), max(backward_uses)))
     return spans

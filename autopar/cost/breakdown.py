@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from autopar.cost.evaluate import evaluate
 from autopar.cost.evaluation import EdgeCost, Evaluation, OpCost, PricingMemo
-from autopar.cost.iteration import TOP_LEVEL as TOP_LEVEL
-from autopar.cost.iteration import layer_of
+from autopar.ir.blocks import TOP_LEVEL as TOP_LEVEL
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan
 from autopar.rules.registry import RuleSet

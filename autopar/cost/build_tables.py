@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from autopar.cost.edges import EdgeKind, edge_kind
+from autopar.cost.fusion import NO_KERNELS, Kernels, fused_kernels, priced_op
 from autopar.cost.remote_tables import RemoteTableBuilder, _run_remote
 from autopar.cost.table_keys import _edge_key, op_key
 from autopar.cost.tables import (
@@ -90,6 +91,7 @@ def build_cost_tables(
         parallel_threshold,
         deadline if deadline is not None else Deadline(),
         remote,
+        fused_kernels(graph, runtime_profile(runtime)),
     )
     keys, tables, op_stats = _op_tables(run)
     t_ops = time.perf_counter() - t0
@@ -122,6 +124,8 @@ class _Build:
     threshold: int
     deadline: Deadline
     remote: RemoteTableBuilder | None = None
+    kernels: Kernels = NO_KERNELS
+    """The runtime's fused kernels in the graph (:mod:`autopar.cost.fusion`)."""
 
     def run(
         self, fn: Callable[[list[Any]], list[bytes]], keys: list[str], jobs: list[Any], phase: str
@@ -155,6 +159,7 @@ def _op_tables(run: _Build) -> tuple[dict[str, str], dict[str, OpTable], dict[st
     for n, op in enumerate(graph.ops):
         if n % 1024 == 1023:
             _check(run.deadline, "op keys", n, len(graph.ops))
+        op = priced_op(op, run.kernels)
         # identical layers: the same content is hashed once
         content: tuple[Any, ...] = (
             op.type,
@@ -268,7 +273,8 @@ def _edge_keys(
         src = port_sbps(tables[prod], True, list(pop.outputs).index(out_port))
         dst = port_sbps(tables[cons], False, list(cop.inputs).index(in_port))
         spec = graph.tensors[tensor]
-        kind = edge_kind(cop, in_port, tensor in gradients, run.profile.lowering.value)
+        fused = run.kernels.same_kernel(prod, cons)
+        kind = edge_kind(cop, in_port, tensor in gradients, run.profile.lowering.value, fused)
         edge_content = (spec.shape, spec.dtype, src.strings, dst.strings, kind)
         ekey = key_memo.get(edge_content)
         if ekey is None:

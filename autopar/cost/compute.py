@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from autopar.cost.fusion import KERNEL_ATTR, fused_compute_time
 from autopar.cost.zero_gathers import optimizer_gather_time, zero_gather_dtype
 from autopar.hardware.cluster import Cluster
 from autopar.hardware.collectives import send_recv_time
@@ -264,6 +265,8 @@ def op_compute_time(
             )
             t += memory_time(dev, float(numel * per_element))
         return t + optimizer_gather_time(ctx, sig, mesh, lowering)
+    if KERNEL_ATTR in ctx.op.attrs:  # one kernel with others: autopar.cost.fusion
+        return fused_compute_time(rule, ctx, sig, mesh)
     kind = rule.cost if rule is not None else CostKind.MEMORY
     if kind is CostKind.FREE:
         return 0.0

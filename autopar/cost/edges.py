@@ -53,12 +53,17 @@ class EdgeKind(str, Enum):
     GRADIENT = "gradient"
     """A weight gradient on its way to the optimizer: boxing with bucketed latency
     (:func:`bucketed_time`), overlappable with the backward pass."""
+    FUSED = "fused"
+    """Inside one fused kernel (:mod:`autopar.cost.fusion`): the layouts must be equal, any
+    other pair is forbidden (``inf``): a kernel cannot box between its own ops."""
 
 
 SHAPE_ONLY_PORTS = frozenset({"like"})
 
 
-def edge_kind(op: Op, port: str, gradient: bool = False, lowering: str = Lowering.IDEAL.value) -> EdgeKind:
+def edge_kind(
+    op: Op, port: str, gradient: bool = False, lowering: str = Lowering.IDEAL.value, fused: bool = False
+) -> EdgeKind:
     """Classify the edge into ``op``'s input ``port`` (the one place that forbids layout changes).
 
     ``gradient``: the tensor is on a weight gradient's path to its optimizer
@@ -70,8 +75,11 @@ def edge_kind(op: Op, port: str, gradient: bool = False, lowering: str = Lowerin
     e.g. ``(in P, like B) -> P``) and the boxing of an input blob is inserted whatever
     the kernel reads of it (``InsertNcclLogicalOpPass`` walks every op edge; the
     compiled LLaMA job of ``benchmarks/heldout_truth.py`` carries ``(S(0), P) -> (S(0), B)``
-    and ``(S(0), S(3)) -> (S(0), B)`` into ``split_like``'s ``like`` ports).
+    and ``(S(0), S(3)) -> (S(0), B)`` into ``split_like``'s ``like`` ports).  ``fused``: the
+    edge runs inside one fused kernel (:meth:`autopar.cost.fusion.Kernels.same_kernel`).
     """
+    if fused:
+        return EdgeKind.FUSED
     base = base_name(port)
     if base in SHAPE_ONLY_PORTS and lowering != Lowering.ONEFLOW_0_9.value:
         return EdgeKind.SHAPE_ONLY
@@ -93,7 +101,7 @@ def edge_time(
     """
     if src == dst or kind is EdgeKind.SHAPE_ONLY:
         return 0.0, None
-    if kind is EdgeKind.IN_PLACE:
+    if kind in (EdgeKind.IN_PLACE, EdgeKind.FUSED):
         return math.inf, None
     plan = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh, runtime.lowering.value)
     if kind is EdgeKind.GRADIENT and plan.feasible:

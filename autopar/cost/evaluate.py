@@ -38,6 +38,7 @@ from autopar.cost.activation_spans import accumulation_buffer_bytes, activation_
 from autopar.cost.compute import op_compute_time, rule_context
 from autopar.cost.edges import EdgeKind, edge_kind, edge_time
 from autopar.cost.evaluation import EdgeCost, Evaluation, OpCost, PricingMemo
+from autopar.cost.fusion import NO_KERNELS, Kernels, fused_kernels, priced_op
 from autopar.cost.iteration import RunCounts, run_counts
 from autopar.cost.memory import (
     MemoryBreakdown,
@@ -127,12 +128,15 @@ class _Pricing:
     copies: list[tuple[int, float]] = field(default_factory=list)
     tensor_sbp: dict[str, NdSbp] = field(default_factory=dict)
     backward_s: float = 0.0
+    forward_s: float = 0.0
     fallback_ops: list[str] = field(default_factory=list)
     fallback_types: set[str] = field(default_factory=set)
     counts: RunCounts | None = None
+    kernels: Kernels = NO_KERNELS
 
     def __post_init__(self) -> None:
         self.counts = run_counts(self.graph, self.training, self.runtime, self.plan.zero_stage)
+        self.kernels = fused_kernels(self.graph, self.runtime)
 
 
 def _price_ops(p: _Pricing, check_signatures: bool) -> None:
@@ -145,7 +149,9 @@ def _price_ops(p: _Pricing, check_signatures: bool) -> None:
         sig = _checked_signature(p, op)
         if sig is None:
             continue
-        ctx = rule_context(graph, op, mesh.shape, plan.zero_stage, p.runtime.zero_sharding.value)
+        ctx = rule_context(
+            graph, priced_op(op, p.kernels), mesh.shape, plan.zero_stage, p.runtime.zero_sharding.value
+        )
         if check_signatures:
             valid_sigs, fallback = p.memo.valid_signatures(p.rules, ctx, mesh, plan.zero_stage)
             if fallback:
@@ -163,6 +169,8 @@ def _price_ops(p: _Pricing, check_signatures: bool) -> None:
         p.ops.append(OpCost(op.name, op.type, str(sig), t, *p.counts.op(op.name)))
         if op.role is Role.BACKWARD:
             p.backward_s += t
+        elif op.role is Role.FORWARD:
+            p.forward_s += t
         for port, sbp in zip(op.outputs, sig.outputs):
             p.tensor_sbp[op.outputs[port]] = sbp
 
@@ -233,13 +241,20 @@ def _price_edges(p: _Pricing) -> None:
             src = p.tensor_sbp.get(tensor)
             if src is None or src == dst:
                 continue
-            kind = edge_kind(op, port, tensor in gradients, p.runtime.lowering.value)
+            fused = p.kernels.same_kernel(graph.producer[tensor][0], op.name)
+            kind = edge_kind(op, port, tensor in gradients, p.runtime.lowering.value, fused)
             if kind is EdgeKind.SHAPE_ONLY:
                 continue
             if kind is EdgeKind.IN_PLACE:
                 p.errors.append(
                     f"op {op.name!r} port {port!r} updates {tensor!r} in place: it must take the "
                     f"producer's layout {src}, not {dst}"
+                )
+                continue
+            if kind is EdgeKind.FUSED:
+                p.errors.append(
+                    f"op {op.name!r} port {port!r} reads {tensor!r} inside one fused kernel "
+                    f"({p.kernels.instance[op.name]}): it must take the producer's layout {src}, not {dst}"
                 )
                 continue
             spec = graph.tensors[tensor]
@@ -354,7 +369,7 @@ def _price_memory(p: _Pricing, precision: Precision | None) -> _Memory:
             mesh.shape,
             consumer_copies=p.copies,
             working_copy_is_state=working,
-            spans=None if p.training.checkpointing == "off" else activation_spans(graph, p.training, working),
+            spans=activation_spans(graph, p.training, working, p.kernels.internal),
         )
     peak_position = max(range(len(profile)), key=profile.__getitem__) if profile else 0
     gathered = zero3_gather_buffer_bytes(graph, variable_sbp, mesh.shape) if plan.zero_stage >= 3 else 0.0
@@ -390,6 +405,7 @@ def _summarise(p: _Pricing, memory: _Memory) -> Evaluation:
     # bucketed gradient reduction hides behind the backward of the micro-batch it follows:
     # the last one when it runs once per step, each one when it runs every micro-batch
     reductions = k if p.counts is not None and p.counts.gradient_per_micro_batch else 1
+    hidden = _hidden_by_runtime(p, grad_comm, reductions)
     return Evaluation(
         valid=not p.errors,
         errors=p.errors,
@@ -419,8 +435,27 @@ def _summarise(p: _Pricing, memory: _Memory) -> Evaluation:
         recompute_time_s=sum(r.cost_s for r in records if r.per_micro_batch > 1) * k,
         accumulation_bytes=memory.accumulation_bytes,
         shared_edges=p.shared,
+        forward_compute_time_s=p.forward_s,
+        hidden_comm_time_s=hidden,
+        achieved_iteration_time_s=iteration - hidden,
         per_edge_iteration_time_s=(serial + shared_step) if p.training.is_default else iteration + shared,
     )
+
+
+def _hidden_by_runtime(p: _Pricing, grad_comm: float, reductions: int) -> float:
+    """Seconds of communication per optimizer step the plan's runtime hides behind compute:
+    the gradient reduction behind the backward of the micro-batch it follows
+    (:attr:`~autopar.runtimes.profile.RuntimeProfile.overlap_grad_comm`, at most that
+    backward's compute) and the once-per-step parameter gather behind the next forward
+    (:attr:`~autopar.runtimes.profile.RuntimeProfile.overlap_param_gather`, at most one
+    micro-batch's forward compute).  Units: seconds."""
+    hidden = 0.0
+    if p.runtime.overlap_grad_comm:
+        hidden += reductions * min(grad_comm, p.backward_s)
+    if p.runtime.overlap_param_gather:
+        gathers = sum(e.time_s * e.per_step for e in p.edges if e.zero_gather)
+        hidden += min(gathers, p.forward_s)
+    return hidden
 
 
 def attach_evaluation(plan: Plan, ev: Evaluation) -> Plan:
@@ -441,6 +476,8 @@ def attach_evaluation(plan: Plan, ev: Evaluation) -> Plan:
         "checkpointing": ev.training.checkpointing,
         "iteration_time_s": ev.iteration_time_s,
         "iteration_time_overlapped_s": ev.iteration_time_overlapped_s,
+        "achieved_iteration_time_s": ev.achieved_iteration_time_s,
+        "hidden_comm_time_s": ev.hidden_comm_time_s,
         "micro_batch_time_s": ev.micro_batch_time_s,
         "once_per_step_time_s": ev.once_per_step_time_s,
         "recompute_time_s": ev.recompute_time_s,

@@ -158,6 +158,14 @@ class Evaluation:
     shared_edges: list[EdgeCost] = field(default_factory=list)
     """Boxings the runtime shares with an earlier consumer of the same tensor in the same
     layout, or reduces with their fused linear's other parts: priced, not in the totals."""
+    forward_compute_time_s: float = 0.0
+    """Seconds of one micro-batch's forward compute."""
+    hidden_comm_time_s: float = 0.0
+    """Seconds per optimizer step of communication the runtime hides behind compute (the
+    gradient reduction behind backward, the parameter gather behind forward)."""
+    achieved_iteration_time_s: float = math.nan
+    """The iteration as the plan's runtime runs it: ``iteration_time_s`` less what it hides
+    (``hidden_comm_time_s``): the figure plans and baselines are compared by."""
     per_edge_iteration_time_s: float = math.nan
     """The iteration with every consumer's boxing priced on its own (``iteration_time_s`` plus
     what ``shared_edges`` would cost): the solver's objective, at least ``iteration_time_s``."""
@@ -196,6 +204,8 @@ class Evaluation:
             "once_per_step_time_s": self.once_per_step_time_s,
             "recompute_time_s": self.recompute_time_s,
             "accumulation_bytes": self.accumulation_bytes,
+            "achieved_iteration_time_s": self.achieved_iteration_time_s,
+            "hidden_comm_time_s": self.hidden_comm_time_s,
             "per_edge_iteration_time_s": self.per_edge_iteration_time_s,
             "shared_boxings": len(self.shared_edges),
             "boxed_edges": self.boxed_edges,

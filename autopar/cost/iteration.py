@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autopar.ir.blocks import layer_of, op_groups, split_unit
 from autopar.ir.graph import Graph, Role
 from autopar.ir.optimizer import weight_gradient_path
 from autopar.ir.training import TrainingConfig
@@ -37,21 +38,18 @@ __all__ = [
     "ACCUMULATION",
     "BASELINE_CHECKPOINTING",
     "NOT_RECOMPUTED_TYPES",
-    "TOP_LEVEL",
     "Accumulation",
     "RunCounts",
     "baseline_training",
     "boxed_again_in_recompute",
     "candidate_blocks",
     "checkpoint_blocks",
+    "checkpoint_units",
     "copied_ops",
-    "layer_of",
     "once_per_step_ops",
     "run_counts",
+    "unit_members",
 ]
-
-TOP_LEVEL = "(top level)"
-"""Layer of ops whose name has no dot (graph inputs such as ``input_ids``)."""
 
 
 @dataclass(frozen=True)
@@ -91,14 +89,18 @@ ACCUMULATION: dict[str, Accumulation] = {
 }
 
 
-BASELINE_CHECKPOINTING = {"megatron": "full", "inferred": "full"}
-"""Checkpointing each reference system runs with: Megatron-LM's ``--recompute-activations``
-and LiBai's ``activation_checkpoint`` (the seed's ``actrue``) recompute every block."""
+BASELINE_CHECKPOINTING = {"inferred": "full"}
+"""Checkpointing a reference system runs with when its configuration names none: LiBai's
+``activation_checkpoint`` as the seed's job turns it on (``actrue``: every block).
+Megatron-LM recomputes nothing by default (``--recompute-granularity`` unset); its
+configuration search chooses the least recomputation that fits
+(:mod:`autopar.baselines.search`)."""
 
 
 def baseline_training(kind: str, training: TrainingConfig) -> TrainingConfig:
     """``training`` for baseline ``kind``: the same K, with the checkpointing the real
-    system uses (:data:`BASELINE_CHECKPOINTING`) when ``training`` has it ``off`` or ``auto``."""
+    system uses (:data:`BASELINE_CHECKPOINTING`) when ``training`` has it ``off`` or ``auto``
+    (``auto`` is a solver's choice: a fixed layout runs its system's default)."""
     # a baseline is a fixed layout: ``auto`` (a solver's choice) is the system's own default
     default = BASELINE_CHECKPOINTING.get(kind, "off")
     mode = default if training.checkpointing in ("off", "auto") else training.checkpointing
@@ -113,26 +115,6 @@ def accumulation_of(runtime: RuntimeProfile) -> Accumulation:
     if found is not None:
         return found
     return ACCUMULATION["oneflow-0.9" if runtime.lowering is Lowering.ONEFLOW_0_9 else "ideal"]
-
-
-def layer_of(op_name: str) -> str:
-    """The layer (module scope) of an op, from its dotted name.
-
-    Up to the first numeric component when there is one (``decoder.layers.1.mlp.wo``
-    -> ``decoder.layers.1``; OneFlow names an op ``<scope>-<type>-<id>``, so
-    ``model.h.0-add_n-40``, the residual add of block ``model.h.0``, -> ``model.h.0``); else
-    the first component (``encoder.final_norm.weight.cast`` -> ``encoder``,
-    ``shared.weight`` -> ``shared``); ``(top level)`` for a name without dots (graph inputs
-    such as ``input_ids``).
-    """
-    parts = op_name.split(".")
-    if len(parts) == 1:
-        return TOP_LEVEL
-    for i, part in enumerate(parts):
-        scope = part.split("-", 1)[0]
-        if scope.isdigit():
-            return ".".join([*parts[:i], scope])
-    return parts[0]
 
 
 def once_per_step_ops(graph: Graph) -> frozenset[str]:
@@ -170,18 +152,46 @@ def candidate_blocks(graph: Graph) -> frozenset[str]:
     return frozenset(b for b in blocks if any(p.isdigit() for p in b.split(".")))
 
 
-def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
-    """Layer scopes (:func:`layer_of`) whose forward is recomputed in backward.
+def checkpoint_units(graph: Graph, training: TrainingConfig) -> frozenset[str]:
+    """The units (blocks and op groups of blocks, :mod:`autopar.ir.blocks`) whose forward is
+    recomputed in backward.
 
     ``full``: every block of :func:`candidate_blocks`, as Megatron-LM's
     ``--recompute-granularity full --recompute-method uniform`` and LiBai's
-    ``activation_checkpoint`` on each block do; ``auto``: the blocks the plan records
-    (:attr:`TrainingConfig.recomputed`, the solver's choice); ``off``: none."""
+    ``activation_checkpoint`` on each block do; ``selective``: the attention core of every
+    block (Megatron-LM's ``--recompute-activations``); ``auto``: the units the plan records
+    (:attr:`TrainingConfig.recomputed`: the solver's choice, or a baseline's); ``off``: none."""
     if training.checkpointing == "off":
         return frozenset()
     if training.checkpointing == "auto":
         return frozenset(training.recomputed)
-    return candidate_blocks(graph)
+    blocks = candidate_blocks(graph)
+    if training.checkpointing == "selective":
+        groups = op_groups(graph, blocks).values()
+        return frozenset(u for u in groups if split_unit(u)[1] == "attention_core")
+    return blocks
+
+
+def checkpoint_blocks(graph: Graph, training: TrainingConfig) -> frozenset[str]:
+    """The whole blocks of :func:`checkpoint_units` (OneFlow's checkpointing is per block)."""
+    return frozenset(u for u in checkpoint_units(graph, training) if split_unit(u)[1] is None)
+
+
+def unit_members(graph: Graph, units: frozenset[str]) -> dict[str, str]:
+    """Forward op name -> the unit of ``units`` it is recomputed with: its block when the block
+    is one of ``units``, else its op group (:func:`autopar.ir.blocks.op_groups`) when that is."""
+    blocks = frozenset(split_unit(u)[0] for u in units)
+    groups = op_groups(graph, blocks) if any(split_unit(u)[1] for u in units) else {}
+    out: dict[str, str] = {}
+    for op in graph.ops:
+        if op.role is not Role.FORWARD:
+            continue
+        block = layer_of(op.name)
+        if block in units:
+            out[op.name] = block
+        elif groups.get(op.name) in units:
+            out[op.name] = groups[op.name]
+    return out
 
 
 NOT_RECOMPUTED_TYPES = frozenset({"variable", "input", "pipeline_recv", "output"})
@@ -208,16 +218,17 @@ def boxed_again_in_recompute(producer_copied: bool, consumer_copied: bool) -> bo
     return producer_copied and consumer_copied
 
 
-def copied_ops(graph: Graph, blocks: frozenset[str], zero_stage: int) -> frozenset[str]:
-    """The ops of ``blocks`` in OneFlow's recomputed copy: their forward ops less
-    :data:`NOT_RECOMPUTED_TYPES`, and under ZeRO (stage >= 1) their variables too (the
-    ZeRO cast between a variable and its reader is copied; a variable too small to shard
-    has none, so its edges are counted again where OneFlow does not: an upper bound)."""
+def copied_ops(graph: Graph, units: frozenset[str], zero_stage: int) -> frozenset[str]:
+    """The ops of ``units`` (blocks and op groups) in OneFlow's recomputed copy: their forward
+    ops less :data:`NOT_RECOMPUTED_TYPES`, and under ZeRO (stage >= 1) the variables of
+    recomputed blocks too (the ZeRO cast between a variable and its reader is copied; a
+    variable too small to shard has none, so its edges are counted again where OneFlow does
+    not: an upper bound)."""
+    members = unit_members(graph, units)
     return frozenset(
         op.name
         for op in graph.ops
-        if op.role is Role.FORWARD
-        and layer_of(op.name) in blocks
+        if op.name in members
         and (op.type not in NOT_RECOMPUTED_TYPES or (zero_stage >= 1 and op.type == "variable"))
     )
 
@@ -267,8 +278,7 @@ class RunCounts:
 def run_counts(graph: Graph, training: TrainingConfig, runtime: RuntimeProfile, zero_stage: int) -> RunCounts:
     """The run counts of ``graph``'s ops and edges under ``training`` on ``runtime``."""
     acc = accumulation_of(runtime)
-    blocks = checkpoint_blocks(graph, training)
-    recomputed = copied_ops(graph, blocks, zero_stage)
+    recomputed = copied_ops(graph, checkpoint_units(graph, training), zero_stage)
     reduce_from, gather_from = acc.reduce_per_micro_batch_from, acc.gather_per_micro_batch_from
     return RunCounts(
         training.micro_batches,

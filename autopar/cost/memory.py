@@ -224,18 +224,22 @@ def model_state_tensors(graph: Graph, working_copy_is_state: bool = False) -> se
     return out
 
 
-def activation_intervals(graph: Graph, working_copy_is_state: bool = False) -> dict[str, tuple[int, int]]:
+def activation_intervals(
+    graph: Graph, working_copy_is_state: bool = False, unmaterialized: frozenset[str] = frozenset()
+) -> dict[str, tuple[int, int]]:
     """Tensor -> (first, last) position in the topological order where it is live.
 
     Live from its producer's position to its last consumer's (inclusive).
-    Model-state tensors (see :func:`model_state_tensors`) are excluded.
+    Model-state tensors (see :func:`model_state_tensors`) are excluded, and so are the
+    ``unmaterialized`` ones (made and used inside one fused kernel, never written to memory:
+    :attr:`autopar.cost.fusion.Kernels.internal`).
     """
     order = graph.topological_order
     pos = {op.name: i for i, op in enumerate(order)}
     excluded = model_state_tensors(graph, working_copy_is_state)
     intervals: dict[str, tuple[int, int]] = {}
     for tname, (pname, _) in graph.producer.items():
-        if tname in excluded:
+        if tname in excluded or tname in unmaterialized:
             continue
         start = pos[pname]
         end = start

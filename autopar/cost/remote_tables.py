@@ -5,6 +5,8 @@ workers) and the worker's side (:func:`compute_remote_batch`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -121,15 +123,25 @@ def _encode_jobs(phase: str, jobs: list[Any]) -> dict[str, Any]:
 
 
 def _runtime_of(data: dict[str, Any]) -> RuntimeProfile:
-    profile = RuntimeProfile(
-        str(data["name"]),
-        Lowering(data["lowering"]),
-        int(data["grad_bucket_bytes"]),
-        bool(data["overlap_grad_comm"]),
-        ZeroSharding(data["zero_sharding"]),
-        bool(data["fuses_sibling_linears"]),
-    )
-    if profile.key() != data:
+    """The runtime profile a batch names (:meth:`RuntimeProfile.key`: every field but its source)."""
+
+    def decoded(name: str, value: Any) -> Any:
+        if name == "lowering":
+            return Lowering(value)
+        if name == "zero_sharding":
+            return ZeroSharding(value)
+        return tuple(value) if isinstance(value, list) else value
+
+    fields: dict[str, Any] = {
+        f.name: decoded(f.name, data[f.name])
+        for f in dataclasses.fields(RuntimeProfile)
+        if f.name != "source" and f.name in data
+    }
+    try:
+        profile = RuntimeProfile(**fields)
+    except TypeError as exc:
+        raise ConfigError("bad_remote_batch", f"runtime {data.get('name')!r} is malformed: {exc}") from None
+    if json.loads(json.dumps(profile.key())) != data:
         raise ConfigError("bad_remote_batch", f"runtime {data['name']!r} does not decode to the profile sent")
     return profile
 

@@ -199,7 +199,7 @@ def _edge_matrix(
     """Seconds of an edge for every producer (rows) and consumer (columns) SBP: the
     boxing matrix, except in-place ports (``inf`` off the diagonal) and gradient
     edges (bucketed, :func:`~autopar.cost.edges.edge_time`)."""
-    if kind is EdgeKind.IN_PLACE:
+    if kind in (EdgeKind.IN_PLACE, EdgeKind.FUSED):
         return np.array([[0.0 if s == d else math.inf for d in dst] for s in src], dtype=np.float64).reshape(
             len(src), len(dst)
         )

@@ -12,10 +12,15 @@ from autopar.errors import ConfigError
 
 __all__ = ["CHECKPOINTING_MODES", "TrainingConfig", "micro_batches_text"]
 
-CHECKPOINTING_MODES = ("off", "full", "auto")
+CHECKPOINTING_MODES = ("off", "full", "selective", "auto")
 """``off``: keep every activation; ``full``: recompute every transformer block (Megatron's
-and LiBai's ``actrue``); ``auto``: the solver chooses per block, jointly with the layout
-(the plan records the blocks it recomputes: :attr:`TrainingConfig.recomputed`)."""
+``--recompute-granularity full`` and LiBai's ``actrue``); ``selective``: recompute every
+block's attention core (Megatron-LM's ``--recompute-activations``, which sets
+``recompute_granularity = 'selective'``: megatron/training/arguments.py); ``auto``: the units
+the plan records (:attr:`TrainingConfig.recomputed`: blocks, or op groups of a block such as
+``layers.3::attention_core``, :mod:`autopar.ir.blocks`), chosen by the solver jointly with the
+layout, or named by a baseline (Megatron-LM's ``--recompute-method block
+--recompute-num-layers N``)."""
 
 
 @dataclass(frozen=True)
@@ -28,8 +33,10 @@ class TrainingConfig:
     micro_batches: int = 1
     checkpointing: str = "off"
     recomputed: tuple[str, ...] = ()
-    """Under ``auto``: the layer scopes (:func:`layer_of`) the plan recomputes, sorted (the
-    solver's choice; empty in a request).  Empty under ``off`` and ``full``."""
+    """Under ``auto``: the units the plan recomputes, sorted: blocks (layer scopes,
+    :func:`autopar.ir.blocks.layer_of`) and op groups of blocks
+    (:func:`autopar.ir.blocks.group_unit`); the solver's choice, empty in a request.  Empty
+    under ``off``, ``full`` and ``selective``."""
 
     def __post_init__(self) -> None:
         k = self.micro_batches

@@ -298,6 +298,14 @@ class Predicted(TypedDict, total=False):
         float, Field(description="one optimizer step: K x micro-batch + once-per-step (what is minimised)")
     ]
     iteration_time_overlapped_s: float
+    achieved_iteration_time_s: Annotated[
+        float,
+        Field(
+            description="the iteration as the runtime runs it: less the communication it hides "
+            "behind compute (overlapped gradient reduction and parameter gather)"
+        ),
+    ]
+    hidden_comm_time_s: float
     micro_batch_time_s: float
     once_per_step_time_s: float
     recompute_time_s: float

@@ -8,7 +8,7 @@ stage's data-parallel axes.  Its wire format is ``autopar.pipeline/v1``
 
 The iteration (1F1B, PipeDream-flush; Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM", sec. 2.2; Harlap et al. 2018,
-PipeDream) is priced by :func:`one_f_one_b_iteration`, the memory of a stage by
+PipeDream) is priced by :func:`autopar.pipeline.schedule.one_f_one_b_iteration`, the memory of a stage by
 :func:`stage_memory_bytes`, the point-to-point traffic between stages by
 :func:`boundary_time`.  :func:`evaluate_pipeline` re-checks all of it from the graph.
 """
@@ -16,6 +16,7 @@ PipeDream) is priced by :func:`one_f_one_b_iteration`, the memory of a stage by
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from autopar.cost.activation_spans import activation_spans, variable_memory_byte
 from autopar.cost.compute import boundary_bytes_per_device, stage_boundary_link
 from autopar.cost.evaluate import evaluate
 from autopar.cost.evaluation import Evaluation
+from autopar.cost.fusion import fused_kernels
 from autopar.cost.memory import graph_state_bytes, shard_bytes
 from autopar.errors import ConfigError, PlanError
 from autopar.hardware.cluster import Cluster
@@ -32,7 +34,7 @@ from autopar.ir.graph import DTYPE_BYTES, Graph, Role
 from autopar.ir.plan import Plan, format_bytes
 from autopar.ir.sbp import NdSbp
 from autopar.pipeline.plan import PipelinePlan
-from autopar.pipeline.schedule import in_flight_micro_batches, one_f_one_b_iteration
+from autopar.pipeline.schedule import interleaved_in_flight, interleaved_iteration, interleaving_refusal
 from autopar.pipeline.split import RECV_SUFFIX, StageSlice, split_graph, stage_devices
 from autopar.runtimes.profile import Lowering
 from autopar.runtimes.registry import runtime_profile
@@ -51,7 +53,7 @@ __all__ = [
 
 
 def stage_memory_bytes(
-    peak_one_micro_batch: float, stash_bytes: float, in_flight: int, extra: float = 0.0
+    peak_one_micro_batch: float, stash_bytes: float, in_flight: float, extra: float = 0.0
 ) -> float:
     """Bytes per device of a stage: ``peak + (m - 1) * stash + extra``.
 
@@ -59,8 +61,8 @@ def stage_memory_bytes(
     activations, boxed copies; :func:`autopar.cost.evaluate.evaluate`); ``stash``: the
     activations one micro-batch keeps from its forward to its backward
     (:func:`stash_bytes`: with per-block checkpointing only the blocks' inputs);
-    ``m``: micro-batches in flight (:func:`in_flight_micro_batches`); ``extra``: the model
-    states of a copied parameter beyond the copy's own parameter bytes (the tied word
+    ``m``: micro-batches in flight (:func:`autopar.pipeline.schedule.interleaved_in_flight`);
+    ``extra``: the model states of a copied parameter beyond the copy's own parameter bytes (the tied word
     embedding's gradient and optimizer states on the last stage)."""
     return peak_one_micro_batch + (in_flight - 1) * stash_bytes + extra
 
@@ -108,7 +110,7 @@ class StageCost:
     once_comm_s: float
     stash_bytes: float
     extra_bytes: float
-    in_flight: int
+    in_flight: float
     memory_bytes: float
     tied_time_s: float = 0.0
     """Seconds per micro-batch moving a tied parameter or its gradient (``oneflow-0.9``)."""
@@ -131,6 +133,10 @@ class PipelineEvaluation:
     iteration_time_s: float
     memory_per_device_bytes: float
     errors: list[str]
+    achieved_iteration_time_s: float = math.nan
+    """The iteration as the stages' runtime runs it: each stage's once-per-step work less the
+    communication it hides (:attr:`autopar.cost.evaluation.Evaluation.hidden_comm_time_s`)."""
+    virtual_stages: int = 1
 
     @property
     def valid(self) -> bool:
@@ -141,11 +147,16 @@ class PipelineEvaluation:
         """Share of the iteration the slowest stage waits in the fill and drain."""
         busy = len(self.stages) and max(s.micro_batch_time_s for s in self.stages)
         k = self.stages[0].evaluation.training.micro_batches if self.stages else 1
+        if self.virtual_stages > 1:  # the bubble of interleaved 1F1B: over v, for v times the sends
+            busy = max(
+                s.micro_batch_time_s + (self.virtual_stages - 1) * s.receive_time_s for s in self.stages
+            )
         return 1 - (k * busy) / self.iteration_time_s if self.iteration_time_s > 0 else 0.0
 
     def predicted(self) -> dict[str, Any]:
         return {
             "iteration_time_s": self.iteration_time_s,
+            "achieved_iteration_time_s": self.achieved_iteration_time_s,
             "memory_per_device_bytes": self.memory_per_device_bytes,
             "bubble_fraction": self.bubble_fraction,
             "stages": [
@@ -178,7 +189,8 @@ def stash_bytes(graph: Graph, plan: Plan) -> float:
     order = graph.topological_order
     last_forward = max((i for i, op in enumerate(order) if op.role is Role.FORWARD), default=0)
     total = 0.0
-    for tname, start, end in activation_spans(graph, plan.training, working_copy_is_state=True):
+    fused = fused_kernels(graph, runtime_profile(plan.runtime)).internal
+    for tname, start, end in activation_spans(graph, plan.training, True, fused):
         if not start <= last_forward < end:
             continue
         pname, port = graph.producer[tname]
@@ -320,7 +332,7 @@ def evaluate_pipeline(
         errors.extend(f"stage {sl.index}: {e}" for e in ev.errors)
         stash = stash_bytes(sl.graph, sp)
         extra = _copy_extra_bytes(graph, sl, sp)
-        m = in_flight_micro_batches(sl.index, len(slices), k)
+        m = interleaved_in_flight(sl.index, len(slices), k, plan.virtual_stages)
         mem = stage_memory_bytes(ev.memory.total, stash, m, extra)
         costs.append(
             StageCost(
@@ -336,8 +348,15 @@ def evaluate_pipeline(
                 bc.tied[sl.index],
             )
         )
-    iteration = one_f_one_b_iteration(
-        [c.micro_batch_time_s for c in costs], [c.once_per_step_s for c in costs], k
+    refusal = interleaving_refusal(len(slices), min(plan.counts), k, plan.virtual_stages)
+    if refusal is not None:
+        errors.append(refusal)
+    micro = [c.micro_batch_time_s for c in costs]
+    sends = [c.receive_time_s for c in costs]
+    v = plan.virtual_stages
+    iteration = interleaved_iteration(micro, [c.once_per_step_s for c in costs], sends, k, v)
+    achieved = interleaved_iteration(
+        micro, [c.once_per_step_s - c.evaluation.hidden_comm_time_s for c in costs], sends, k, v
     )
     memory = max(c.memory_bytes for c in costs)
     if plan.memory_budget_bytes is not None and memory > plan.memory_budget_bytes:
@@ -345,7 +364,7 @@ def evaluate_pipeline(
             f"memory {format_bytes(memory)} per device exceeds the budget "
             + format_bytes(plan.memory_budget_bytes)
         )
-    return PipelineEvaluation(costs, iteration, memory, errors)
+    return PipelineEvaluation(costs, iteration, memory, errors, achieved, v)
 
 
 def priced(plan: PipelinePlan, ev: PipelineEvaluation) -> PipelinePlan:

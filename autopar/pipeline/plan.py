@@ -34,10 +34,17 @@ class PipelinePlan:
     source: str = "autopar"
     memory_budget_bytes: int | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    virtual_stages: int = 1
+    """Model chunks per device under Megatron-LM's interleaved 1F1B (1: plain 1F1B)."""
 
     @property
     def iteration_time_s(self) -> float:
         return float(self.predicted.get("iteration_time_s", math.nan))
+
+    @property
+    def achieved_iteration_time_s(self) -> float:
+        """The iteration as the stages' runtime runs it (less the communication it hides)."""
+        return float(self.predicted.get("achieved_iteration_time_s", self.iteration_time_s))
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -62,6 +69,7 @@ class PipelinePlan:
             "solver": self.solver,
             "diagnostics": self.diagnostics,
             "stages": [p.to_dict() for p in self.stages],
+            **({"virtual_stages": self.virtual_stages} if self.virtual_stages > 1 else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -80,8 +88,9 @@ class PipelinePlan:
             f.write(self.to_json(indent=1))
 
     def mesh_text(self) -> str:
-        """``2 stages x [32, 8]``."""
-        return f"{self.num_stages} stages x {list(self.stages[0].mesh.shape)}"
+        """``2 stages x [32, 8]`` (``, 2 chunks each`` under interleaving)."""
+        chunks = f", {self.virtual_stages} chunks each" if self.virtual_stages > 1 else ""
+        return f"{self.num_stages} stages x {list(self.stages[0].mesh.shape)}{chunks}"
 
     @classmethod
     def from_dict(cls, data: Any) -> PipelinePlan:
@@ -102,6 +111,7 @@ class PipelinePlan:
                 str(data.get("source", "autopar")),
                 data.get("memory_budget_bytes"),
                 dict(data.get("diagnostics") or {}),
+                int(data.get("virtual_stages", 1)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError("bad_plan", f"malformed {FORMAT} document: {exc}") from None

@@ -32,8 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from autopar.cost.iteration import candidate_blocks, layer_of, once_per_step_ops
+from autopar.cost.iteration import candidate_blocks, once_per_step_ops
 from autopar.errors import ConfigError
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph, Op, Role, Variable
 from autopar.ir.optimizer import weight_gradient_path
 

@@ -124,7 +124,13 @@ class RuntimeProfile:
     grad_bucket_bytes: int = 25 * MIB
     """Gradient bucket size in bytes; 0 = every gradient is its own collective."""
     overlap_grad_comm: bool = True
-    """Data-parallel gradient reduction overlaps the backward pass."""
+    """Data-parallel gradient reduction overlaps the backward pass: the reduction after the
+    last micro-batch hides behind that micro-batch's backward (or each reduction behind its
+    micro-batch's, where the runtime reduces every micro-batch)."""
+    overlap_param_gather: bool = False
+    """The parameter all-gather after the update (ZeRO-1/2, Megatron-LM's distributed
+    optimizer) hides behind the next step's first forward (Megatron-LM's
+    ``--overlap-param-gather``)."""
     zero_sharding: ZeroSharding = ZeroSharding.ALL_AXES
     """Mesh axes ZeRO shards a replicated parameter's gradient and states over."""
     groups_fan_out: bool = True
@@ -133,6 +139,10 @@ class RuntimeProfile:
     one boxing per tensor and destination placement and N-D SBP; Megatron-LM: one explicit
     collective per tensor its layers need, e.g. one all-gather before the fused QKV GEMM;
     ideal collectives likewise).  :func:`autopar.cost.evaluate.evaluate` prices a plan so."""
+    fused_kernels: tuple[str, ...] = ()
+    """The kernel fusions the framework runs (:data:`autopar.cost.fusion.FUSIONS`):
+    ``flash_attention``, ``bias_gelu``, ``bias_dropout_add``; :mod:`autopar.cost.fusion` prices
+    them (one kernel, what it keeps in memory)."""
     fuses_sibling_linears: bool = False
     """The framework runs the column-parallel linears that read one activation as one GEMM
     (Megatron-LM's ``query_key_value``, a cross-attention's ``key_value``, the gated

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from autopar.cost.activation_spans import activation_spans, variable_memory_bytes
+from autopar.cost.fusion import fused_kernels
 from autopar.cost.memory import boxed_copy_bytes, graph_state_bytes, zero3_gather_buffer_bytes
 from autopar.cost.tables import CostTables
 from autopar.cost.weighted_tables import table_costs, training_of
@@ -117,7 +118,10 @@ def _memory_rows(tables: CostTables, index: dict[str, int], positions: list[int]
     order = graph.topological_order
     states = state_terms(tables, index)
     # checkpointing: a recomputed tensor is live twice (autopar.cost.activation_spans.activation_spans)
-    spans = activation_spans(graph, training_of(tables))
+    # a fused kernel's internal tensors are never in memory (autopar.cost.fusion)
+    spans = activation_spans(
+        graph, training_of(tables), unmaterialized=fused_kernels(graph, tables.runtime).internal
+    )
     by_consumer: dict[int, list[int]] = {}
     for e_index, e in enumerate(tables.edges):
         by_consumer.setdefault(index[e.consumer], []).append(e_index)

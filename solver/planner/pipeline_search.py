@@ -29,11 +29,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from autopar.cost.iteration import layer_of
 from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError, VerificationError
 from autopar.hardware.cluster import Cluster
 from autopar.infra.progress import Deadline, ProgressFn
 from autopar.infra.store import KeyValueStore, MemoryStore
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan, format_bytes
 from autopar.pipeline.evaluate import PipelineEvaluation, evaluate_pipeline, priced, stage_cluster, stage_link

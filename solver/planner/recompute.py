@@ -46,9 +46,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.cost.activation_spans import block_readers, tensor_spans
-from autopar.cost.iteration import boxed_again_in_recompute, candidate_blocks, checkpoint_blocks, layer_of
+from autopar.cost.fusion import fused_kernels
+from autopar.cost.iteration import boxed_again_in_recompute, candidate_blocks, checkpoint_units
 from autopar.cost.tables import CostTables
 from autopar.cost.weighted_tables import recompute_table_costs, training_of
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph, Role
 from autopar.ir.training import TrainingConfig
 
@@ -213,8 +215,10 @@ def _lives(tables: CostTables, rc: RecomputeChoices) -> _Lives:
     graph: Graph = tables.graph
     blocks = frozenset(rc.blocks)
     none: frozenset[str] = frozenset()
+    fused = fused_kernels(graph, tables.runtime).internal
     spans = tuple(
-        tuple(tensor_spans(graph, dropped, held) for held in (none, blocks)) for dropped in (none, blocks)
+        tuple(tensor_spans(graph, dropped, held, unmaterialized=fused) for held in (none, blocks))
+        for dropped in (none, blocks)
     )
     readers = block_readers(graph, blocks)
     edge_of: dict[str, int | None] = {t: None for t in readers}
@@ -258,5 +262,10 @@ def least_spans(tables: CostTables) -> list[tuple[str, int, int]]:
     if training.checkpointing == "auto":
         dropped, held = candidate_blocks(graph), frozenset[str]()
     else:
-        dropped = held = checkpoint_blocks(graph, training)
-    return [(t, s, e) for t, spans in tensor_spans(graph, dropped, held).items() for s, e in spans]
+        dropped = held = checkpoint_units(graph, training)
+    fused = fused_kernels(graph, tables.runtime).internal
+    return [
+        (t, s, e)
+        for t, spans in tensor_spans(graph, dropped, held, unmaterialized=fused).items()
+        for s, e in spans
+    ]

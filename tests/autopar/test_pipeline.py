@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from autopar.baselines.configs import parse_config
+from autopar.baselines.megatron.configs import megatron_config
 from autopar.baselines.megatron.pipeline import pipeline_baseline
 from autopar.errors import ConfigError
 from autopar.hardware.cluster import Cluster
@@ -95,7 +95,7 @@ def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
     activation's receive is Megatron's hand count b s h x 2 bytes / dp per device."""
     graph = build("tiny-gpt")
     cluster = Cluster.parse("2x4")
-    config = parse_config("megatron", "tp=2,dp=2,pp=2", cluster)
+    config = megatron_config("tp=2,dp=2,pp=2", cluster)
     k = 4
     plan = pipeline_baseline(graph, cluster, config, TrainingConfig(k, "full"))
     ev = evaluate_pipeline(graph, plan)
@@ -116,9 +116,7 @@ def test_megatron_ptd_p_is_priced_as_its_stages_and_rechecked():
     assert ev.stages[1].receive_time_s == pytest.approx(receive, rel=1e-9)
     # the JSON form round-trips and re-checks to the same iteration
     again = PipelinePlan.from_dict(plan.to_dict())
-    assert evaluate_pipeline(graph, again).iteration_time_s == pytest.approx(
-        ev.iteration_time_s
-    )
+    assert evaluate_pipeline(graph, again).iteration_time_s == pytest.approx(ev.iteration_time_s)
     assert math.isclose(plan.iteration_time_s, ev.iteration_time_s)
 
 
@@ -127,10 +125,11 @@ def test_the_command_line_prices_megatron_ptd_p_and_re_checks_it_at_another_k(tm
 
     out = tmp_path / "meg.json"
     argv = ["baseline", "megatron", "tiny-gpt", "--cluster", "2x4", "--micro-batches", "4"]
-    assert main([*argv, "--megatron-config", "tp=2,dp=2,pp=2", "--out", str(out)]) == 0
+    named = "tp=2,dp=2,pp=2,vpp=1,sp=off,recompute=full,optimizer=ddp"
+    assert main([*argv, "--megatron-config", named, "--out", str(out)]) == 0
     written = PipelinePlan.from_json(out.read_text())
     assert written.counts == (1, 1) and written.source == "baseline:megatron"
-    assert "tp=2, dp=2, pp=2, DDP" in capsys.readouterr().out
+    assert "tp=2, dp=2, pp=2, recompute=full, DDP" in capsys.readouterr().out
     assert main(["evaluate", "tiny-gpt", str(out), "--micro-batches", "8", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     graph = build("tiny-gpt")
@@ -150,7 +149,7 @@ def test_a_checkpointed_middle_stage_stashes_its_block_input_per_micro_batch():
     graph = build("tiny-gpt", layers=4)
     cluster = Cluster.parse("4x2")
     plan = pipeline_baseline(
-        graph, cluster, parse_config("megatron", "tp=2,dp=1,pp=4", cluster), TrainingConfig(8, "full")
+        graph, cluster, megatron_config("tp=2,dp=1,pp=4", cluster), TrainingConfig(8, "full")
     )
     ev = evaluate_pipeline(graph, plan)
     cfg = graph.meta["config"]

@@ -1,4 +1,5 @@
-"""``autopar baseline megatron --megatron-config tp=T,dp=D``: the configuration the user runs (issue 33)."""
+"""``autopar baseline megatron --megatron-config tp=T,dp=D``: the configuration the user runs (issue 33),
+the keys left out searched for the fastest that fits (issue 41)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ def test_baseline_prices_the_named_megatron_configuration(tmp_path: Path) -> Non
         "--megatron-config", "tp=4,dp=2,optimizer=distributed", "--out", "m.json", cwd=tmp_path,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    assert "tp=4, dp=2, pp=1, distributed optimizer, runtime megatron-lm (named)" in made.stdout
+    line = next(x for x in made.stdout.splitlines() if x.startswith("configuration"))
+    assert (
+        line.startswith("configuration  tp=4, dp=2, pp=1, ")
+        and "distributed optimizer, runtime megatron-lm" in line
+    )
+    assert "(named 'tp=4,dp=2,optimizer=distributed'" in line  # sp and the recomputation searched
     saved = json.loads((tmp_path / "m.json").read_text())
     assert saved["mesh"]["shape"] == [2, 4]  # [dp, tp]: tp inside a node
     assert (saved["zero_stage"], saved["runtime"]) == (1, "megatron-lm")
@@ -29,7 +35,20 @@ def test_a_configuration_that_does_not_cover_the_cluster_is_a_user_error(tmp_pat
         "--megatron-config", "tp=3,dp=2", "--out", "m.json", cwd=tmp_path,
     )  # fmt: skip
     assert bad.returncode == 2
-    assert bad.stderr.startswith("autopar: error: [bad_baseline_config]") and "tp(3) * dp(2)" in bad.stderr
+    assert bad.stderr.startswith("autopar: error: [bad_baseline_config]")
+    assert "tp(3) must divide the 4 devices of a node" in bad.stderr
+    other = run_cli(
+        "baseline", "megatron", "tiny-gpt", "--cluster", "2x4",
+        "--megatron-config", "tp=2,dp=2,pp=1", "--out", "m.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert other.returncode == 2 and "tp(2) * dp(2) * pp(1) != devices(8)" in other.stderr
+    # with pp left out, tp=2, dp=2 is a pipeline of two stages: searched, not refused
+    staged = run_cli(
+        "baseline", "megatron", "tiny-gpt", "--cluster", "2x4",
+        "--megatron-config", "tp=2,dp=2", "--out", "s.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert staged.returncode == 0, staged.stderr
+    assert "tp=2, dp=2, pp=2" in staged.stdout
 
 
 def test_plan_compare_prices_megatron_at_the_named_configuration_and_records_it(tmp_path: Path) -> None:
@@ -40,7 +59,8 @@ def test_plan_compare_prices_megatron_at_the_named_configuration_and_records_it(
         "--compare", "--megatron-config", "tp=2,dp=4", "--out", "p.json", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "tp=2, dp=4, pp=1, DDP, runtime megatron-lm (named)" in done.stdout
+    line = next(x for x in done.stdout.splitlines() if x.strip().startswith("megatron ") and "(named)" in x)
+    assert "tp=2, dp=4, pp=1" in line and line.endswith("runtime megatron-lm (named)")
     saved = json.loads((tmp_path / "p.json").read_text())
     compared = {row["kind"]: row for row in saved["diagnostics"]["compare"]}
     megatron = compared["megatron"]

@@ -104,9 +104,7 @@ def test_megatron_lm_tensor_parallel_bytes_within_2_percent_of_the_hand_count(
     job = heldout_jobs / f"{family}_zero2.pb"
     graph = import_job(job, zero_stage=2)
     mesh = import_plan(job, graph=graph, zero_stage=2).mesh
-    ev = evaluate(
-        graph, baseline_plan("megatron", graph, mesh, stage, runtime="megatron-lm")
-    )
+    ev = evaluate(graph, baseline_plan("megatron", graph, mesh, stage, runtime="megatron-lm"))
     hand_family, cfg = family_config(family)
     assert ev.valid, ev.errors[:3]
     assert ev.comm_bytes_per_axis[1] == pytest.approx(hand_count_family(hand_family, cfg, mesh), rel=0.02)

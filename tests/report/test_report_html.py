@@ -145,10 +145,10 @@ def test_the_report_shows_the_iteration_of_each_plan(graph) -> None:
     plan = baseline("tiny-gpt", "data-parallel", 2)
     plan.training = TrainingConfig(8, "off")
     megatron = baseline_beside("megatron", graph, plan)
-    assert megatron.training == TrainingConfig(8, "full")  # Megatron recomputes every block
+    assert megatron.training == TrainingConfig(8, "off")  # Megatron-LM recomputes nothing by default
     html = build_report(graph, plan, [("megatron", megatron)], 2 * GIB, label="dp")
     assert "K = 8 micro-batches per step,\ncheckpointing off" in html
-    assert "<td>8, off</td><td>8, full</td>" in html
+    assert "<td>8, off</td><td>8, off</td>" in html
     row = re.search(r"evaluated iteration \(K micro-batches \+ once per step\)</th>(.*?)</tr>", html)
     assert row is not None
     shown = [float(x.replace(",", "")) for x in re.findall(r"<b>([0-9.,]+) ms</b>", row.group(1))]
@@ -165,7 +165,7 @@ def test_cli_report_prices_the_plan_and_its_baselines_at_the_asked_iteration(tmp
     default = _cli(*args, "a.html", cwd=tmp_path)
     assert default.returncode == 0, default.stderr
     # default: the plan's own iteration (K = 1, off); megatron at the same K with its checkpointing
-    assert "<td>1, off</td><td>1, full</td><td>1, off</td>" in (tmp_path / "a.html").read_text()
+    assert "<td>1, off</td><td>1, off</td><td>1, off</td>" in (tmp_path / "a.html").read_text()
     asked = _cli(*args, "b.html", "--micro-batches", "8", "--checkpointing", "full", cwd=tmp_path)
     assert asked.returncode == 0, asked.stderr
     html = (tmp_path / "b.html").read_text()
@@ -202,13 +202,13 @@ def test_the_planner_rows_are_the_iteration_and_the_same_iteration_under_overlap
 
 def test_the_headline_names_each_plans_configuration(graph) -> None:
     """A baseline priced at its own configuration shows it in its users' words (issue 33)."""
-    from autopar.baselines.configs import parse_config
+    from autopar.baselines.megatron.configs import megatron_config
 
     plan = baseline("tiny-gpt", "inferred", 2)
     megatron = baseline("tiny-gpt", "megatron", 0)
-    conf = parse_config("megatron", "tp=2,dp=4", megatron.mesh.cluster)
+    conf = megatron_config("tp=2,dp=4", megatron.mesh.cluster)
     megatron.diagnostics["baseline_configuration"] = {**conf.to_dict(), "named_by_user": True}
     text = build_report(graph, plan, [("megatron", megatron)], 2 * GIB, label="inferred")
     assert "<th>configuration</th>" in text
-    assert "tp=2, dp=4, pp=1, DDP (named)" in text
+    assert "tp=2, dp=4, pp=1, recompute=none, DDP (named)" in text
     assert f"mesh {list(plan.mesh.shape)}, ZeRO-2, runtime {plan.runtime}" in text

@@ -67,7 +67,7 @@ def test_a_plan_is_verified_when_the_first_rounds_plan_breaks_memory(graph, solv
     assert len(rounds) >= 2 and p.solver["memory_rows"] >= 1
     ev = evaluate(graph, p)
     assert ev.valid and ev.memory.total <= budget
-    assert p.solver["objective"] == pytest.approx(ev.iteration_time_s, rel=1e-6)
+    assert p.solver["objective"] == pytest.approx(ev.per_edge_iteration_time_s, rel=1e-6)
 
 
 def test_after_an_overflow_a_round_keeps_time_for_the_next(solved) -> None:

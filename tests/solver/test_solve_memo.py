@@ -88,7 +88,7 @@ def test_a_repeated_problem_is_recalled_and_re_checked(graph, once):
         assert again.solver["objective"] <= first.solver["objective"] + 1e-15
         assert again.solver["bound"] >= first.solver["bound"] - 1e-15
     ev = evaluate(graph, again)
-    assert ev.valid and ev.step_time_s == pytest.approx(again.solver["objective"], rel=1e-9)
+    assert ev.valid and ev.per_edge_iteration_time_s == pytest.approx(again.solver["objective"], rel=1e-9)
     # another ZeRO stage is another problem
     other = plan(PlanRequest(graph, CLUSTER, SHAPE, None, 3, OPTIONS), store=store)
     assert _memo(other)["key"] != memo["key"] and _memo(other)["found"] is False

@@ -14,7 +14,7 @@ whole priced and re-checked by :func:`autopar.pipeline.evaluate.evaluate_pipelin
 from __future__ import annotations
 
 from autopar.baselines.configs import BaselineConfig
-from autopar.baselines.plans import baseline_plan
+from autopar.baselines.walks import WalkMemo
 from autopar.cost.evaluate import attach_evaluation
 from autopar.errors import ConfigError
 from autopar.hardware.cluster import Cluster
@@ -34,9 +34,11 @@ def pipeline_baseline(
     config: BaselineConfig,
     training: TrainingConfig,
     memory_budget_bytes: int | None = None,
+    walks: WalkMemo | None = None,
 ) -> PipelinePlan:
     """The ``config.kind`` baseline of ``graph`` in ``config.pipeline`` equal stages, each on
-    ``config.mesh_shape``, evaluated (one boxing per tensor and layout, as runtimes run it)."""
+    ``config.mesh_shape``, under 1F1B interleaved with ``config.virtual_stages`` chunks per
+    device, with ``config.sequence_parallel``, evaluated as the runtime runs it."""
     blocks = len(ordered_blocks(graph))
     stages = config.pipeline
     if stages < 1 or blocks % stages:
@@ -50,10 +52,11 @@ def pipeline_baseline(
     slices = split_graph(graph, counts, link.crosses_nodes)
     sub = stage_cluster(cluster, stages)
     plans = []
+    walks = walks or WalkMemo()
     for sl in slices:
-        p = baseline_plan(
-            config.kind, sl.graph, Mesh(sub, config.mesh_shape), config.zero_stage, runtime=config.runtime
-        )
+        mesh = Mesh(sub, config.mesh_shape)
+        sp = config.sequence_parallel
+        p = walks.plan(config.kind, sl.graph, mesh, config.zero_stage, config.runtime, sp)
         p.training = training
         plans.append(p)
     pp = PipelinePlan(
@@ -65,6 +68,7 @@ def pipeline_baseline(
         training,
         source=f"baseline:{config.kind}",
         memory_budget_bytes=memory_budget_bytes,
+        virtual_stages=config.virtual_stages,
     )
     ev = evaluate_pipeline(graph, pp, slices=slices)
     for p, cost in zip(plans, ev.stages):  # each stage's own figures, from the same evaluation

@@ -19,7 +19,7 @@ OneFlow 0.9's ``nn.Graph`` runs it when
   ``Sys-Checkpointing-Fake-Fw-Op_<op>`` ops (``OneFlow-System-Checkpointing-Fake-Fw-Op_`` in
   later sources) in the backward pass and points the backward consumers at the copies.
 
-This module maps a plan's recomputed layer scopes (:func:`autopar.cost.iteration.layer_of`
+This module maps a plan's recomputed layer scopes (:func:`autopar.ir.blocks.layer_of`
 names, e.g. ``model.h.0`` for ops OneFlow names ``model.h.0.attn-...`` in a graph that holds
 the module as ``model``) to modules, configures a graph, and reads both back from a built
 or compiled job.  OneFlow is imported only where a graph is configured.
@@ -31,8 +31,9 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from autopar.bridges.oneflow.convert import input_bns
-from autopar.cost.iteration import checkpoint_blocks, layer_of
+from autopar.cost.iteration import checkpoint_blocks
 from autopar.errors import PlanError
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan
 from autopar.ir.training import TrainingConfig
@@ -88,7 +89,7 @@ def block_scopes(module: Any, graph_attr: str = "model") -> dict[str, str]:
 
     A block is a named submodule whose path ends at its first numeric component
     (``h.0``, ``encoder.block.3``: an element of a top-level ``ModuleList``); its scope is
-    ``{graph_attr}.{path}``, what :func:`autopar.cost.iteration.layer_of` gives the ops inside
+    ``{graph_attr}.{path}``, what :func:`autopar.ir.blocks.layer_of` gives the ops inside
     it.  These are the scopes ``full`` checkpointing recomputes
     (:func:`autopar.cost.iteration.checkpoint_blocks` on the job's graph)."""
     out: dict[str, str] = {}
@@ -184,7 +185,7 @@ def job_micro_batches(job: Any) -> int:
 
 
 def job_recomputed_scopes(job: Any) -> list[str]:
-    """Sorted layer scopes (:func:`autopar.cost.iteration.layer_of`) of the forward ops a job
+    """Sorted layer scopes (:func:`autopar.ir.blocks.layer_of`) of the forward ops a job
     recomputes: those its recompute copies (:data:`FAKE_FORWARD_PREFIXES`) copy, less
     OneFlow's own ``System-`` ops (a ZeRO cast inside a recomputed block is copied too),
     the blocks only (scopes with a numeric component, as

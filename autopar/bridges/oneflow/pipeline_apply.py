@@ -47,8 +47,8 @@ from typing import Any
 
 from autopar.bridges.oneflow.apply import _variable_layouts, from_flow_sbp, to_flow_sbp
 from autopar.bridges.oneflow.jobs import _require_oneflow
-from autopar.cost.iteration import layer_of
 from autopar.errors import PlanError
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph, Role
 from autopar.ir.sbp import B, NdSbp
 from autopar.pipeline.plan import PipelinePlan
