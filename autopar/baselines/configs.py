@@ -16,8 +16,9 @@ Megatron-LM user runs)::
   recomputation, DDP or the distributed optimizer, overlapped reduction and gather), priced
   under the ``megatron-lm`` runtime (:mod:`autopar.runtimes.megatron_lm`).  The mesh is
   ``[d, t]`` (``[N]`` when ``t = 1``), one stage's under a pipeline.
-* ``data-parallel`` -- ZeRO over every device: the 1-D mesh ``[N]``, the request's ZeRO
-  stage and runtime.
+* ``data-parallel`` -- ZeRO over every device: the 1-D mesh ``[N]`` and the same laid over the
+  nodes, ``[nodes, devices per node]`` (its collectives hierarchical), the request's ZeRO stage
+  and runtime.
 * ``inferred`` -- LiBai's ``dp x mp`` with OneFlow 0.9's SBP inference: ``[N / t, t]`` for
   ``t`` in 2..devices per node and ``[N]``, the request's ZeRO stage and runtime (LiBai runs
   on OneFlow), with or without recomputing every block (LiBai's ``activation_checkpoint``,
@@ -144,8 +145,9 @@ def candidate_configs(
     ``cluster`` (module docstring); ``zero_stage`` and ``runtime`` are the request's.
     Megatron-LM's space: :func:`autopar.baselines.megatron.configs.megatron_structures`."""
     n, per_node = cluster.world_size, cluster.devices_per_node
-    if kind == "data-parallel":
-        return [BaselineConfig(kind, (n,), zero_stage, runtime)]
+    if kind == "data-parallel":  # flat, and laid over the nodes as a user would ([nodes, per node])
+        shapes = [(n,)] + ([(cluster.nodes, per_node)] if cluster.nodes > 1 and per_node > 1 else [])
+        return [BaselineConfig(kind, shape, zero_stage, runtime) for shape in shapes]
     if kind == "inferred":
         return [BaselineConfig(kind, _dp_tp_shape(n, tp), zero_stage, runtime) for tp in _divisors(per_node)]
     raise ConfigError("unknown_baseline", f"no configurations are searched for baseline {kind!r}")

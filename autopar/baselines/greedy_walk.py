@@ -19,6 +19,7 @@ from collections import Counter
 
 from autopar.baselines.problem import _Layout, _Problem
 from autopar.cost.compute import op_compute_time
+from autopar.cost.edges import same_layout
 from autopar.cost.fusion import fused_kernels
 from autopar.ir.graph import DTYPE_BYTES, Graph, Op, Role, Variable
 from autopar.ir.optimizer import model_port_index
@@ -180,7 +181,8 @@ class _GreedyWalk:
             t = op.inputs[port]
             src = self.tensor_sbp[t]
             if src != dst:
-                if self.kernels.same_kernel(self.graph.producer[t][0], op.name):
+                fused = self.kernels.same_kernel(self.graph.producer[t][0], op.name)
+                if fused and not same_layout(src, dst, self.p.mesh.shape):
                     return math.inf, changed + 1  # a fused kernel cannot box between its ops
                 changed += 1
                 spec = self.graph.tensors[t]

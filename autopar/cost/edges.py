@@ -6,6 +6,7 @@ is paid per bucket (:func:`bucketed_time`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
 
 from autopar.hardware.mesh import Mesh
@@ -17,7 +18,7 @@ from autopar.runtimes.boxing import BoxingPlan, step_latency
 from autopar.runtimes.profile import Lowering, RuntimeProfile
 from autopar.runtimes.registry import boxing_plan
 
-__all__ = ["EdgeKind", "bucketed_time", "edge_kind", "edge_time"]
+__all__ = ["EdgeKind", "bucketed_time", "edge_kind", "edge_time", "same_layout"]
 
 
 def bucketed_time(plan: BoxingPlan, tensor_bytes: float, bucket_bytes: int, mesh: Mesh) -> float:
@@ -90,6 +91,12 @@ def edge_kind(
     return EdgeKind.BOXING
 
 
+def same_layout(src: NdSbp, dst: NdSbp, mesh_shape: Sequence[int]) -> bool:
+    """Whether ``src`` and ``dst`` place a tensor alike: equal on every mesh axis of more than
+    one device (on a size-1 axis every value holds the whole tensor)."""
+    return all(a == b or n == 1 for a, b, n in zip(src, dst, mesh_shape, strict=True))
+
+
 def edge_time(
     spec: TensorSpec, src: NdSbp, dst: NdSbp, mesh: Mesh, kind: EdgeKind, runtime: RuntimeProfile
 ) -> tuple[float, BoxingPlan | None]:
@@ -101,7 +108,9 @@ def edge_time(
     """
     if src == dst or kind is EdgeKind.SHAPE_ONLY:
         return 0.0, None
-    if kind in (EdgeKind.IN_PLACE, EdgeKind.FUSED):
+    if kind is EdgeKind.FUSED:
+        return (0.0, None) if same_layout(src, dst, mesh.shape) else (math.inf, None)
+    if kind is EdgeKind.IN_PLACE:
         return math.inf, None
     plan = boxing_plan(spec.shape, DTYPE_BYTES[spec.dtype], src, dst, mesh, runtime.lowering.value)
     if kind is EdgeKind.GRADIENT and plan.feasible:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from autopar.cost.activation_spans import accumulation_buffer_bytes, activation_spans
 from autopar.cost.compute import op_compute_time, rule_context
-from autopar.cost.edges import EdgeKind, edge_kind, edge_time
+from autopar.cost.edges import EdgeKind, edge_kind, edge_time, same_layout
 from autopar.cost.evaluation import EdgeCost, Evaluation, OpCost, PricingMemo
 from autopar.cost.fusion import NO_KERNELS, Kernels, fused_kernels, priced_op
 from autopar.cost.iteration import RunCounts, run_counts
@@ -251,11 +251,13 @@ def _price_edges(p: _Pricing) -> None:
                     f"producer's layout {src}, not {dst}"
                 )
                 continue
-            if kind is EdgeKind.FUSED:
-                p.errors.append(
-                    f"op {op.name!r} port {port!r} reads {tensor!r} inside one fused kernel "
-                    f"({p.kernels.instance[op.name]}): it must take the producer's layout {src}, not {dst}"
-                )
+            if kind is EdgeKind.FUSED:  # inside one kernel nothing moves: the layouts must agree
+                if not same_layout(src, dst, mesh.shape):
+                    p.errors.append(
+                        f"op {op.name!r} port {port!r} reads {tensor!r} inside one fused kernel "
+                        f"({p.kernels.instance[op.name]}): it must take the producer's layout {src}, "
+                        f"not {dst}"
+                    )
                 continue
             spec = graph.tensors[tensor]
             p.copies.append(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autopar.cost.compute import op_compute_time, op_signatures
-from autopar.cost.edges import EdgeKind, edge_time
+from autopar.cost.edges import EdgeKind, edge_time, same_layout
 from autopar.hardware.mesh import Mesh
 from autopar.ir.graph import DTYPE_BYTES, Graph, Op, TensorSpec
 from autopar.ir.sbp import NdSbp, Signature, parse_signature
@@ -200,9 +200,13 @@ def _edge_matrix(
     boxing matrix, except in-place ports (``inf`` off the diagonal) and gradient
     edges (bucketed, :func:`~autopar.cost.edges.edge_time`)."""
     if kind in (EdgeKind.IN_PLACE, EdgeKind.FUSED):
-        return np.array([[0.0 if s == d else math.inf for d in dst] for s in src], dtype=np.float64).reshape(
-            len(src), len(dst)
-        )
+
+        def free(s: NdSbp, d: NdSbp) -> bool:
+            return s == d if kind is EdgeKind.IN_PLACE else same_layout(s, d, mesh.shape)
+
+        return np.array(
+            [[0.0 if free(s, d) else math.inf for d in dst] for s in src], dtype=np.float64
+        ).reshape(len(src), len(dst))
     if kind is EdgeKind.GRADIENT:
         fast = _gradient_matrix(spec, src, dst, mesh, runtime)
         if fast is not None:

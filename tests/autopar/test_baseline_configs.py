@@ -50,8 +50,9 @@ def test_megatron_configurations_keep_tensor_parallelism_inside_a_node():
 
 
 def test_data_parallel_is_zero_over_every_device_and_inferred_is_libai_dp_by_mp():
-    (dp,) = candidate_configs("data-parallel", CLUSTER_32X8, 2, "oneflow-0.9")
-    assert dp.mesh_shape == (256,) and dp.zero_stage == 2 and dp.runtime == "oneflow-0.9"
+    flat, laid = candidate_configs("data-parallel", CLUSTER_32X8, 2, "oneflow-0.9")
+    assert flat.mesh_shape == (256,) and flat.zero_stage == 2 and flat.runtime == "oneflow-0.9"
+    assert laid.mesh_shape == (32, 8)  # as a user lays it over the nodes
     inferred = candidate_configs("inferred", CLUSTER_32X8, 2, "oneflow-0.9")
     assert [c.mesh_shape for c in inferred] == [(256,), (128, 2), (64, 4), (32, 8)]
 
