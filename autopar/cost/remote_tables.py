@@ -141,7 +141,7 @@ def _runtime_of(data: dict[str, Any]) -> RuntimeProfile:
         profile = RuntimeProfile(**fields)
     except TypeError as exc:
         raise ConfigError("bad_remote_batch", f"runtime {data.get('name')!r} is malformed: {exc}") from None
-    if json.loads(json.dumps(profile.key())) != data:
+    if json.loads(json.dumps(profile.key())) != json.loads(json.dumps(data)):  # tuples sent as lists
         raise ConfigError("bad_remote_batch", f"runtime {data['name']!r} does not decode to the profile sent")
     return profile
 

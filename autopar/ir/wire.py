@@ -402,6 +402,11 @@ class SolverReport(TypedDict, total=False):
     tied_layers: bool
     mesh_search_wall_s: float
     command_wall_s: Annotated[float, Field(description="the whole command: load, tables, solve, checks")]
+    stage_search_bound: Annotated[
+        float,
+        Field(description="--stages auto: the least proven lower bound over every number of stages, seconds"),
+    ]
+    stage_search_gap: Annotated[float, Field(description="--stages auto: the gap to that bound")]
     stats: dict[str, JsonValue]
 
 

@@ -42,6 +42,7 @@ from autopar.runtimes.registry import runtime_profile
 __all__ = [
     "PipelineEvaluation",
     "StageCost",
+    "boundary_floors",
     "boundary_time",
     "evaluate_pipeline",
     "priced",
@@ -303,6 +304,34 @@ def _boundary_costs(
             else:
                 out.receives[b.dst] += boundary_time(nbytes, link)
     return out
+
+
+def boundary_floors(
+    graph: Graph, slices: list[StageSlice], devices: int, link: AxisLink, runtime: str
+) -> tuple[list[float], list[float]]:
+    """What the boundaries outside the stages' own problems cost at least, whatever the stages'
+    layouts: (per micro-batch, once per step) seconds per stage of :func:`_boundary_costs`'s
+    tied-parameter and once-per-step terms with every tensor split over all ``devices`` of a
+    stage (the fewest bytes any layout gives a device; the times grow with the bytes).  For
+    the pipeline's lower bound (``autopar_solver.planner.pipeline_bounds``)."""
+    n = len(slices)
+    per_micro, once = [0.0] * n, [0.0] * n
+    oneflow = runtime_profile(runtime).lowering is Lowering.ONEFLOW_0_9
+    for sl in slices:
+        for b in sl.receives:
+            spec = graph.tensors[b.tensor]
+            least = spec.numel * DTYPE_BYTES[spec.dtype] / devices
+            if b.tied_gradient and oneflow:
+                send = boundary_time(least, link)
+                per_micro[b.src] += TIED_TRANSFERS_PER_MICRO_BATCH["to_copy"] * send
+                per_micro[b.dst] += TIED_TRANSFERS_PER_MICRO_BATCH["to_owner"] * send
+            elif b.tied_gradient:
+                t = all_reduce_time(2 * least, link)
+                once[b.src] += t
+                once[b.dst] += t
+            elif b.per == "step":
+                once[b.dst] += boundary_time(least, link)
+    return per_micro, once
 
 
 def evaluate_pipeline(

@@ -15,10 +15,9 @@ a stage over the budget is planned again under the budget less its overshoot (at
 :data:`MEMORY_ROUNDS` times).  Every result is re-checked by
 :func:`autopar.pipeline.evaluate.evaluate_pipeline`.
 
-The bound: any plan with these stages runs an iteration of at least ``K x t_s + u_s`` for
-every stage ``s`` (1F1B, :func:`autopar.pipeline.schedule.one_f_one_b_iteration`), so the largest
-lower bound the stages' solves proved under the whole budget is a lower bound of the
-pipeline's iteration for this cut; the gap against it includes the pipeline bubble.
+The bound includes the bubble (:mod:`.pipeline_bounds`): from each stage's proven bound on its
+``K x t_s + u_s`` and a proven bound on its micro-batch time ``t_s``, a lower bound on the
+whole 1F1B iteration of every plan with this cut, so the gap is a real gap.
 """
 
 from __future__ import annotations
@@ -29,16 +28,26 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from autopar.cost.build_tables import build_cost_tables
 from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError, VerificationError
 from autopar.hardware.cluster import Cluster
+from autopar.hardware.mesh import Mesh
 from autopar.infra.progress import Deadline, ProgressFn
 from autopar.infra.store import KeyValueStore, MemoryStore
 from autopar.ir.blocks import layer_of
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan, format_bytes
-from autopar.pipeline.evaluate import PipelineEvaluation, evaluate_pipeline, priced, stage_cluster, stage_link
+from autopar.pipeline.evaluate import (
+    PipelineEvaluation,
+    boundary_floors,
+    evaluate_pipeline,
+    priced,
+    stage_cluster,
+    stage_link,
+)
 from autopar.pipeline.plan import PipelinePlan
 from autopar.pipeline.split import StageSlice, balanced_counts, ordered_blocks, split_graph
+from autopar_solver.planner.pipeline_bounds import micro_batch_bound, pipeline_bound
 from autopar_solver.planner.request import PlanRequest
 
 __all__ = ["MEMORY_ROUNDS", "default_stage_shape", "rebalanced_counts", "solve_pipeline", "stage_candidates"]
@@ -137,12 +146,24 @@ def solve_pipeline(
             except AutoparError as exc:
                 cuts.append({"block_counts": list(better[0]), "error": f"[{exc.code}] {exc.message}"})
     pp = priced(pp, ev)
-    bound = max(run.bounds)
+    per_micro, once = boundary_floors(
+        request.graph,
+        run.slices,
+        run.sub.world_size,
+        stage_link(request.cluster, stages),
+        request.options.runtime,
+    )
+    stage_bounds = [lb + k * m + u for lb, m, u in zip(run.bounds, per_micro, once)]
+    micro_bounds = [tau + m for tau, m in zip(run.micro_bounds, per_micro)]
+    bound = min(pipeline_bound(stage_bounds, micro_bounds, k), ev.iteration_time_s)
     pp.solver = {
         "objective": ev.iteration_time_s,
         "bound": bound,
         "gap": (ev.iteration_time_s - bound) / ev.iteration_time_s if ev.iteration_time_s > 0 else 0.0,
-        "bound_note": "largest stage bound (K x micro-batch + once per step); the gap includes the bubble",
+        "bound_note": "1F1B over the stages' proven bounds (each stage's iteration and its micro-batch "
+        "time): the bubble included",
+        "stage_bounds": stage_bounds,
+        "micro_batch_bounds": micro_bounds,
         "stages": stages,
         "cuts": cuts,
         "memory_rounds": run.rounds,
@@ -208,6 +229,8 @@ class _PipelineSolve:
         self.memo: KeyValueStore = store if store is not None else MemoryStore()
         self.plans: list[Plan | None] = [None] * stages
         self.bounds: list[float] = [0.0] * stages
+        self.micro_bounds: list[float] = [0.0] * stages
+        """Each stage's proven lower bound on one micro-batch's time (:mod:`.pipeline_bounds`)."""
         self.rounds = 0
 
     def solve(self, deadline: Deadline) -> tuple[PipelinePlan, PipelineEvaluation]:
@@ -250,7 +273,23 @@ class _PipelineSolve:
             if self.rounds == 0 and p.solver is not None:
                 b = p.solver.get("bound")
                 self.bounds[s] = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
+                self.micro_bounds[s] = self.micro_bound(s, this_round)
         self.rounds += 1
+
+    def micro_bound(self, s: int, deadline: Deadline) -> float:
+        """Stage ``s``'s proven lower bound on one micro-batch's time (its tables are in the
+        memo: nothing is computed again), within a share of what the round has left."""
+        options = self.request.options
+        tables = build_cost_tables(
+            self.slices[s].graph,
+            Mesh(self.sub, self.shape),
+            self.request.zero_stage,
+            store=self.memo,
+            workers=options.workers,
+            runtime=options.runtime,
+        )
+        share = Deadline(max(0.1, deadline.left() * 0.05))
+        return micro_batch_bound(tables, options.training, share, options.deterministic)
 
     def pipeline(self) -> PipelinePlan:
         done = [p for p in self.plans if p is not None]
