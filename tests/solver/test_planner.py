@@ -1,5 +1,6 @@
 """Planner: graph -> verified plan, memory as a hard limit, mesh search, infeasible budgets."""
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -226,6 +227,14 @@ def test_a_tied_plan_without_time_to_untie_gets_the_untied_problems_swept_bound(
     trivial = trivial_bound(build_problem(build_cost_tables(graph, mesh, 2), None).problem)
     monkeypatch.setattr(tied_solve, "UNTIED_S_PER_NODE", 1e9)  # never time for the untied solve
     monkeypatch.setattr(tied_solve, "UNTIED_BOUND_S_PER_NODE", 0.0)
+    # the bound's sweeps get 5 s past whatever the tied solve left, however loaded the machine
+    # (under load the tied solve alone can use the whole limit and leave the bound nothing)
+    untied_bound = tied_solve._untied_bound
+    monkeypatch.setattr(
+        tied_solve,
+        "_untied_bound",
+        lambda problem, deadline: untied_bound(problem, max(deadline, time.perf_counter() + 5.0)),
+    )
     p = solve_on_mesh(
         graph, mesh, None, 2, SolverOptions(runtime=RUNTIME, time_limit_s=6, workers=2), tie_layers=True
     )
