@@ -308,6 +308,7 @@ BELOW_EXPECTATION = [
     Published("8x A800 + 1 HDR, shared", 12, 1, 8, 200, 160.0, 15.3, "NVIDIA/nccl#412 (NVIDIA expects 24)"),
     Published("8x A100 + 8x 100G RoCE", 3, 8, 8, 100, 150.0, 70.0, "NVIDIA/nccl-tests#169"),
     Published("8x A100 + 8x 100G RoCE", 4, 8, 8, 100, 150.0, 58.0, "NVIDIA/nccl-tests#169"),
+    Published("8x A100 + 8x 100G RoCE", 5, 8, 8, 100, 150.0, 58.0, "NVIDIA/nccl-tests#169 ('four or five')"),
     Published("8x A100 + 8x 100G RoCE", 6, 8, 8, 100, 150.0, 40.0, "NVIDIA/nccl-tests#169"),
     Published("p4d: 8x A100 + 4x 100G EFA", 3, 4, 8, 100, 232.54, 31.8, "NVIDIA/nccl#527"),
     Published("p4d: 8x A100 + 4x 100G EFA", 4, 4, 8, 100, 232.54, 29.6, "NVIDIA/nccl#527"),
