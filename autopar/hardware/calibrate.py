@@ -174,12 +174,11 @@ def calibrate_profile(
     ]
     where = f"on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, " if runs else ""
     where = f"on {devices_per_node}-device nodes, " if node_runs and not runs else where
+    what = f"from {' and '.join(measured)}" if measured else "with the network cards given"
     profile = ClusterProfile(
         device,
         links,
-        description=(
-            f"Calibrated {where}from {' and '.join(measured)}; unmeasured numbers from profile {base.name}."
-        ),
+        description=f"Calibrated {where}{what}; unmeasured numbers from profile {base.name}.",
         sources=sources,
     )
     return Calibration(profile, tuple(axes), network.runs)

@@ -73,7 +73,7 @@ def test_a_group_inside_a_node_is_unchanged():
         for axis, link in enumerate(new.axes):
             if not link.crosses_nodes:
                 assert link == old.axes[axis]
-    one_node = Mesh(with_cards.__class__(1, 8, with_cards.device, with_cards.links), (8,))
+    one_node = Mesh(Cluster(1, 8, with_cards.device, with_cards.links), (8,))
     assert not one_node.axes[0].crosses_nodes
     assert one_node.axes[0].alpha_beta("all-reduce")[1] == with_cards.device.intra_node_bandwidth
 

@@ -164,3 +164,20 @@ def test_a_results_folder_needs_the_cluster_and_axes_need_the_mesh(tmp_path, cap
     with pytest.raises(ConfigError) as e:
         read_results(tmp_path / "empty")
     assert e.value.code == "no_measurements"
+
+
+def test_the_cards_alone_can_be_restated(tmp_path, capsys):
+    """A lab with four HDR cards per 8-GPU node, nothing measured: the rest stays the preset's."""
+    out = tmp_path / "p.json"
+    argv = ["calibrate", "--cards-per-node", "4", "--cluster", "2x8", "--preset", "a100-40g"]
+    assert main([*argv, "--out", str(out)]) == 0
+    profile = load_cluster_profile(out)
+    network = profile.links.network
+    base = PROFILES["a100-40g"].links.network
+    assert network is not None and base is not None
+    assert (network.cards_per_node, network.devices_per_node) == (4, 8)
+    assert (network.card_bandwidth, network.card_efficiency) == (base.card_bandwidth, base.card_efficiency)
+    assert "network cards given" in profile.description
+    flat = Mesh(profile.cluster(3, 8), (24,))
+    assert flat.axes[0].alpha_beta("all-reduce")[1] == pytest.approx(4 * 24e9)  # NVIDIA/nccl-tests#119: 96
+    capsys.readouterr()
