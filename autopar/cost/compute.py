@@ -39,7 +39,7 @@ from autopar.hardware.cluster import Cluster
 from autopar.hardware.collectives import send_recv_time
 from autopar.hardware.devices import DeviceSpec
 from autopar.hardware.kernels import gemm_time, memory_time
-from autopar.hardware.mesh import AxisLink, Mesh
+from autopar.hardware.mesh import AxisLink, Mesh, node_boundary_link
 from autopar.ir.graph import DTYPE_BYTES, Graph, Op, Role, TensorSpec
 from autopar.ir.optimizer import grad_port_index, model_port_index, state_count
 from autopar.ir.sbp import NdSbp, Signature, is_even, local_shape
@@ -237,12 +237,10 @@ def boundary_bytes_per_device(numel: int, dtype: str, receiver: NdSbp, receiver_
 
 
 def stage_boundary_link(cluster: Cluster, crosses_nodes: bool) -> AxisLink:
-    """The link between a device of one pipeline stage and its peer in the next: the
-    inter-node link (its measured fits, if any) or the intra-node one."""
-    dev = cluster.device
-    if crosses_nodes:
-        return AxisLink(2, dev.inter_node_bandwidth, dev.inter_node_latency, True, cluster.links.inter_node)
-    return AxisLink(2, dev.intra_node_bandwidth, dev.intra_node_latency, False, cluster.links.intra_node)
+    """The link between a device of one pipeline stage and its peer in the next
+    (:func:`autopar.hardware.mesh.node_boundary_link`: across nodes one network card's share
+    per device, with the measured fits, if any; else the intra-node link)."""
+    return node_boundary_link(cluster, crosses_nodes)
 
 
 def op_compute_time(

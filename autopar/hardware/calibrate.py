@@ -1,7 +1,7 @@
 """Calibration: a cluster profile fitted from nccl-tests output and GEMM / copy timings.
 
 ``autopar calibrate RESULTS --cluster 2x4 --mesh-shape 4,2 --out profile.json``
-reads one nccl-tests output file per mesh axis and collective::
+reads one nccl-tests output file per mesh axis and collective, and per node count::
 
     RESULTS/axis0/all_reduce_perf.txt      # stdout of all_reduce_perf on one group of axis 0
     RESULTS/axis0/all_gather_perf.txt
@@ -9,9 +9,14 @@ reads one nccl-tests output file per mesh axis and collective::
     RESULTS/axis0/sendrecv_perf.txt
     RESULTS/axis0/alltoall_perf.txt        # optional
     RESULTS/axis1/...
+    RESULTS/nodes2/all_reduce_perf.txt     # all_reduce_perf on every device of 2 nodes
+    RESULTS/nodes2/sendrecv_perf.txt       # optional: the cards' efficiency
+    RESULTS/nodes4/...                     # reduce_scatter_perf, all_gather_perf optional
 
 (any extension, or none; a collective left out keeps the link's default
-numbers) and, optionally, a GEMM timing table (``--gemm-table``, CSV
+numbers; ``nodes<N>/``: :mod:`autopar.hardware.network_calibration`, the bus
+bandwidth per node count and the cards' efficiency of the profile's
+``links.network``) and, optionally, a GEMM timing table (``--gemm-table``, CSV
 ``m,n,k,dtype,seconds`` or ``m,n,k,dtype,tflops``, optional ``batch``) and a
 device-copy timing table (``--copy-table``, CSV ``bytes,seconds``).  How to run the
 tests per axis: ``docs/calibration.md``.
@@ -68,8 +73,16 @@ from autopar.hardware.nccl_tests import (
     calibrate_collective,
     parse_nccl_tests,
 )
+from autopar.hardware.network_calibration import NodeCalibration, calibrate_network
 
-__all__ = ["AxisCalibration", "Calibration", "calibrate_profile", "read_results_dir"]
+__all__ = [
+    "AxisCalibration",
+    "Calibration",
+    "Results",
+    "calibrate_profile",
+    "read_results",
+    "read_results_dir",
+]
 
 
 # ------------------------------------------------------------------ the profile
@@ -92,6 +105,8 @@ class AxisCalibration:
 class Calibration:
     profile: ClusterProfile
     axes: tuple[AxisCalibration, ...]
+    nodes: tuple[NodeCalibration, ...] = ()
+    """the runs over whole nodes (``nodes<N>/``), fitted"""
 
 
 def calibrate_profile(
@@ -106,14 +121,20 @@ def calibrate_profile(
     copies: Sequence[tuple[float, float]] = (),
     copy_source: str = "",
     name: str | None = None,
+    node_runs: Mapping[int, Mapping[str, NcclRun]] | None = None,
+    cards_per_node: int | None = None,
+    card_bandwidth: float | None = None,
 ) -> Calibration:
     """A profile: ``base`` with every measured number replaced (:mod:`autopar.hardware.calibrate` docstring).
 
     ``runs[axis][collective]`` is the nccl-tests output of ``collective`` on one
     group of mesh ``axis``.  Each measured axis becomes a per-axis link of the
     profile; the intra-node (inter-node) link becomes the measured axis of that
-    kind with the most ranks (the lowest axis on a tie).  Links, efficiencies
-    and sources that nothing measured stay the base's.
+    kind with the most ranks (the lowest axis on a tie).  ``node_runs[N][collective]``
+    is a run over every device of ``N`` nodes; with ``cards_per_node`` and
+    ``card_bandwidth`` (line rate, bytes/s) they give the profile's network cards
+    (:func:`autopar.hardware.network_calibration.calibrate_network`).  Links,
+    efficiencies and sources that nothing measured stay the base's.
     """
     shape = tuple(int(s) for s in mesh_shape)
     if math.prod(shape) != nodes * devices_per_node:
@@ -122,9 +143,10 @@ def calibrate_profile(
             f"mesh shape {list(shape)} has {math.prod(shape)} devices but cluster "
             f"{nodes}x{devices_per_node} has {nodes * devices_per_node}",
         )
-    if not (runs or gemms or copies):
+    if not (runs or node_runs or gemms or copies or cards_per_node or card_bandwidth):
         raise ConfigError(
-            "no_measurements", "no nccl-tests output for any mesh axis, GEMM table or copy table given"
+            "no_measurements",
+            "no nccl-tests output for any mesh axis or node count, GEMM table or copy table given",
         )
     sources = dict(base.sources)
     axes: list[AxisCalibration] = []
@@ -132,8 +154,47 @@ def calibrate_profile(
     if runs:
         axes, mesh_links = _calibrate_axes(nodes, devices_per_node, shape, runs, sources)
         device, link_costs = _node_links(base, axes, nodes, devices_per_node, shape, sources)
-        links = LinkTable(link_costs["intra_node"], link_costs["inter_node"], tuple(mesh_links))
-    if copies:  # first: the GEMM fit's memory roofline uses the memory efficiency
+        links = LinkTable(
+            link_costs["intra_node"], link_costs["inter_node"], tuple(mesh_links), links.network
+        )
+    network = calibrate_network(
+        links.network, devices_per_node, node_runs or {}, cards_per_node, card_bandwidth, sources
+    )
+    links = replace(links, network=network.network)
+    device = _calibrate_compute(device, gemms, gemm_source, copies, copy_source, sources)
+    device = replace(device, name=name or f"{base.name}-calibrated")
+    measured = [
+        what
+        for what, given in (
+            ("nccl-tests output", runs or node_runs),
+            ("GEMM timings", gemms),
+            ("copy timings", copies),
+        )
+        if given
+    ]
+    where = f"on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, " if runs else ""
+    where = f"on {devices_per_node}-device nodes, " if node_runs and not runs else where
+    what = f"from {' and '.join(measured)}" if measured else "with the network cards given"
+    profile = ClusterProfile(
+        device,
+        links,
+        description=f"Calibrated {where}{what}; unmeasured numbers from profile {base.name}.",
+        sources=sources,
+    )
+    return Calibration(profile, tuple(axes), network.runs)
+
+
+def _calibrate_compute(
+    device: DeviceSpec,
+    gemms: Sequence[GemmTiming],
+    gemm_source: str,
+    copies: Sequence[tuple[float, float]],
+    copy_source: str,
+    sources: dict[str, str],
+) -> DeviceSpec:
+    """``device`` with the memory efficiency fitted to ``copies`` and then the GEMM ceiling to
+    ``gemms`` (the GEMM fit's memory roofline uses the memory efficiency), where given."""
+    if copies:
         eff = memory_efficiency(copies, device.memory_bandwidth)
         device = replace(device, memory_efficiency=eff)
         sources["device.memory_efficiency"] = (
@@ -148,22 +209,7 @@ def calibrate_profile(
             "autopar.hardware.kernels.gemm_time reproduces every row within "
             f"{100 * fit.max_relative_error:.1f} %"
         )
-    device = replace(device, name=name or f"{base.name}-calibrated")
-    measured = [
-        what
-        for what, given in (("nccl-tests output", runs), ("GEMM timings", gemms), ("copy timings", copies))
-        if given
-    ]
-    where = f"on a {nodes}x{devices_per_node} cluster, mesh {list(shape)}, " if runs else ""
-    profile = ClusterProfile(
-        device,
-        links,
-        description=(
-            f"Calibrated {where}from {' and '.join(measured)}; unmeasured numbers from profile {base.name}."
-        ),
-        sources=sources,
-    )
-    return Calibration(profile, tuple(axes))
+    return device
 
 
 def _calibrate_axes(
@@ -247,41 +293,69 @@ def _node_links(
     return device, link_costs
 
 
-def read_results_dir(path: str | Path) -> dict[int, dict[str, NcclRun]]:
-    """``{axis: {collective: run}}`` from ``RESULTS/axis<i>/<nccl-tests binary>[.ext]``."""
+@dataclass(frozen=True)
+class Results:
+    """The nccl-tests outputs of a results folder: ``axes[i][collective]`` from ``axis<i>/``,
+    ``nodes[N][collective]`` from ``nodes<N>/``."""
+
+    axes: dict[int, dict[str, NcclRun]]
+    nodes: dict[int, dict[str, NcclRun]]
+
+
+def read_results(path: str | Path) -> Results:
+    """Every ``axis<i>/<binary>[.ext]`` and ``nodes<N>/<binary>[.ext]`` of ``path``."""
     root = Path(path)
     if not root.is_dir():
         raise ConfigError(
             "results_not_found",
-            f"{str(root)!r} is not a directory of axis<i>/<binary>.txt nccl-tests outputs",
+            f"{str(root)!r} is not a directory of axis<i>/ or nodes<N>/ folders of nccl-tests outputs",
         )
-    runs: dict[int, dict[str, NcclRun]] = {}
+    axes: dict[int, dict[str, NcclRun]] = {}
+    nodes: dict[int, dict[str, NcclRun]] = {}
     for sub in sorted(root.iterdir()):
-        m = re.fullmatch(r"axis(\d+)", sub.name)
+        m = re.fullmatch(r"(axis|nodes)(\d+)", sub.name)
         if not (m and sub.is_dir()):
             continue
-        found: dict[str, NcclRun] = {}
-        for f in sorted(sub.iterdir()):
-            stem = f.name.split(".", 1)[0]
-            if not f.is_file() or not stem.endswith("_perf"):
-                continue
-            if stem not in NCCL_TESTS:
-                raise ConfigError(
-                    "unknown_nccl_test",
-                    f"{f}: {stem!r} is not an nccl-tests binary autopar reads: {sorted(NCCL_TESTS)}",
-                )
-            collective = NCCL_TESTS[stem]
-            if collective in found:
-                raise ConfigError(
-                    "duplicate_measurement", f"{sub}: two outputs of {stem} ({found[collective].source}, {f})"
-                )
-            found[collective] = parse_nccl_tests(f.read_text(), str(f))
+        found = _read_runs(sub)
         if found:
-            runs[int(m.group(1))] = found
-    if not runs:
+            (axes if m.group(1) == "axis" else nodes)[int(m.group(2))] = found
+    if not (axes or nodes):
         raise ConfigError(
             "no_measurements",
-            f"{str(root)!r} has no axis<i>/<binary>.txt files (e.g. axis0/all_reduce_perf.txt); "
+            f"{str(root)!r} has no axis<i>/<binary>.txt or nodes<N>/<binary>.txt files "
+            f"(e.g. axis0/all_reduce_perf.txt, nodes2/all_reduce_perf.txt); see docs/calibration.md",
+        )
+    return Results(axes, nodes)
+
+
+def read_results_dir(path: str | Path) -> dict[int, dict[str, NcclRun]]:
+    """``{axis: {collective: run}}`` from ``RESULTS/axis<i>/<nccl-tests binary>[.ext]``."""
+    axes = read_results(path).axes
+    if not axes:
+        raise ConfigError(
+            "no_measurements",
+            f"{str(path)!r} has no axis<i>/<binary>.txt files (e.g. axis0/all_reduce_perf.txt); "
             f"see docs/calibration.md",
         )
-    return runs
+    return axes
+
+
+def _read_runs(sub: Path) -> dict[str, NcclRun]:
+    """``{collective: run}`` of the nccl-tests outputs in one folder."""
+    found: dict[str, NcclRun] = {}
+    for f in sorted(sub.iterdir()):
+        stem = f.name.split(".", 1)[0]
+        if not f.is_file() or not stem.endswith("_perf"):
+            continue
+        if stem not in NCCL_TESTS:
+            raise ConfigError(
+                "unknown_nccl_test",
+                f"{f}: {stem!r} is not an nccl-tests binary autopar reads: {sorted(NCCL_TESTS)}",
+            )
+        collective = NCCL_TESTS[stem]
+        if collective in found:
+            raise ConfigError(
+                "duplicate_measurement", f"{sub}: two outputs of {stem} ({found[collective].source}, {f})"
+            )
+        found[collective] = parse_nccl_tests(f.read_text(), str(f))
+    return found

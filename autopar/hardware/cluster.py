@@ -1,11 +1,11 @@
 """Physical cluster, cluster profiles, and the logical device mesh laid over it.
 
 A :class:`Cluster` is ``nodes x devices_per_node`` identical devices with an
-intra-node link (NVLink) and an inter-node link (InfiniBand).  A :class:`Mesh`
+intra-node link (NVLink) and network cards between nodes (InfiniBand).  A :class:`Mesh`
 reshapes its devices row-major into ``shape`` (for 2x4: ``[8]``, ``[2, 4]``,
 ``[4, 2]``).  Mesh axis ``i`` groups devices that differ only in coordinate
-``i``; a group whose members sit on more than one node pays the inter-node
-link, so each axis gets its own latency (alpha) and bandwidth (beta).
+``i``; a group whose members sit on more than one node crosses the cards, so
+each axis gets its own latency (alpha) and bandwidth (beta).
 
 A :class:`ClusterProfile` is what a cluster is priced with: the device
 (:class:`DeviceSpec`: peaks, efficiencies, default link numbers) and a
@@ -19,10 +19,14 @@ Which numbers a mesh axis gets (:meth:`Mesh._axis_link`):
 
 1. the link measured on that very axis (same cluster geometry, mesh shape and
    axis) when the profile has one;
-2. otherwise the profile's intra-node or inter-node link, by whether the
-   axis's groups cross nodes;
-3. a collective that the chosen link has no fit for uses the link's
-   ``latency`` / ``bandwidth``, which is all the presets have.
+2. otherwise, for an axis inside a node, the profile's intra-node link;
+3. for an axis whose groups span nodes, the bus bandwidth NCCL gets from the
+   node's network cards (the profile's ``links.network``; formulas in
+   :mod:`autopar.hardware.network`), each collective's alpha from the
+   inter-node link; a profile without ``links.network`` (written before it
+   existed) keeps the inter-node link's one bandwidth per device;
+4. a collective that the chosen link has no fit for uses the link's
+   ``latency`` / ``bandwidth``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ from typing import Any
 
 from autopar.errors import ConfigError
 from autopar.hardware.devices import DeviceSpec, parse_cluster_geometry
-from autopar.hardware.links import LinkCosts, LinkTable, MeshAxisLink, _check_keys, _number
+from autopar.hardware.json_fields import check_keys as _check_keys
+from autopar.hardware.json_fields import number as _number
+from autopar.hardware.links import LinkCosts, LinkTable, MeshAxisLink
+from autopar.hardware.network import NodeNetwork
 
 __all__ = ["PRESETS", "PROFILES", "Cluster", "ClusterProfile", "load_cluster_profile"]
 
@@ -71,7 +78,9 @@ class ClusterProfile:
          "device": {"peak_flops": ..., "memory_bandwidth_bytes_per_s": ..., "memory_bytes": ...,
                     "matmul_efficiency": ..., "memory_efficiency": ..., "compute_units": ...},
          "links": {"intra_node": {"latency_s": ..., "bandwidth_bytes_per_s": ..., "collectives": {...}},
-                   "inter_node": {...}, "mesh_axes": [...]},
+                   "inter_node": {...}, "mesh_axes": [...],
+                   "network": {"cards_per_node": ..., "devices_per_node": ...,
+                               "card_bandwidth_bytes_per_s": ..., "card_efficiency": ...}},
          "sources": {"device.peak_flops": "NVIDIA A100 datasheet ...", ...}}
     """
 
@@ -108,6 +117,7 @@ class ClusterProfile:
                     "collectives": self.links.inter_node.to_dict(),
                 },
                 "mesh_axes": [m.to_dict() for m in self.links.mesh_axes],
+                **({"network": self.links.network.to_dict()} if self.links.network else {}),
             },
             "sources": dict(self.sources),
         }
@@ -128,7 +138,7 @@ class ClusterProfile:
         device = data["device"]
         _check_keys(device, set(_DEVICE_FIELDS), f"{where}.device")
         links = data["links"]
-        _check_keys(links, {"intra_node", "inter_node", "mesh_axes"}, f"{where}.links")
+        _check_keys(links, {"intra_node", "inter_node", "mesh_axes", "network"}, f"{where}.links")
         link_numbers: dict[str, Any] = {}
         for cls_name in ("intra_node", "inter_node"):
             link = links.get(cls_name)
@@ -164,6 +174,7 @@ class ClusterProfile:
                 MeshAxisLink.from_dict(m, f"{where}.links.mesh_axes[{i}]")
                 for i, m in enumerate(links.get("mesh_axes", []))
             ),
+            NodeNetwork.from_dict(links["network"], f"{where}.links.network") if "network" in links else None,
         )
         return cls(spec, table, str(data.get("description", "")), dict(sources))
 
@@ -258,7 +269,7 @@ class Cluster:
             "devices_per_node": self.devices_per_node,
             "device": asdict(self.device),
         }
-        if self.links.measured:
+        if not self.links.is_default:
             out["links"] = self.links.to_dict()
         return out
 

@@ -12,6 +12,9 @@ from typing import Any
 
 from autopar.errors import ConfigError
 from autopar.hardware.devices import parse_cluster_geometry
+from autopar.hardware.json_fields import check_keys as _check_keys
+from autopar.hardware.json_fields import number as _number
+from autopar.hardware.network import NodeNetwork
 
 __all__ = ["COLLECTIVE_NAMES", "CollectiveFit", "LinkCosts", "LinkTable", "MeshAxisLink"]
 
@@ -140,15 +143,25 @@ class MeshAxisLink:
 
 @dataclass(frozen=True)
 class LinkTable:
-    """Measured collective costs: per link class, and per mesh axis where calibrated on that mesh."""
+    """Collective costs beyond a device's default links: fits measured per link class and per
+    mesh axis where calibrated on that mesh, and the node's network cards (how NCCL runs a
+    group that spans nodes, :mod:`autopar.hardware.network`)."""
 
     intra_node: LinkCosts = LinkCosts()
     inter_node: LinkCosts = LinkCosts()
     mesh_axes: tuple[MeshAxisLink, ...] = ()
+    network: NodeNetwork | None = None
+    """None: a profile from before the network was stated; an axis that spans nodes then
+    gets ``inter_node`` (one flat per-device bandwidth), as it did."""
 
     @property
     def measured(self) -> bool:
         return self.intra_node.measured or self.inter_node.measured or bool(self.mesh_axes)
+
+    @property
+    def is_default(self) -> bool:
+        """Nothing measured and no network stated: the device's links alone price a mesh."""
+        return not self.measured and self.network is None
 
     def axis_link(
         self, nodes: int, devices_per_node: int, mesh_shape: tuple[int, ...], axis: int
@@ -165,15 +178,18 @@ class LinkTable:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "intra_node": self.intra_node.to_dict(),
             "inter_node": self.inter_node.to_dict(),
             "mesh_axes": [m.to_dict() for m in self.mesh_axes],
         }
+        if self.network is not None:
+            out["network"] = self.network.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "links") -> LinkTable:
-        _check_keys(data, {"intra_node", "inter_node", "mesh_axes"}, where)
+        _check_keys(data, {"intra_node", "inter_node", "mesh_axes", "network"}, where)
         return cls(
             LinkCosts.from_dict(data.get("intra_node", {}), f"{where}.intra_node"),
             LinkCosts.from_dict(data.get("inter_node", {}), f"{where}.inter_node"),
@@ -181,23 +197,5 @@ class LinkTable:
                 MeshAxisLink.from_dict(m, f"{where}.mesh_axes[{i}]")
                 for i, m in enumerate(data.get("mesh_axes", []))
             ),
+            NodeNetwork.from_dict(data["network"], f"{where}.network") if "network" in data else None,
         )
-
-
-def _check_keys(data: Any, allowed: set[str], where: str) -> None:
-    if not isinstance(data, Mapping):
-        raise ConfigError("bad_profile", f"{where} must be a JSON object, got {type(data).__name__}")
-    unknown = set(data) - allowed
-    if unknown:
-        raise ConfigError(
-            "bad_profile", f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}"
-        )
-
-
-def _number(data: Mapping[str, Any], key: str, where: str) -> float:
-    if key not in data:
-        raise ConfigError("bad_profile", f"{where}: missing field {key!r}")
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError("bad_profile", f"{where}.{key} must be a number, got {value!r}")
-    return float(value)

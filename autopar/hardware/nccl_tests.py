@@ -90,9 +90,11 @@ class NcclRun:
     rows: tuple[NcclRow, ...]
     ranks: int | None
     """Ranks in rank 0's group per the "# Using devices" lines; None when the output has none."""
+    hosts: int | None = None
+    """Distinct hosts (``on HOST``) of the ranks in rank 0's group; None when the output has none."""
 
 
-_RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\b")
+_RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\b(?:\s+\d+\s+on\s+(\S+))?")
 _OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
 
 
@@ -111,7 +113,7 @@ def parse_nccl_tests(text: str, source: str = "<nccl-tests output>") -> NcclRun:
     INFO logs, launcher noise) are skipped unless their first word is a number.
     """
     rows: list[NcclRow] = []
-    ranks: list[tuple[int, int | None]] = []
+    ranks: list[tuple[int, int | None, str | None]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
@@ -119,7 +121,9 @@ def parse_nccl_tests(text: str, source: str = "<nccl-tests output>") -> NcclRun:
         if line.startswith("#"):
             m = _RANK_LINE.match(line)
             if m:
-                ranks.append((int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None))
+                ranks.append(
+                    (int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None, m.group(3))
+                )
             m = _OUT_OF_BOUNDS.match(line)
             if m and int(m.group(1)):
                 raise _bad(source, lineno, f"nccl-tests reported {m.group(1)} wrong values; rerun the test")
@@ -158,10 +162,14 @@ def parse_nccl_tests(text: str, source: str = "<nccl-tests output>") -> NcclRun:
             path=source,
         )
     group_size: int | None = None
+    hosts: int | None = None
     if ranks:
-        group0 = next((g for r, g in ranks if r == 0), ranks[0][1])
-        group_size = sum(1 for _, g in ranks if g == group0)
-    return NcclRun(source, tuple(rows), group_size)
+        group0 = next((g for r, g, _ in ranks if r == 0), ranks[0][1])
+        members = [host for _, g, host in ranks if g == group0]
+        group_size = len(members)
+        if all(host is not None for host in members):
+            hosts = len(set(members))
+    return NcclRun(source, tuple(rows), group_size, hosts)
 
 
 # ------------------------------------------------------------------ fitting

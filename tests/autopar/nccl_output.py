@@ -172,6 +172,19 @@ FIXTURE_LINKS: dict[int, tuple[int, dict[str, Link]]] = {
     ),
 }
 
+# The committed runs over whole nodes: 8-GPU A100 nodes with eight 100 Gb/s RoCE cards whose
+# fabric slows as nodes are added (about 100 GB/s all-reduce bus bandwidth on 2 nodes, 58 on 4,
+# 40 on 6: the figures of NVIDIA/nccl-tests#169), and a send/recv across 2 nodes at 12 GB/s
+# (0.96 of a card's 12.5 GB/s line rate, NCCL's maintainers' figure for a 100G card).
+NODE_FIXTURE = "roce-8x100g"
+NODE_DEVICES = 8
+NODE_CARD_GBPS = 100.0
+NODE_LINKS: dict[int, dict[str, Link]] = {
+    2: {"all-reduce": Link(6e-6, 100e9), "send-recv": Link(12e-6, 12e9)},
+    4: {"all-reduce": Link(6e-6, 58e9)},
+    6: {"all-reduce": Link(6e-6, 40e9)},
+}
+
 GEMM_FIXTURE = """\
 # synthetic: rendered by tests/autopar/nccl_output.py at 60 % of 312 TFLOP/s, not measured
 m,n,k,dtype,seconds
@@ -208,6 +221,17 @@ def fixture_files() -> dict[str, str]:
         for i, (collective, link) in enumerate(links.items()):
             text = render(collective, link, split_mask=mask, seed=100 * axis + i)
             files[f"2x4-mesh4x2/axis{axis}/{BINARY[collective]}.txt"] = text
+    for nodes, links in NODE_LINKS.items():
+        for i, (collective, link) in enumerate(links.items()):
+            text = render(
+                collective,
+                link,
+                world=nodes * NODE_DEVICES,
+                devices_per_node=NODE_DEVICES,
+                seed=1000 + 10 * nodes + i,
+                device_name="NVIDIA A100-SXM4-80GB",
+            )
+            files[f"{NODE_FIXTURE}/nodes{nodes}/{BINARY[collective]}.txt"] = text
     gemms = [(4096, 4096, 4096), (8192, 1024, 4096), (2048, 16384, 4096), (16384, 4096, 1024)]
     files["gemm.csv"] = GEMM_FIXTURE.format(
         rows="".join(f"{m},{n},{k},bfloat16,{2 * m * n * k / (0.6 * 312e12):.6e}\n" for m, n, k in gemms)

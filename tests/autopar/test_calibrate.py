@@ -164,10 +164,17 @@ def test_calibrated_mesh_uses_the_measured_axis_then_the_link_kind():
     assert intra.alpha_beta("all-reduce")[1] == pytest.approx(120e9, rel=0.02)
     # all-to-all was not measured: the link's default (its all-reduce fit) prices it
     assert intra.alpha_beta("all-to-all") == intra.alpha_beta("all-reduce")
-    # another mesh shape takes the link of its kind: [2, 4] axis 0 crosses nodes, axis 1 does not
+    # another mesh shape: [2, 4] axis 1 stays in a node and takes the intra-node link; axis 0
+    # spans nodes with one device on each, so the network cards (the base's links.network)
+    # price its bandwidth, one card's share, and the measured inter-node fits its latency
     on_2x4 = Mesh(profile.cluster(2, 4), (2, 4))
-    assert on_2x4.axes[0].collectives == inter.collectives
     assert on_2x4.axes[1].collectives == intra.collectives
+    network = profile.links.network
+    assert network is not None and network == A100.links.network
+    for collective in ("all-reduce", "all-gather", "reduce-scatter", "send-recv"):
+        alpha, beta = on_2x4.axes[0].alpha_beta(collective)
+        assert alpha == inter.alpha_beta(collective)[0]
+        assert beta == pytest.approx(network.point_to_point_per_device)
     # a single node has no inter-node axis: every axis is priced with the intra-node link
     one_node = Mesh(profile.cluster(1, 8), (4, 2))
     assert all(a.collectives == intra.collectives for a in one_node.axes)

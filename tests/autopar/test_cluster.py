@@ -78,22 +78,31 @@ def test_presets_are_profiles_citing_a_source_for_every_number():
     for name, profile in PROFILES.items():
         assert PRESETS[name] == profile.device
         data = profile.to_dict()
-        numbers = [f"device.{k}" for k in data["device"]] + [
-            f"links.{kind}.{k}"
-            for kind in ("intra_node", "inter_node")
-            for k in ("latency_s", "bandwidth_bytes_per_s")
-        ]
+        numbers = (
+            [f"device.{k}" for k in data["device"]]
+            + [
+                f"links.{kind}.{k}"
+                for kind in ("intra_node", "inter_node")
+                for k in ("latency_s", "bandwidth_bytes_per_s")
+            ]
+            + [f"links.network.{k}" for k in data["links"]["network"]]
+        )
         assert sorted(numbers) == sorted(profile.sources), name
         assert all(profile.sources.values()) and profile.description
         assert not profile.links.measured  # a preset has no per-collective fits
+        # a device's send/recv across nodes is the same number either way it is read
+        network = profile.links.network
+        assert network is not None
+        assert profile.device.inter_node_bandwidth == pytest.approx(network.point_to_point_per_device)
 
 
 def test_preset_links_have_no_fits_so_collectives_use_latency_and_bandwidth():
     from autopar.hardware.collectives import all_gather_time, all_reduce_time, send_recv_time
 
-    link = Mesh(Cluster.parse("2x4"), (4, 2)).axes[0]
+    link = Mesh(Cluster.parse("2x4"), (2, 4)).axes[1]  # inside a node: the intra-node link alone
     assert link.alpha_beta("all-reduce") == link.alpha_beta("send-recv") == (link.latency, link.bandwidth)
     assert all_reduce_time(1e6, link) == 2 * 3 * link.latency + 2 * 3 / 4 * 1e6 / link.bandwidth
+    assert link.bandwidth == PRESETS["a100-40g"].intra_node_bandwidth
     assert send_recv_time(1e6, link) == link.latency + 1e6 / link.bandwidth
     assert send_recv_time(1e6, Mesh(Cluster.parse("1x1"), (1,)).axes[0]) == 0
     # a fit for one collective changes that collective only
