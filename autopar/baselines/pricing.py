@@ -23,14 +23,15 @@ import os
 from pathlib import Path
 
 from autopar.baselines.configs import BaselineConfig
-from autopar.baselines.megatron.configs import recompute_blocks
+from autopar.baselines.megatron.configs import recompute_blocks, selective_groups
 from autopar.baselines.megatron.pipeline import pipeline_baseline
 from autopar.baselines.walks import WalkMemo
 from autopar.cost.evaluate import attach_evaluation, evaluate
-from autopar.cost.iteration import baseline_training
+from autopar.cost.iteration import baseline_training, candidate_blocks
 from autopar.cost.model_version import COST_MODEL_VERSION, model_digest
 from autopar.hardware.cluster import Cluster
 from autopar.hardware.mesh import Mesh
+from autopar.ir.blocks import group_unit
 from autopar.ir.content_key import content_key
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan
@@ -55,6 +56,10 @@ def config_training(config: BaselineConfig, training: TrainingConfig, graph: Gra
         return TrainingConfig(k, "off")
     if mode in ("selective", "full"):
         return TrainingConfig(k, mode)
+    if mode.startswith("selective:"):
+        groups = selective_groups(mode)
+        blocks = candidate_blocks(graph)
+        return TrainingConfig(k, "auto", tuple(group_unit(b, g) for b in blocks for g in groups))
     per_chunk = int(mode.split(":", 1)[1])
     units = recompute_blocks(ordered_blocks(graph), config.pipeline, config.virtual_stages, per_chunk)
     return TrainingConfig(k, "auto", units)

@@ -8,7 +8,8 @@ the least recomputation that fits the budget, since recomputing more only adds t
           │                                         bound of its recomputing variants
           v
     a layout over the budget, faster than the best fitting one so far:
-          selective  (Megatron-LM: the attention core of every layer)
+          selective:layernorm, selective (the attention core), selective:core_attn+layernorm
+                     (Megatron-LM's --recompute-modules, in every layer)
           full       (every layer)
           full:N     (Megatron-LM's block method: the least N that fits, from the memory of
                       none and full, then checked)
@@ -38,7 +39,10 @@ from autopar.pipeline.split import ordered_blocks
 
 __all__ = ["baseline_structures", "search_baseline"]
 
-LADDERS = {"megatron": ("none", "selective", "full"), "inferred": ("none", "full")}
+LADDERS = {
+    "megatron": ("none", "selective:layernorm", "selective", "selective:core_attn+layernorm", "full"),
+    "inferred": ("none", "full"),
+}
 """Recomputation each system's users choose from, least first (``full:N`` for Megatron-LM
 between ``none`` and ``full``, :func:`_block_count`)."""
 

@@ -105,16 +105,19 @@ def tensor_spans(
     unmaterialized: frozenset[str] = frozenset(),
 ) -> dict[str, list[tuple[int, int]]]:
     """Each activation's live spans when the units ``dropped`` free their own tensors after
-    forward and recompute them in backward, and the units ``held`` keep the tensors they
-    read from outside until their recompute (:func:`activation_spans` is both sets equal to
-    the recomputed units; the solver also prices the sets apart, see
-    ``autopar_solver.planner.recompute``)."""
+    forward and recompute them in backward, and the units ``held`` of other blocks keep the
+    tensors they read from a tensor's block until their recompute; a reader in the
+    tensor's own block holds it when its unit is one of ``dropped`` (a block takes one
+    policy, :mod:`autopar.cost.recompute_policies`).  :func:`activation_spans` is both sets
+    equal to the recomputed units; the solver also prices the sets apart (its home block's
+    policy, its reader blocks'), see ``autopar_solver.planner.recompute``."""
     intervals = activation_intervals(graph, working_copy_is_state, unmaterialized)
     order = graph.topological_order
     pos = {op.name: i for i, op in enumerate(order)}
-    view = _UnitView(graph, dropped | held, pos)
+    home = _UnitView(graph, dropped, pos)
+    readers = home if held == dropped else _UnitView(graph, held, pos)
     return {
-        tname: _spans_of(graph, tname, start, end, (dropped, held), pos, view)
+        tname: _spans_of(graph, tname, start, end, (dropped, held), pos, (home, readers))
         for tname, (start, end) in intervals.items()
     }
 
@@ -161,21 +164,25 @@ def _spans_of(
     end: int,
     units: tuple[frozenset[str], frozenset[str]],
     pos: dict[str, int],
-    view: _UnitView,
+    views: tuple[_UnitView, _UnitView],
 ) -> list[tuple[int, int]]:
     """The live spans of one activation under checkpointing (see :func:`tensor_spans`;
-    ``units`` = (dropped, held))."""
+    ``units`` = (dropped, held), ``views`` their unit views)."""
     dropped, held = units
+    view, reader_view = views
     pname = graph.producer[tname][0]
     home = view.unit(pname)
+    block = layer_of(pname)
     forward_end, backward_uses = start, []
     for cname, _ in graph.consumers.get(tname, []):
         consumer = graph.op_by_name[cname]
         if consumer.role is Role.FORWARD:
             forward_end = max(forward_end, pos[cname])
-            scope = view.unit(cname)
-            if scope is not None and scope in held and scope != home:  # an input of a recomputed unit
-                forward_end = max(forward_end, view.recompute_at.get(scope, pos[cname]))
+            own = layer_of(cname) == block
+            by, holding = (view, dropped) if own else (reader_view, held)
+            scope = by.unit(cname)
+            if scope is not None and scope in holding and scope != home:  # an input of a recomputed unit
+                forward_end = max(forward_end, by.recompute_at.get(scope, pos[cname]))
         else:
             backward_uses.append(pos[cname])
     if home is None or home not in dropped:

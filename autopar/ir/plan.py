@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from autopar.errors import PlanError
 from autopar.hardware.mesh import Mesh
+from autopar.ir.blocks import split_unit
 from autopar.ir.graph import Graph
 from autopar.ir.sbp import NdSbp, Signature, data_parallel_axes, parse_nd_sbp
 from autopar.ir.training import TrainingConfig, micro_batches_text
@@ -348,13 +349,32 @@ def _training(micro_batches: int, checkpointing: str, recomputed: list[str]) -> 
         ) from None
 
 
-def recompute_line(blocks: tuple[str, ...], recompute_s: float | None) -> str:
-    """The summary line of the blocks ``auto`` checkpointing recomputes and their cost."""
-    if not blocks:
+def recompute_line(units: tuple[str, ...], recompute_s: float | None) -> str:
+    """The summary line of the units (blocks, op groups of blocks) ``auto`` checkpointing
+    recomputes and their cost: the blocks recomputed whole, then the blocks by the groups
+    they recompute, each with up to three names."""
+    if not units:
         return "  recompute   none (every block keeps its activations)"
-    shown = ", ".join(blocks[:6]) + (f", ... ({len(blocks)} blocks)" if len(blocks) > 6 else "")
+    by_block: dict[str, list[str]] = {}
+    for unit in units:
+        block, group = split_unit(unit)
+        by_block.setdefault(block, []).append(group or "whole")
+    kinds: dict[str, list[str]] = {}
+    for block, groups in by_block.items():
+        kinds.setdefault("whole" if "whole" in groups else " + ".join(sorted(groups)), []).append(block)
+    parts = []
+    for kind in sorted(kinds, key=lambda k: (k != "whole", k)):
+        blocks = sorted(kinds[kind], key=_natural)
+        names = ", ".join(blocks[:3]) + (", ..." if len(blocks) > 3 else "")
+        noun = "block" if len(blocks) == 1 else "blocks"
+        parts.append(f"{kind} in {len(blocks)} {noun} ({names})")
     cost = float("nan") if recompute_s is None else float(recompute_s)
-    return f"  recompute   {len(blocks)} blocks: {shown}; {cost * 1e3:.2f} ms per step recomputing"
+    return f"  recompute   {'; '.join(parts)}; {cost * 1e3:.2f} ms per step recomputing"
+
+
+def _natural(name: str) -> tuple[object, ...]:
+    """``layers.10`` after ``layers.9``."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in name.split("."))
 
 
 def check_plan_graph(graph: Graph, plan: Plan, remedy: str) -> None:

@@ -45,6 +45,7 @@ __all__ = ["IDEAL", "BoxingSearch"]
 IDEAL = RuntimeProfile(
     "ideal",
     Lowering.IDEAL,
+    recompute_groups=("attention_core", "norm"),
     source="cheapest 1-D ring collective sequence (Thakur et al. 2005); DDP bucket_cap_mb=25",
 )
 """A perfect boxing collector: the cheapest sequence of 1-D ring collectives (:class:`BoxingSearch`),

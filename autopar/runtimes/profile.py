@@ -57,6 +57,7 @@ from enum import Enum
 from typing import Any
 
 from autopar.errors import ConfigError
+from autopar.ir.blocks import GROUPS
 
 __all__ = ["ONEFLOW_SHARD_MIN_SIZE", "Lowering", "RuntimeProfile", "ZeroSharding", "parse_zero_sharding"]
 
@@ -150,9 +151,21 @@ class RuntimeProfile:
     there, all-reduced once (``copy_to_tensor_model_parallel_region``,
     megatron/core/tensor_parallel/mappings.py).  :func:`autopar.cost.evaluate.evaluate` prices
     their reductions into one sum once."""
+    recompute_groups: tuple[str, ...] = ()
+    """The op groups of a block (:data:`autopar.ir.blocks.GROUPS`) the framework can recompute
+    apart from the rest of their block (Megatron-Core's ``--recompute-granularity selective
+    --recompute-modules``: ``core_attn`` is ``attention_core``, ``layernorm`` is ``norm``,
+    megatron/core/transformer/transformer_config.py); empty: a block recomputes whole or not
+    at all.  :mod:`autopar.cost.recompute_policies` makes a block's choices of them."""
     source: str = ""
 
     def __post_init__(self) -> None:
+        unknown = [g for g in self.recompute_groups if g not in GROUPS]
+        if unknown:
+            raise ConfigError(
+                "bad_runtime",
+                f"runtime {self.name!r}: unknown recompute groups {unknown}; use some of {', '.join(GROUPS)}",
+            )
         if self.grad_bucket_bytes < 0:
             raise ConfigError(
                 "bad_runtime",

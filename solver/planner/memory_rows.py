@@ -100,7 +100,8 @@ def build_problem(
 
 def _labels(tables: CostTables, rc: RecomputeChoices | None) -> list[list[str]]:
     """Each node's choices as printed signatures (identical layers share op tables: each
-    table is printed once); a doubled node's second half marked ``[recompute]``."""
+    table is printed once); a block's node's choices under a recompute policy marked
+    ``[policy]``."""
     label_memo: dict[int, list[str]] = {}
     labels = []
     for i, op in enumerate(tables.graph.topological_order):
@@ -108,7 +109,11 @@ def _labels(tables: CostTables, rc: RecomputeChoices | None) -> list[list[str]]:
         lab = label_memo.get(id(table))
         if lab is None:
             lab = label_memo[id(table)] = [str(s) for s in table.signatures]
-        labels.append(lab + [f"{x} [recompute]" for x in lab] if rc is not None and rc.doubled(i) else lab)
+        labels.append(
+            [f"{x} [{p.name}]" if p.recomputes else x for p in rc.policies for x in lab]
+            if rc is not None and rc.doubled(i)
+            else lab
+        )
     return labels
 
 
@@ -183,14 +188,15 @@ def _add_live_term(
     k = list(graph.op_by_name[pname].outputs).index(out_port)
     spec = graph.tensors[term.tensor]
     vec = _output_bytes(tables, pname, k, spec.numel * DTYPE_BYTES[spec.dtype])
-    flags = (0, 1) if rc.doubled(i) else (0,)
-    # bytes per choice of the producer, its reader block keeping (0) or recomputing (1)
-    by_reader = [np.concatenate([vec * term.live[f][r] for f in flags]) for r in (0, 1)]
+    policies = range(rc.states(i))
+    # bytes per choice of the producer, by the policy of its reader block
+    by_reader = [np.concatenate([vec * term.live[h][r] for h in policies]) for r in range(len(rc.policies))]
     if term.edge is None:
         terms[i] = terms[i] + by_reader[0] if i in terms else by_reader[0]
         return
-    n_v = rc.signatures[index[tables.edges[term.edge].consumer]]
-    matrix = np.hstack([np.repeat(by_reader[r][:, None], n_v, axis=1) for r in (0, 1)])
+    v = index[tables.edges[term.edge].consumer]
+    n_v = rc.signatures[v]
+    matrix = np.hstack([np.repeat(by_reader[r][:, None], n_v, axis=1) for r in range(rc.states(v))])
     edge_terms[term.edge] = edge_terms[term.edge] + matrix if term.edge in edge_terms else matrix
 
 

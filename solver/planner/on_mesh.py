@@ -18,7 +18,7 @@ from typing import Any
 
 from autopar.cost.build_tables import build_cost_tables
 from autopar.cost.evaluate import attach_evaluation
-from autopar.cost.iteration import checkpoint_blocks
+from autopar.cost.iteration import checkpoint_units
 from autopar.cost.tables import CostTables
 from autopar.cost.weighted_tables import with_training
 from autopar.errors import TimeLimitError
@@ -215,11 +215,12 @@ def _jsonable(value: Any) -> Any:
 
 def _hint_choices(hint: Plan, tables: CostTables) -> list[int] | None:
     """Choices of ``hint`` in topological op order, or None if it does not fit these tables;
-    under checkpointing ``auto``, with the blocks the hint recomputes."""
+    under checkpointing ``auto``, with the policies the hint's blocks take."""
     if tuple(hint.mesh.shape) != tuple(tables.mesh.shape):
         return None
     rc = recompute_choices(tables)
-    recomputed = checkpoint_blocks(tables.graph, hint.training)
+    recomputed = checkpoint_units(tables.graph, hint.training)
+    policy = {b: rc.policy_index(b, recomputed) for b in rc.blocks} if rc is not None else {}
     choices = []
     for i, op in enumerate(tables.graph.topological_order):
         sig = hint.signatures.get(op.name)
@@ -229,7 +230,7 @@ def _hint_choices(hint: Plan, tables: CostTables) -> list[int] | None:
         elif rc is None:
             choices.append(sigs.index(sig))
         else:
-            choices.append(rc.choice(i, sigs.index(sig), rc.block_of.get(i) in recomputed))
+            choices.append(rc.choice(i, sigs.index(sig), policy.get(rc.block_of.get(i, ""), 0)))
     if all(c < 0 for c in choices):
         return None
     return choices

@@ -147,7 +147,7 @@ def test_the_plan_records_its_training_configuration() -> None:
     data = plan.to_dict()
     assert data["recomputed_blocks"] == ["layers.1"]
     assert Plan.from_dict(data).training == plan.training
-    assert "recompute   1 blocks: layers.1" in plan.summary()
+    assert "recompute   whole in 1 block (layers.1)" in plan.summary()
 
 
 # ------------------------------------------------------------------ closed forms, by hand

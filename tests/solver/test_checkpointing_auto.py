@@ -68,7 +68,7 @@ def test_every_set_of_recomputed_blocks_is_priced_as_the_evaluator_prices_it(gra
     several = any(len(r) > 1 for _, r in block_readers(graph, frozenset(blocks)).values())
     for n in range(len(blocks) + 1):
         for chosen in itertools.combinations(blocks, n):
-            choices = [rc.choice(i, s, rc.block_of.get(i) in chosen) for i, s in enumerate(layout)]
+            choices = [rc.choice(i, s, rc.full if rc.block_of.get(i) in chosen else 0) for i, s in enumerate(layout)]
             assert chosen_training(built, choices).recomputed == chosen
             cost, rows = evaluate_problem(built.problem, choices)
             plan = Plan.from_assignment(
@@ -86,12 +86,58 @@ def test_every_set_of_recomputed_blocks_is_priced_as_the_evaluator_prices_it(gra
                     assert row == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.fixture(scope="module")
+def megatron_tables(graph) -> CostTables:
+    return build_cost_tables(graph, MESH, 1, runtime="megatron-lm")
+
+
+def test_every_policy_of_every_block_is_priced_as_the_evaluator_prices_it(graph, megatron_tables) -> None:
+    """Under ``megatron-lm`` a block may also recompute its attention core, its norms or both
+    (Megatron-Core's ``--recompute-modules core_attn layernorm``): brute force over every
+    policy of each block (5 x 5 here), the problem's objective is the evaluator's iteration
+    and each memory row the evaluator's memory at its position (or at least it, where a
+    tensor has two reader blocks); the recorded units name the groups."""
+    from autopar_solver.solve import solve
+
+    tables = _auto(megatron_tables)
+    solution = solve(build_problem(tables, None).problem, SolverOptions(time_limit_s=60, workers=2))
+    layout = solution.choices
+    positions = list(range(0, len(graph.ops), 5))
+    built = build_problem(tables, 10**15, positions)
+    rc = built.recompute
+    assert rc is not None
+    assert [p.name for p in rc.policies] == ["off", "attention_core", "norm", "attention_core+norm", "full"]
+    blocks = list(rc.blocks)
+    several = any(len(r) > 1 for _, r in block_readers(graph, frozenset(blocks)).values())
+    seen_groups = False
+    for chosen in itertools.product(range(len(rc.policies)), repeat=len(blocks)):
+        policy = dict(zip(blocks, chosen))
+        choices = [rc.choice(i, s, policy.get(rc.block_of.get(i, ""), 0)) for i, s in enumerate(layout)]
+        training = chosen_training(built, choices)
+        seen_groups |= any("::" in u for u in training.recomputed)
+        cost, rows = evaluate_problem(built.problem, choices)
+        plan = Plan.from_assignment(
+            graph, MESH, 1, assignment(built, choices), training=training, runtime="megatron-lm"
+        )
+        assert evaluate(graph, plan).valid
+        ev = evaluate(graph, plan)
+        assert math.isclose(cost, ev.per_edge_iteration_time_s, rel_tol=1e-9), chosen
+        states = ev.memory.params + ev.memory.grads + ev.memory.optimizer
+        for pos, row in zip(positions, rows):
+            expected = states + ev.activation_profile[pos]
+            if several:
+                assert row >= expected * (1 - 1e-9), (chosen, pos)
+            else:
+                assert row == pytest.approx(expected, rel=1e-9), (chosen, pos)
+    assert seen_groups
+
+
 def test_half_a_block_recomputed_is_forbidden(tables, layout) -> None:
     built = build_problem(_auto(tables), 10**15, [0])
     rc = built.recompute
     assert rc is not None
     first = min(rc.block_of)  # one op of a block recomputes, the rest keep
-    choices = [rc.choice(i, s, i == first) for i, s in enumerate(layout)]
+    choices = [rc.choice(i, s, rc.full if i == first else 0) for i, s in enumerate(layout)]
     cost, _ = evaluate_problem(built.problem, choices)
     assert cost == math.inf
 

@@ -13,7 +13,11 @@ key           values                                           Megatron-LM
 ``vpp``       model chunks per device, dividing ``L / pp``     ``--num-layers-per-virtual-
                                                                pipeline-stage L/(pp vpp)``
 ``sp``        ``on`` / ``off`` (``on`` needs ``tp > 1``)        ``--sequence-parallel``
-``recompute`` ``none``, ``selective``, ``full``, ``full:N``   ``--recompute-activations``;
+``recompute`` ``none``, ``selective``, ``selective:M+M``,       ``--recompute-activations``;
+              ``full``, ``full:N``                             ``--recompute-granularity
+                                                               selective --recompute-modules M
+                                                               M`` (``core_attn``,
+                                                               ``layernorm``);
                                                                ``--recompute-granularity full
                                                                --recompute-method uniform|block
                                                                --recompute-num-layers N``
@@ -44,6 +48,7 @@ __all__ = [
     "megatron_structures",
     "parse_megatron_config",
     "recompute_blocks",
+    "selective_groups",
 ]
 
 MEGATRON_KEYS = ("tp", "pp", "dp", "vpp", "sp", "recompute", "optimizer")
@@ -151,17 +156,35 @@ def _switch(fields: dict[str, str], text: str) -> bool | None:
     return _SWITCH[value]
 
 
+RECOMPUTE_MODULES = {"core_attn": "attention_core", "layernorm": "norm"}
+"""Megatron-Core's ``--recompute-modules`` of a dense transformer layer that autopar prices ->
+the op group (:mod:`autopar.ir.blocks`) each recomputes (megatron/core/transformer/
+transformer_config.py: ``core_attn`` the core attention, ``layernorm`` the
+``input_layernorm`` and ``pre_mlp_layernorm``, their outputs dropped and recomputed)."""
+
+
+def selective_groups(recompute: str) -> tuple[str, ...]:
+    """The op groups ``selective`` or ``selective:M+M`` recomputes (``selective`` alone is
+    Megatron-LM's default module, ``core_attn``)."""
+    _, _, modules = recompute.partition(":")
+    return tuple(RECOMPUTE_MODULES[m] for m in (modules.split("+") if modules else ["core_attn"]))
+
+
 def _recompute(value: str | None, text: str) -> str | None:
     if value is None:
         return None
     if value in ("none", "selective", "full"):
         return value
-    head, _, count = value.partition(":")
-    if head == "full" and count.isdigit() and int(count) >= 1:
-        return f"full:{int(count)}"
+    head, _, tail = value.partition(":")
+    if head == "full" and tail.isdigit() and int(tail) >= 1:
+        return f"full:{int(tail)}"
+    modules = tail.split("+")
+    if head == "selective" and tail and all(m in RECOMPUTE_MODULES for m in modules):
+        return "selective:" + "+".join(m for m in RECOMPUTE_MODULES if m in modules)
     raise ConfigError(
         "bad_baseline_config",
-        f"recompute must be none, selective, full or full:N (N layers per stage) in {text!r}, got {value!r}",
+        f"recompute must be none, selective, selective:M+M (modules {', '.join(RECOMPUTE_MODULES)}), "
+        f"full or full:N (N layers per stage) in {text!r}, got {value!r}",
     )
 
 

@@ -14,6 +14,7 @@ MEGATRON_LM = RuntimeProfile(
     zero_sharding=ZeroSharding.DATA_AXES,
     fuses_sibling_linears=True,
     fused_kernels=("flash_attention", "bias_gelu", "bias_dropout_add"),
+    recompute_groups=("attention_core", "norm"),
     source=(
         "Megatron-LM (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py, "
         "megatron/core/optimizer/distrib_optimizer.py): NCCL ring collectives; gradients "
@@ -25,7 +26,8 @@ MEGATRON_LM = RuntimeProfile(
         "--overlap-grad-reduce --overlap-param-gather --sequence-parallel), the reduction "
         "hides behind the last micro-batch's backward and the gather behind the first forward; "
         "attention as FlashAttention (--attention-backend flash/fused, the same example), bias-GeLU "
-        "and bias-dropout-add fused (megatron/core/fusions/)"
+        "and bias-dropout-add fused (megatron/core/fusions/); selective recomputation of "
+        "core_attn and layernorm (--recompute-modules, megatron/core/transformer/transformer_config.py)"
     ),
 )
 """Megatron-LM (Megatron-Core): boxing within fixed process groups
