@@ -68,7 +68,9 @@ def test_every_set_of_recomputed_blocks_is_priced_as_the_evaluator_prices_it(gra
     several = any(len(r) > 1 for _, r in block_readers(graph, frozenset(blocks)).values())
     for n in range(len(blocks) + 1):
         for chosen in itertools.combinations(blocks, n):
-            choices = [rc.choice(i, s, rc.full if rc.block_of.get(i) in chosen else 0) for i, s in enumerate(layout)]
+            choices = [
+                rc.choice(i, s, rc.full if rc.block_of.get(i) in chosen else 0) for i, s in enumerate(layout)
+            ]
             assert chosen_training(built, choices).recomputed == chosen
             cost, rows = evaluate_problem(built.problem, choices)
             plan = Plan.from_assignment(
