@@ -27,7 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autopar.baselines.configs import BaselineConfig, PricedConfig, candidate_configs, pick_best
-from autopar.baselines.megatron.configs import MegatronChoice, megatron_structures, parse_megatron_config
+from autopar.baselines.megatron.configs import (
+    MegatronChoice,
+    megatron_structures,
+    parse_megatron_config,
+    selective_groups,
+)
 from autopar.baselines.pricing import price_baseline_config
 from autopar.baselines.walks import WalkMemo
 from autopar.errors import AutoparError, ConfigError
@@ -116,13 +121,19 @@ def search_baseline(
             price(s)
         return pick_best(priced, budget, kind)
     first = [price(_with(s, s.recompute or ladder[0])) for s in structures]
-    for s, least in zip(structures, first):
+    # fastest first, so that a fitting configuration found early proves the slower ones out
+    order = sorted(zip(structures, first), key=lambda pair: _time(pair[1]))
+    for s, least in order:
         if s.recompute or least.plan is None or least.fits(budget):
             continue
         if least.plan.achieved_iteration_time_s >= _best_time(priced, budget):
             continue  # recomputing more only adds time: proved no faster than the best
         _climb(s, least, ladder, budget, price, len(ordered_blocks(graph)))
     return pick_best(priced, budget, kind)
+
+
+def _time(found: PricedConfig) -> float:
+    return math.inf if found.plan is None else found.plan.achieved_iteration_time_s
 
 
 def _with(structure: BaselineConfig, recompute: str) -> BaselineConfig:
@@ -144,7 +155,11 @@ def _climb(
 ) -> None:
     """Price ``s`` at each recomputation of ``ladder`` above its least, and for Megatron-LM at
     the fewest recomputed layers per chunk that fit (the graph has ``blocks`` layers)."""
-    tried = {level: price(_with(s, level)) for level in ladder[1:]}
+    tried: dict[str, PricedConfig] = {}
+    for level in ladder[1:]:
+        if any(found.fits(budget) and _within(done, level) for done, found in tried.items()):
+            continue  # recomputes all that a fitting level does and more: no faster
+        tried[level] = price(_with(s, level))
     full = tried.get("full")
     if s.kind != "megatron" or full is None or full.plan is None or least.plan is None or budget is None:
         return
@@ -157,6 +172,18 @@ def _climb(
         price(_with(s, f"full:{n + 1}"))
     elif found.fits(budget) and n > 1:
         price(_with(s, f"full:{n - 1}"))
+
+
+def _within(smaller: str, larger: str) -> bool:
+    """Does recomputation ``larger`` recompute every op ``smaller`` does (so it takes at least
+    as long on one layout: each recomputed op adds its forward once more)?  ``full``
+    recomputes everything; ``selective:M+M`` its modules' groups (``selective``:
+    ``core_attn``)."""
+    if larger == "full":
+        return True
+    if smaller == "full" or not (smaller.startswith("selective") and larger.startswith("selective")):
+        return False
+    return set(selective_groups(smaller)) <= set(selective_groups(larger))
 
 
 def _block_count(none_bytes: float, full_bytes: float, budget: float, per_chunk: int) -> int | None:
