@@ -155,8 +155,9 @@ class _GreedyWalk:
         """Under sequence parallelism: the dim ``op``'s hidden-state outputs split on the
         tensor-parallel axis (the sequence, the dim before the hidden one), when ``op`` is in
         a sequence-parallel region: not a matmul or embedding, with a hidden-state output,
-        and every hidden-state input whole, sequence-split or a partial sum there (a
-        head- or FFN-split input is inside a tensor-parallel region); else None."""
+        and every activation input (3 dims or more) whole, sequence-split or a partial sum
+        there (a head- or FFN-split input, such as the attention context before the reshape
+        that merges its heads, is inside a tensor-parallel region); else None."""
         tp = self.tp_axis
         if not self.sp or tp is None or op.type in MATMUL_OPS or op.type in EMBEDDING_OPS:
             return None
@@ -166,10 +167,10 @@ class _GreedyWalk:
         d = self.graph.tensors[outs[0]].ndim - 2
         for t in op.inputs.values():
             sbp = self.tensor_sbp.get(t)
-            if sbp is None or not self._is_hidden(t):
+            if sbp is None or self.graph.tensors[t].ndim < 3:
                 continue
             if isinstance(sbp[tp], Split) and sbp[tp] != Split(d):
-                return None
+                return None  # a head- or FFN-split activation: inside a tensor-parallel region
         return d
 
     def _boxing(self, op: Op, cand: Signature, bound: float) -> tuple[float, int]:
@@ -329,9 +330,14 @@ class _GreedyWalk:
         d = self._sequence_dim(op)
         scattered = (Split(d),) if d is not None else ()
         for port, dst in zip(op.inputs, sig.inputs):
-            src = self.tensor_sbp[op.inputs[port]]
+            t = op.inputs[port]
+            src = self.tensor_sbp[t]
+            # under sequence parallelism a partial hidden state is reduce-scattered to its
+            # sequence wherever it is read (a norm's weight gradient reads the gradient the
+            # norm's input gradient does, in one layout: one reduce-scatter)
+            seq = (Split(self.graph.tensors[t].ndim - 2),) if self.sp and self._is_hidden(t) else ()
             if isinstance(src[tp], Partial) and not (
-                isinstance(dst[tp], (Partial, type(B))) or dst[tp] in scattered
+                isinstance(dst[tp], (Partial, type(B))) or dst[tp] in scattered or dst[tp] in seq
             ):
                 return False  # all-reduced; reduce-scattered to the sequence under sequence parallelism
             if (

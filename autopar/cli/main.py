@@ -104,16 +104,36 @@ def cmd_model(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     graph = build(args.name, **overrides)
     built = time.perf_counter() - t0
+    graph.name = args.graph_name or model_name(args.name, overrides)
     graph.validate()
     graph.save(args.out)
     info = describe(graph)
     sys.stdout.write(
-        f"{args.name}: {len(graph.ops)} ops, {len(graph.tensors)} tensors, "
+        f"{graph.name}: {len(graph.ops)} ops, {len(graph.tensors)} tensors, "
         f"{len(graph.variables)} variables, {info.get('parameters', 0):,} parameters; "
         f"built in {built:.2f} s\n"
     )
     wrote("graph", args.out)
     return 0
+
+
+OVERRIDE_TAGS = {
+    "layers": "l",
+    "hidden": "h",
+    "heads": "a",
+    "ffn": "f",
+    "vocab": "v",
+    "batch": "b",
+    "seq": "s",
+    "decoder_seq": "ds",
+}
+"""How ``autopar model`` names a graph built with overrides: ``gpt-1.3b-l48-h6144``."""
+
+
+def model_name(base: str, overrides: dict[str, Any]) -> str:
+    """The name of bundled model ``base`` built with ``overrides``: the bundled name when there
+    are none, else it with each override as a tag and its value (:data:`OVERRIDE_TAGS`)."""
+    return base + "".join(f"-{OVERRIDE_TAGS[k]}{v}" for k, v in overrides.items())
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
@@ -278,6 +298,13 @@ def _evaluate_pipeline(args: argparse.Namespace, graph: Any) -> int:
 def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=model_names(), metavar="NAME", help="one of: %(choices)s")
     p.add_argument("--out", required=True, help="graph JSON to write")
+    p.add_argument(
+        "--name",
+        dest="graph_name",
+        default=None,
+        help="the graph's name, as plans and reports show it (default: the model's, with each "
+        "override as a tag: gpt-1.3b-l48-h6144)",
+    )
     for key in ("layers", "hidden", "heads", "ffn", "vocab", "batch", "seq", "decoder-seq"):
         p.add_argument(
             f"--{key}", type=int, dest=key.replace("-", "_"), help="override (default: the model's)"

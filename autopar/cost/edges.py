@@ -13,12 +13,12 @@ from autopar.hardware.mesh import Mesh
 from autopar.ir.graph import DTYPE_BYTES, Op, Role, TensorSpec
 from autopar.ir.optimizer import IN_PLACE_PORTS
 from autopar.ir.ports import base_name
-from autopar.ir.sbp import NdSbp
+from autopar.ir.sbp import B, NdSbp
 from autopar.runtimes.boxing import BoxingPlan, step_latency
 from autopar.runtimes.profile import Lowering, RuntimeProfile
 from autopar.runtimes.registry import boxing_plan
 
-__all__ = ["EdgeKind", "bucketed_time", "edge_kind", "edge_time", "same_layout"]
+__all__ = ["EdgeKind", "bucketed_time", "edge_kind", "edge_time", "placed_layout", "same_layout"]
 
 
 def bucketed_time(plan: BoxingPlan, tensor_bytes: float, bucket_bytes: int, mesh: Mesh) -> float:
@@ -95,6 +95,12 @@ def same_layout(src: NdSbp, dst: NdSbp, mesh_shape: Sequence[int]) -> bool:
     """Whether ``src`` and ``dst`` place a tensor alike: equal on every mesh axis of more than
     one device (on a size-1 axis every value holds the whole tensor)."""
     return all(a == b or n == 1 for a, b, n in zip(src, dst, mesh_shape, strict=True))
+
+
+def placed_layout(sbp: NdSbp, mesh_shape: Sequence[int]) -> NdSbp:
+    """``sbp`` with ``B`` on every mesh axis of one device: two layouts with the same placed
+    layout hold the same pieces on every device (:func:`same_layout`)."""
+    return NdSbp(tuple(v if n > 1 else B for v, n in zip(sbp, mesh_shape, strict=True)))
 
 
 def edge_time(

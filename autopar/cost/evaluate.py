@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from autopar.cost.activation_spans import accumulation_buffer_bytes, activation_spans
 from autopar.cost.compute import op_compute_time, rule_context
-from autopar.cost.edges import EdgeKind, edge_kind, edge_time, same_layout
+from autopar.cost.edges import EdgeKind, edge_kind, edge_time, placed_layout, same_layout
 from autopar.cost.evaluation import EdgeCost, Evaluation, OpCost, PricingMemo
 from autopar.cost.fusion import NO_KERNELS, Kernels, fused_kernels, priced_op
 from autopar.cost.iteration import RunCounts, run_counts
@@ -263,8 +263,9 @@ def _price_edges(p: _Pricing) -> None:
             p.copies.append(
                 (order_pos[op.name], boxed_copy_bytes(spec.numel, spec.dtype, dst, mesh.shape, spec.shape))
             )
-            shared = p.runtime.groups_fan_out and (tensor, dst) in boxed
-            boxed.add((tensor, dst))
+            placed = placed_layout(dst, mesh.shape)  # one boxing per layout as the devices hold it
+            shared = p.runtime.groups_fan_out and (tensor, placed) in boxed
+            boxed.add((tensor, placed))
             linear = linear_of.get(graph.producer[tensor][0]) if op.type in FUSED_GRADIENT_SUMS else None
             if linear is not None and not shared:
                 shared = (op.name, linear, src, dst) in reduced  # reduced with its linear's other parts

@@ -90,7 +90,7 @@ def test_a_named_megatron_configuration_is_parsed_in_its_users_words():
         ("tp=8,tp=8,dp=32", "write key=value pairs"),
         ("tp=1,sp=on", "needs tp > 1"),
         ("tp=8,sp=maybe", "sp must be on or off"),
-        ("tp=8,recompute=some", "recompute must be none, selective, full or full:N"),
+        ("tp=8,recompute=some", "recompute must be none, selective, selective:M+M"),
         ("tp=8,pp=1,vpp=2", "it needs pp >= 2"),
     ],
 )
