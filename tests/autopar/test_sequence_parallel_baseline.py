@@ -32,7 +32,8 @@ def _collectives(graph, sp: str) -> tuple[Counter, float]:
     assert isinstance(plan, Plan)
     ev = evaluate(graph, plan)
     assert ev.valid, ev.errors
-    hidden = graph.tensors[next(iter(graph.op_by_name["layers.1.mlp_norm.layer_norm"].outputs.values()))].shape
+    norm = graph.op_by_name["layers.1.mlp_norm.layer_norm"]
+    hidden = graph.tensors[next(iter(norm.outputs.values()))].shape
     per_layer: Counter = Counter()
     for e in ev.edges:
         if e.consumer.startswith("layers.1.") and e.shape == hidden and e.per_micro_batch:
