@@ -290,6 +290,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         budget = parse_bytes(args.memory) if args.memory else cluster.device.memory_bytes
         shape = parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None
         stages = options.stages
+        if stages is None and cluster.nodes == 1:
+            stages = 1  # auto on one node: one stage (a pipeline pays its bubble to save memory only)
         store = DirectoryStore(args.memo) if args.memo else None
         result: Plan | PipelinePlan
         if stages == 1:
@@ -329,7 +331,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", help=graph_arg_help())
     add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
     add_memory_arg(p)
-    add_training_args(p)
+    add_training_args(p, checkpointing="auto")
     add_time_limit_arg(p, ", and loading the graph; --compare comes on top")
     p.add_argument("--workers", type=int, default=None, help="CP-SAT threads (default: min(8, CPUs))")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: %(default)s)")
@@ -360,10 +362,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--stages",
-        default="1",
+        default="auto",
         metavar="N|auto",
         help="pipeline stages: N stages of contiguous blocks, each on world/N devices with its own "
-        "plan (--mesh-shape is then one stage's mesh), or auto: the best of 1 and every N up to 8 "
+        "plan (--mesh-shape is then one stage's mesh), or auto: on several nodes the best of one "
+        "stage and every number of stages that gives each stage a block, on one node one stage "
         "(default: %(default)s)",
     )
     p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")

@@ -227,11 +227,15 @@ def add_mesh_args(
     )
 
 
-def add_training_args(p: argparse.ArgumentParser, defaults_from: str | tuple[str, str] | None = None) -> None:
+def add_training_args(
+    p: argparse.ArgumentParser,
+    defaults_from: str | tuple[str, str] | None = None,
+    checkpointing: str = "off",
+) -> None:
     """``--micro-batches K`` and ``--checkpointing``: the iteration priced (:mod:`autopar.cost.iteration`).
 
     ``defaults_from``: what an omitted option means, one text for both (e.g. "the plan's") or
-    one for each (``("1", "off")``); None: K = 1, ``off``."""
+    one for each (``("1", "off")``); None: K = 1 and ``checkpointing``."""
     texts = defaults_from if isinstance(defaults_from, tuple) else (defaults_from, defaults_from)
     p.add_argument(
         "--micro-batches",
@@ -244,9 +248,10 @@ def add_training_args(p: argparse.ArgumentParser, defaults_from: str | tuple[str
     p.add_argument(
         "--checkpointing",
         choices=list(CHECKPOINTING_MODES),
-        default=None if defaults_from else "off",
-        help="activation checkpointing: off, full (every transformer block) or auto "
-        f"(default: {texts[1] or '%(default)s'})",
+        default=None if defaults_from else checkpointing,
+        help="activation checkpointing: off, full (every transformer block), selective (every "
+        "block's attention core) or auto (what each block recomputes chosen with the layout: "
+        f"nothing where everything fits) (default: {texts[1] or '%(default)s'})",
     )
 
 

@@ -1,8 +1,10 @@
 """The stage dimension of the search: one stage (today's plan) against pipelines of ``S`` stages.
 
 ``stages`` = 1 plans as before (:func:`autopar_solver.planner.plan`); ``S > 1`` plans the
-pipeline of :mod:`.pipeline_search`; ``None`` (``--stages auto``) searches every number of
-stages whose stages get at least one block (:func:`.pipeline_search.stage_candidates`)::
+pipeline of :mod:`.pipeline_search`; ``None`` (``--stages auto``, the default) plans one
+stage on one node (a pipeline there pays its bubble only to save memory, which recomputation
+and sharding also do), and on several nodes searches every number of stages whose stages get
+at least one block (:func:`.pipeline_search.stage_candidates`)::
 
     each S: a bound on every pipeline of S stages, any cut
             (:func:`.pipeline_bounds.stage_count_bound`, within a share of the limit; for one
@@ -94,8 +96,8 @@ def plan_stages(
         req = dataclasses.replace(request, mesh_shape=stage_mesh_shape, options=options)
         return plan(req, store=store, progress=progress)
 
-    if stages == 1:
-        return one_stage(deadline.left())
+    if stages == 1 or (stages is None and request.cluster.nodes == 1):
+        return one_stage(deadline.left())  # auto on one node: one stage
     if stages is not None:
         return solve_pipeline(
             request, stages, deadline, store=store, progress=progress, stage_mesh_shape=stage_mesh_shape

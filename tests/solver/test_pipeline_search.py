@@ -3,10 +3,13 @@ bound, and --stages auto keeping the least iteration of the numbers of stages it
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autopar.hardware.cluster import Cluster
 from autopar.infra.progress import Deadline
+from autopar.ir.plan import Plan
 from autopar.models import build
 from autopar.pipeline.evaluate import evaluate_pipeline
 from autopar.pipeline.plan import PipelinePlan
@@ -61,13 +64,20 @@ def test_a_stage_over_the_budget_with_its_micro_batches_in_flight_is_planned_aga
 
 
 def test_stages_auto_keeps_the_least_iteration_it_found():
-    request = _request()
+    request = dataclasses.replace(_request(), cluster=Cluster.parse("2x4"))
     chosen = plan_stages(request, None, Deadline(60))
     rows = chosen.diagnostics["stage_search"]
     assert [r["stages"] for r in rows] == [1, 2]
     found = [r["iteration_time_s"] for r in rows if "iteration_time_s" in r]
     assert chosen.iteration_time_s == pytest.approx(min(found))
     assert isinstance(chosen, PipelinePlan) == (rows[1].get("iteration_time_s") == min(found))
+
+
+def test_stages_auto_on_one_node_is_one_stage():
+    """A pipeline inside a node pays its bubble only to save memory, which recomputation and
+    sharding also do: ``auto`` plans one stage there, searching nothing else."""
+    chosen = plan_stages(_request(), None, Deadline(60))
+    assert isinstance(chosen, Plan) and "stage_search" not in chosen.diagnostics
 
 
 def test_a_bad_stage_count_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
