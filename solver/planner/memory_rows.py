@@ -35,6 +35,7 @@ from autopar_solver.planner.recompute import (
     recompute_choices,
     tile,
 )
+from autopar_solver.planner.siblings import agreement_matrix, sibling_ties
 from autopar_solver.problem import MemoryRow, Problem
 
 __all__ = [
@@ -87,6 +88,7 @@ def build_problem(
     else:
         node_costs, edges = doubled_costs(tables, rc)
         rows = _auto_memory_rows(tables, rc, index, positions or [])
+    edges = _tie_siblings(tables, rc, index, edges)
     problem = Problem(
         node_names=[op.name for op in order],
         node_costs=node_costs,
@@ -96,6 +98,28 @@ def build_problem(
         labels=_labels(tables, rc),
     )
     return BuiltProblem(problem, tables, [op.name for op in order], rc)
+
+
+def _tie_siblings(
+    tables: CostTables,
+    rc: RecomputeChoices | None,
+    index: dict[str, int],
+    edges: list[tuple[int, int, np.ndarray]],
+) -> list[tuple[int, int, np.ndarray]]:
+    """``edges`` with each sibling linear's edge after its group's first free and an
+    agreement edge from that first one (:mod:`.siblings`); the tables' edges keep their
+    indices."""
+    ties = sibling_ties(tables)
+    if not ties:
+        return edges
+    out = list(edges)
+    for tie in ties:
+        u, v, matrix = out[tie.member]
+        out[tie.member] = (u, v, np.zeros_like(matrix))
+        lead = index[tables.edges[tie.leader].consumer]
+        agree = agreement_matrix(tables, tie)
+        out.append((lead, v, agree if rc is None else tile(rc, lead, v, agree)))
+    return out
 
 
 def _labels(tables: CostTables, rc: RecomputeChoices | None) -> list[list[str]]:

@@ -100,7 +100,7 @@ def solve_mesh(
     run_rounds(job, state, ctx, MAX_MEMORY_ROUNDS + 1 if solve_again else 0)
     plan_obj, ev, solution = _chosen(job, state, memo, ctx, t_tables)
     solution = with_bound(solution, state.best_bound)
-    verify(ev, solution, budget)
+    verify(ev, solution, budget, job.graph)
     attach_evaluation(plan_obj, ev)
     if ctx.store is not None:
         memo.write(ctx.store, graph, solution, state.kept_positions, without_rows=not state.positions)

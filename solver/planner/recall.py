@@ -163,7 +163,7 @@ def recalled(
     )
     ev = evaluate(graph, candidate)
     try:
-        verify(ev, SolvedObjective(objective), budget)
+        verify(ev, SolvedObjective(objective), budget, graph)
     except VerificationError:
         return None
     bound = min(memo.bound, objective)

@@ -69,7 +69,7 @@ def unsqueeze(graph: Graph, solved: Plan, mesh: Mesh, deadline: Deadline | None 
     ev = evaluate_within(graph, lifted, left)
     if ev is not None:
         if "objective" in solver:
-            verify(ev, SolvedObjective(solver["objective"]), solved.memory_budget_bytes)
+            verify(ev, SolvedObjective(solver["objective"]), solved.memory_budget_bytes, graph)
         attach_evaluation(lifted, ev)
     else:
         _keep_squeezed_evaluation(lifted, solved, solver, kept)

@@ -30,9 +30,14 @@ class SolvedObjective:
     objective: float
 
 
-def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None) -> None:
+def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None, graph: Any = None) -> None:
     """Raise :class:`VerificationError` unless evaluation ``ev`` is valid, its iteration time is
-    ``solution.objective`` (within :data:`VERIFY_RTOL`) and its memory is within ``budget``."""
+    ``solution.objective`` (within :data:`VERIFY_RTOL`) and its memory is within ``budget``.
+
+    ``graph``: the plan's graph, for a runtime that runs sibling linears as one GEMM: the
+    objective leaves out the boxing of the siblings after the first (:mod:`.siblings`)."""
+    from autopar.runtimes.registry import runtime_profile
+    from autopar_solver.planner.siblings import sibling_discount
     if not ev.valid:
         raise VerificationError(
             "invalid_plan",
@@ -42,6 +47,8 @@ def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None) ->
     # the objective is the iteration (K x micro-batch + once per step; the step at K = 1) with
     # every edge priced on its own
     per_edge = ev.per_edge_iteration_time_s
+    if graph is not None:
+        per_edge -= sibling_discount(graph, runtime_profile(ev.runtime).fuses_sibling_linears, ev)
     if not math.isclose(per_edge, solution.objective, rel_tol=VERIFY_RTOL, abs_tol=1e-12):
         raise VerificationError(
             "cost_mismatch",
