@@ -270,6 +270,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.infra.store import DirectoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
+    from autopar_solver.planner.pipeline_search import cut_search_text
     from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
 
     options = SolverOptions(
@@ -323,6 +324,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
     if result.diagnostics.get("stage_search"):
         sys.stdout.write(stage_search_text(list(result.diagnostics["stage_search"])))
+    if result.diagnostics.get("pipeline_search"):
+        sys.stdout.write(cut_search_text(list(result.diagnostics["pipeline_search"])))
     wrote("plan", args.out)
     return 0
 

@@ -367,6 +367,8 @@ class Diagnostics(TypedDict, total=False):
     mesh_search: list[MeshSearchEntry]
     stage_search: list[dict[str, Any]]
     """Per number of stages tried by ``--stages auto`` (autopar_solver.planner.stage_search)."""
+    pipeline_search: list[dict[str, Any]]
+    """Per cut and schedule of a pipeline priced or predicted (autopar_solver.planner.pipeline_search)."""
     solved_on_mesh: Annotated[list[int], Field(description="the squeezed mesh the solve ran on")]
     oneflow_job: Annotated[str, Field(description="the OneFlow job a plan was read back from")]
     zero_gradient_layout_normalized: Annotated[

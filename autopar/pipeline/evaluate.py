@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from autopar.errors import ConfigError, PlanError
 from autopar.hardware.cluster import Cluster
 from autopar.hardware.collectives import all_reduce_time, send_recv_time
 from autopar.hardware.mesh import AxisLink
+from autopar.ir.blocks import layer_of
 from autopar.ir.graph import DTYPE_BYTES, Graph, Role
 from autopar.ir.plan import Plan, format_bytes
 from autopar.ir.sbp import NdSbp
@@ -46,9 +48,11 @@ __all__ = [
     "boundary_time",
     "evaluate_pipeline",
     "priced",
+    "rescheduled",
     "stage_cluster",
     "stage_link",
     "stage_memory_bytes",
+    "stash_by_layer",
     "stash_bytes",
 ]
 
@@ -187,9 +191,16 @@ def stash_bytes(graph: Graph, plan: Plan) -> float:
     (:func:`autopar.cost.activation_spans.activation_spans`: with checkpointing, a recomputed block keeps
     only its inputs), at the plan's layout (:func:`autopar.cost.memory.shard_bytes`).  The
     parameters' working copies are shared by the micro-batches: not stashed."""
+    return sum(stash_by_layer(graph, plan).values())
+
+
+def stash_by_layer(graph: Graph, plan: Plan) -> dict[str, float]:
+    """:func:`stash_bytes` by the layer of each stashed tensor's producer
+    (:func:`autopar.ir.blocks.layer_of`: ``layers.3``, or ``embedding`` for what the stage runs
+    outside its blocks), bytes per device."""
     order = graph.topological_order
     last_forward = max((i for i, op in enumerate(order) if op.role is Role.FORWARD), default=0)
-    total = 0.0
+    out: dict[str, float] = {}
     fused = fused_kernels(graph, runtime_profile(plan.runtime)).internal
     for tname, start, end in activation_spans(graph, plan.training, True, fused):
         if not start <= last_forward < end:
@@ -198,10 +209,11 @@ def stash_bytes(graph: Graph, plan: Plan) -> float:
         if graph.op_by_name[pname].role is not Role.FORWARD:
             continue
         spec = graph.tensors[tname]
-        total += shard_bytes(
+        layer = layer_of(pname)
+        out[layer] = out.get(layer, 0.0) + shard_bytes(
             spec.shape, DTYPE_BYTES[spec.dtype], plan.output_sbp(pname, port), plan.mesh.shape
         )
-    return total
+    return out
 
 
 def _copy_extra_bytes(graph: Graph, sl: StageSlice, plan: Plan) -> float:
@@ -361,8 +373,6 @@ def evaluate_pipeline(
         errors.extend(f"stage {sl.index}: {e}" for e in ev.errors)
         stash = stash_bytes(sl.graph, sp)
         extra = _copy_extra_bytes(graph, sl, sp)
-        m = interleaved_in_flight(sl.index, len(slices), k, plan.virtual_stages)
-        mem = stage_memory_bytes(ev.memory.total, stash, m, extra)
         costs.append(
             StageCost(
                 sl.index,
@@ -372,27 +382,55 @@ def evaluate_pipeline(
                 bc.once[sl.index],
                 stash,
                 extra,
-                m,
-                mem,
+                0.0,  # in flight and memory: the schedule's (_scheduled)
+                0.0,
                 bc.tied[sl.index],
             )
         )
-    refusal = interleaving_refusal(len(slices), min(plan.counts), k, plan.virtual_stages)
+    return _scheduled(costs, plan.counts, k, plan.virtual_stages, plan.memory_budget_bytes, errors)
+
+
+def rescheduled(
+    ev: PipelineEvaluation, counts: Sequence[int], k: int, v: int, budget: float | None
+) -> PipelineEvaluation:
+    """A valid evaluation ``ev`` of a plan with block ``counts`` priced under ``v`` virtual
+    stages per device: the same stages, each with the micro-batches in flight of that schedule,
+    and its iteration; what :func:`evaluate_pipeline` gives the plan with ``virtual_stages = v``
+    (the search prices the schedules of a cut without evaluating its stages again)."""
+    if ev.errors:
+        raise PlanError("bad_plan", f"cannot reschedule a pipeline that does not verify: {ev.errors[0]}")
+    costs = [dataclasses.replace(c) for c in ev.stages]
+    return _scheduled(costs, counts, k, v, budget, [])
+
+
+def _scheduled(
+    costs: list[StageCost],
+    counts: Sequence[int],
+    k: int,
+    v: int,
+    budget: float | None,
+    errors: list[str],
+) -> PipelineEvaluation:
+    """The stages ``costs`` under ``v`` virtual stages per device (1: 1F1B): each stage's
+    micro-batches in flight and memory, Megatron-LM's refusal of the interleaving (every
+    stage's blocks must divide into ``v`` chunks), the iteration, the budget."""
+    n = len(costs)
+    for c in costs:
+        c.in_flight = interleaved_in_flight(c.stage, n, k, v)
+        peak = c.evaluation.memory.total
+        c.memory_bytes = stage_memory_bytes(peak, c.stash_bytes, c.in_flight, c.extra_bytes)
+    refusal = next((r for c in sorted(set(counts)) if (r := interleaving_refusal(n, c, k, v))), None)
     if refusal is not None:
         errors.append(refusal)
     micro = [c.micro_batch_time_s for c in costs]
     sends = [c.receive_time_s for c in costs]
-    v = plan.virtual_stages
     iteration = interleaved_iteration(micro, [c.once_per_step_s for c in costs], sends, k, v)
     achieved = interleaved_iteration(
         micro, [c.once_per_step_s - c.evaluation.hidden_comm_time_s for c in costs], sends, k, v
     )
     memory = max(c.memory_bytes for c in costs)
-    if plan.memory_budget_bytes is not None and memory > plan.memory_budget_bytes:
-        errors.append(
-            f"memory {format_bytes(memory)} per device exceeds the budget "
-            + format_bytes(plan.memory_budget_bytes)
-        )
+    if budget is not None and memory > budget:
+        errors.append(f"memory {format_bytes(memory)} per device exceeds the budget " + format_bytes(budget))
     return PipelineEvaluation(costs, iteration, memory, errors, achieved, v)
 
 

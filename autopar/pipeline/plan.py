@@ -92,6 +92,11 @@ class PipelinePlan:
         chunks = f", {self.virtual_stages} chunks each" if self.virtual_stages > 1 else ""
         return f"{self.num_stages} stages x {list(self.stages[0].mesh.shape)}{chunks}"
 
+    def schedule_text(self) -> str:
+        """`` (interleaved 1F1B, 2 chunks per device)`` under interleaving, else nothing."""
+        v = self.virtual_stages
+        return f" (interleaved 1F1B, {v} chunks per device)" if v > 1 else ""
+
     @classmethod
     def from_dict(cls, data: Any) -> PipelinePlan:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -119,7 +124,8 @@ class PipelinePlan:
     def summary(self) -> str:
         p = self.predicted
         lines = [
-            f"{self.source} pipeline plan for {self.graph_name} on {self.cluster}: {self.num_stages} stages, "
+            f"{self.source} pipeline plan for {self.graph_name} on {self.cluster}: {self.num_stages} stages"
+            f"{self.schedule_text()}, "
             f"iteration {self.iteration_time_s * 1e3:.2f} ms ({self.training.micro_batches} micro-batches, "
             f"bubble {p.get('bubble_fraction', math.nan) * 100:.1f} %), "
             f"{format_bytes(self.memory_per_device_bytes)} per device (largest stage)",

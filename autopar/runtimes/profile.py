@@ -157,6 +157,11 @@ class RuntimeProfile:
     --recompute-modules``: ``core_attn`` is ``attention_core``, ``layernorm`` is ``norm``,
     megatron/core/transformer/transformer_config.py); empty: a block recomputes whole or not
     at all.  :mod:`autopar.cost.recompute_policies` makes a block's choices of them."""
+    interleaved_1f1b: bool = False
+    """The framework runs a pipeline's stages under interleaved 1F1B, each device holding ``v``
+    model chunks (Megatron-LM's ``--num-virtual-stages-per-pipeline-rank``;
+    :func:`autopar.pipeline.schedule.interleaved_iteration`): the pipeline search may choose
+    ``v > 1``.  It changes no cost of a stage, so :meth:`key` leaves it out."""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -178,6 +183,7 @@ class RuntimeProfile:
         d["lowering"] = self.lowering.value
         d["zero_sharding"] = self.zero_sharding.value
         d.pop("source")
+        d.pop("interleaved_1f1b")  # a schedule the pipeline may use, not a cost of a stage
         d["zero_shard_min_size"] = self.zero_shard_min_size
         return d
 

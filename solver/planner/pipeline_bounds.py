@@ -33,12 +33,14 @@ from autopar.infra.progress import Deadline
 from autopar.infra.store import KeyValueStore
 from autopar.ir.graph import Graph
 from autopar.ir.training import TrainingConfig
+from autopar.pipeline.split import ordered_blocks
 from autopar_solver.bounds import DiffusionBound, LayoutCut
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.memory_rows import build_problem
+from autopar_solver.planner.pipeline_cuts import virtual_stage_choices
 from autopar_solver.problem import Problem, trivial_bound
 
-__all__ = ["MICRO_BOUND_SWEEPS", "micro_batch_bound", "pipeline_bound", "stage_count_bound"]
+__all__ = ["MICRO_BOUND_SWEEPS", "micro_batch_bound", "pipeline_bound", "schedule_bound", "stage_count_bound"]
 
 MICRO_BOUND_SWEEPS = 15
 """TRW-S sweeps of a stage's per-micro-batch bound (most of what many more reach: mt5-base
@@ -95,6 +97,19 @@ def pipeline_bound(stage_bounds: Sequence[float], micro_bounds: Sequence[float],
     return max(through_one, bubble)
 
 
+def schedule_bound(stage_bounds: Sequence[float], micro_bounds: Sequence[float], k: int, v: int) -> float:
+    """A lower bound on the iteration of every plan with these stages under ``v`` chunks per
+    device, seconds: :func:`pipeline_bound` under 1F1B; under interleaved 1F1B
+    (:func:`autopar.pipeline.schedule.interleaved_iteration`, ``F = (K + (S - 1) / v) busy +
+    max_s u_s`` with ``busy >= t_s`` for every stage) the larger of
+    ``max_s (LB_s + (S - 1) tau_s / v)`` and ``(K + (S - 1) / v) max_s tau_s``."""
+    if v == 1 or not stage_bounds:
+        return pipeline_bound(stage_bounds, micro_bounds, k)
+    lag = (len(stage_bounds) - 1) / v
+    through_one = max(lb + lag * tau for lb, tau in zip(stage_bounds, micro_bounds, strict=True))
+    return max(through_one, (k + lag) * max(micro_bounds))
+
+
 def stage_count_bound(
     graph: Graph,
     cluster: Cluster,
@@ -106,10 +121,13 @@ def stage_count_bound(
     deadline: Deadline,
 ) -> float:
     """A lower bound on the iteration of every pipeline of ``graph`` in ``stages`` stages of
-    ``shape`` (any cut), seconds: ``(1 + (K - 1) / S) tau`` where ``tau`` bounds one
-    micro-batch of the whole graph on one stage's devices (:func:`micro_batch_bound`: the
-    stages' micro-batch times sum to at least that, their slowest to at least ``1 / S`` of it,
-    and ``F >= sum_s t_s + (K - 1) max_s t_s``)."""
+    ``shape`` (any cut, any schedule the search may choose), seconds: ``(K + (S - 1) / v) tau / S``
+    where ``tau`` bounds one micro-batch of the whole graph on one stage's devices
+    (:func:`micro_batch_bound`: the stages' micro-batch times sum to at least that, their
+    slowest to at least ``1 / S`` of it; under 1F1B ``F >= sum_s t_s + (K - 1) max_s t_s``, under
+    interleaved 1F1B ``F >= (K + (S - 1) / v) max_s t_s``) and ``v`` the most chunks per device
+    the runtime and ``K`` allow (:func:`.pipeline_cuts.virtual_stage_choices`; 1: 1F1B,
+    ``(1 + (K - 1) / S) tau``)."""
     from autopar.cost.build_tables import build_cost_tables
     from autopar.pipeline.evaluate import stage_cluster
 
@@ -124,4 +142,5 @@ def stage_count_bound(
     )
     tau = micro_batch_bound(tables, options.training, deadline, options.deterministic)
     k = options.micro_batches
-    return (1 + (k - 1) / stages) * tau
+    v = max(virtual_stage_choices(options.runtime, stages, k, len(ordered_blocks(graph))))
+    return (k + (stages - 1) / v) * tau / stages

@@ -1,66 +1,81 @@
-"""Pipeline stages in the search: the number of stages, the blocks of each, and a plan per stage.
+"""Pipeline stages in the search: the number of stages, the cut of the blocks, the schedule,
+and a plan per stage.
 
 For a number of stages ``S`` (:func:`stage_candidates`: every ``S`` that gives each stage
-whole nodes or an even slice of one node, at most one stage per block), the blocks are
-cut into contiguous, balanced ranges (:func:`autopar.pipeline.split.balanced_counts`) and
-every stage's graph is planned on its own ``world / S`` devices by the intra-stage
-planner (:func:`autopar_solver.planner.plan`: the exact SBP solve with ZeRO, checkpointing
-and memory rows), on the stage mesh named, else :func:`default_stage_shape`.  Identical
-layers share cost-table entries across stages, and a stage starts from the plan of an
-earlier stage with as many blocks (its op names moved).
+whole nodes or an even slice of one node, at most one stage per block),
+:func:`solve_pipeline`:
 
-Memory: a stage keeps the activations of ``min(S - s, K)`` micro-batches
-(:func:`autopar.pipeline.evaluate.stage_memory_bytes`), which the intra-stage planner does not see;
-a stage over the budget is planned again under the budget less its overshoot (at most
-:data:`MEMORY_ROUNDS` times).  Every result is re-checked by
-:func:`autopar.pipeline.evaluate.evaluate_pipeline`.
+1. plans the balanced cut (:func:`autopar.pipeline.split.balanced_counts`): every stage by
+   the intra-stage planner with memory rounds (:class:`.pipeline_stages.StagesSolve`), and
+   prices it under 1F1B and every interleaving the runtime runs
+   (:func:`.pipeline_cuts.virtual_stage_choices`: the same stages, each with the schedule's
+   micro-batches in flight, :func:`autopar.pipeline.evaluate.rescheduled`);
+2. measures on it what each block costs each stage (:mod:`.pipeline_block_costs`) and
+   predicts, for every schedule, the cut of least iteration within the budget
+   (:func:`.pipeline_cuts.best_cut`, a dynamic program over contiguous block ranges);
+3. plans the predicted cuts that beat the best verified plan by :data:`REBALANCE_GAIN`, the
+   most promising first, at most :data:`MAX_SEARCHED_CUTS`, while the time left covers
+   another solve as long as the first, and prices their schedules;
+4. keeps the fastest verified cut and schedule, re-checked by
+   :func:`autopar.pipeline.evaluate.evaluate_pipeline`.
+
+Every cut and schedule priced or predicted is a row of ``diagnostics["pipeline_search"]``
+(:func:`cut_search_text` prints them); ``solver["cuts"]`` keeps each planned cut's best.
 
 The bound includes the bubble (:mod:`.pipeline_bounds`): from each stage's proven bound on its
 ``K x t_s + u_s`` and a proven bound on its micro-batch time ``t_s``, a lower bound on the
-whole 1F1B iteration of every plan with this cut, so the gap is a real gap.
+iteration of every plan with the chosen cut, under 1F1B or any interleaving it allows, so the
+gap is a real gap for that cut (not over other cuts).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from autopar.cost.build_tables import build_cost_tables
-from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError, VerificationError
-from autopar.hardware.cluster import Cluster
-from autopar.hardware.mesh import Mesh
+from autopar.errors import AutoparError, ConfigError, VerificationError
 from autopar.infra.progress import Deadline, ProgressFn
-from autopar.infra.store import KeyValueStore, MemoryStore
-from autopar.ir.blocks import layer_of
-from autopar.ir.graph import Graph
-from autopar.ir.plan import Plan, format_bytes
+from autopar.infra.store import KeyValueStore
+from autopar.ir.plan import format_bytes
 from autopar.pipeline.evaluate import (
     PipelineEvaluation,
     boundary_floors,
     evaluate_pipeline,
     priced,
+    rescheduled,
     stage_cluster,
     stage_link,
 )
 from autopar.pipeline.plan import PipelinePlan
-from autopar.pipeline.split import StageSlice, balanced_counts, ordered_blocks, split_graph
-from autopar_solver.planner.pipeline_bounds import micro_batch_bound, pipeline_bound
+from autopar.pipeline.split import balanced_counts, ordered_blocks
+from autopar_solver.planner.pipeline_block_costs import stage_costs
+from autopar_solver.planner.pipeline_bounds import schedule_bound
+from autopar_solver.planner.pipeline_cuts import (
+    CutPrediction,
+    StageCosts,
+    best_cut,
+    cut_refusal,
+    virtual_stage_choices,
+)
+from autopar_solver.planner.pipeline_stages import MEMORY_ROUNDS, StagesSolve, default_stage_shape
 from autopar_solver.planner.request import PlanRequest
 
-__all__ = ["MEMORY_ROUNDS", "default_stage_shape", "rebalanced_counts", "solve_pipeline", "stage_candidates"]
+__all__ = [
+    "MAX_SEARCHED_CUTS",
+    "MEMORY_ROUNDS",
+    "REBALANCE_GAIN",
+    "cut_search_text",
+    "default_stage_shape",
+    "solve_pipeline",
+    "stage_candidates",
+]
 
-MEMORY_ROUNDS = 3
-"""Re-plans of a stage over its budget with its micro-batches in flight."""
 REBALANCE_GAIN = 0.01
-"""Least predicted gain (share of the iteration) for which an uneven cut is planned too."""
-VERIFY_S_PER_OP = 1e-3
-"""Seconds per op of the whole graph kept for :func:`autopar.pipeline.evaluate.evaluate_pipeline` after
-each round (measured: 6.7 s for the 8,334 ops of a 48-layer GPT at load 18 on 2 cores)."""
-MEMORY_RESERVE = 0.25
-"""Share of the time the first round leaves for memory rounds (under a budget)."""
+"""Least predicted gain (share of the best verified iteration) for which a searched cut is planned."""
+MAX_SEARCHED_CUTS = 2
+"""Most predicted cuts planned besides the balanced one (one per schedule at most)."""
 
 
 def stage_candidates(request: PlanRequest) -> list[int]:
@@ -77,38 +92,6 @@ def stage_candidates(request: PlanRequest) -> list[int]:
     return out
 
 
-def default_stage_shape(sub: Cluster) -> tuple[int, ...]:
-    """A stage's mesh when none is named: its nodes x the devices of a node (the last axis inside
-    a node, where tensor parallelism goes, as Megatron-LM, Alpa and Galvatron lay out a stage);
-    a stage of one node or a slice of one: two axes ``[2, D / 2]`` when ``D >= 4``, else ``[D]``.
-    The intra-stage solve chooses what each axis does (a split batch on both is data
-    parallelism over the whole stage)."""
-    if sub.nodes > 1:
-        return (sub.nodes, sub.devices_per_node)
-    d = sub.devices_per_node
-    return (2, d // 2) if d >= 4 and d % 2 == 0 else (d,)
-
-
-def _stage_request(
-    request: PlanRequest,
-    graph: Graph,
-    cluster: Cluster,
-    shape: tuple[int, ...] | None,
-    budget: float | None,
-    time_s: float,
-) -> PlanRequest:
-    options = dataclasses.replace(request.options, time_limit_s=max(time_s, 0.5))
-    return dataclasses.replace(
-        request,
-        tie_layers=True,  # a stage's blocks are identical layers: one shared choice each
-        graph=graph,
-        cluster=cluster,
-        mesh_shape=shape,
-        memory_budget_bytes=None if budget is None else int(budget),
-        options=options,
-    )
-
-
 def solve_pipeline(
     request: PlanRequest,
     stages: int,
@@ -119,239 +102,208 @@ def solve_pipeline(
     stage_mesh_shape: tuple[int, ...] | None = None,
 ) -> PipelinePlan:
     """The pipeline plan of ``request`` in ``stages`` stages, planned within ``deadline``
-    (module docstring); raises :class:`TimeLimitError` when a stage finds no plan in time and
-    :class:`~autopar.errors.InfeasibleError` when a stage cannot fit the budget.
-
-    The blocks are first cut evenly; when the stages' times say another cut would shorten
-    the slowest stage by at least :data:`REBALANCE_GAIN` of the iteration
-    (:func:`rebalanced_counts`) and the time left covers another solve, that cut is planned
-    too, and the faster verified plan kept."""
+    (module docstring); raises :class:`~autopar.errors.TimeLimitError` when a stage of the
+    balanced cut finds no plan in time and :class:`~autopar.errors.InfeasibleError` when one
+    cannot fit the budget."""
     t0 = time.perf_counter()
-    even = balanced_counts(len(ordered_blocks(request.graph)), stages)
-    run = _PipelineSolve(request, even, store, progress, stage_mesh_shape)
-    pp, ev = run.solve(deadline)
-    cuts: list[dict[str, Any]] = [{"block_counts": list(even), "iteration_time_s": ev.iteration_time_s}]
-    k = request.options.micro_batches
-    better = rebalanced_counts([c.micro_batch_time_s for c in ev.stages], even)
-    gain = (k - 1) * (max(c.micro_batch_time_s for c in ev.stages) - better[1])
-    if better[0] != even and gain >= REBALANCE_GAIN * ev.iteration_time_s:
-        spent = time.perf_counter() - t0
-        if deadline.left() > spent:
-            try:
-                other = _PipelineSolve(request, better[0], store, progress, stage_mesh_shape)
-                pp2, ev2 = other.solve(deadline)
-                cuts.append({"block_counts": list(better[0]), "iteration_time_s": ev2.iteration_time_s})
-                if ev2.iteration_time_s < ev.iteration_time_s:
-                    pp, ev, run = pp2, ev2, other
-            except AutoparError as exc:
-                cuts.append({"block_counts": list(better[0]), "error": f"[{exc.code}] {exc.message}"})
-    pp = priced(pp, ev)
-    per_micro, once = boundary_floors(
-        request.graph,
-        run.slices,
-        run.sub.world_size,
-        stage_link(request.cluster, stages),
-        request.options.runtime,
-    )
-    stage_bounds = [lb + k * m + u for lb, m, u in zip(run.bounds, per_micro, once)]
-    micro_bounds = [tau + m for tau, m in zip(run.micro_bounds, per_micro)]
-    bound = min(pipeline_bound(stage_bounds, micro_bounds, k), ev.iteration_time_s)
-    pp.solver = {
-        "objective": ev.iteration_time_s,
-        "bound": bound,
-        "gap": (ev.iteration_time_s - bound) / ev.iteration_time_s if ev.iteration_time_s > 0 else 0.0,
-        "bound_note": "1F1B over the stages' proven bounds (each stage's iteration and its micro-batch "
-        "time): the bubble included",
-        "stage_bounds": stage_bounds,
-        "micro_batch_bounds": micro_bounds,
-        "stages": stages,
-        "cuts": cuts,
-        "memory_rounds": run.rounds,
-        "wall_s": time.perf_counter() - t0,
-    }
-    return pp
+    search = _CutSearch(request, stages, store, progress, stage_mesh_shape)
+    even = balanced_counts(len(search.blocks), stages)
+    run, ev = search.plan(even, "balanced", deadline)
+    spent = time.perf_counter() - t0
+    plans = [p for p in run.plans if p is not None]
+    search.search_cuts(stage_costs(search.blocks, run.slices, plans, ev), deadline, spent)
+    return search.result(t0)
 
 
-def rebalanced_counts(times: Sequence[float], counts: Sequence[int]) -> tuple[tuple[int, ...], float]:
-    """Blocks per stage that make the slowest stage fastest, and its predicted time, when
-    stage ``s`` costs ``t_s(c) = e_s + c b`` per micro-batch for ``c`` blocks.
+@dataclass
+class _Priced:
+    """A planned cut under one schedule, verified."""
 
-    ``b`` (seconds per block) is the median of ``t_s / n_s`` over the middle stages, or the
-    least over all stages when there are none (the stage without embedding or head);
-    ``e_s = max(0, t_s - n_s b)`` is what a stage runs besides its blocks (the embedding, the
-    head and loss).  ``sum_s t_s`` does not depend on the cut, so under 1F1B
-    (:func:`autopar.pipeline.schedule.one_f_one_b_iteration`) the cut that minimises the slowest stage
-    minimises the iteration: the least cap ``M`` with ``sum_s floor((M - e_s) / b) >= blocks``,
-    the surplus taken from the slowest stages."""
-    n = len(counts)
-    blocks = sum(counts)
-    per_block = [t / c for t, c in zip(times, counts)]
-    middle = sorted(per_block[1:-1])
-    b = middle[len(middle) // 2] if middle else min(per_block)
-    if b <= 0:
-        return tuple(counts), max(times)
-    extra = [max(0.0, t - c * b) for t, c in zip(times, counts)]
-    caps = sorted({e + c * b for e in extra for c in range(1, blocks + 1)})
-    for cap in caps:
-        room = [int((cap - e) / b + 1e-9) for e in extra]
-        if min(room) >= 1 and sum(room) >= blocks:
-            out = room
-            while sum(out) > blocks:  # the surplus from the slowest stage that can spare a block
-                s = max((i for i in range(n) if out[i] > 1), key=lambda i: extra[i] + out[i] * b)
-                out[s] -= 1
-            return tuple(out), max(e + c * b for e, c in zip(extra, out))
-    return tuple(counts), max(times)
+    run: StagesSolve
+    plan: PipelinePlan
+    evaluation: PipelineEvaluation
+    v: int
 
 
-class _PipelineSolve:
-    """The stages of one pipeline, planned round by round (a round re-plans the stages over
-    the budget under a smaller one)."""
+class _CutSearch:
+    """The cuts and schedules of one number of stages, priced and kept as rows (module docstring)."""
 
     def __init__(
         self,
         request: PlanRequest,
-        counts: tuple[int, ...],
+        stages: int,
         store: KeyValueStore | None,
         progress: ProgressFn | None,
-        stage_mesh_shape: tuple[int, ...] | None,
+        shape: tuple[int, ...] | None,
     ) -> None:
-        stages = len(counts)
-        self.request, self.stages, self.progress = request, stages, progress
-        graph = request.graph
-        self.blocks = ordered_blocks(graph)
-        self.counts = counts
-        self.slices = split_graph(graph, self.counts, stage_link(request.cluster, stages).crosses_nodes)
-        self.sub = stage_cluster(request.cluster, stages)
-        self.shape = stage_mesh_shape or default_stage_shape(self.sub)
-        self.budget = request.memory_budget_bytes
-        self.budgets: list[float | None] = [self.budget] * stages
-        # cost-table entries of identical layers are built once for every stage
-        self.memo: KeyValueStore = store if store is not None else MemoryStore()
-        self.plans: list[Plan | None] = [None] * stages
-        self.bounds: list[float] = [0.0] * stages
-        self.micro_bounds: list[float] = [0.0] * stages
-        """Each stage's proven lower bound on one micro-batch's time (:mod:`.pipeline_bounds`)."""
-        self.rounds = 0
-
-    def solve(self, deadline: Deadline) -> tuple[PipelinePlan, PipelineEvaluation]:
-        """Every stage planned, re-planned while over the budget, the whole re-checked."""
-        todo = list(range(self.stages))
-        while True:
-            self.plan_round(todo, deadline)
-            pp = self.pipeline()
-            ev = evaluate_pipeline(self.request.graph, pp, slices=self.slices)
-            todo = self.over_budget(ev)
-            if not todo:
-                break
-        if ev.errors:
-            raise VerificationError(
-                "pipeline_unverified", f"{self.stages}-stage plan does not verify: {ev.errors[0]}"
-            )
-        return pp, ev
-
-    def plan_round(self, todo: list[int], deadline: Deadline) -> None:
-        """Plan the stages ``todo``, sharing the time of this round equally."""
-        from autopar_solver.planner import plan  # the intra-stage planner
-
-        # the first round keeps a quarter of the time for a memory round, and every round
-        # the re-check of the whole pipeline after it
-        reserve = MEMORY_RESERVE if self.rounds == 0 and self.budget is not None else 0.0
-        verify = VERIFY_S_PER_OP * len(self.request.graph.ops)
-        this_round = Deadline((deadline.left() - verify) * (1 - reserve))
-        for n, s in enumerate(todo):
-            share = this_round.left() / (len(todo) - n)
-            if share <= 0.5:
-                raise TimeLimitError(
-                    "time_limit", f"no time left to plan stage {s} of {self.stages}", phase="pipeline"
-                )
-            req = _stage_request(
-                self.request, self.slices[s].graph, self.sub, self.shape, self.budgets[s], share
-            )
-            hint = self.plans[s] or _renamed_hint(self.plans, self.slices, s, self.blocks)
-            p = plan(req, store=self.memo, progress=self.progress, hint=hint)
-            self.plans[s] = p
-            if self.rounds == 0 and p.solver is not None:
-                b = p.solver.get("bound")
-                self.bounds[s] = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
-                self.micro_bounds[s] = self.micro_bound(s, this_round)
-        self.rounds += 1
-
-    def micro_bound(self, s: int, deadline: Deadline) -> float:
-        """Stage ``s``'s proven lower bound on one micro-batch's time (its tables are in the
-        memo: nothing is computed again), within a share of what the round has left."""
-        options = self.request.options
-        tables = build_cost_tables(
-            self.slices[s].graph,
-            Mesh(self.sub, self.shape),
-            self.request.zero_stage,
-            store=self.memo,
-            workers=options.workers,
-            runtime=options.runtime,
+        self.request, self.stages, self.store, self.progress, self.shape = (
+            request,
+            stages,
+            store,
+            progress,
+            shape,
         )
-        share = Deadline(max(0.1, deadline.left() * 0.05))
-        return micro_batch_bound(tables, options.training, share, options.deterministic)
+        self.k = request.options.micro_batches
+        self.blocks = ordered_blocks(request.graph)
+        self.choices = virtual_stage_choices(request.options.runtime, stages, self.k, len(self.blocks))
+        self.rows: list[dict[str, Any]] = []
+        self.cuts: list[dict[str, Any]] = []
+        self.best: _Priced | None = None
+        self.planned: set[tuple[int, ...]] = set()
 
-    def pipeline(self) -> PipelinePlan:
-        done = [p for p in self.plans if p is not None]
-        graph = self.request.graph
-        return PipelinePlan(
-            graph.name,
-            graph.content_hash(),
-            self.request.cluster,
-            self.counts,
-            done,
-            self.request.options.training,
-            memory_budget_bytes=self.budget,
-        )
+    @property
+    def best_iteration(self) -> float:
+        assert self.best is not None
+        return self.best.evaluation.iteration_time_s
 
-    def over_budget(self, ev: PipelineEvaluation) -> list[int]:
-        """The stages over the budget with their micro-batches in flight, each given a smaller
-        budget for the next round; :class:`InfeasibleError` after :data:`MEMORY_ROUNDS` re-plans."""
-        budget = self.budget
-        over = [c for c in ev.stages if budget is not None and c.memory_bytes > budget]
-        if not over or budget is None:
-            return []
-        if self.rounds > MEMORY_ROUNDS:
-            worst = max(over, key=lambda c: c.memory_bytes)
-            raise InfeasibleError(
-                "pipeline_memory",
-                f"stage {worst.stage} of {self.stages} needs {format_bytes(worst.memory_bytes)} per device "
-                f"with its {worst.in_flight} micro-batches in flight, over the budget "
-                f"{format_bytes(budget)} after {MEMORY_ROUNDS} re-plans; use more stages, fewer "
-                "micro-batches, checkpointing, or a larger budget",
+    def plan(
+        self, counts: tuple[int, ...], source: str, deadline: Deadline
+    ) -> tuple[StagesSolve, PipelineEvaluation]:
+        """Plan the stages of ``counts`` and price every schedule of it."""
+        self.planned.add(counts)
+        run = StagesSolve(self.request, counts, self.store, self.progress, self.shape)
+        pp, ev = run.solve(deadline)
+        self.price(run, pp, ev, source)
+        return run, ev
+
+    def price(self, run: StagesSolve, pp: PipelinePlan, ev: PipelineEvaluation, source: str) -> None:
+        """A row per schedule of ``run``'s verified plan ``pp`` (evaluated ``ev`` under 1F1B):
+        its iteration and memory, or why it is rejected."""
+        here: _Priced | None = None
+        budget = self.request.memory_budget_bytes
+        for v in self.choices:
+            row: dict[str, Any] = {"source": source, "block_counts": list(run.counts), "virtual_stages": v}
+            self.rows.append(row)
+            refusal = cut_refusal(run.counts, self.k, v)
+            if refusal is not None:
+                row["outcome"] = f"rejected: {refusal}"
+                continue
+            got = ev if v == 1 else rescheduled(ev, run.counts, self.k, v, budget)
+            row["iteration_time_s"] = got.iteration_time_s
+            row["memory_per_device_bytes"] = got.memory_per_device_bytes
+            row["bubble_fraction"] = got.bubble_fraction
+            if got.errors:
+                row["outcome"] = f"rejected: {got.errors[0]}"
+                continue
+            row["outcome"] = "verified"
+            if here is None or got.iteration_time_s < here.evaluation.iteration_time_s:
+                here = _Priced(run, pp, got, v)
+        assert here is not None  # 1F1B: the plan run.solve verified
+        cut = {"block_counts": list(run.counts), "iteration_time_s": here.evaluation.iteration_time_s}
+        self.cuts.append({**cut, "virtual_stages": here.v})
+        if self.best is None or here.evaluation.iteration_time_s < self.best_iteration:
+            self.best = here
+
+    def search_cuts(self, costs: list[StageCosts], deadline: Deadline, spent: float) -> None:
+        """Predict the best cut of every schedule from ``costs`` (per stage, from the balanced
+        cut) and plan the promising ones (module docstring)."""
+        budget = self.request.memory_budget_bytes
+        predicted: list[tuple[CutPrediction, dict[str, Any]]] = []
+        for v in self.choices:
+            row: dict[str, Any] = {"source": "predicted", "virtual_stages": v}
+            self.rows.append(row)
+            p = best_cut(costs, self.k, v, budget)
+            if p is None:
+                row["outcome"] = "no cut fits the budget" + ("" if v == 1 else " in whole chunks")
+                continue
+            row["block_counts"] = list(p.counts)
+            row["predicted_iteration_s"] = p.iteration_s
+            row["predicted_memory_per_device_bytes"] = max(p.memory_bytes)
+            predicted.append((p, row))
+        searched = 0
+        for p, row in sorted(predicted, key=lambda pr: pr[0].iteration_s):
+            row["outcome"] = self.plan_predicted(p, deadline, spent, searched)
+            searched += row["outcome"] == "planned" or row["outcome"].startswith("no plan")
+
+    def plan_predicted(self, p: CutPrediction, deadline: Deadline, spent: float, searched: int) -> str:
+        """Plan the predicted cut ``p`` when it is worth it and time is left; what happened."""
+        if p.counts in self.planned:
+            return "planned already"
+        best = self.best_iteration
+        if p.iteration_s > (1 - REBALANCE_GAIN) * best:
+            return (
+                f"not planned: predicted {p.iteration_s * 1e3:.3f} ms, not {REBALANCE_GAIN:.0%} under "
+                f"the best verified {best * 1e3:.3f} ms"
             )
-        for c in over:
-            prev = self.budgets[c.stage]
-            assert prev is not None
-            # the overshoot, and a margin: the re-plan's stash may grow as its layout changes
-            self.budgets[c.stage] = prev - (c.memory_bytes - budget) * 1.1 - 0.01 * budget
-        return [c.stage for c in over]
+        if searched >= MAX_SEARCHED_CUTS:
+            return f"not planned: {MAX_SEARCHED_CUTS} searched cuts planned already"
+        if deadline.left() <= spent:
+            return f"not planned: {deadline.left():.1f} s left, the balanced cut took {spent:.1f} s"
+        try:
+            self.plan(p.counts, "searched", deadline)
+        except AutoparError as exc:
+            self.cuts.append({"block_counts": list(p.counts), "error": f"[{exc.code}] {exc.message}"})
+            return f"no plan: [{exc.code}] {exc.message}"
+        return "planned"
+
+    def result(self, t0: float) -> PipelinePlan:
+        """The fastest verified cut and schedule, re-checked, with the search's rows and bound."""
+        best = self.best
+        assert best is not None
+        pp = dataclasses.replace(best.plan, virtual_stages=best.v)
+        ev = best.evaluation
+        if best.v > 1:  # the schedule was priced on the 1F1B evaluation: check it whole
+            ev = evaluate_pipeline(self.request.graph, pp, slices=best.run.slices)
+            if ev.errors:
+                why = f"{self.stages}-stage plan, v={best.v}, does not verify: {ev.errors[0]}"
+                raise VerificationError("pipeline_unverified", why)
+        for row in self.rows:
+            if row["outcome"] == "verified":
+                chosen = tuple(row["block_counts"]) == best.run.counts and row["virtual_stages"] == best.v
+                row["outcome"] = "chosen" if chosen else "slower"
+        pp = priced(pp, ev)
+        pp.diagnostics["pipeline_search"] = self.rows
+        pp.solver = self.solver_record(best.run, ev, t0)
+        return pp
+
+    def solver_record(self, run: StagesSolve, ev: PipelineEvaluation, t0: float) -> dict[str, Any]:
+        """The plan's ``solver``: its iteration, the bound over every schedule of its cut, the cuts."""
+        request, k = self.request, self.k
+        per_micro, once = boundary_floors(
+            request.graph,
+            run.slices,
+            run.sub.world_size,
+            stage_link(request.cluster, self.stages),
+            request.options.runtime,
+        )
+        stage_bounds = [lb + k * m + u for lb, m, u in zip(run.bounds, per_micro, once)]
+        micro_bounds = [tau + m for tau, m in zip(run.micro_bounds, per_micro)]
+        schedules = [v for v in self.choices if cut_refusal(run.counts, k, v) is None]
+        least = min(schedule_bound(stage_bounds, micro_bounds, k, v) for v in schedules)
+        bound = min(least, ev.iteration_time_s)
+        it = ev.iteration_time_s
+        return {
+            "objective": it,
+            "bound": bound,
+            "gap": (it - bound) / it if it > 0 else 0.0,
+            "bound_note": "the stages' proven bounds (each stage's iteration and its micro-batch time) "
+            "under 1F1B and every interleaving this cut allows: the bubble included; not over other cuts",
+            "stage_bounds": stage_bounds,
+            "micro_batch_bounds": micro_bounds,
+            "stages": self.stages,
+            "virtual_stages": ev.virtual_stages,
+            "cuts": self.cuts,
+            "memory_rounds": run.rounds,
+            "wall_s": time.perf_counter() - t0,
+        }
 
 
-def _renamed_hint(
-    plans: list[Plan | None], slices: list[StageSlice], s: int, blocks: list[str]
-) -> Plan | None:
-    """A warm start for stage ``s``: the plan of an earlier stage with as many blocks, its op
-    names moved by the distance between the two stages' first blocks (``layers.3.mlp`` ->
-    ``layers.9.mlp``); ops it does not name start free (:func:`.on_mesh._hint_choices`)."""
-    target = slices[s]
-    for donor, p in zip(slices, plans):
-        if p is None or donor.index == s or len(donor.blocks) != len(target.blocks):
-            continue
-        shift = blocks.index(target.blocks[0]) - blocks.index(donor.blocks[0])
-        moved = {b: blocks[i + shift] for i, b in enumerate(blocks) if 0 <= i + shift < len(blocks)}
-        signatures = {}
-        for name, sig in p.signatures.items():
-            new = _moved_name(name, moved)
-            if new in target.graph.op_by_name:
-                signatures[new] = sig
-        return dataclasses.replace(p, signatures=signatures)
-    return None
-
-
-def _moved_name(name: str, moved: dict[str, str]) -> str:
-    """``name`` with its block prefix (``layers.3`` in ``layers.3.mlp.fc1``) replaced per ``moved``."""
-    block = layer_of(name)
-    if block in moved and name.startswith(block):
-        return moved[block] + name[len(block) :]
-    return name
+def cut_search_text(rows: list[dict[str, Any]]) -> str:
+    """The ``cut search:`` lines: every cut and schedule priced (its iteration and memory, or
+    why it was rejected) and every cut predicted (its predicted iteration, and whether it was
+    planned)."""
+    lines = ["cut search (blocks per stage, v chunks per device; balanced, predicted by the DP, searched):"]
+    for r in rows:
+        counts = r.get("block_counts", "-")
+        head = f"  {r['source']:<9} {counts} v={r['virtual_stages']}"
+        if "iteration_time_s" in r:
+            figures = (
+                f"iteration {r['iteration_time_s'] * 1e3:.3f} ms, "
+                f"{format_bytes(r['memory_per_device_bytes'])}/dev"
+            )
+        elif "predicted_iteration_s" in r:
+            figures = f"predicted {r['predicted_iteration_s'] * 1e3:.3f} ms"
+        else:
+            figures = ""
+        lines.append(f"{head}: {figures + ': ' if figures else ''}{r['outcome']}")
+    return "\n".join(lines) + "\n"

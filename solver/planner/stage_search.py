@@ -73,6 +73,7 @@ def _row(stages: int, result: Plan | PipelinePlan | None, wall_s: float, error: 
         if isinstance(result, PipelinePlan):
             row["bubble_fraction"] = result.predicted.get("bubble_fraction")
             row["block_counts"] = list(result.counts)
+            row["virtual_stages"] = result.virtual_stages
     if error is not None:
         row["error"] = error
     return row
@@ -227,8 +228,9 @@ def stage_search_text(rows: list[dict[str, Any]]) -> str:
             gap = "" if r.get("gap") is None else f", gap {100 * r['gap']:.1f} %"
             bubble = r.get("bubble_fraction")
             bubble_text = "" if bubble is None else f", bubble {100 * bubble:.1f} %"
+            chunks = f", {r['virtual_stages']} chunks each" if r.get("virtual_stages", 1) > 1 else ""
             lines.append(
-                f"  {r['stages']:>2} stage(s) x {r['mesh_shape']}: "
+                f"  {r['stages']:>2} stage(s) x {r['mesh_shape']}{chunks}: "
                 f"iteration {r['iteration_time_s'] * 1e3:.2f} ms{bubble_text}, "
                 f"{format_bytes(r['memory_per_device_bytes'])}/dev{gap} ({r['wall_s']:.1f} s)"
             )

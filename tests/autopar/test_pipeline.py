@@ -158,3 +158,30 @@ def test_a_checkpointed_middle_stage_stashes_its_block_input_per_micro_batch():
     for middle in ev.stages[1:3]:
         assert middle.stash_bytes == block_input + mask
     assert [s.in_flight for s in ev.stages] == [4, 3, 2, 1]
+
+
+def test_a_schedule_repriced_is_what_the_re_check_gives_it():
+    """``rescheduled`` prices the stages of one evaluation under another interleaving exactly as
+    evaluate_pipeline does the plan with those virtual stages; an uneven cut is refused a v
+    that does not divide every stage's blocks (not only the smallest)."""
+    import dataclasses
+
+    from autopar.pipeline.evaluate import rescheduled
+
+    graph = build("tiny-gpt", layers=8)
+    cluster = Cluster.parse("2x4")
+    config = megatron_config("tp=2,dp=2,pp=2", cluster)
+    k = 4
+    plan = pipeline_baseline(graph, cluster, config, TrainingConfig(k, "full"))
+    ev = evaluate_pipeline(graph, plan)
+    assert ev.errors == [] and plan.virtual_stages == 1
+    for v in (2, 4):
+        again = evaluate_pipeline(graph, dataclasses.replace(plan, virtual_stages=v))
+        quick = rescheduled(ev, plan.counts, k, v, None)
+        assert quick.errors == again.errors == []
+        assert quick.iteration_time_s == pytest.approx(again.iteration_time_s, rel=1e-12)
+        assert [s.memory_bytes for s in quick.stages] == pytest.approx([s.memory_bytes for s in again.stages])
+        assert [s.in_flight for s in quick.stages] == [s.in_flight for s in again.stages]
+    assert ev.stages[0].in_flight == 2  # the evaluation itself is left as it was
+    refused = rescheduled(ev, (4, 6), k, 4, None)  # the smallest stage divides; the other not
+    assert refused.errors and "does not divide the 6 layers" in refused.errors[0]

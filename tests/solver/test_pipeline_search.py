@@ -90,20 +90,10 @@ def test_a_bad_stage_count_is_one_error_line(capsys: pytest.CaptureFixture[str])
     ]
 
 
-def test_the_cut_that_shortens_the_slowest_stage():
-    """t_s(c) = e_s + c b: b = 0.2 s per block (the middle stages), the first stage 0.1 s and
-    the last 0.5 s besides their blocks; the slowest stage can be no faster than the last
-    with one block (0.7 s), and the surplus leaves the slowest stages first."""
-    from autopar_solver.planner.pipeline_search import rebalanced_counts
-
-    counts, slowest = rebalanced_counts([0.5, 0.4, 0.4, 0.9], (2, 2, 2, 2))
-    assert counts == (2, 2, 3, 1) and slowest == pytest.approx(0.7)
-    assert rebalanced_counts([0.4, 0.4], (2, 2)) == ((2, 2), pytest.approx(0.4))  # nothing to move
-
-
 def test_a_heavy_head_gets_fewer_blocks_beside_it():
     """A vocabulary of 32768 on a hidden size of 64 makes the head the slowest part of the last
-    stage: the even cut (2, 2) is planned, then (3, 1), and the faster verified plan kept."""
+    stage: the even cut (2, 2) is planned, then (3, 1), the cut the dynamic program predicts
+    from the even cut's per-block costs, and the faster verified plan kept."""
     graph = build("tiny-gpt", layers=4, vocab=32768)
     options = SolverOptions(time_limit_s=120, micro_batches=8, checkpointing="full", workers=2)
     request = PlanRequest(graph, Cluster.parse("1x8"), None, None, 2, options)
@@ -114,3 +104,64 @@ def test_a_heavy_head_gets_fewer_blocks_beside_it():
     assert [c["block_counts"] for c in cuts[1:]] == [[3, 1]]
     assert plan.iteration_time_s == pytest.approx(min(c["iteration_time_s"] for c in cuts))
     assert evaluate_pipeline(graph, plan).errors == []
+
+
+def _searched(
+    graph_overrides: dict[str, int], runtime: str, stages: int, shape: tuple[int, ...]
+) -> PipelinePlan:
+    graph = build("tiny-gpt", **graph_overrides)
+    options = SolverOptions(
+        time_limit_s=120, micro_batches=8, checkpointing="full", workers=2, runtime=runtime
+    )
+    request = PlanRequest(graph, Cluster.parse("1x8"), None, None, 2, options)
+    return solve_pipeline(request, stages, Deadline(120), stage_mesh_shape=shape)
+
+
+def _balanced_row(plan: PipelinePlan, v: int = 1) -> dict:
+    rows = plan.diagnostics["pipeline_search"]
+    return next(r for r in rows if r["source"] == "balanced" and r["virtual_stages"] == v)
+
+
+def test_an_uneven_head_is_cut_no_worse_than_the_balanced_cut():
+    """8 blocks and a head of vocabulary 32768: the dynamic program, on the balanced cut's
+    per-block costs, moves blocks off the head's stage; the cut it predicts is planned, and the
+    plan returned is no slower than the balanced one as evaluate_pipeline re-checks it."""
+    overrides = {"layers": 8, "vocab": 32768}
+    plan = _searched(overrides, "oneflow-0.9", 2, (2, 2))
+    graph = build("tiny-gpt", **overrides)
+    ev = evaluate_pipeline(graph, plan)
+    assert ev.errors == [] and ev.iteration_time_s == pytest.approx(plan.iteration_time_s)
+    balanced = _balanced_row(plan)
+    assert balanced["block_counts"] == [4, 4]
+    assert plan.iteration_time_s <= balanced["iteration_time_s"]
+    assert plan.counts[-1] < 4  # fewer blocks beside the head
+    rows = plan.diagnostics["pipeline_search"]
+    predicted = [r for r in rows if r["source"] == "predicted"]
+    assert [r["outcome"] for r in predicted] == ["planned"]
+    assert predicted[0]["predicted_iteration_s"] < balanced["iteration_time_s"]
+    assert {r["virtual_stages"] for r in rows} == {1}  # OneFlow 0.9 runs 1F1B only
+    assert [r["outcome"] for r in rows].count("chosen") == 1
+
+
+BUBBLE_BOUND = {"layers": 8, "hidden": 1024, "ffn": 4096}
+"""Wide blocks, cheap sends inside a node: with 4 stages and K = 8 the 1F1B bubble (3 of 11
+slots) costs more than interleaving's extra sends."""
+
+
+def test_megatron_lm_interleaves_when_the_bubble_dominates():
+    plan = _searched(BUBBLE_BOUND, "megatron-lm", 4, (2,))
+    assert plan.virtual_stages > 1 and plan.counts == (2, 2, 2, 2)
+    assert plan.iteration_time_s < _balanced_row(plan, 1)["iteration_time_s"]
+    again = PipelinePlan.from_json(plan.to_json())
+    assert again.virtual_stages == plan.virtual_stages
+    ev = evaluate_pipeline(build("tiny-gpt", **BUBBLE_BOUND), again)  # the re-check, interleaved
+    assert ev.errors == [] and ev.iteration_time_s == pytest.approx(plan.iteration_time_s)
+    assert plan.solver is not None and plan.solver["virtual_stages"] == plan.virtual_stages
+    assert 0 < plan.solver["bound"] <= plan.iteration_time_s
+
+
+def test_oneflow_never_interleaves():
+    plan = _searched(BUBBLE_BOUND, "oneflow-0.9", 4, (2,))
+    assert plan.virtual_stages == 1
+    assert {r["virtual_stages"] for r in plan.diagnostics["pipeline_search"]} == {1}
+    assert "virtual_stages" not in plan.to_dict()

@@ -15,6 +15,7 @@ MEGATRON_LM = RuntimeProfile(
     fuses_sibling_linears=True,
     fused_kernels=("flash_attention", "bias_gelu", "bias_dropout_add"),
     recompute_groups=("attention_core", "norm"),
+    interleaved_1f1b=True,
     source=(
         "Megatron-LM (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py, "
         "megatron/core/optimizer/distrib_optimizer.py): NCCL ring collectives; gradients "
@@ -27,7 +28,9 @@ MEGATRON_LM = RuntimeProfile(
         "hides behind the last micro-batch's backward and the gather behind the first forward; "
         "attention as FlashAttention (--attention-backend flash/fused, the same example), bias-GeLU "
         "and bias-dropout-add fused (megatron/core/fusions/); selective recomputation of "
-        "core_attn and layernorm (--recompute-modules, megatron/core/transformer/transformer_config.py)"
+        "core_attn and layernorm (--recompute-modules, megatron/core/transformer/transformer_config.py); "
+        "interleaved 1F1B (--num-virtual-stages-per-pipeline-rank, "
+        "megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving)"
     ),
 )
 """Megatron-LM (Megatron-Core): boxing within fixed process groups
