@@ -359,7 +359,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--megatron-config",
         default=None,
-        metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective[:M+M]|full[:N],optimizer=ddp|distributed",
+        metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective[:M+M]|full[:N],optimizer=ddp|distributed|fsdp",
         help="with --compare: price megatron at the configuration you run (any subset of these keys; "
         "the ones left out are searched), not at its best",
     )

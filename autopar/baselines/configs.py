@@ -53,9 +53,12 @@ __all__ = [
 
 MEGATRON_RUNTIME = "megatron-lm"
 """Runtime profile the ``megatron`` baseline is priced with (Megatron-LM as it runs)."""
-MEGATRON_OPTIMIZERS = {0: "DDP", 1: "distributed optimizer"}
-"""ZeRO stage -> Megatron-LM's name for it: plain DDP, or ``--use-distributed-optimizer``
-(optimizer states sharded over the data-parallel group, ZeRO-1)."""
+MEGATRON_OPTIMIZERS = {0: "DDP", 1: "distributed optimizer", 3: "FSDP"}
+"""ZeRO stage -> Megatron-LM's name for it: plain DDP, ``--use-distributed-optimizer``
+(optimizer states sharded over the data-parallel group, ZeRO-1), or Megatron-FSDP
+(``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params``: parameters,
+gradients and optimizer states sharded, the parameters gathered for each forward and
+backward, ZeRO-3; without pipeline stages)."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from autopar.baselines.megatron.pipeline import pipeline_baseline
 from autopar.baselines.walks import WalkMemo
 from autopar.cost.evaluate import attach_evaluation, evaluate
 from autopar.cost.iteration import baseline_training, candidate_blocks
-from autopar.cost.model_version import COST_MODEL_VERSION, model_digest
+from autopar.cost.model_version import COST_MODEL_VERSION, evaluation_digest, model_digest
 from autopar.hardware.cluster import Cluster
 from autopar.hardware.mesh import Mesh
 from autopar.ir.blocks import group_unit
@@ -141,6 +141,7 @@ def baseline_evaluated(
                 "autopar": autopar_version,
                 "cost_model": COST_MODEL_VERSION,
                 "model": model_digest(),
+                "evaluation": evaluation_digest(),
             },
         }
     )[:32]

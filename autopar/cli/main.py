@@ -325,7 +325,7 @@ def _baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--megatron-config",
         default=None,
-        metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective[:M+M]|full[:N],optimizer=ddp|distributed",
+        metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective[:M+M]|full[:N],optimizer=ddp|distributed|fsdp",
         help="megatron only: the configuration you run, priced as Megatron-LM runs it (its mesh "
         "[dp, tp], ZeRO stage and the megatron-lm runtime replace --mesh-shape, --zero, --runtime); "
         "keys left out are searched for the fastest that fits the device's memory",

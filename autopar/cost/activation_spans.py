@@ -42,11 +42,15 @@ def accumulation_buffer_bytes(
     layout): ``K_g x Psi - grad_ZeRO`` where ``Psi`` is the variable's elements per device
     after its splits and ``grad_ZeRO`` the gradient bytes its ZeRO stage keeps
     (:func:`autopar.cost.memory.model_state_bytes`): 0 under ZeRO-0/1 (the gradient is
-    full-size anyway), ``K_g Psi (1 - 1/Nd)`` under ZeRO-2/3.  0 with ``K = 1`` and on
-    ``ideal`` (DeepSpeed ZeRO-2 reduces every micro-batch into its shard).  Units: bytes.
+    full-size anyway), ``K_g Psi (1 - 1/Nd)`` under ZeRO-2/3.  0 with ``K = 1``, on
+    ``ideal`` (DeepSpeed ZeRO-2 reduces every micro-batch into its shard), and where the
+    runtime reduces every micro-batch at this ZeRO stage (Megatron-FSDP).  Units: bytes.
     """
-    if training.micro_batches <= 1 or not accumulation_of(runtime).full_size_buffer:
+    acc = accumulation_of(runtime)
+    if training.micro_batches <= 1 or not acc.full_size_buffer:
         return 0.0
+    if acc.reduce_per_micro_batch_from is not None and zero_stage >= acc.reduce_per_micro_batch_from:
+        return 0.0  # reduced into its shard every micro-batch (Megatron-FSDP): no full-size buffer
     local = math.prod(shape) / sbp.split_factor(mesh_shape)
     _, grad, _ = variable_state_bytes(shape, sbp, mesh_shape, zero_stage, states, zero_sharding)
     return max(0.0, states.grad * local - grad)

@@ -449,15 +449,21 @@ def _hidden_by_runtime(p: _Pricing, grad_comm: float, reductions: int) -> float:
     """Seconds of communication per optimizer step the plan's runtime hides behind compute:
     the gradient reduction behind the backward of the micro-batch it follows
     (:attr:`~autopar.runtimes.profile.RuntimeProfile.overlap_grad_comm`, at most that
-    backward's compute) and the once-per-step parameter gather behind the next forward
-    (:attr:`~autopar.runtimes.profile.RuntimeProfile.overlap_param_gather`, at most one
-    micro-batch's forward compute).  Units: seconds."""
+    backward's compute) and the parameter gather behind the forward it feeds
+    (:attr:`~autopar.runtimes.profile.RuntimeProfile.overlap_param_gather`: the
+    once-per-step gather behind the first forward, a gather every micro-batch behind its
+    own; each forward hides at most its compute).  Units: seconds."""
     hidden = 0.0
     if p.runtime.overlap_grad_comm:
         hidden += reductions * min(grad_comm, p.backward_s)
     if p.runtime.overlap_param_gather:
-        gathers = sum(e.time_s * e.per_step for e in p.edges if e.zero_gather)
-        hidden += min(gathers, p.forward_s)
+        once = sum(e.time_s * e.per_step for e in p.edges if e.zero_gather)
+        # a gather every micro-batch (ZeRO-3: Megatron-FSDP prefetches the next layer's
+        # parameters) hides behind that micro-batch's forward, the first one's with the
+        # once-per-step gather
+        every = sum(e.time_s * e.per_micro_batch for e in p.edges if e.zero_gather)
+        k = p.training.micro_batches
+        hidden += min(once + every, p.forward_s) + (k - 1) * min(every, p.forward_s)
     return hidden
 
 

@@ -84,8 +84,11 @@ ACCUMULATION: dict[str, Accumulation] = {
     # Megatron-LM DDP and distributed optimizer: gradients accumulate in the full-size
     # main_grad buffer (kept across micro-batches), one all-reduce / reduce-scatter at the
     # last micro-batch, the parameters all-gathered once after the update
-    # (megatron/core/distributed/param_and_grad_buffer.py, distrib_optimizer.py)
-    "megatron-lm": Accumulation(None, None, True),
+    # (megatron/core/distributed/param_and_grad_buffer.py, distrib_optimizer.py); Megatron-FSDP
+    # (ZeRO-3, optim_grads_params) gathers the parameters for every micro-batch and
+    # reduce-scatters each micro-batch's gradient into its shard
+    # (megatron/core/distributed/fsdp/, the sharded main_grad)
+    "megatron-lm": Accumulation(3, 3, True),
 }
 
 

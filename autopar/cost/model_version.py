@@ -2,7 +2,9 @@
 
 * :data:`COST_MODEL_VERSION` -- bumped by hand when the meaning of a table entry changes;
 * :func:`model_digest` -- a hash of every source file that can change a table entry, so code
-  that prices differently never reads entries written by older code.
+  that prices differently never reads entries written by older code;
+* :func:`evaluation_digest` -- the same for a whole evaluation (a priced baseline): every
+  source of the core that can change what a plan is built as or priced at.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from autopar.ir.content_key import python_sources, source_digest
 
-__all__ = ["COST_MODEL_VERSION", "model_digest"]
+__all__ = ["COST_MODEL_VERSION", "evaluation_digest", "model_digest"]
 
 COST_MODEL_VERSION = "2"
 
@@ -48,3 +50,18 @@ def model_digest(root: str | None = None) -> str:
 
 
 _DIGEST_CACHE: list[str] = []
+
+
+_EVALUATION_SOURCES = ("baselines", "cost", "hardware", "ir", "pipeline", "rules", "runtimes", "models")
+"""The core's packages whose code can change a baseline's plan or its evaluation."""
+
+_EVALUATION_CACHE: list[str] = []
+
+
+def evaluation_digest() -> str:
+    """SHA-256 (hex, 16 chars) of every source file that can change a baseline's plan or its
+    evaluation: part of the key a priced baseline is kept under
+    (:func:`autopar.baselines.pricing.baseline_evaluated`)."""
+    if not _EVALUATION_CACHE:
+        _EVALUATION_CACHE.append(source_digest(_AUTOPAR, python_sources(_AUTOPAR, _EVALUATION_SOURCES)))
+    return _EVALUATION_CACHE[0]

@@ -311,8 +311,10 @@ class Plan:
             f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each + "
             f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step; checkpointing "
             f"{self.training.checkpointing}; runtime {self.runtime})",
-            f"              {pred.get('iteration_time_overlapped_s', float('nan')) * 1e3:10.2f} ms the same "
-            "iteration with the gradient reduction overlapping backward",
+            f"              {pred.get('achieved_iteration_time_s', float('nan')) * 1e3:10.2f} ms as the "
+            f"runtime runs it, hiding {pred.get('hidden_comm_time_s', float('nan')) * 1e3:.2f} ms of "
+            "communication behind compute (gradient reduction behind backward, parameter gathers "
+            "behind forward)",
             f"  at K = 1    {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms one micro-batch with the "
             f"once-per-step work, without recomputation (compute "
             f"{pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, comm "

@@ -32,12 +32,13 @@ CLUSTER_32X8 = Cluster.parse("32x8", "a100-80g")
 
 def test_megatron_configurations_keep_tensor_parallelism_inside_a_node():
     configs = megatron_structures(CLUSTER_32X8, None, 0, 1, MegatronChoice())
-    # Megatron-LM's rules: t in the divisors of 8 inside a node, d = 256 / t; DDP or the
-    # distributed optimizer; sequence parallelism with t > 1; priced as Megatron-LM runs
+    # Megatron-LM's rules: t in the divisors of 8 inside a node, d = 256 / t; DDP, the
+    # distributed optimizer or Megatron-FSDP; sequence parallelism with t > 1; priced as
+    # Megatron-LM runs
     assert {(c.tensor_parallel, c.data_parallel, c.zero_stage, c.sequence_parallel) for c in configs} == {
         (t, 256 // t, z, sp)
         for t in (1, 2, 4, 8)
-        for z in (0, 1)
+        for z in (0, 1, 3)
         for sp in ((False,) if t == 1 else (False, True))
     }
     assert all(c.runtime == MEGATRON_RUNTIME and c.pipeline == 1 for c in configs)

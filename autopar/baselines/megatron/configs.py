@@ -21,7 +21,9 @@ key           values                                           Megatron-LM
                                                                ``--recompute-granularity full
                                                                --recompute-method uniform|block
                                                                --recompute-num-layers N``
-``optimizer`` ``ddp`` / ``distributed``                        ``--use-distributed-optimizer``
+``optimizer`` ``ddp`` / ``distributed`` / ``fsdp``             ``--use-distributed-optimizer``;
+                                                               ``--use-megatron-fsdp`` (ZeRO-3,
+                                                               ``pp = 1``)
 ============  ===============================================  ===================================
 
 Gradients are reduced with ``--overlap-grad-reduce`` and parameters gathered with
@@ -55,7 +57,7 @@ MEGATRON_KEYS = ("tp", "pp", "dp", "vpp", "sp", "recompute", "optimizer")
 """What ``--megatron-config`` takes (every key optional; the others are searched)."""
 VIRTUAL_STAGES = (1, 2, 4, 8)
 """Model chunks per device the search tries (where Megatron-LM accepts them)."""
-_OPTIMIZER_NAMES = {"ddp": 0, "distributed": 1, "distributed-optimizer": 1}
+_OPTIMIZER_NAMES = {"ddp": 0, "distributed": 1, "distributed-optimizer": 1, "fsdp": 3}
 _SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
@@ -70,7 +72,7 @@ class MegatronChoice:
     sp: bool | None = None
     recompute: str | None = None
     zero_stage: int | None = None
-    """0: DDP; 1: the distributed optimizer."""
+    """0: DDP; 1: the distributed optimizer; 3: Megatron-FSDP."""
 
     @property
     def named(self) -> bool:
@@ -193,7 +195,7 @@ def _optimizer(value: str | None, text: str) -> int | None:
         return None
     if value not in _OPTIMIZER_NAMES:
         raise ConfigError(
-            "bad_baseline_config", f"unknown optimizer {value!r} in {text!r}; use ddp or distributed"
+            "bad_baseline_config", f"unknown optimizer {value!r} in {text!r}; use ddp, distributed or fsdp"
         )
     return _OPTIMIZER_NAMES[value]
 
@@ -221,6 +223,11 @@ def _check_choice(c: MegatronChoice, cluster: Cluster, text: str) -> None:
         raise ConfigError(
             "bad_baseline_config",
             f"sp=on splits the sequence over the tensor-parallel group: it needs tp > 1 in {text!r}",
+        )
+    if c.zero_stage == 3 and c.pp is not None and c.pp > 1:
+        raise ConfigError(
+            "bad_baseline_config",
+            f"optimizer=fsdp (Megatron-FSDP) runs without pipeline stages: pp=1 in {text!r}",
         )
     if c.vpp is not None and c.vpp > 1 and c.pp == 1:
         raise ConfigError("bad_baseline_config", f"vpp={c.vpp} interleaves pipeline stages: it needs pp >= 2")
@@ -265,6 +272,7 @@ def megatron_structures(
                             recompute=choice.recompute or "",
                         )
                         for zero in zeros
+                        if zero < 3 or pp == 1  # Megatron-FSDP runs without pipeline stages
                     )
     return out
 
