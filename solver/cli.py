@@ -324,6 +324,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
         sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
     if result.diagnostics.get("stage_search"):
         sys.stdout.write(stage_search_text(list(result.diagnostics["stage_search"])))
+    elif options.stages == 1 and cluster.nodes > 1:
+        sys.stdout.write(
+            f"hint: one stage over {cluster.nodes} nodes, as --stages 1 asked; --stages auto (the default) "
+            "also plans pipelines of stages across the nodes and keeps the fastest (docs/pipeline.md)\n"
+        )
     if result.diagnostics.get("pipeline_search"):
         sys.stdout.write(cut_search_text(list(result.diagnostics["pipeline_search"])))
     wrote("plan", args.out)
