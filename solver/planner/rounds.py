@@ -36,6 +36,7 @@ from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import EVALUATE_PER_BUILD, MAX_MEMORY_ROUNDS, MIN_SOLVE_S, PlanContext
+from autopar_solver.planner.lighten import lighten
 from autopar_solver.planner.memory_rows import (
     BuiltProblem,
     assignment,
@@ -149,22 +150,32 @@ def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Ro
 
 def _keep_if_it_fits(job: MeshJob, built: BuiltProblem, state: Rounds) -> None:
     """Checkpointing ``auto``, no plan fits yet: the round's hint (the last plan's layout with
-    every block recomputing, :func:`_constrain_peak`) becomes the verified plan so far when
-    the evaluator finds it within the budget, its objective the problem's own, with the
-    rounds' bound; a round that finds a better plan that fits replaces it."""
+    every block recomputing, :func:`_constrain_peak`), lightened block by block
+    (:func:`.lighten.lighten`), else as it is, becomes the verified plan so far and the
+    round's hint when the evaluator finds it within the budget, its objective the problem's
+    own, with the rounds' bound; a round that finds a better plan that fits replaces it."""
     assert state.hint is not None
-    choices = list(state.hint)
-    objective, _ = evaluate_problem(built.problem, choices) if min(choices) >= 0 else (math.inf, [])
-    if not math.isfinite(objective):
+    whole = list(state.hint)
+    if min(whole) < 0:
         return
-    candidate, ev = _recomputing_plan(job, built, choices)
-    if job.budget is not None and ev.memory.total > job.budget:
+    sources = {
+        "the last plan's layout, each block's cheapest recompute policy that fits": lighten(built, whole),
+        "the last plan's layout with every block recomputed": whole,
+    }
+    for source, choices in sources.items():
+        objective, _ = evaluate_problem(built.problem, choices)
+        if not math.isfinite(objective):
+            continue
+        candidate, ev = _recomputing_plan(job, built, choices)
+        if job.budget is not None and ev.memory.total > job.budget:
+            continue
+        bound = min(state.best_bound, objective)
+        gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
+        solution = Solution(choices, objective, bound, gap, "feasible", 0.0, {"source": source})
+        state.kept = (candidate, ev, solution)
+        state.kept_positions = list(state.positions)
+        state.hint = choices  # the round starts from it
         return
-    bound = min(state.best_bound, objective)
-    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
-    stats = {"source": "the last plan's layout with every block recomputed"}
-    state.kept = (candidate, ev, Solution(choices, objective, bound, gap, "feasible", 0.0, stats))
-    state.kept_positions = list(state.positions)
 
 
 def _recomputing_plan(job: MeshJob, built: BuiltProblem, choices: list[int]) -> tuple[Plan, Any]:
