@@ -7,6 +7,7 @@
     autopar baseline KIND GRAPH --cluster 2x4 --mesh-shape 4,2 --out plan.json
     autopar evaluate GRAPH PLAN [--json]            recompute a plan's time and memory
     autopar oneflow import | import-plan            (OneFlow 0.9 when run)
+    autopar export megatron PLAN                    Megatron-LM's arguments for a plan, or why none
     autopar plan GRAPH --cluster 2x4 --memory 40GiB --zero 2 --out plan.json   (autopar[solver])
     autopar serve | worker | submit                 (serve, worker: autopar[service])
 
@@ -354,6 +355,8 @@ def _oneflow_command() -> Command:
 
 def core_commands() -> list[Command]:
     """The commands of the core (numpy and pydantic only)."""
+    from autopar.cli.export import EXPORT_COMMAND
+
     return [
         Command("model", "build a training-step graph of a bundled model", _model_arguments, cmd_model),
         Command(
@@ -378,6 +381,7 @@ def core_commands() -> list[Command]:
             cmd_calibrate,
         ),
         _oneflow_command(),
+        EXPORT_COMMAND,
     ]
 
 
