@@ -272,7 +272,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar_solver.planner import PlanRequest, plan
     from autopar_solver.planner.pipeline_search import cut_search_text
     from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
+    from autopar_solver.request_file import apply_request_file, request_solver_options
 
+    apply_request_file(args)  # --request FILE: its values where no option was given
     options = SolverOptions(
         time_limit_s=args.time_limit,
         seed=args.seed,
@@ -282,6 +284,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         checkpointing=args.checkpointing,
         stages=parse_stages(args.stages),
         **({"workers": args.workers} if args.workers else {}),
+        **request_solver_options(args),
     )
     deadline = Deadline(options.time_limit_s)  # the limit covers loading the graph too
     progress = None if args.no_progress else ProgressLine(sys.stderr)
@@ -331,7 +334,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("graph", help=graph_arg_help())
+    from autopar_solver.request_file import add_request_argument
+
+    p.add_argument("graph", nargs="?", default=None, help=graph_arg_help() + " (or --request's graph)")
     add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
     add_memory_arg(p)
     add_training_args(p, checkpointing="auto")
@@ -373,6 +378,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
+    add_request_argument(p)  # last: it marks the options above when given, to override the file
 
 
 PLAN_COMMAND = Command(
