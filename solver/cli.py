@@ -29,6 +29,7 @@ from autopar.cli.args import (
 from autopar.hardware.cluster import Cluster
 from autopar.hardware.mesh import parse_mesh_shape
 from autopar.infra.progress import Progress
+from autopar.ir.batch import batch_shape
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan, format_bytes
 from autopar.ir.training import TrainingConfig
@@ -103,11 +104,17 @@ class ProgressLine:
             self.status = None
 
 
+def _fastest_first(row: tuple[str, Plan | PipelinePlan]) -> tuple[bool, float]:
+    t = row[1].iteration_time_s
+    return (t != t, t if t == t else 0.0)  # a plan without a time (NaN) last
+
+
 def summary_table(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> str:
-    """Plain-text table: iteration time (K, checkpointing), memory per device, proven gap,
-    ratio to the last row."""
+    """Plain-text table, fastest first: iteration time (K, checkpointing), memory per device,
+    proven gap, ratio to the last row given (``--compare``: megatron)."""
     base = rows[-1][1].iteration_time_s if rows else 1.0
     last = rows[-1][0] if rows else ""
+    rows = sorted(rows, key=_fastest_first)
     lines = [
         f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}"
         f"{'memory/dev':>13}{'proven gap':>12}"
@@ -311,7 +318,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         if progress:
             progress.close()
     result.save(args.out)
-    sys.stdout.write(result.summary() + "\n")
+    sys.stdout.write(result.summary(batch_shape(graph)) + "\n")
     if args.compare:
         report = (
             (lambda kind: progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed())))
