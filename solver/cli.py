@@ -29,6 +29,7 @@ from autopar.cli.args import (
 from autopar.hardware.cluster import Cluster
 from autopar.hardware.mesh import parse_mesh_shape
 from autopar.infra.progress import Progress
+from autopar.ir.batch import batch_shape
 from autopar.ir.graph import Graph
 from autopar.ir.plan import Plan, format_bytes
 from autopar.ir.training import TrainingConfig
@@ -103,11 +104,17 @@ class ProgressLine:
             self.status = None
 
 
+def _fastest_first(row: tuple[str, Plan | PipelinePlan]) -> tuple[bool, float]:
+    t = row[1].iteration_time_s
+    return (t != t, t if t == t else 0.0)  # a plan without a time (NaN) last
+
+
 def summary_table(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> str:
-    """Plain-text table: iteration time (K, checkpointing), memory per device, proven gap,
-    ratio to the last row."""
+    """Plain-text table, fastest first: iteration time (K, checkpointing), memory per device,
+    proven gap, ratio to the last row given (``--compare``: megatron)."""
     base = rows[-1][1].iteration_time_s if rows else 1.0
     last = rows[-1][0] if rows else ""
+    rows = sorted(rows, key=_fastest_first)
     lines = [
         f"{'plan':<22}{'iteration ms':>13}{'K':>4}{'ckpt':>6}{'vs ' + last:>16}"
         f"{'memory/dev':>13}{'proven gap':>12}"
@@ -272,7 +279,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar_solver.planner import PlanRequest, plan
     from autopar_solver.planner.pipeline_search import cut_search_text
     from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
+    from autopar_solver.request_file import apply_request_file, request_solver_options
 
+    apply_request_file(args)  # --request FILE: its values where no option was given
     options = SolverOptions(
         time_limit_s=args.time_limit,
         seed=args.seed,
@@ -282,6 +291,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         checkpointing=args.checkpointing,
         stages=parse_stages(args.stages),
         **({"workers": args.workers} if args.workers else {}),
+        **request_solver_options(args),
     )
     deadline = Deadline(options.time_limit_s)  # the limit covers loading the graph too
     progress = None if args.no_progress else ProgressLine(sys.stderr)
@@ -308,7 +318,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         if progress:
             progress.close()
     result.save(args.out)
-    sys.stdout.write(result.summary() + "\n")
+    sys.stdout.write(result.summary(batch_shape(graph)) + "\n")
     if args.compare:
         report = (
             (lambda kind: progress(Progress(f"baseline:{kind}", elapsed_s=deadline.elapsed())))
@@ -336,7 +346,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("graph", help=graph_arg_help())
+    from autopar_solver.request_file import add_request_argument
+
+    p.add_argument("graph", nargs="?", default=None, help=graph_arg_help() + " (or --request's graph)")
     add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
     add_memory_arg(p)
     add_training_args(p, checkpointing="auto")
@@ -378,6 +390,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     p.add_argument("--out", required=True, help="plan JSON to write (checked before solving)")
+    add_request_argument(p)  # last: it marks the options above when given, to override the file
 
 
 PLAN_COMMAND = Command(

@@ -7,6 +7,7 @@
     autopar baseline KIND GRAPH --cluster 2x4 --mesh-shape 4,2 --out plan.json
     autopar evaluate GRAPH PLAN [--json]            recompute a plan's time and memory
     autopar oneflow import | import-plan            (OneFlow 0.9 when run)
+    autopar export megatron PLAN                    Megatron-LM's arguments for a plan, or why none
     autopar plan GRAPH --cluster 2x4 --memory 40GiB --zero 2 --out plan.json   (autopar[solver])
     autopar serve | worker | submit                 (serve, worker: autopar[service])
 
@@ -56,8 +57,9 @@ from autopar.cost.iteration import baseline_training
 from autopar.errors import AutoparError, ConfigError, PlanError
 from autopar.hardware.cluster import Cluster, load_cluster_profile
 from autopar.hardware.mesh import Mesh
+from autopar.ir.batch import batch_shape
 from autopar.ir.graph import Graph
-from autopar.ir.plan import check_plan_graph, format_bytes
+from autopar.ir.plan import check_plan_graph, format_bytes, throughput_line
 from autopar.ir.training import TrainingConfig
 from autopar.version import __version__
 
@@ -80,7 +82,26 @@ class ArgumentParser(argparse.ArgumentParser):
             close = closest_name(choice.group(1), options)
             if close:
                 message += f"; did you mean {close!r}?"
+        message += parallelism_hint(message)
         self.exit(2, f"autopar: error: [bad_args] {message} (see `{self.prog} --help`)\n")
+
+
+_PARALLELISM_WORDS = ("tp", "dp", "pp", "vpp", "sp", "mp", "tensor", "pipeline", "parallel", "data-parallel")
+"""Option names (or their words) that ask for parallelism in another system's terms."""
+
+
+def parallelism_hint(message: str) -> str:
+    """For argparse's ``unrecognized arguments: --tp 4``: where autopar takes parallelism
+    (a mesh, pipeline stages, Megatron-LM's own configuration); else nothing."""
+    unknown = re.findall(r"(?:^|\s)--?([A-Za-z][\w-]*)", message.partition("unrecognized arguments:")[2])
+    words = {w for name in unknown for w in [name.lower(), *re.split(r"[-_]", name.lower())]}
+    if not words & set(_PARALLELISM_WORDS):
+        return ""
+    return (
+        "; autopar takes parallelism as a mesh: --mesh-shape D,T (the last axis tensor-parallel: "
+        "--mesh-shape 2,4 is tp 4 on 8 devices), pipeline stages as --stages N, and Megatron-LM's "
+        "own as --megatron-config tp=T,pp=P,... (baseline megatron, plan --compare)"
+    )
 
 
 def _load_graph(path: str):  # type: ignore[no-untyped-def]
@@ -167,7 +188,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     # a tensor boxed to one layout for several consumers is boxed once, as the system runs it
     attach_evaluation(plan, evaluate(graph, plan))
     plan.save(args.out)
-    sys.stdout.write(plan.summary() + "\n")
+    sys.stdout.write(plan.summary(batch_shape(graph)) + "\n")
     wrote("plan", args.out)
     return 0
 
@@ -201,7 +222,7 @@ def _named_megatron(args: argparse.Namespace, graph: Graph, cluster: Cluster) ->
         "tried": [p.to_dict() for p in priced],
     }
     plan.save(args.out)
-    sys.stdout.write(plan.summary() + "\n")
+    sys.stdout.write(plan.summary(batch_shape(graph)) + "\n")
     sys.stdout.write(
         f"configuration  {chosen.config.describe()}, runtime {chosen.config.runtime} "
         f"(named {args.megatron_config!r}; {len(priced)} priced, the fastest within "
@@ -215,17 +236,24 @@ MAX_ERRORS_SHOWN = 20
 """``autopar evaluate`` prints this many of a plan's errors, then how many it left out."""
 
 
-def _evaluation_text(name: str, plan: Any, ev: Any) -> str:
+def _evaluation_text(name: str, plan: Any, ev: Any, graph: Graph) -> str:
     """What ``autopar evaluate`` prints without ``--json``."""
     mem = ev.memory
+    k = ev.training.micro_batches
+    batch = batch_shape(graph)
     lines = [
         f"{name}: {'valid' if ev.valid else 'INVALID'} ({plan.source})",
-        f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms  (one optimizer step: "
-        f"{ev.training.micro_batches} x "
-        f"{ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
+        f"  iteration  {ev.iteration_time_s * 1e3:10.2f} ms modelled (one optimizer step: "
+        f"{k} x {ev.micro_batch_time_s * 1e3:.2f} ms micro-batch + {ev.once_per_step_time_s * 1e3:.2f} ms "
         f"once per step; checkpointing {ev.training.checkpointing})",
-        f"  at K = 1   {ev.step_time_s * 1e3:10.2f} ms  (one micro-batch with the once-per-step work, "
-        f"compute {ev.compute_time_s * 1e3:.2f} ms, comm {ev.comm_time_s * 1e3:.2f} ms)",
+        *([throughput_line(batch, k, ev.iteration_time_s)] if batch is not None else []),
+        (
+            f"  at K = 1   {ev.step_time_s * 1e3:10.2f} ms  (one micro-batch with the once-per-step work, "
+            if k > 1  # at K = 1 the iteration itself: only its parts
+            else "  of which   "
+        )
+        + f"compute {ev.compute_time_s * 1e3:.2f} ms, comm {ev.comm_time_s * 1e3:.2f} ms"
+        + (")" if k > 1 else " (without recomputation)"),
         "  comm/axis  "
         + ", ".join(
             f"axis {a}: {t * 1e3:.2f} ms / {ev.comm_bytes_per_axis[a] / 2**20:.1f} MiB"
@@ -259,7 +287,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
     else:
-        sys.stdout.write(_evaluation_text(args.plan, plan, ev))
+        sys.stdout.write(_evaluation_text(args.plan, plan, ev, graph))
     return 0 if ev.valid else 1
 
 
@@ -287,7 +315,8 @@ def _evaluate_pipeline(args: argparse.Namespace, graph: Any) -> int:
         sys.stdout.write(json.dumps({"errors": ev.errors, **ev.predicted()}) + "\n")
     else:
         status = "valid" if ev.valid else "INVALID"
-        sys.stdout.write(f"{args.plan}: {status} ({staged.source})\n{priced(staged, ev).summary()}\n")
+        summary = priced(staged, ev).summary(batch_shape(graph))
+        sys.stdout.write(f"{args.plan}: {status} ({staged.source})\n{summary}\n")
         sys.stdout.writelines(f"  error: {e}\n" for e in ev.errors[:MAX_ERRORS_SHOWN])
     return 0 if ev.valid else 1
 
@@ -354,6 +383,8 @@ def _oneflow_command() -> Command:
 
 def core_commands() -> list[Command]:
     """The commands of the core (numpy and pydantic only)."""
+    from autopar.cli.export import EXPORT_COMMAND
+
     return [
         Command("model", "build a training-step graph of a bundled model", _model_arguments, cmd_model),
         Command(
@@ -378,6 +409,7 @@ def core_commands() -> list[Command]:
             cmd_calibrate,
         ),
         _oneflow_command(),
+        EXPORT_COMMAND,
     ]
 
 

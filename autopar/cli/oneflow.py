@@ -40,7 +40,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
     roles = Counter(op.role.value for op in graph.ops)
     dropped = {k: len(v) for k, v in graph.meta["oneflow"]["dropped"].items() if v}
     sys.stdout.write(
-        f"{args.job}: {graph.meta['oneflow']['op_count']} OneFlow ops -> {len(graph.ops)} ops "
+        f"{args.job}: graph {graph.name!r} (job {graph.meta['job_name']!r}): "
+        f"{graph.meta['oneflow']['op_count']} OneFlow ops -> {len(graph.ops)} ops "
         f"({', '.join(f'{n} {r}' for r, n in sorted(roles.items()))}), {len(graph.tensors)} tensors, "
         f"{len(graph.variables)} variables; mesh {graph.meta['mesh_shape']}, "
         f"ZeRO-{graph.meta['zero_stage']}; "
@@ -177,7 +178,12 @@ def add_oneflow_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("import", help="OneFlow Job protobuf -> autopar.graph/v1 JSON")
     p.add_argument("job", help="serialized Job (nn.Graph._full_job_proto.SerializeToString())")
     p.add_argument("--out", required=True, help="graph JSON to write")
-    p.add_argument("--name", default=None, help="graph name (default: the job name)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="graph name (default: the job's name, or the file's stem when the job has the generic "
+        "name of autopar's training wrapper, TrainGraph_0)",
+    )
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None, help="ZeRO stage to record")
 
     p = sub.add_parser("import-plan", help="the N-D SBP OneFlow chose for a job -> autopar.plan/v1 JSON")

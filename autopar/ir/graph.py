@@ -357,9 +357,8 @@ class Graph:
         """
         if not isinstance(data, dict):
             raise GraphError("bad_format", "a graph must be a JSON object")
-        fmt = data.get("format")
-        if fmt != FORMAT:
-            raise GraphError("bad_format", f"unsupported graph format {fmt!r}; expected {FORMAT!r}")
+        if data.get("format") != FORMAT:
+            raise GraphError("bad_format", _format_message(data))
         try:
             with collector_paused():
                 model = GRAPH_DOCUMENT.validate_python(data)
@@ -519,6 +518,22 @@ def _canonical_op(op: Op) -> dict[str, Any]:
     return d
 
 
+MAKE_A_GRAPH = (
+    "make one with `autopar model NAME --out g.json` or `autopar oneflow import job.pb --out g.json` "
+    "(docs/graph-format.md)"
+)
+"""How to make a graph document, the end of a format error."""
+
+
+def _format_message(data: dict[str, Any]) -> str:
+    """The error of a document whose ``format`` is missing or not :data:`FORMAT`: what is
+    expected, and how to make one."""
+    if "format" not in data:
+        return f'the graph has no "format" field; autopar reads "format": "{FORMAT}" graphs: {MAKE_A_GRAPH}'
+    shown = repr(data["format"]) if len(repr(data["format"])) <= 80 else repr(data["format"])[:77] + "..."
+    return f"unsupported graph format {shown}; expected {FORMAT!r}: {MAKE_A_GRAPH}"
+
+
 def _graph_error(exc: ValidationError) -> GraphError:
     """The first problem pydantic found, as a :class:`GraphError` naming the field."""
     error = exc.errors()[0]
@@ -527,7 +542,7 @@ def _graph_error(exc: ValidationError) -> GraphError:
     if error["type"] == "json_invalid":
         return GraphError("bad_json", f"graph is not valid JSON: {error['msg']}")
     if loc and loc[0] == "format":
-        return GraphError("bad_format", f"unsupported graph format {shown}; expected {FORMAT!r}")
+        return GraphError("bad_format", _format_message({"format": value}))
     path = error_path(loc)
     if len(loc) >= 3 and loc[0] == "tensors" and loc[2] == "shape":
         return GraphError(

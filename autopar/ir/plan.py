@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from autopar.errors import PlanError
 from autopar.hardware.mesh import Mesh
+from autopar.ir.batch import BatchShape
 from autopar.ir.blocks import split_unit
 from autopar.ir.graph import Graph
 from autopar.ir.sbp import NdSbp, Signature, data_parallel_axes, parse_nd_sbp
@@ -32,7 +33,7 @@ from autopar.ir.wire import (
     error_path,
 )
 
-__all__ = ["FORMAT", "Plan", "check_plan_graph", "format_bytes", "recompute_line"]
+__all__ = ["FORMAT", "Plan", "check_plan_graph", "format_bytes", "recompute_line", "throughput_line"]
 
 FORMAT = "autopar.plan/v1"
 
@@ -300,14 +301,17 @@ class Plan:
         with open(path, "w") as fh:
             fh.write(self.to_json(indent=1))
 
-    def summary(self) -> str:
-        """A few human-readable lines."""
+    def summary(self, batch: BatchShape | None = None) -> str:
+        """A few human-readable lines; with the graph's ``batch``
+        (:func:`autopar.ir.batch.batch_shape`) also the throughput."""
         pred, mem = self.predicted, self.memory
+        k = self.training.micro_batches
+        iteration = float(pred.get("iteration_time_s", float("nan")))
         lines = [
             f"plan for {self.graph_name} ({self.source}) on mesh {list(self.mesh.shape)} "
             f"over {self.mesh.cluster}, ZeRO-{self.zero_stage}",
-            f"  iteration   {pred.get('iteration_time_s', float('nan')) * 1e3:10.2f} ms "
-            f"(one optimizer step: {micro_batches_text(self.training.micro_batches)} of "
+            f"  iteration   {iteration * 1e3:10.2f} ms modelled "
+            f"(one optimizer step: {micro_batches_text(k)} of "
             f"{pred.get('micro_batch_time_s', float('nan')) * 1e3:.2f} ms each + "
             f"{pred.get('once_per_step_time_s', float('nan')) * 1e3:.2f} ms once per step; checkpointing "
             f"{self.training.checkpointing}; runtime {self.runtime})",
@@ -315,16 +319,23 @@ class Plan:
             f"runtime runs it, hiding {pred.get('hidden_comm_time_s', float('nan')) * 1e3:.2f} ms of "
             "communication behind compute (gradient reduction behind backward, parameter gathers "
             "behind forward)",
-            f"  at K = 1    {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms one micro-batch with the "
-            f"once-per-step work, without recomputation (compute "
-            f"{pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, comm "
-            f"{pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms; the deprecated step_time_s)",
+        ]
+        if batch is not None:  # at the iteration as the runtime runs it
+            lines.append(throughput_line(batch, k, float(pred.get("achieved_iteration_time_s", iteration))))
+        if k > 1:  # at K = 1 this is the iteration itself
+            lines.append(
+                f"  at K = 1    {pred.get('step_time_s', float('nan')) * 1e3:10.2f} ms one micro-batch "
+                f"with the once-per-step work, without recomputation (compute "
+                f"{pred.get('compute_time_s', float('nan')) * 1e3:.2f} ms, comm "
+                f"{pred.get('comm_time_s', float('nan')) * 1e3:.2f} ms)"
+            )
+        lines.append(
             f"  memory/dev  {format_bytes(mem.get('per_device_bytes', float('nan'))):>13} "
             f"(params {format_bytes(mem.get('params_bytes', 0))}, "
             f"grads {format_bytes(mem.get('grads_bytes', 0))}, "
             f"optimizer {format_bytes(mem.get('optimizer_bytes', 0))}, "
-            f"activations {format_bytes(mem.get('activation_peak_bytes', 0))})",
-        ]
+            f"activations {format_bytes(mem.get('activation_peak_bytes', 0))})"
+        )
         if self.training.checkpointing == "auto":
             lines.append(recompute_line(self.training.recomputed, pred.get("recompute_time_s")))
         if self.solver:
@@ -349,6 +360,16 @@ def _training(micro_batches: int, checkpointing: str, recomputed: list[str]) -> 
         raise PlanError(
             "bad_format", f"plan field micro_batches/checkpointing/recomputed_blocks: {exc}"
         ) from None
+
+
+def throughput_line(batch: BatchShape, micro_batches: int, iteration_s: float) -> str:
+    """The summary line of the modelled throughput: ``micro_batches`` micro-batches of ``batch``
+    per iteration of ``iteration_s`` seconds."""
+    per = f"{batch.samples} samples" + (f" of {batch.sequence} tokens" if batch.sequence else "")
+    return (
+        f"  throughput  {batch.throughput_text(micro_batches, iteration_s)} "
+        f"({micro_batches} x {per} per iteration)"
+    )
 
 
 def recompute_line(units: tuple[str, ...], recompute_s: float | None) -> str:

@@ -429,8 +429,10 @@ class PlanModel(_Strict):
         description="runtime profile the plan is priced for",
     )
     micro_batches: int = Field(default=1, ge=1, description="micro-batches per optimizer step priced")
-    checkpointing: Literal["off", "full", "auto"] = Field(
-        default="off", description="activation checkpointing priced: off, full (every block) or auto"
+    checkpointing: Literal["off", "full", "selective", "auto"] = Field(
+        default="off",
+        description="activation checkpointing priced: off, full (every block), selective (every "
+        "block's attention core) or auto",
     )
     recomputed_blocks: list[Name] = Field(
         default_factory=list,

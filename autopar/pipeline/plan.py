@@ -11,7 +11,8 @@ from typing import Any
 
 from autopar.errors import PlanError
 from autopar.hardware.cluster import Cluster
-from autopar.ir.plan import Plan, format_bytes
+from autopar.ir.batch import BatchShape
+from autopar.ir.plan import Plan, format_bytes, throughput_line
 from autopar.ir.training import TrainingConfig
 
 __all__ = ["FORMAT", "PipelinePlan"]
@@ -121,15 +122,20 @@ class PipelinePlan:
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError("bad_plan", f"malformed {FORMAT} document: {exc}") from None
 
-    def summary(self) -> str:
+    def summary(self, batch: BatchShape | None = None) -> str:
+        """A line for the pipeline and one per stage; with the graph's ``batch``
+        (:func:`autopar.ir.batch.batch_shape`) also the throughput."""
         p = self.predicted
         lines = [
             f"{self.source} pipeline plan for {self.graph_name} on {self.cluster}: {self.num_stages} stages"
             f"{self.schedule_text()}, "
-            f"iteration {self.iteration_time_s * 1e3:.2f} ms ({self.training.micro_batches} micro-batches, "
+            f"iteration {self.iteration_time_s * 1e3:.2f} ms modelled "
+            f"({self.training.micro_batches} micro-batches, "
             f"bubble {p.get('bubble_fraction', math.nan) * 100:.1f} %), "
             f"{format_bytes(self.memory_per_device_bytes)} per device (largest stage)",
         ]
+        if batch is not None:
+            lines.append(throughput_line(batch, self.training.micro_batches, self.iteration_time_s))
         for row in p.get("stages", []):
             lines.append(
                 f"  stage {row['stage']}: {row['blocks']} block(s) on {row['devices']} devices "

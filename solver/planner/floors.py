@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.cost.iteration import candidate_blocks
 from autopar.cost.tables import CostTables
+from autopar.cost.weighted_tables import training_of
 from autopar.errors import InfeasibleError, TimeLimitError
 from autopar.hardware.mesh import Mesh
 from autopar.infra.progress import Deadline
@@ -30,6 +32,7 @@ __all__ = [
     "memory_floors",
     "memory_seed",
     "raise_infeasible",
+    "remedies",
 ]
 
 log = logging.getLogger("autopar.planner")
@@ -159,12 +162,29 @@ def raise_infeasible(
     raise InfeasibleError(
         None,
         f"no plan on mesh {list(mesh.shape)} fits {human_bytes(budget or 0)} per device; "
-        f"the smallest memory found feasible is {human_bytes(min_bytes)} {how}"
-        ": raise the budget, use a higher ZeRO stage, or add devices",
+        f"the smallest memory found feasible is {human_bytes(min_bytes)} {how}: {remedies(tables)}",
         min_feasible_bytes=math.ceil(min_bytes) if math.isfinite(min_bytes) else None,
         proven=proven,
         mesh_shape=list(mesh.shape),
     )
+
+
+def remedies(tables: CostTables) -> str:
+    """What may make a plan fit, where it applies: a larger budget; a higher ZeRO stage (below
+    3); recomputation (``--checkpointing auto`` or ``full``, when the graph has blocks and the
+    request recomputes none or only attention cores); pipeline stages (``--stages``, when the
+    graph has two blocks or more to cut over several devices); more devices."""
+    ways = ["raise the budget (--memory)"]
+    if tables.zero_stage < 3:
+        ways.append(f"use a higher ZeRO stage (--zero {tables.zero_stage + 1})")
+    blocks = candidate_blocks(tables.graph)
+    if blocks and training_of(tables).checkpointing in ("off", "selective"):
+        ways.append("recompute activations (--checkpointing auto, or full)")
+    cluster = tables.mesh.cluster
+    if len(blocks) >= 2 and cluster.world_size > 1:  # --stages auto on one node plans one stage
+        ways.append(f"cut the blocks into pipeline stages (--stages {'auto' if cluster.nodes > 1 else 2})")
+    ways.append("add devices")
+    return ", ".join(ways[:-1]) + f", or {ways[-1]}"
 
 
 def human_bytes(n: float) -> str:

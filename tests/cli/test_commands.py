@@ -65,7 +65,7 @@ def test_help_lists_models_kinds_and_defaults() -> None:
 def test_commands_come_from_the_core_and_the_entry_points() -> None:
     _, commands = build_parser()
     core = {c.name for c in core_commands()}
-    assert core == {"model", "costs", "baseline", "evaluate", "calibrate", "oneflow"}
+    assert core == {"model", "costs", "baseline", "evaluate", "calibrate", "oneflow", "export"}
     registered = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     assert registered == {"plan", "serve", "worker", "submit", "report"}
     assert set(commands) == core | registered

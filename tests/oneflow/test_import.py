@@ -143,3 +143,39 @@ def test_import_errors_name_the_problem(tmp_path, flow):
         import_job(bad)
     with pytest.raises(GraphError, match="cannot read"):
         import_job(tmp_path / "missing.pb")
+
+
+def test_an_imported_graph_is_named_after_the_job_or_its_file(mesh_jobs, tmp_path):
+    """Issue 43: ``make_train_graph``'s job is ``TrainGraph_<n>`` for every model, so a job read
+    from a file is named after the file; ``autopar oneflow import`` prints the name it gave."""
+    import subprocess
+    import sys
+
+    from tests.oneflow.conftest import ROOT, oneflow_env
+
+    out, _ = mesh_jobs
+    path = out / "gpt-tiny_zero0.pb"
+    job_name = load_job(path).job_conf.job_name
+    assert job_name.startswith("TrainGraph_")
+    assert import_job(path).name == "gpt-tiny_zero0"
+    assert import_job(str(path), name="mine").name == "mine"
+    assert import_job(path.read_bytes()).name == job_name  # no file: the job's own name
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autopar.cli",
+            "oneflow",
+            "import",
+            str(path),
+            "--out",
+            str(tmp_path / "g.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**oneflow_env(), "PYTHONPATH": str(ROOT)},
+    )
+    assert f"graph 'gpt-tiny_zero0' (job {job_name!r})" in done.stdout
+    assert Graph.load(str(tmp_path / "g.json")).name == "gpt-tiny_zero0"

@@ -48,7 +48,10 @@ the rest is forward.
 
 from __future__ import annotations
 
+import os
+import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from autopar.bridges.oneflow.convert import dtype_name, nd_sbp_from_strings, parallel_size
@@ -75,7 +78,7 @@ from autopar.bridges.oneflow.jobs import load_job
 from autopar.errors import GraphError
 from autopar.ir.graph import Graph, Op, Role, TensorSpec, Variable
 
-__all__ = ["import_job", "job_mesh_shape"]
+__all__ = ["graph_name_of", "import_job", "job_mesh_shape"]
 
 
 def job_mesh_shape(job: Any) -> tuple[int, ...]:
@@ -99,6 +102,7 @@ def import_job(
 ) -> Graph:
     """Import a OneFlow ``Job`` (message, serialized bytes or ``.pb`` path) as a validated :class:`Graph`.
 
+    ``name`` is the graph's name (default: :func:`graph_name_of` the job's name and file).
     ``zero_stage`` overrides the ZeRO stage recorded in ``meta`` (OneFlow's job
     only says whether ZeRO is on; it is recorded as stage 2, OneFlow's default).
     ``bypass_parameter_identities`` makes ``identity`` ops that only re-read a
@@ -110,6 +114,7 @@ def import_job(
     not part of the training step's data flow, give each kept op its role), convert
     (tensors, ops, variables and ``meta`` of the graph).
     """
+    source = job if isinstance(job, (str, os.PathLike)) else None
     job = load_job(job)
     imp = _read(job)
     _strip_iteration(imp)
@@ -127,9 +132,27 @@ def import_job(
     ]
     variables = _variables(imp, tensors)
     meta = _meta(imp, job, zero_stage)
-    graph = Graph(name or job.job_conf.job_name or "oneflow-job", tensors.values(), ops, variables, meta)
+    graph = Graph(
+        name or graph_name_of(job.job_conf.job_name, source), tensors.values(), ops, variables, meta
+    )
     graph.meta["training"] = job_training(job, graph)
     return graph.validate()
+
+
+WRAPPER_JOB_NAME = re.compile(r"(Pipeline)?TrainGraph_[0-9]+")
+"""The job name OneFlow gives the ``nn.Graph`` of :func:`~autopar.bridges.oneflow.jobs.make_train_graph`
+(and of a pipeline's): the wrapper's class and a counter, the same for every model."""
+
+
+def graph_name_of(job_name: str, source: str | os.PathLike[str] | None = None) -> str:
+    """The name of the graph imported from a job named ``job_name``, read from the file
+    ``source`` (None: from bytes or a message): the job's name, unless it is empty or the
+    generic name of autopar's own training wrapper (``TrainGraph_0``), then the file's stem
+    (``gpt-13b.pb`` -> ``gpt-13b``); ``oneflow-job`` when neither says more."""
+    stem = Path(source).stem if source is not None else ""
+    if job_name and not (stem and WRAPPER_JOB_NAME.fullmatch(job_name)):
+        return job_name
+    return stem or job_name or "oneflow-job"
 
 
 # ---------------------------------------------------------------- read
