@@ -139,7 +139,7 @@ def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Ro
             state.stopped_by_deadline = True
             break
         built, left = ready
-        if built.recompute is not None and state.kept is None and state.hint is not None:
+        if built.recompute is not None and state.hint is not None:
             _keep_if_it_fits(job, built, state)
         relay.report("solve", detail={"memory_round": round_no, "polish": state.polishing})
         solution = _solve_round(job, built, left, state, ctx, round_no)
@@ -149,22 +149,24 @@ def run_rounds(job: MeshJob, state: Rounds, ctx: PlanContext, rounds: int) -> Ro
 
 
 def _keep_if_it_fits(job: MeshJob, built: BuiltProblem, state: Rounds) -> None:
-    """Checkpointing ``auto``, no plan fits yet: the round's hint (the last plan's layout with
-    every block recomputing, :func:`_constrain_peak`), lightened block by block
-    (:func:`.lighten.lighten`), else as it is, becomes the verified plan so far and the
-    round's hint when the evaluator finds it within the budget, its objective the problem's
-    own, with the rounds' bound; a round that finds a better plan that fits replaces it."""
+    """Checkpointing ``auto``: the round's hint (the last plan's layout with every block
+    recomputing, :func:`_constrain_peak`, or the ``full`` plan solved first), lightened block
+    by block (:func:`.lighten.lighten`), else (no plan fits yet) as it is, becomes the
+    verified plan so far and the round's hint when it beats the plan kept and the evaluator
+    finds it within the budget, its objective the problem's own, with the rounds' bound; a
+    round that finds a better plan that fits replaces it."""
     assert state.hint is not None
     whole = list(state.hint)
     if min(whole) < 0:
         return
-    sources = {
-        "the last plan's layout, each block's cheapest recompute policy that fits": lighten(built, whole),
-        "the last plan's layout with every block recomputed": whole,
-    }
+    lighter = lighten(built, whole)
+    sources = {"the last plan's layout, each block's cheapest recompute policy that fits": lighter}
+    if state.kept is None:
+        sources["the last plan's layout with every block recomputed"] = whole
+    kept = math.inf if state.kept is None else state.kept[2].objective
     for source, choices in sources.items():
         objective, _ = evaluate_problem(built.problem, choices)
-        if not math.isfinite(objective):
+        if not objective < kept:
             continue
         candidate, ev = _recomputing_plan(job, built, choices)
         if job.budget is not None and ev.memory.total > job.budget:
