@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -280,12 +281,69 @@ def _no_constant(text: str) -> float:
     raise _BadValue("non_finite_number", f"{text} is not a JSON number; send finite numbers")
 
 
+MAX_INT_DIGITS = 19
+"""Most digits of an integer in a body: every count, size and seed the API reads is below
+2**63 (19 digits), so a longer one is refused before Python builds it (a 5,000-digit one
+would otherwise raise past the parser: Python's int digit limit)."""
+_LARGEST_INT = 2**63 - 1
+_KEY_BEFORE = re.compile(rb'"((?:[^"\\]|\\.){1,80})"\s*:\s*\[?[\s\d,.eE+-]*$')
+"""The last ``"key":`` before a position, through the array the number may sit in."""
+_FIELD_WINDOW = 4096
+"""Bytes before a refused number searched for its field's name."""
+
+
+class _HugeInt(_BadValue):
+    """An integer past :data:`MAX_INT_DIGITS` digits or 2**63 (its text, for the field's name)."""
+
+    def __init__(self, text: str) -> None:
+        digits = len(text.lstrip("-"))
+        shown = text if len(text) <= 24 else f"{text[:12]}...({digits} digits)"
+        super().__init__(
+            "number_too_large",
+            f"the integer {shown} is out of range: this server reads integers below 2**63 "
+            f"(at most {MAX_INT_DIGITS} digits); send the value in range",
+        )
+        self.text = text
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _HugeInt(text)
+    value = int(text)
+    if abs(value) > _LARGEST_INT:
+        raise _HugeInt(text)
+    return value
+
+
+def _field_of(raw: bytes, number: str) -> str | None:
+    """The name of the field a refused number is the value of (or in the array of): the last
+    ``"key":`` before the number's first occurrence as a JSON value, or None."""
+    needle = re.compile(rb"[:\[,]\s*" + re.escape(number.encode()) + rb"(?![0-9])")
+    found = needle.search(raw)
+    if found is None:
+        return None
+    window = raw[max(0, found.start() - _FIELD_WINDOW) : found.start() + 1]
+    keys = list(_KEY_BEFORE.finditer(window))
+    if not keys:
+        return None
+    return keys[-1].group(1).decode("utf-8", "replace")
+
+
 def _load(raw: bytes) -> Any:
-    """JSON text as Python objects: duplicate keys and non-finite numbers refused (422)."""
+    """JSON text as Python objects: duplicate keys, non-finite numbers and integers out of
+    range (anywhere: fields, graph attrs and shapes, plans) refused (422)."""
     try:
         return json.loads(
-            raw, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant
+            raw,
+            object_pairs_hook=_unique_keys,
+            parse_float=_finite,
+            parse_int=_bounded_int,
+            parse_constant=_no_constant,
         )
+    except _HugeInt as exc:
+        field = _field_of(raw, exc.text)
+        where = f"field {field!r}: " if field else ""
+        raise ApiError(422, exc.code, where + exc.detail, field=field) from None
     except _BadValue as exc:
         raise ApiError(422, exc.code, exc.detail) from None
     except UnicodeDecodeError as exc:
@@ -294,6 +352,8 @@ def _load(raw: bytes) -> Any:
         raise ApiError(
             400, "invalid_json", f"the body is not valid JSON: {exc.msg} at byte {exc.pos}"
         ) from None
+    except ValueError as exc:  # any other number the parser cannot build: still the client's body
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def _validate(model: type[M], raw: bytes) -> M:
@@ -383,7 +443,7 @@ class DecodedRequest(Request):
         encoding = self._encoding()
         limit = settings.max_compressed_body_bytes
         declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isdigit() and (len(declared) > MAX_INT_DIGITS or int(declared) > limit):
             raise _too_large(limit, f"the body has {declared} bytes")
         raw = await self._read_raw(limit, settings.body_read_timeout_s)
         if encoding == "identity":
