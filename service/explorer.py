@@ -138,7 +138,8 @@ async def model_graph(name: str, _auth: Auth) -> Response:
             404, "model_not_found", f"no bundled model {name!r}; choose one of {list(MODEL_NAMES)}"
         )
     body = await run_in_threadpool(model_json, name)
-    return Response(body, media_type="application/json", headers={"Cache-Control": "public, max-age=3600"})
+    # private: with keys configured it needs one, so no shared cache may keep it for others
+    return Response(body, media_type="application/json", headers={"Cache-Control": "private, max-age=3600"})
 
 
 def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:

@@ -310,6 +310,7 @@ class LocalJobManager:
         info.started_at = time.time()
         info.phase = "starting"
         info.objective = info.bound = None
+        info.error = None  # a crashed attempt's note: this attempt runs now
         self._changed(entry)
 
         options = entry.payload.get("options") or {}
