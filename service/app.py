@@ -69,6 +69,7 @@ async def start_service(settings: Settings, store: Store) -> Service:
     service = Service(settings, store, jobs, versions)
     jobs.on_terminal = service.on_terminal  # type: ignore[attr-defined]
     await jobs.start()
+    await service.pool.start()
     return service
 
 
@@ -96,6 +97,7 @@ def create_app(
         try:
             yield
         finally:
+            await service.pool.close()
             await service.jobs.close()
             holder.pop("service", None)
             if store is None:

@@ -15,6 +15,7 @@ bad fields.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -388,6 +389,10 @@ def _too_large(limit: int, what: str) -> ApiError:
     return ApiError(413, "body_too_large", f"{what}; the limit is {limit} bytes", limit_bytes=limit)
 
 
+DIGEST_IN_THREAD_ABOVE = 1 << 16
+"""Bodies larger than this are hashed in a thread (hashlib lets go of the GIL), not on the loop."""
+
+
 class DecodedRequest(Request):
     """A request whose ``body()`` is the decompressed body within the server's limits."""
 
@@ -395,6 +400,20 @@ class DecodedRequest(Request):
         if not hasattr(self, "_decoded"):
             self._decoded = await self._read_decoded(_settings_of(self))
         return self._decoded
+
+    async def take_body(self) -> bytes:
+        """The body, which this request then no longer holds: the caller's reference is the last,
+        so a body handed on (to a worker process) is freed as soon as it is sent."""
+        body = await self.body()
+        del self._decoded
+        return body
+
+    async def digest(self) -> str:
+        """A digest of the body (BLAKE2b, 20 bytes, hex); a large body is hashed off the loop."""
+        body = await self.body()
+        if len(body) <= DIGEST_IN_THREAD_ABOVE:
+            return _digest(body)
+        return await run_in_threadpool(_digest, body)
 
     def _encoding(self) -> str:
         media = self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -417,12 +436,22 @@ class DecodedRequest(Request):
         """The body as sent: 413 beyond ``limit`` bytes, 408 when no part of it arrives for
         ``idle_s`` (shorter than its Content-Length), 499 when the client hangs up."""
         buffer = bytearray()
+        try:
+            await self._read_into(buffer, limit, idle_s)
+        except BaseException:
+            buffer.clear()  # freed now, whatever keeps this frame (the error's traceback)
+            raise
+        body = bytes(buffer)
+        del buffer  # one copy of a large body, not two
+        return body
+
+    async def _read_into(self, buffer: bytearray, limit: int, idle_s: float) -> None:
         parts = self.stream().__aiter__()
         while True:
             try:
                 chunk = await asyncio.wait_for(parts.__anext__(), idle_s)
             except StopAsyncIteration:
-                break
+                return
             except asyncio.TimeoutError:
                 raise ApiError(
                     408,
@@ -437,7 +466,6 @@ class DecodedRequest(Request):
             if len(buffer) + len(chunk) > limit:
                 raise _too_large(limit, "the body is larger")
             buffer += chunk
-        return bytes(buffer)
 
     async def _read_decoded(self, settings: Settings) -> bytes:
         encoding = self._encoding()
@@ -454,6 +482,10 @@ class DecodedRequest(Request):
             body = await run_in_threadpool(codec.decompress, raw, encoding, settings.max_body_bytes)
         self.state.body_done = time.perf_counter()
         return body
+
+
+def _digest(body: bytes) -> str:
+    return hashlib.blake2b(body, digest_size=20).hexdigest()
 
 
 def _query_names(dependant: Dependant) -> set[str]:
