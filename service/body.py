@@ -450,7 +450,10 @@ class DecodedRequest(Request):
         while True:
             try:
                 chunk = await asyncio.wait_for(parts.__anext__(), idle_s)
-            except StopAsyncIteration:
+            except StopAsyncIteration as end:
+                # its traceback holds wait_for's frame, which holds the task holding it: a cycle
+                # that kept this frame, and the whole body in ``buffer``, until a full collection
+                end.__traceback__ = None
                 return
             except asyncio.TimeoutError:
                 raise ApiError(

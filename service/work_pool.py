@@ -144,7 +144,7 @@ def worker_main(conn: Connection, settings_data: dict[str, Any], versions: dict[
     try:
         while True:
             try:
-                task, args, has_body = conn.recv()
+                task, args, has_body, context.versions = conn.recv()
                 body = conn.recv_bytes() if has_body else None
             except (EOFError, OSError):
                 return
@@ -175,6 +175,7 @@ class _Job:
     has_body: bool
     timeout_s: float
     future: asyncio.Future[Any]
+    versions: dict[str, str]
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -282,10 +283,12 @@ class WorkPool:
         *args: Any,
         body: bytes | None = None,
         timeout_s: float | None = None,
+        versions: dict[str, str] | None = None,
     ) -> Any:
         """``task(context, *args[, body=body])`` in a worker; its value, or its problem raised as
         :class:`ApiError`.  429 when ``client`` has its most jobs in flight or no worker frees
-        within ``max_parse_s``; 503 when it runs past ``timeout_s`` (default ``max_parse_s``)."""
+        within ``max_parse_s``; 503 when it runs past ``timeout_s`` (default ``max_parse_s``).
+        ``versions``: the code versions the task keys plans with (default the pool's)."""
         settings = self.settings
         if self.in_flight.get(client, 0) >= settings.max_parses_per_client:
             raise _busy(
@@ -296,7 +299,16 @@ class WorkPool:
             )
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieved)
-        job = _Job(client, task, args, body, body is not None, timeout_s or settings.max_parse_s, future)
+        job = _Job(
+            client,
+            task,
+            args,
+            body,
+            body is not None,
+            timeout_s or settings.max_parse_s,
+            future,
+            dict(versions or self.versions),
+        )
         del body
         self.in_flight[client] = self.in_flight.get(client, 0) + 1
         self.queue.put(job)
@@ -340,7 +352,8 @@ class WorkPool:
         while not self._closed:
             worker = self._workers[index]
             if worker is None or worker.process.exitcode is not None:
-                worker = self._workers[index] = await loop.run_in_executor(self._threads, self._spawn)
+                worker = await loop.run_in_executor(self._threads, self._spawn)
+                self._workers[index] = worker
             job = await self.queue.get()
             if job.future.done():
                 continue
@@ -390,7 +403,7 @@ class WorkPool:
 
 def _send_and_receive(conn: Connection, job: _Job, body: bytes | None) -> tuple[str, Any]:
     """Thread: the job to the worker, its answer back (EOFError when the worker died)."""
-    conn.send((job.task, job.args, job.has_body))
+    conn.send((job.task, job.args, job.has_body, job.versions))
     if body is not None:
         conn.send_bytes(body)
     del body

@@ -55,9 +55,9 @@ class PreparedPlan:
     """The job's payload (the resolved request without the graph)."""
     cached: bool
     """A cached plan answers it (and no refresh was asked)."""
-    graph_blob: bytes | None
-    """The graph as the workers read it, encoded (:func:`autopar_service.graphs.shared_graph_data`);
-    None when a cached plan answers."""
+    graph_blob: bytes
+    """The graph as the workers read it, encoded (:func:`autopar_service.graphs.shared_graph_data`):
+    stored when a job solves it (a cached plan evicted in between needs one too)."""
     name: str | None
     """The graph's name as this request gives it, shown in this request's answer; None: the
     stored name (a bundled model's, or ``graph-{hash}``)."""
@@ -91,13 +91,9 @@ def prepare_plan(context: WorkerContext, refresh: bool, *, body: bytes) -> Prepa
     payload = payload_of(request, context.versions, graph_hash=key_dict["graph"])
     record = None if refresh else context.plans.get(key)
     cached = record is not None and answers_within_gap(record.data(), request)
-    shared = None if cached else shared_graph_data(request_body.graph, key_dict["graph"])
+    shared = shared_graph_data(request_body.graph, key_dict["graph"])  # a job may still be needed
     return PreparedPlan(
-        key,
-        payload,
-        cached,
-        codec.encode(shared) if shared is not None else None,
-        request_graph_name(request_body.graph, key_dict["graph"]),
+        key, payload, cached, codec.encode(shared), request_graph_name(request_body.graph, key_dict["graph"])
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from autopar.ir.content_key import content_key
 
 __all__ = [
+    "FLOAT_OPTIONS",
     "KEY_SCHEMA",
     "RESULT_NEUTRAL_OPTIONS",
     "KeyContext",
@@ -32,6 +33,7 @@ __all__ = [
     "plan_key_dict",
     "record_answers",
     "request_key_dict",
+    "resolved_options",
 ]
 
 KEY_SCHEMA = 1
@@ -39,6 +41,9 @@ KEY_SCHEMA = 1
 
 RESULT_NEUTRAL_OPTIONS = frozenset({"log"})
 """Solver options that cannot change the plan; every other option is part of the plan key."""
+
+FLOAT_OPTIONS = ("time_limit_s", "relative_gap")
+"""Options a service reads as floats (an integer sent is keyed as the float)."""
 
 _TRAINING_DEFAULT = {"micro_batches": 1, "checkpointing": "off"}
 
@@ -147,7 +152,10 @@ def resolved_options(context: KeyContext, given: Mapping[str, Any] | None) -> di
     options = {**context.options, **{k: v for k, v in (given or {}).items() if v is not None}}
     if options.get("stages") == "auto":
         options["stages"] = None
-    options["time_limit_s"] = float(options["time_limit_s"])
+    for name in FLOAT_OPTIONS:  # the service reads them as floats: 0 is 0.0 in its key
+        value = options.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            options[name] = float(value)
     return options
 
 

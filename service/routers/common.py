@@ -77,7 +77,7 @@ async def in_worker(
     A body's parse (``parse``) counts toward its client's unfinished jobs while it runs (it may
     start one); the body is handed to the pool and no longer held here.
     """
-    run = service.pool.run(client, task, *args, body=body, timeout_s=timeout_s)
+    run = service.pool.run(client, task, *args, body=body, timeout_s=timeout_s, versions=service.versions)
     del body  # the pool's job holds it until it is sent, then nothing does
     with service.parsing_by(client if parse else None):
         value: T = await run

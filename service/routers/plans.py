@@ -92,6 +92,9 @@ async def create_plan(
         await run_in_threadpool(service.store_graph, prepared.graph_blob, content_hash)
     info = await service.jobs.submit(key, prepared.payload, refresh=refresh)
     if info.status is JobStatus.SUCCEEDED and not refresh:
+        record = await run_in_threadpool(service.plans.get, key)
+        if record is not None:  # its job ended while this body was parsed
+            return plan_response(named_record(record, prepared.name))
         # the job finished but its plan was evicted: solve again
         await run_in_threadpool(service.store_graph, prepared.graph_blob, content_hash)
         info = await service.jobs.submit(key, prepared.payload, refresh=True)
