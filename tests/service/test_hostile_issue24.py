@@ -198,28 +198,38 @@ def test_a_graph_over_the_op_cap_is_refused_before_it_is_built(tmp_path) -> None
 def test_bodies_that_start_no_job_are_admitted_a_few_at_a_time(
     tmp_path, tiny_graph: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One worker, one body in it past ``max_parse_s`` (503, its worker killed): the bodies behind
-    it wait at most ``max_parse_s`` for a worker (429 ``server_busy``), whatever route."""
+    """One worker; a body in it past ``max_parse_s`` is stopped (503, its worker killed) and the
+    first in line takes the fresh worker and holds it: the bodies behind wait at most
+    ``max_parse_s`` for a worker (429 ``server_busy``), whatever the route."""
     from autopar_service import work_tasks
 
     monkeypatch.setattr(work_tasks, "evaluate_plan", held_tasks.held_evaluate_plan)
-    monkeypatch.setattr(work_tasks, "prepare_plan", held_tasks.held_prepare_plan)
     hold = tmp_path / "hold"
     hold.mkdir()
-    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=3.0, max_parses_per_client=8)
+    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=6.0, max_parses_per_client=8)
     held = {"graph": {**tiny_graph, "name": held_tasks.hold_name(hold)}, "plan": {}}
+    queue = None
     with live_server(settings) as server, server.client() as c, ThreadPoolExecutor(4) as pool:
+        queue = server.app.state.service.pool.queue
         try:
             holder = pool.submit(c.post, "/v1/evaluate", json=held)
             held_tasks.wait_started(hold)
+            # first in line for the worker; it waits past the holder's stop (at 6 s) and the worker's
+            # replacement (milliseconds; 2.5 s of margin), then holds the new worker 6 s
+            time.sleep(2.5)
+            queued = pool.submit(c.post, "/v1/evaluate", json=held)
+            while len(queue) < 1:
+                time.sleep(0.01)
             late = [
                 pool.submit(c.post, "/v1/evaluate", json={"graph": tiny_graph, "plan": {}}),
                 pool.submit(c.post, "/v1/plans", json=plan_body(tiny_graph)),
             ]
             assert holder.result().status_code == 503  # stopped at max_parse_s, its worker killed
-            for answer in late:  # queued behind it for max_parse_s: refused, not left waiting
+            for answer in late:  # behind the first in line for max_parse_s: refused, not left waiting
                 r = answer.result()
                 assert r.status_code == 429 and r.json()["code"] == "server_busy", r.text
+            assert queued.result().status_code == 503
+            assert len(held_tasks.started(hold)) == 2  # two workers, each killed at its time limit
         finally:
             held_tasks.release(hold)
         assert c.post("/v1/plans", json=plan_body(tiny_graph)).status_code == 202
