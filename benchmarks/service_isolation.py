@@ -17,7 +17,9 @@ Against ``autopar serve`` (a second process on loopback, two API keys), in order
    and ``GET /v1/plans/{key}``), quiet, then while key A floods for SECONDS each: 10 MB bodies
    (4 at a time), valid 158 KB graphs with a plan to ``POST /v1/evaluate`` (4 at a time), reports
    with changing compare sets (4 at a time), and all three at once; p50/p99 of B's hits and their
-   ratio to the quiet p99 (the goal: at most 2x), A's statuses, the 5xx count.
+   ratio to the quiet p99 (the goal: at most 2x), A's statuses, the 5xx count.  Key A floods from a
+   process of its own (its threads would share the probe's GIL otherwise), at the CPU priority
+   ``AUTOPAR_BENCH_FLOODER_NICE`` (default 0; 10 approximates a flooder on another machine).
 4. **The client's cache hit** on mt5-base (1.7 MB of graph JSON): ``PlanClient.plan`` with a
    fresh client and a warm one, against curl posting the gzip body and curl asking by the
    bundled name; seconds per hit.
@@ -38,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,75 +261,102 @@ def junk_body(graph: dict[str, Any], elements: int) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def flooders(url: str, tiny: dict[str, Any], plan: dict[str, Any], report_key: str) -> dict[str, Any]:
-    """Key A's floods: name -> (a function making one request, threads)."""
-    big = junk_body(tiny, 5_000_000)
-    evaluate = json.dumps({"graph": tiny, "plan": plan}, separators=(",", ":")).encode()
+def flood_specs(tiny: dict[str, Any], plan: dict[str, Any], report_key: str, tmp: Path) -> dict[str, Any]:
+    """Key A's floods: name -> a list of (requests to cycle through, threads).  A request is
+    ``[method, path, body file or None]``; the bodies are written to ``tmp`` once."""
     from autopar.baselines.problem import BASELINES
 
-    subsets = itertools.cycle(
-        [c for n in range(1, len(BASELINES) + 1) for c in itertools.combinations(BASELINES, n)]
-    )
-    lock = threading.Lock()
-
-    def big_body() -> tuple[int, bytes, float]:
-        return request(url, "POST", "/v1/plans", big)
-
-    def evaluation() -> tuple[int, bytes, float]:
-        return request(url, "POST", "/v1/evaluate", evaluate)
-
-    def report() -> tuple[int, bytes, float]:
-        with lock:
-            kinds = next(subsets)
-        query = "&".join(f"compare={k}" for k in kinds)
-        return request(url, "GET", f"/v1/plans/{report_key}/report?{query}")
-
+    big, evaluate = tmp / "big.json", tmp / "evaluate.json"
+    big.write_bytes(junk_body(tiny, 5_000_000))
+    evaluate.write_bytes(json.dumps({"graph": tiny, "plan": plan}, separators=(",", ":")).encode())
+    subsets = [c for n in range(1, len(BASELINES) + 1) for c in itertools.combinations(BASELINES, n)]
+    reports = [
+        ["GET", f"/v1/plans/{report_key}/report?" + "&".join(f"compare={k}" for k in kinds), None]
+        for kinds in subsets
+    ]
+    bodies = [["POST", "/v1/plans", str(big)]]
+    evaluations = [["POST", "/v1/evaluate", str(evaluate)]]
     return {
-        "10MB bodies": [(big_body, 4)],
-        "evaluate 158KB graphs": [(evaluation, 4)],
-        "reports": [(report, 4)],
-        "mix": [(big_body, 2), (evaluation, 2), (report, 2)],
+        "10MB bodies": [[bodies, 4]],
+        "evaluate 158KB graphs": [[evaluations, 4]],
+        "reports": [[reports, 4]],
+        "mix": [[bodies, 2], [evaluations, 2], [reports, 2]],
     }
 
 
-def flood(
-    kinds: list[tuple[Callable[[], tuple[int, bytes, float]], int]], seconds: float, probe: HitProbe
-) -> dict[str, Any]:
-    stop = threading.Event()
+def flood_process(url: str, seconds: float, spec: list[Any]) -> dict[str, int]:
+    """The body of ``python -m benchmarks.service_isolation flood``: key A's threads cycle through
+    their requests for ``seconds``; the statuses (``conn`` for a connection the server closed)."""
+    stop = time.monotonic() + seconds
     statuses: dict[str, int] = {}
     lock = threading.Lock()
 
-    def loop(fn: Callable[[], tuple[int, bytes, float]]) -> None:
-        while not stop.is_set():
-            status, data, _ = fn()
-            with lock:
+    def loop(requests: list[list[Any]], offset: int) -> None:
+        cache = {r[2]: Path(r[2]).read_bytes() for r in requests if r[2]}
+        for i in itertools.count(offset):
+            if time.monotonic() > stop:
+                return
+            method, path, body = requests[i % len(requests)]
+            try:
+                status, data, _ = request(url, method, path, cache.get(body))
                 tag = _code(status, data)
+            except (OSError, http.client.HTTPException):
+                # the server refused before reading the body (429, Connection: close) and closed
+                # the connection while this thread was still sending it
+                status, tag = 429, "conn closed"
+            with lock:
                 statuses[tag] = statuses.get(tag, 0) + 1
             if status == 429:
-                time.sleep(0.05)
+                time.sleep(0.05)  # as a client honouring Retry-After would (shortened)
 
-    threads = [threading.Thread(target=loop, args=(fn,), daemon=True) for fn, n in kinds for _ in range(n)]
+    threads = [
+        threading.Thread(target=loop, args=(requests, n), daemon=True)
+        for requests, count in spec
+        for n in range(count)
+    ]
     for t in threads:
         t.start()
-    with probe:
-        time.sleep(seconds)
-    stop.set()
     for t in threads:
-        t.join(300)
+        t.join(seconds + 300)
+    return statuses
+
+
+def flood(url: str, spec: list[Any], seconds: float, probe: HitProbe) -> dict[str, Any]:
+    """Key A floods from a process of its own (so its threads do not share the probe's GIL) while
+    ``probe`` measures key B's hits."""
+    from benchmarks.service import REPO
+
+    spec_file = Path(tempfile.mkstemp(suffix=".json")[1])
+    spec_file.write_text(json.dumps(spec))
+    nice = ["nice", "-n", os.environ.get("AUTOPAR_BENCH_FLOODER_NICE", "0")]
+    command = [sys.executable, "-m", "benchmarks.service_isolation", "flood", url, str(seconds)]
+    flooder = subprocess.Popen(
+        [*nice, *command, str(spec_file)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)  # its first requests are in
+    with probe:
+        time.sleep(seconds - 1.0)
+    out, _ = flooder.communicate(timeout=seconds + 600)
+    spec_file.unlink()
+    statuses = json.loads(out.strip().splitlines()[-1])
     return {"flooder": statuses, "5xx": sum(n for tag, n in statuses.items() if tag.startswith("5"))}
 
 
 def flood_report(
-    url: str, tiny: dict[str, Any], plan: dict[str, Any], hit: tuple[bytes, str], seconds: float
+    url: str, tiny: dict[str, Any], plan: dict[str, Any], hit: tuple[bytes, str], seconds: float, tmp: Path
 ) -> dict[str, Any]:
     body, key = hit
     with HitProbe(url, body, key) as quiet:
         time.sleep(seconds)
     base = quiet.result()
     out: dict[str, Any] = {"quiet": base}
-    for name, kinds in flooders(url, tiny, plan, key).items():
+    for name, spec in flood_specs(tiny, plan, key, tmp).items():
         probe = HitProbe(url, body, key)
-        row = flood(kinds, seconds, probe)
+        row = flood(url, spec, seconds, probe)
         victim = probe.result()
         ratio = victim["hits_ms"]["p99_ms"] / max(base["hits_ms"]["p99_ms"], 1e-3)
         out[name] = {**row, "victim": victim, "p99_vs_quiet": round(ratio, 2)}
@@ -502,7 +531,7 @@ def isolation_main(seconds: float, parts: tuple[str, ...] = PARTS) -> dict[str, 
                     results["streams_embedded"] = stream_report(url, job, hit_body, hit_key, seconds)
                 print("streams embedded", json.dumps(results["streams_embedded"]), flush=True)
             if "floods" in parts:
-                results["floods"] = flood_report(url, tiny, plan, (hit_body, hit_key), seconds)
+                results["floods"] = flood_report(url, tiny, plan, (hit_body, hit_key), seconds, Path(tmp))
             if "client" in parts:
                 results["client_hit"] = client_hit_report(url, Path(tmp))
                 print("client hit", json.dumps(results["client_hit"]), flush=True)
@@ -543,3 +572,9 @@ def _redis_streams(
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":  # the flooder process of :func:`flood`
+    if len(sys.argv) == 5 and sys.argv[1] == "flood":
+        spec = json.loads(Path(sys.argv[4]).read_text())
+        print(json.dumps(flood_process(sys.argv[2], float(sys.argv[3]), spec)), flush=True)

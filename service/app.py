@@ -21,6 +21,7 @@ local processes without Redis, RQ workers with it.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import APIRouter, FastAPI
@@ -94,6 +95,9 @@ def create_app(
         )
         service = await start_service(settings, the_store)
         holder["service"] = app.state.service = service
+        if settings.freeze_gc:
+            gc.collect()
+            gc.freeze()  # what start built lives as long as the app: no collection walks it again
         try:
             yield
         finally:

@@ -38,6 +38,7 @@ from autopar_service.problems import ApiError
 from autopar_service.settings import Settings
 
 __all__ = [
+    "Body",
     "BodyRoute",
     "DecodedRequest",
     "JsonStats",
@@ -49,6 +50,38 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class Body:
+    """A request body as the parts it arrived in, never joined in the API process: joining (or
+    appending to a growing buffer) copied each 10 MB body on the event loop; the parts go to a
+    worker process as they are (:mod:`autopar_service.work_pool`), which joins them."""
+
+    parts: list[bytes]
+    size: int = 0
+
+    @classmethod
+    def of(cls, data: bytes) -> Body:
+        return cls([data], len(data))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def join(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+    def digest(self) -> str:
+        """BLAKE2b (20 bytes, hex) of the body; hashlib lets go of the GIL over large parts."""
+        hashed = hashlib.blake2b(digest_size=20)
+        for part in self.parts:
+            hashed.update(part)
+        return hashed.hexdigest()
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.size = 0
+
 
 log = logging.getLogger("autopar.service")
 
@@ -396,24 +429,29 @@ DIGEST_IN_THREAD_ABOVE = 1 << 16
 class DecodedRequest(Request):
     """A request whose ``body()`` is the decompressed body within the server's limits."""
 
-    async def body(self) -> bytes:
+    async def _payload(self) -> Body:
         if not hasattr(self, "_decoded"):
             self._decoded = await self._read_decoded(_settings_of(self))
         return self._decoded
 
-    async def take_body(self) -> bytes:
+    async def body(self) -> bytes:
+        """The body as ``bytes`` (joined; the routes use :meth:`take_body` and :meth:`digest`)."""
+        return (await self._payload()).join()
+
+    async def take_body(self) -> Body:
         """The body, which this request then no longer holds: the caller's reference is the last,
-        so a body handed on (to a worker process) is freed as soon as it is sent."""
-        body = await self.body()
+        so a body handed on (to a worker process) is freed as soon as it is sent.  Its parts as
+        they arrived (:class:`Body`), not joined here."""
+        body = await self._payload()
         del self._decoded
         return body
 
     async def digest(self) -> str:
         """A digest of the body (BLAKE2b, 20 bytes, hex); a large body is hashed off the loop."""
-        body = await self.body()
+        body = await self._payload()
         if len(body) <= DIGEST_IN_THREAD_ABOVE:
-            return _digest(body)
-        return await run_in_threadpool(_digest, body)
+            return body.digest()
+        return await run_in_threadpool(body.digest)
 
     def _encoding(self) -> str:
         media = self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -432,45 +470,46 @@ class DecodedRequest(Request):
             )
         return encoding
 
-    async def _read_raw(self, limit: int, idle_s: float) -> bytes:
-        """The body as sent: 413 beyond ``limit`` bytes, 408 when no part of it arrives for
-        ``idle_s`` (shorter than its Content-Length), 499 when the client hangs up."""
-        buffer = bytearray()
+    async def _read_raw(self, limit: int, idle_s: float) -> Body:
+        """The body as sent, in the parts it arrived in: 413 beyond ``limit`` bytes, 408 when no
+        part of it arrives for ``idle_s`` (shorter than its Content-Length), 499 when the client
+        hangs up."""
+        body = Body([])
         try:
-            await self._read_into(buffer, limit, idle_s)
+            await self._read_into(body, limit, idle_s)
         except BaseException:
-            buffer.clear()  # freed now, whatever keeps this frame (the error's traceback)
+            body.clear()  # freed now, whatever keeps this frame (the error's traceback)
             raise
-        body = bytes(buffer)
-        del buffer  # one copy of a large body, not two
         return body
 
-    async def _read_into(self, buffer: bytearray, limit: int, idle_s: float) -> None:
+    async def _read_into(self, body: Body, limit: int, idle_s: float) -> None:
         parts = self.stream().__aiter__()
         while True:
             try:
                 chunk = await asyncio.wait_for(parts.__anext__(), idle_s)
             except StopAsyncIteration as end:
                 # its traceback holds wait_for's frame, which holds the task holding it: a cycle
-                # that kept this frame, and the whole body in ``buffer``, until a full collection
+                # that kept this frame, and the whole body, until a full collection
                 end.__traceback__ = None
                 return
             except asyncio.TimeoutError:
                 raise ApiError(
                     408,
                     "body_timeout",
-                    f"no part of the body arrived for {idle_s:g} s ({len(buffer)} bytes read; "
+                    f"no part of the body arrived for {idle_s:g} s ({body.size} bytes read; "
                     "is the Content-Length right?); send the whole body",
                     headers={"Connection": "close"},
                 ) from None
             except ClientDisconnect:
                 log.info("%s %s: the client hung up during the upload", self.method, self.url.path)
                 raise ApiError(499, "client_closed_request", "the client closed the connection") from None
-            if len(buffer) + len(chunk) > limit:
+            if body.size + len(chunk) > limit:
                 raise _too_large(limit, "the body is larger")
-            buffer += chunk
+            if chunk:
+                body.parts.append(chunk)
+                body.size += len(chunk)
 
-    async def _read_decoded(self, settings: Settings) -> bytes:
+    async def _read_decoded(self, settings: Settings) -> Body:
         encoding = self._encoding()
         limit = settings.max_compressed_body_bytes
         declared = self.headers.get("content-length", "")
@@ -482,13 +521,13 @@ class DecodedRequest(Request):
                 raise _too_large(settings.max_body_bytes, "the body is larger")
             body = raw
         else:
-            body = await run_in_threadpool(codec.decompress, raw, encoding, settings.max_body_bytes)
+            body = Body.of(await run_in_threadpool(_inflate, raw, encoding, settings.max_body_bytes))
         self.state.body_done = time.perf_counter()
         return body
 
 
-def _digest(body: bytes) -> str:
-    return hashlib.blake2b(body, digest_size=20).hexdigest()
+def _inflate(raw: Body, encoding: str, max_bytes: int) -> bytes:
+    return codec.decompress(raw.join(), encoding, max_bytes)
 
 
 def _query_names(dependant: Dependant) -> set[str]:

@@ -48,6 +48,7 @@ from typing import Any
 from autopar.errors import AutoparError
 from autopar_cache.base import Store
 from autopar_cache.plans import PlanCache
+from autopar_service.body import Body
 from autopar_service.problems import ApiError, from_autopar
 from autopar_service.settings import Settings
 
@@ -139,13 +140,15 @@ def worker_main(conn: Connection, settings_data: dict[str, Any], versions: dict[
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
+    gc.freeze()  # the forkserver's modules: a collection after a large body walks only its objects
     settings = Settings(**settings_data)
     context = WorkerContext(settings, versions)
     try:
         while True:
             try:
-                task, args, has_body, context.versions = conn.recv()
-                body = conn.recv_bytes() if has_body else None
+                task, args, parts, context.versions = conn.recv()
+                body = None if parts is None else b"".join([conn.recv_bytes() for _ in range(parts)])
+                has_body = body is not None
             except (EOFError, OSError):
                 return
             size = len(body) if body is not None else 0
@@ -171,7 +174,8 @@ class _Job:
     client: str
     task: Callable[..., Any]
     args: tuple[Any, ...]
-    body: bytes | None
+    body: list[bytes] | None
+    """The body's parts (sent one by one, joined in the worker)."""
     has_body: bool
     timeout_s: float
     future: asyncio.Future[Any]
@@ -281,7 +285,7 @@ class WorkPool:
         client: str,
         task: Callable[..., Any],
         *args: Any,
-        body: bytes | None = None,
+        body: Body | bytes | None = None,
         timeout_s: float | None = None,
         versions: dict[str, str] | None = None,
     ) -> Any:
@@ -290,26 +294,21 @@ class WorkPool:
         within ``max_parse_s``; 503 when it runs past ``timeout_s`` (default ``max_parse_s``).
         ``versions``: the code versions the task keys plans with (default the pool's)."""
         settings = self.settings
-        if self.in_flight.get(client, 0) >= settings.max_parses_per_client:
-            raise _busy(
-                "too_many_parses",
-                f"you have {settings.max_parses_per_client} requests being parsed or rendered, the "
-                "most one client may have; wait for one to be answered",
-                settings.retry_after_s,
-            )
+        self.check_room(client)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieved)
+        parts = None if body is None else [body] if isinstance(body, bytes) else body.parts
         job = _Job(
             client,
             task,
             args,
-            body,
+            parts,
             body is not None,
             timeout_s or settings.max_parse_s,
             future,
             dict(versions or self.versions),
         )
-        del body
+        del body, parts
         self.in_flight[client] = self.in_flight.get(client, 0) + 1
         self.queue.put(job)
         try:
@@ -332,6 +331,23 @@ class WorkPool:
                 self.in_flight[client] = left
             else:
                 del self.in_flight[client]
+
+    def check_room(self, client: str, *, body_unread: bool = False) -> None:
+        """429 ``too_many_parses`` when ``client`` has its most jobs queued or running.
+
+        A route asks before it reads a body (``body_unread``): a client at its bound is refused
+        without its body being read (its connection is closed, the body left unread), so a flood
+        of large bodies costs the API no more than its headers."""
+        limit = self.settings.max_parses_per_client
+        if self.in_flight.get(client, 0) >= limit:
+            headers = {"Connection": "close"} if body_unread else {}
+            raise _busy(
+                "too_many_parses",
+                f"you have {limit} requests being parsed or rendered, the most one client may have; "
+                "wait for one to be answered",
+                self.settings.retry_after_s,
+                **headers,
+            )
 
     # ------------------------------------------------------------ internals
 
@@ -401,12 +417,13 @@ class WorkPool:
         return True
 
 
-def _send_and_receive(conn: Connection, job: _Job, body: bytes | None) -> tuple[str, Any]:
-    """Thread: the job to the worker, its answer back (EOFError when the worker died)."""
-    conn.send((job.task, job.args, job.has_body, job.versions))
-    if body is not None:
-        conn.send_bytes(body)
-    del body
+def _send_and_receive(conn: Connection, job: _Job, parts: list[bytes] | None) -> tuple[str, Any]:
+    """Thread: the job to the worker (its body part by part), its answer back (EOFError when the
+    worker died)."""
+    conn.send((job.task, job.args, None if parts is None else len(parts), job.versions))
+    for part in parts or ():
+        conn.send_bytes(part)
+    del parts
     kind, value = conn.recv()
     return kind, value
 
@@ -422,8 +439,8 @@ def _settle(job: _Job, error: ApiError) -> None:
         job.future.set_exception(error)
 
 
-def _busy(code: str, detail: str, retry_after_s: int) -> ApiError:
-    return ApiError(429, code, detail, headers={"Retry-After": str(retry_after_s)})
+def _busy(code: str, detail: str, retry_after_s: int, **headers: str) -> ApiError:
+    return ApiError(429, code, detail, headers={"Retry-After": str(retry_after_s), **headers})
 
 
 def _parse_timeout(limit_s: float, retry_after_s: int) -> ApiError:

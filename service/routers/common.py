@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from autopar_cache.plans import PlanRecord
+from autopar_service.body import Body
 from autopar_service.jobs import DETERMINISTIC_ERRORS, JobInfo, JobStatus
 from autopar_service.problems import ApiError, from_job_error
 from autopar_service.state import Service
@@ -65,7 +66,7 @@ async def in_worker(
     client: str,
     task: Callable[..., T],
     *args: Any,
-    body: bytes | None = None,
+    body: Body | None = None,
     parse: bool = True,
     timeout_s: float | None = None,
 ) -> T:

@@ -30,6 +30,7 @@ async def evaluate_plan(request: Request, service: ServiceDep, _auth: Auth, clie
     graph, at the plan's micro-batches and checkpointing or at the ones the body gives; of an
     `autopar.pipeline/v1` plan, the 1F1B iteration, bubble and one row per stage."""
     assert isinstance(request, DecodedRequest)
+    service.pool.check_room(client, body_unread=True)  # at its bound: refused before its body is read
     # parsed, checked and evaluated in a worker process (autopar_service.work_tasks.evaluate_plan)
     result = await in_worker(service, client, work_tasks.evaluate_plan, body=await request.take_body())
     return JSONResponse(result)

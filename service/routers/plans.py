@@ -62,6 +62,7 @@ async def create_plan(
     """Return the cached plan (200) or start / join the job that solves it (202)."""
     assert isinstance(request, DecodedRequest)
     deadline = deadline_after(wait, service)
+    service.pool.check_room(client, body_unread=True)  # at its bound: refused before its body is read
     digest = await request.digest()
     if not refresh:
         hit = await run_in_threadpool(service.cached_body, digest)

@@ -133,6 +133,7 @@ async def create_sweep(
     """Plan every (mesh shape, budget, ZeRO stage) combination; returns step time vs memory."""
     deadline = deadline_after(wait, service)
     assert isinstance(request, DecodedRequest)
+    service.pool.check_room(client, body_unread=True)  # at its bound: refused before its body is read
     await service.admission.precheck(client, service.jobs, parsing=service.parsing.get(client, 0))
     # parsed and checked in a worker process, which stores the graph and the sweep's record
     sweep_id, points = await in_worker(

@@ -33,6 +33,7 @@ FAST = {
     "janitor_interval_s": 0.5,
     "retry_after_s": 1,
     "solver_workers": 1,
+    "freeze_gc": False,  # the test process hosts many servers: nothing of one is frozen for good
 }
 
 
