@@ -81,10 +81,12 @@ class Settings(BaseSettings):
     """Most unfinished jobs one client (API key, else address) may have started (429 beyond)."""
     max_active_jobs: int = Field(default=64, ge=1)
     """Most unfinished jobs overall, queued or running (429 beyond)."""
-    max_concurrent_parses: int = Field(default=4, ge=1, le=64)
+    max_concurrent_parses: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1, le=64)
     """Worker processes that parse bodies and render reports (:mod:`autopar_service.work_pool`),
     so as many run at once, whether or not they start a job; a body waits up to ``max_parse_s``
-    for one (429 beyond)."""
+    for one (429 beyond).  Default: the cores, at most 4 (more processes than cores only take
+    the API's core from it: a flood of parses slowed another key's hits more with 4 than with
+    2 on 2 cores)."""
     work_nice: int = Field(default=10, ge=0, le=19)
     """How much lower than the API's the CPU priority of those processes is (``nice``): a flood
     of parses and reports does not slow the API's event loop (another key's cache hits)."""
