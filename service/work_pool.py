@@ -6,7 +6,7 @@ held its GIL, so while one key flooded, another key's cache hit (2 ms of work) w
 them (p99 1.5 s).  They run here instead, in processes of their own at a lower CPU priority,
 taken from one FIFO per client in turn::
 
-    route ──run(client, task, *args, body=raw)──> FairQueue: a FIFO per client, served round robin
+    route ──run(client, task, *args, body=parts)─> FairQueue: a FIFO per client, served round robin
                                                     │ the next free worker takes the oldest job
                                                     v  of the client after the last one served
                     runner (an asyncio task + a thread of its own) ──pipe──> worker process (niced)
@@ -24,8 +24,13 @@ taken from one FIFO per client in turn::
 * A task's errors come back as problems: an :class:`~autopar_service.problems.ApiError` or an
   :class:`~autopar.errors.AutoparError` answers as it would in the API; anything else is a
   logged 500 (a bug).
+* The body goes to the worker in the parts it arrived in (sent from a thread of the pool's own,
+  joined in the worker) and the API keeps no reference to it once it is sent.  A route asks
+  :meth:`WorkPool.check_room` before it reads a body, so a client at its bound is refused
+  without its body being read.
 * After a task over :data:`RELEASE_ABOVE_BYTES` of body the worker collects its garbage and
-  hands freed memory back to the system, so a refused 33 MB body does not leave it 2 GB large.
+  hands freed memory back to the system (``malloc_trim``): what a refused body built is not
+  kept for the next one.
 """
 
 from __future__ import annotations
