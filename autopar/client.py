@@ -9,7 +9,11 @@
                          memory_budget_bytes=30 * 2**30, zero_stage=2)
     plan = Plan.from_dict(record["plan"])          # autopar.plan/v1
 
-``plan`` submits (gzip-compressed body), follows the job's server-sent events
+``plan`` first computes the request's plan key here, as the service does
+(:mod:`autopar.ir.plan_key`: the graph's content hash, the request, and the service's code
+versions and option defaults from ``GET /v1/plan-keys``, asked once per client), and asks for
+the plan by key (``GET /v1/plans/{key}``): a cached plan comes back without the graph being
+uploaded.  Otherwise it submits (gzip-compressed body), follows the job's server-sent events
 (falling back to long-polling), and returns the plan record.  Connection
 errors, 429 and 502/503/504 are retried with exponential back-off (honouring
 ``Retry-After``); every request is idempotent (a plan request is keyed by its
@@ -17,8 +21,8 @@ content), so retrying is safe.  Errors raise :class:`ServiceError` carrying the
 problem's ``code``, HTTP ``status`` and details (``min_feasible_bytes`` for an
 infeasible budget, ``op`` for an invalid graph).
 
-This module imports nothing beyond the standard library and the core, so it
-works beside OneFlow in a Python 3.10 / numpy 1.x environment.
+This module imports nothing beyond the standard library and the core (the graph and the plan
+key, on first use), so it works beside OneFlow in a Python 3.10 / numpy 1.x environment.
 """
 
 from __future__ import annotations
@@ -27,15 +31,19 @@ import gzip
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.client import HTTPResponse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autopar.errors import AutoparError
 
-__all__ = ["PlanClient", "ServiceError", "Submission"]
+if TYPE_CHECKING:
+    from autopar.ir.plan_key import KeyContext
+
+__all__ = ["PlanClient", "ServiceError", "Submission", "graph_name"]
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _COMPRESS_ABOVE = 4096
@@ -91,6 +99,7 @@ class PlanClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self.compress = compress
+        self._key_context: KeyContext | None = None
 
     # ------------------------------------------------------------ transport
 
@@ -187,30 +196,91 @@ class PlanClient:
         on_progress: Callable[[dict[str, Any]], None] | None = None,
         **request: Any,
     ) -> dict[str, Any]:
-        """Submit and wait for the plan record (``request``: the arguments of :meth:`submit`).
+        """The plan record (``request``: the arguments of :meth:`submit`): asked for by its key
+        first (:meth:`cached_plan`: nothing uploaded), else submitted and waited for.
 
         ``on_progress`` receives each job update.  Raises :class:`ServiceError`
         (``code`` ``job_timeout`` after ``timeout_s``; the job keeps running).
         """
+        if not request.get("refresh"):
+            cached = self.cached_plan(graph, **{k: v for k, v in request.items() if k in _KEY_FIELDS})
+            if cached is not None:
+                return cached
         submission = self.submit(graph, **request)
         if submission.record is not None:
             return submission.record
         job = self.wait_job(submission.key, timeout_s=timeout_s, on_progress=on_progress)
-        return self.finish(job)
+        return self.finish(job, name=graph_name(graph))
 
-    def finish(self, job: Mapping[str, Any]) -> dict[str, Any]:
-        """The plan record of a finished job, or the job's error as :class:`ServiceError`."""
+    def finish(self, job: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]:
+        """The plan record of a finished job (its graph called ``name``), or the job's error as
+        :class:`ServiceError`."""
         if job.get("status") == "succeeded":
-            return self.get_plan(str(job["id"]))
+            return self.get_plan(str(job["id"]), name=name)
         error = dict(job.get("error") or {})
         code = str(error.pop("code", "job_failed"))
         message = str(error.pop("message", f"job {job.get('id')} ended {job.get('status')}"))
         raise ServiceError(code, message, status=0, job=job.get("id"), **error)
 
-    def get_plan(self, key: str) -> dict[str, Any]:
-        """GET /v1/plans/{key}: the plan record."""
-        _, data = self._json("GET", f"/v1/plans/{key}")
+    def get_plan(self, key: str, *, name: str | None = None) -> dict[str, Any]:
+        """GET /v1/plans/{key}: the plan record; ``name``: what to call the graph in it (the
+        stored record is shared and calls a graph of no bundled model ``graph-{hash}``)."""
+        query = "?" + urllib.parse.urlencode({"name": name}) if name else ""
+        _, data = self._json("GET", f"/v1/plans/{key}{query}")
         return dict(data)
+
+    # ------------------------------------------------------------ plan keys
+
+    def key_context(self) -> KeyContext | None:
+        """What the service folds into a plan key besides the request (``GET /v1/plan-keys``:
+        its code versions and option defaults), asked once per client; None from a service
+        that does not publish it."""
+        if self._key_context is None:
+            from autopar.ir.plan_key import KeyContext
+
+            try:
+                _, data = self._json("GET", "/v1/plan-keys")
+            except ServiceError as exc:
+                if exc.status in (404, 405):
+                    return None
+                raise
+            self._key_context = KeyContext.from_dict(data)
+        return self._key_context
+
+    def plan_key(self, graph: Any, **request: Any) -> str | None:
+        """The key the service gives this plan request (``request``: :meth:`submit`'s key fields),
+        computed here from the graph's content hash and :meth:`key_context`, as the service
+        computes it (:mod:`autopar.ir.plan_key`); None when it cannot be computed here (a graph
+        the core cannot read, a cluster it does not know, an older service): the service says why."""
+        from autopar.ir.plan_key import plan_key, request_key_dict
+
+        context = self.key_context()
+        content = _content_hash(graph)
+        if context is None or content is None:
+            return None
+        try:
+            key_dict = request_key_dict(context, graph_hash=content, **request)
+        except (AutoparError, ValueError, TypeError, KeyError):
+            return None
+        return plan_key(key_dict, context.versions)
+
+    def cached_plan(self, graph: Any, **request: Any) -> dict[str, Any] | None:
+        """The cached plan record of this request, asked for by its key (``GET /v1/plans/{key}``:
+        no graph uploaded), when one is cached and answers it (its proven gap is within the
+        request's, or it was solved with at least the request's time); else None."""
+        from autopar.ir.plan_key import record_answers, resolved_options
+
+        key = self.plan_key(graph, **request)
+        context = self._key_context
+        if key is None or context is None:
+            return None
+        try:
+            record = self.get_plan(key, name=graph_name(graph))
+        except ServiceError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return record if record_answers(record, resolved_options(context, request.get("options"))) else None
 
     # ------------------------------------------------------------ jobs
 
@@ -341,6 +411,43 @@ class PlanClient:
                 return {"status": "not_ready", **exc.details}
             raise
         return dict(data)
+
+
+_KEY_FIELDS = frozenset({"cluster", "preset", "mesh_shape", "memory_budget_bytes", "zero_stage", "options"})
+"""The arguments of :meth:`PlanClient.submit` a plan key depends on."""
+
+
+def _graph_document(graph: Any) -> Any:
+    if isinstance(graph, (bytes, bytearray)):
+        return json.loads(graph)
+    return graph
+
+
+def _content_hash(graph: Any) -> str | None:
+    """The graph's content hash (:meth:`autopar.ir.graph.Graph.content_hash`), or None when the
+    core cannot read it (the service then says why)."""
+    content_hash = getattr(graph, "content_hash", None)
+    if callable(content_hash):
+        return str(content_hash())
+    from autopar.ir.graph import Graph
+
+    try:
+        return Graph.from_dict(_graph_document(graph)).content_hash()
+    except (AutoparError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+
+
+def graph_name(graph: Any) -> str | None:
+    """The name a graph (a :class:`~autopar.ir.graph.Graph`, a dict or JSON bytes) gives itself,
+    for the answers about it (the service shows it in place of ``graph-{hash}``)."""
+    name = getattr(graph, "name", None)
+    if name is None and not isinstance(graph, str):
+        try:
+            document = _graph_document(graph)
+        except (ValueError, TypeError):
+            return None
+        name = document.get("name") if isinstance(document, Mapping) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _graph_bytes(graph: Any) -> bytes:

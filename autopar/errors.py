@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "MAX_LINE",
     "AutoparError",
     "ConfigError",
     "GraphError",
@@ -23,7 +24,23 @@ __all__ = [
     "PlanError",
     "TimeLimitError",
     "VerificationError",
+    "one_line",
 ]
+
+MAX_LINE = 300
+"""Longest error line shown to a person (the command line, a job's message); the whole text goes
+to ``--verbose`` and to the JSON."""
+SHORTENED = " ..."
+"""What ends a line cut at :data:`MAX_LINE`."""
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` on one line (every run of whitespace, line breaks included, one space), cut to at
+    most ``limit`` characters (ending in :data:`SHORTENED`)."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    return line[: limit - len(SHORTENED)].rstrip() + SHORTENED
 
 
 class AutoparError(Exception):
@@ -39,6 +56,10 @@ class AutoparError(Exception):
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"
+
+    def line(self, limit: int = MAX_LINE) -> str:
+        """``[code] message`` on one line of at most ``limit`` characters (:func:`one_line`)."""
+        return one_line(str(self), limit)
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, **self.details}

@@ -38,6 +38,14 @@
    parse: the victim's p50/p99 and statuses, and the 5xx count.
 
    ``.venv/bin/python -m benchmarks.service --hostile 20``
+8. **Isolation** (``--isolation SECONDS``, alone; issue 43; ``benchmarks/service_isolation.py``):
+   5,001-digit integers in every body route (the 5xx count); one key's progress streams (how many
+   it may hold, the API's descriptors, another key's cache hits meanwhile; embedded and Redis);
+   another key's keyed cache hits (p50/p99) quiet and while one key floods 10 MB bodies, valid
+   graphs to ``/v1/evaluate``, reports with changing compare sets, and all three; the client's
+   cache hit on mt5-base against curl (gzip body) and a bundled name.
+
+   ``.venv/bin/python -m benchmarks.service --isolation 20``
 """
 
 from __future__ import annotations
@@ -707,8 +715,30 @@ def main() -> int:
         help="only issue 34's hostile checks: model graphs with and without a key, RSS per hostile "
         "body (1-33 MB) and per valid graph, one key's latency while another floods 10 MB bodies for SECONDS",
     )
+    parser.add_argument(
+        "--isolation",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="only issue 43's checks: huge integers, one key's streams, another key's cache hits under "
+        "each flood for SECONDS, the client's cache hit (benchmarks/service_isolation.py)",
+    )
+    parser.add_argument(
+        "--parts",
+        default="huge,streams,floods,client,redis",
+        help="with --isolation: the parts to run (default: %(default)s)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.isolation is not None:
+        from benchmarks.service_isolation import isolation_main
+
+        parts = tuple(p for p in args.parts.split(",") if not (args.skip_redis and p == "redis"))
+        text = json.dumps(isolation_main(args.isolation, parts), indent=1)
+        if args.out:
+            Path(args.out).write_text(text)
+        print(text)
+        return 0
     if args.hostile is not None or args.load is not None:
         alone = (
             hostile_main(args.hostile)

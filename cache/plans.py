@@ -2,11 +2,14 @@
 
 A plan key is the SHA-256 of the canonical JSON of
 
-* the request's canonical form (``PlanRequest.to_key_dict()``: the graph by its
-  content hash, so op order and whitespace do not matter; cluster; mesh shape;
+* the request's canonical form (:func:`autopar.ir.plan_key.plan_key_dict`: the graph by
+  its content hash, so op order and whitespace do not matter; cluster; mesh shape;
   memory budget; ZeRO stage; solver options), and
 * the code versions that produce the plan (:func:`code_versions`: autopar's
   version and a digest of its sources, OR-Tools' version).
+
+:func:`plan_key` and :data:`KEY_SCHEMA` live in the core (:mod:`autopar.ir.plan_key`), so a
+client computes the same key without the solver; they are re-exported here.
 
 A plan record is stored as compressed JSON under ``plan:{key}`` with its
 predicted step time as the score: :meth:`PlanCache.put` only replaces a stored
@@ -24,7 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from autopar.ir.content_key import content_key, python_sources, source_digest
+from autopar.ir.content_key import python_sources, source_digest
+from autopar.ir.plan_key import KEY_SCHEMA, plan_key
 from autopar_cache import codec
 from autopar_cache.base import Store
 
@@ -35,9 +39,6 @@ __all__ = [
     "code_versions",
     "plan_key",
 ]
-
-KEY_SCHEMA = 1
-"""Bump when the meaning of a key's inputs changes."""
 
 _SOURCE_PACKAGES = ("autopar", "autopar_solver")
 """The packages whose sources change a plan (by import name: their folders are found where
@@ -74,11 +75,6 @@ def code_versions() -> dict[str, str]:
     }
 
 
-def plan_key(key_dict: Mapping[str, Any], versions: Mapping[str, str]) -> str:
-    """SHA-256 hex of the canonical request plus code versions."""
-    return content_key({"schema": KEY_SCHEMA, "request": dict(key_dict), "versions": dict(versions)})
-
-
 @dataclass(frozen=True)
 class PlanRecord:
     """A stored plan: ``body`` is the JSON the API returns for it."""
@@ -90,6 +86,24 @@ class PlanRecord:
     def data(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.body)
         return value
+
+    def renamed(self, old: str, new: str) -> PlanRecord:
+        """The record with every ``old`` inside its JSON strings written ``new`` (a graph's name:
+        the stored record is shared, the name a request gives belongs to its own answer), with
+        its own ETag.  ``old`` must be a name no other field holds (``graph-{hash}``)."""
+        if old == new:
+            return self
+        body = self.body.replace(_in_string(old), _in_string(new))
+        return PlanRecord(self.key, body, _etag(body))
+
+
+def _etag(body: bytes) -> str:
+    return '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'
+
+
+def _in_string(text: str) -> bytes:
+    """``text`` as it reads inside a JSON string of a record (:func:`autopar_cache.codec.dumps`)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode()
 
 
 class PlanCache:
@@ -108,8 +122,7 @@ class PlanCache:
         if raw is None:
             return None
         body = codec.inflate(raw)
-        etag = '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'
-        return PlanRecord(key, body, etag)
+        return PlanRecord(key, body, _etag(body))
 
     def put(self, key: str, record: Mapping[str, Any], iteration_time_s: float) -> bool:
         """Store ``record`` unless a plan at least as cheap (by its iteration time: K

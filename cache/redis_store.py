@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
@@ -24,7 +25,7 @@ from redis.retry import Retry
 from autopar_cache.base import score_text
 from autopar_cache.errors import CacheUnavailable
 
-__all__ = ["RedisStore", "connect", "redact_url"]
+__all__ = ["RedisStore", "connect", "connect_async", "redact_url"]
 
 T = TypeVar("T")
 
@@ -100,6 +101,28 @@ def connect(url: str, *, socket_timeout_s: float = 5.0, max_connections: int = 1
         retry=Retry(NoBackoff(), 0),
     )
     client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # as Redis.from_url: closing the client closes its pool
+    return client
+
+
+def connect_async(
+    url: str, *, socket_timeout_s: float = 5.0, max_connections: int = 16
+) -> redis.asyncio.Redis:
+    """An asyncio client for ``url`` bounded as :func:`connect`'s: what a coroutine that polls
+    Redis (a job's progress stream) uses, so it holds no thread between or during its calls."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=min(2.0, socket_timeout_s),
+        health_check_interval=30,
+        retry_on_timeout=False,
+        retry=AsyncRetry(NoBackoff(), 0),
+    )
+    client = redis.asyncio.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as Redis.from_url: closing the client closes its pool
     return client
 

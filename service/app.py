@@ -21,6 +21,7 @@ local processes without Redis, RQ workers with it.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import APIRouter, FastAPI
@@ -69,6 +70,7 @@ async def start_service(settings: Settings, store: Store) -> Service:
     service = Service(settings, store, jobs, versions)
     jobs.on_terminal = service.on_terminal  # type: ignore[attr-defined]
     await jobs.start()
+    await service.pool.start()
     return service
 
 
@@ -93,9 +95,13 @@ def create_app(
         )
         service = await start_service(settings, the_store)
         holder["service"] = app.state.service = service
+        if settings.freeze_gc:
+            gc.collect()
+            gc.freeze()  # what start built lives as long as the app: no collection walks it again
         try:
             yield
         finally:
+            await service.pool.close()
             await service.jobs.close()
             holder.pop("service", None)
             if store is None:

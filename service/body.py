@@ -15,9 +15,11 @@ bad fields.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from autopar_service.problems import ApiError
 from autopar_service.settings import Settings
 
 __all__ = [
+    "Body",
     "BodyRoute",
     "DecodedRequest",
     "JsonStats",
@@ -47,6 +50,38 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class Body:
+    """A request body as the parts it arrived in, never joined in the API process: joining (or
+    appending to a growing buffer) copied each 10 MB body on the event loop; the parts go to a
+    worker process as they are (:mod:`autopar_service.work_pool`), which joins them."""
+
+    parts: list[bytes]
+    size: int = 0
+
+    @classmethod
+    def of(cls, data: bytes) -> Body:
+        return cls([data], len(data))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def join(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+    def digest(self) -> str:
+        """BLAKE2b (20 bytes, hex) of the body; hashlib lets go of the GIL over large parts."""
+        hashed = hashlib.blake2b(digest_size=20)
+        for part in self.parts:
+            hashed.update(part)
+        return hashed.hexdigest()
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.size = 0
+
 
 log = logging.getLogger("autopar.service")
 
@@ -280,12 +315,69 @@ def _no_constant(text: str) -> float:
     raise _BadValue("non_finite_number", f"{text} is not a JSON number; send finite numbers")
 
 
+MAX_INT_DIGITS = 19
+"""Most digits of an integer in a body: every count, size and seed the API reads is below
+2**63 (19 digits), so a longer one is refused before Python builds it (a 5,000-digit one
+would otherwise raise past the parser: Python's int digit limit)."""
+_LARGEST_INT = 2**63 - 1
+_KEY_BEFORE = re.compile(rb'"((?:[^"\\]|\\.){1,80})"\s*:\s*\[?[\s\d,.eE+-]*$')
+"""The last ``"key":`` before a position, through the array the number may sit in."""
+_FIELD_WINDOW = 4096
+"""Bytes before a refused number searched for its field's name."""
+
+
+class _HugeInt(_BadValue):
+    """An integer past :data:`MAX_INT_DIGITS` digits or 2**63 (its text, for the field's name)."""
+
+    def __init__(self, text: str) -> None:
+        digits = len(text.lstrip("-"))
+        shown = text if len(text) <= 24 else f"{text[:12]}...({digits} digits)"
+        super().__init__(
+            "number_too_large",
+            f"the integer {shown} is out of range: this server reads integers below 2**63 "
+            f"(at most {MAX_INT_DIGITS} digits); send the value in range",
+        )
+        self.text = text
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _HugeInt(text)
+    value = int(text)
+    if abs(value) > _LARGEST_INT:
+        raise _HugeInt(text)
+    return value
+
+
+def _field_of(raw: bytes, number: str) -> str | None:
+    """The name of the field a refused number is the value of (or in the array of): the last
+    ``"key":`` before the number's first occurrence as a JSON value, or None."""
+    needle = re.compile(rb"[:\[,]\s*" + re.escape(number.encode()) + rb"(?![0-9])")
+    found = needle.search(raw)
+    if found is None:
+        return None
+    window = raw[max(0, found.start() - _FIELD_WINDOW) : found.start() + 1]
+    keys = list(_KEY_BEFORE.finditer(window))
+    if not keys:
+        return None
+    return keys[-1].group(1).decode("utf-8", "replace")
+
+
 def _load(raw: bytes) -> Any:
-    """JSON text as Python objects: duplicate keys and non-finite numbers refused (422)."""
+    """JSON text as Python objects: duplicate keys, non-finite numbers and integers out of
+    range (anywhere: fields, graph attrs and shapes, plans) refused (422)."""
     try:
         return json.loads(
-            raw, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant
+            raw,
+            object_pairs_hook=_unique_keys,
+            parse_float=_finite,
+            parse_int=_bounded_int,
+            parse_constant=_no_constant,
         )
+    except _HugeInt as exc:
+        field = _field_of(raw, exc.text)
+        where = f"field {field!r}: " if field else ""
+        raise ApiError(422, exc.code, where + exc.detail, field=field) from None
     except _BadValue as exc:
         raise ApiError(422, exc.code, exc.detail) from None
     except UnicodeDecodeError as exc:
@@ -294,6 +386,8 @@ def _load(raw: bytes) -> Any:
         raise ApiError(
             400, "invalid_json", f"the body is not valid JSON: {exc.msg} at byte {exc.pos}"
         ) from None
+    except ValueError as exc:  # any other number the parser cannot build: still the client's body
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def _validate(model: type[M], raw: bytes) -> M:
@@ -328,13 +422,36 @@ def _too_large(limit: int, what: str) -> ApiError:
     return ApiError(413, "body_too_large", f"{what}; the limit is {limit} bytes", limit_bytes=limit)
 
 
+DIGEST_IN_THREAD_ABOVE = 1 << 16
+"""Bodies larger than this are hashed in a thread (hashlib lets go of the GIL), not on the loop."""
+
+
 class DecodedRequest(Request):
     """A request whose ``body()`` is the decompressed body within the server's limits."""
 
-    async def body(self) -> bytes:
+    async def _payload(self) -> Body:
         if not hasattr(self, "_decoded"):
             self._decoded = await self._read_decoded(_settings_of(self))
         return self._decoded
+
+    async def body(self) -> bytes:
+        """The body as ``bytes`` (joined; the routes use :meth:`take_body` and :meth:`digest`)."""
+        return (await self._payload()).join()
+
+    async def take_body(self) -> Body:
+        """The body, which this request then no longer holds: the caller's reference is the last,
+        so a body handed on (to a worker process) is freed as soon as it is sent.  Its parts as
+        they arrived (:class:`Body`), not joined here."""
+        body = await self._payload()
+        del self._decoded
+        return body
+
+    async def digest(self) -> str:
+        """A digest of the body (BLAKE2b, 20 bytes, hex); a large body is hashed off the loop."""
+        body = await self._payload()
+        if len(body) <= DIGEST_IN_THREAD_ABOVE:
+            return body.digest()
+        return await run_in_threadpool(body.digest)
 
     def _encoding(self) -> str:
         media = self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -353,37 +470,50 @@ class DecodedRequest(Request):
             )
         return encoding
 
-    async def _read_raw(self, limit: int, idle_s: float) -> bytes:
-        """The body as sent: 413 beyond ``limit`` bytes, 408 when no part of it arrives for
-        ``idle_s`` (shorter than its Content-Length), 499 when the client hangs up."""
-        buffer = bytearray()
+    async def _read_raw(self, limit: int, idle_s: float) -> Body:
+        """The body as sent, in the parts it arrived in: 413 beyond ``limit`` bytes, 408 when no
+        part of it arrives for ``idle_s`` (shorter than its Content-Length), 499 when the client
+        hangs up."""
+        body = Body([])
+        try:
+            await self._read_into(body, limit, idle_s)
+        except BaseException:
+            body.clear()  # freed now, whatever keeps this frame (the error's traceback)
+            raise
+        return body
+
+    async def _read_into(self, body: Body, limit: int, idle_s: float) -> None:
         parts = self.stream().__aiter__()
         while True:
             try:
                 chunk = await asyncio.wait_for(parts.__anext__(), idle_s)
-            except StopAsyncIteration:
-                break
+            except StopAsyncIteration as end:
+                # its traceback holds wait_for's frame, which holds the task holding it: a cycle
+                # that kept this frame, and the whole body, until a full collection
+                end.__traceback__ = None
+                return
             except asyncio.TimeoutError:
                 raise ApiError(
                     408,
                     "body_timeout",
-                    f"no part of the body arrived for {idle_s:g} s ({len(buffer)} bytes read; "
+                    f"no part of the body arrived for {idle_s:g} s ({body.size} bytes read; "
                     "is the Content-Length right?); send the whole body",
                     headers={"Connection": "close"},
                 ) from None
             except ClientDisconnect:
                 log.info("%s %s: the client hung up during the upload", self.method, self.url.path)
                 raise ApiError(499, "client_closed_request", "the client closed the connection") from None
-            if len(buffer) + len(chunk) > limit:
+            if body.size + len(chunk) > limit:
                 raise _too_large(limit, "the body is larger")
-            buffer += chunk
-        return bytes(buffer)
+            if chunk:
+                body.parts.append(chunk)
+                body.size += len(chunk)
 
-    async def _read_decoded(self, settings: Settings) -> bytes:
+    async def _read_decoded(self, settings: Settings) -> Body:
         encoding = self._encoding()
         limit = settings.max_compressed_body_bytes
         declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isdigit() and (len(declared) > MAX_INT_DIGITS or int(declared) > limit):
             raise _too_large(limit, f"the body has {declared} bytes")
         raw = await self._read_raw(limit, settings.body_read_timeout_s)
         if encoding == "identity":
@@ -391,9 +521,13 @@ class DecodedRequest(Request):
                 raise _too_large(settings.max_body_bytes, "the body is larger")
             body = raw
         else:
-            body = await run_in_threadpool(codec.decompress, raw, encoding, settings.max_body_bytes)
+            body = Body.of(await run_in_threadpool(_inflate, raw, encoding, settings.max_body_bytes))
         self.state.body_done = time.perf_counter()
         return body
+
+
+def _inflate(raw: Body, encoding: str, max_bytes: int) -> bytes:
+    return codec.decompress(raw.join(), encoding, max_bytes)
 
 
 def _query_names(dependant: Dependant) -> set[str]:

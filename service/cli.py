@@ -45,7 +45,7 @@ from autopar.cli.args import (
     training_from_args,
     wrote,
 )
-from autopar.client import PlanClient, ServiceError
+from autopar.client import PlanClient, ServiceError, graph_name
 from autopar.errors import ConfigError
 from autopar.hardware.mesh import parse_mesh_shape
 
@@ -243,6 +243,11 @@ def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.N
     api_key = args.api_key or os.environ.get("AUTOPAR_API_KEY")
     client = PlanClient(url, api_key=api_key, timeout_s=args.http_timeout)
     t0 = time.perf_counter()
+    # asked for by its key first (nothing uploaded), as a launcher's PlanClient.plan does
+    record = None if args.refresh else client.cached_plan(graph, **request)
+    if record is not None:
+        sys.stderr.write(f"autopar: cached plan {record['key']}\n")
+        return _write_plan(record, args, time.perf_counter() - t0)
     submission = client.submit(graph, refresh=args.refresh, **request)
     record = submission.record
     if record is None:
@@ -260,10 +265,14 @@ def _submit_to(url: str, graph: bytes, request: dict[str, Any], args: argparse.N
             return 0
         progress = None if args.no_progress else ProgressLine(sys.stderr)
         final = client.wait_job(submission.key, timeout_s=args.timeout, on_progress=progress)
-        record = client.finish(final)
+        record = client.finish(final, name=graph_name(graph))
     else:
         sys.stderr.write(f"autopar: cached plan {submission.key}\n")
-    wall = time.perf_counter() - t0
+    return _write_plan(record, args, time.perf_counter() - t0)
+
+
+def _write_plan(record: dict[str, Any], args: argparse.Namespace, wall: float) -> int:
+    """Write the plan to ``--out`` and its summary and key to stdout."""
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(record["plan"], fh, indent=1)

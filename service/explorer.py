@@ -15,9 +15,9 @@ Every ``/v1`` route here needs the API key (when keys are configured); the page 
 files do not.  A bundled model's graph is built once per process and kept
 (:func:`autopar_service.graphs.model_json`: room for every bundled model), so clients
 cycling through models cannot force rebuilds.  The report
-is memoized per plan and canonical compare set, is rendered at most
-``max_report_renders`` at a time (429 beyond), and needs the plan's graph,
-which the service keeps for ``job_ttl_s`` after a solve.
+is memoized per plan and canonical compare set, is rendered in a worker process
+(:mod:`autopar_service.work_pool`), at most ``max_report_renders`` at a time (429 beyond),
+and needs the plan's graph, which the service keeps for ``job_ttl_s`` after a solve.
 """
 
 from __future__ import annotations
@@ -34,16 +34,12 @@ from starlette.concurrency import run_in_threadpool
 
 from autopar.baselines.problem import BASELINES
 from autopar.hardware.cluster import PRESETS
-from autopar.ir.graph import Graph
-from autopar.ir.plan import Plan
-from autopar.pipeline.plan import FORMAT as PIPELINE_FORMAT
-from autopar.pipeline.plan import PipelinePlan
-from autopar_cache import codec
-from autopar_service.deps import Auth
+from autopar_service import work_tasks
+from autopar_service.deps import Auth, Client
 from autopar_service.graphs import model_json
 from autopar_service.problems import PROBLEM_JSON, ApiError
-from autopar_service.report import baseline_beside, build_pipeline_report, build_report, plotly_js
-from autopar_service.tasks import graph_key
+from autopar_service.report import plotly_js
+from autopar_service.routers.common import in_worker
 
 __all__ = ["router"]
 
@@ -138,35 +134,8 @@ async def model_graph(name: str, _auth: Auth) -> Response:
             404, "model_not_found", f"no bundled model {name!r}; choose one of {list(MODEL_NAMES)}"
         )
     body = await run_in_threadpool(model_json, name)
-    return Response(body, media_type="application/json", headers={"Cache-Control": "public, max-age=3600"})
-
-
-def _render(service: Any, key: str, compare: tuple[str, ...]) -> bytes:
-    record = service.plans.get(key)
-    if record is None:
-        raise ApiError(404, "plan_not_found", f"no plan is cached under {key}; POST /v1/plans to make one")
-    data = record.data()
-    graph_hash = (data.get("request") or {}).get("graph") or ""
-    raw = service.store.get(graph_key(graph_hash))
-    if raw is None:
-        raise ApiError(
-            404,
-            "graph_not_stored",
-            f"the graph of plan {key[:12]}... is no longer stored (the service keeps it "
-            f"{service.settings.job_ttl_s:.0f} s after a solve); POST /v1/plans with ?refresh=true "
-            "to store it again, or run `autopar report GRAPH PLAN` locally",
-        )
-    graph = Graph.from_dict(codec.decode(raw)).validate()
-    if (data.get("plan") or {}).get("format") == PIPELINE_FORMAT:
-        # a pipeline: the baselines in its stages (those without a pipeline form say why)
-        pipeline = PipelinePlan.from_dict(data["plan"])
-        budget = pipeline.memory_budget_bytes or data.get("memory_budget_bytes")
-        return build_pipeline_report(graph, pipeline, list(compare), budget).encode()
-    plan = Plan.from_dict(data["plan"])
-    others = [(kind, baseline_beside(kind, graph, plan)) for kind in compare]  # at the plan's K
-    return build_report(
-        graph, plan, others, plan.memory_budget_bytes or data.get("memory_budget_bytes")
-    ).encode()
+    # private: with keys configured it needs one, so no shared cache may keep it for others
+    return Response(body, media_type="application/json", headers={"Cache-Control": "private, max-age=3600"})
 
 
 @router.get(
@@ -185,6 +154,7 @@ async def plan_report(
     request: Request,
     key: Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="64 hex digits")],
     _auth: Auth,
+    client: Client,
     compare: Annotated[
         list[str] | None,
         Query(description=f"Baselines to show side by side: {', '.join(BASELINES)} (default megatron)."),
@@ -208,15 +178,19 @@ async def plan_report(
         memo = request.app.state.report_memo = OrderedDict()
     body = memo.get((key, kinds))
     if body is None:
-        body = await _render_bounded(request, service, key, kinds)
+        body = await _render_bounded(request, service, client, key, kinds)
         memo[(key, kinds)] = body
         while len(memo) > REPORT_MEMO_SIZE:
             memo.popitem(last=False)
     return HTMLResponse(body, headers={"Cache-Control": "private, max-age=3600"})
 
 
-async def _render_bounded(request: Request, service: Any, key: str, kinds: tuple[str, ...]) -> bytes:
-    """Render in a thread, at most ``max_report_renders`` at once (429 beyond: each costs seconds)."""
+async def _render_bounded(
+    request: Request, service: Any, client: str, key: str, kinds: tuple[str, ...]
+) -> bytes:
+    """Render in a worker process (:func:`autopar_service.work_tasks.render_report`, in turn with
+    the other clients' work), at most ``max_report_renders`` at once (429 beyond: each costs
+    seconds), stopped past ``max_render_s``."""
     limit = service.settings.max_report_renders
     state = request.app.state
     rendering = getattr(state, "reports_rendering", 0)
@@ -229,6 +203,15 @@ async def _render_bounded(request: Request, service: Any, key: str, kinds: tuple
         )
     state.reports_rendering = rendering + 1
     try:
-        return await run_in_threadpool(_render, service, key, kinds)
+        page: bytes = await in_worker(
+            service,
+            client,
+            work_tasks.render_report,
+            key,
+            kinds,
+            parse=False,
+            timeout_s=service.settings.max_render_s,
+        )
+        return page
     finally:
         state.reports_rendering -= 1

@@ -25,18 +25,21 @@ from pydantic import ValidationError
 from autopar.errors import AutoparError, GraphError
 from autopar.ir.graph import Graph
 from autopar.rules.check import check_graph_rules
-from autopar_service.cancel import Canceled, checkpoint
 from autopar_service.problems import ApiError
 from autopar_service.schemas import GraphDoc
 from autopar_service.settings import Settings
 
 __all__ = [
     "MAX_TENSOR_BYTES",
+    "bundled_model_of",
     "check_rules",
     "graph_data",
     "model_json",
+    "neutral_graph_name",
     "parse_graph",
+    "request_graph_name",
     "shared_graph_data",
+    "shown_name",
 ]
 
 MAX_TENSOR_BYTES = 2**50
@@ -163,7 +166,7 @@ def _check_types(data: dict[str, Any]) -> None:
 
 
 _MODEL_JSON: dict[str, bytes] = {}
-_MODEL_LOCK = threading.Lock()
+_MODEL_LOCK = threading.RLock()
 
 
 def model_json(name: str) -> bytes:
@@ -177,11 +180,16 @@ def model_json(name: str) -> bytes:
     if cached is not None:
         return cached
     with _MODEL_LOCK:
-        cached = _MODEL_JSON.get(name)
-        if cached is None:
-            from autopar.models import build
+        return _model_bytes_locked(name)
 
-            cached = _MODEL_JSON[name] = build(name).to_json().encode()
+
+def _model_bytes_locked(name: str) -> bytes:
+    """:func:`model_json` under :data:`_MODEL_LOCK` (held by the caller)."""
+    cached = _MODEL_JSON.get(name)
+    if cached is None:
+        from autopar.models import build
+
+        cached = _MODEL_JSON[name] = build(name).to_json().encode()
     return cached
 
 
@@ -210,12 +218,10 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
     _check_counts(data, settings)
     _check_types(data)
     _check_attrs(data, settings)
-    checkpoint()
     try:
         graph = Graph.from_dict(data).validate()
-        checkpoint()
         graph = check_graph_rules(graph)
-    except (AutoparError, Canceled):
+    except AutoparError:
         raise
     except Exception as exc:  # the reader's own checks missed it: still the client's graph
         raise GraphError("bad_format", f"malformed graph: {_short(exc)}") from None
@@ -230,18 +236,74 @@ def parse_graph(data: Any, settings: Settings) -> Graph:
     return graph
 
 
+MAX_NAME_CHARS = 200
+"""Longest graph name shown in an answer."""
+
+_BUNDLED: dict[str, str] = {}
+"""Content hash -> bundled model name, filled once per process (:func:`bundled_model_of`)."""
+
+
+def neutral_graph_name(content_hash: str) -> str:
+    """The name a stored graph (and its plan) carries when it is no bundled model's."""
+    return f"graph-{content_hash[:12]}"
+
+
+def bundled_model_of(content_hash: str) -> str | None:
+    """The bundled model whose graph has this content hash, or None.
+
+    Every bundled model is built and hashed once per process (all of them in 0.8 s), under the
+    lock of :func:`model_json`."""
+    if not _BUNDLED:
+        from autopar.models import MODEL_NAMES
+
+        with _MODEL_LOCK:
+            if not _BUNDLED:
+                table = {}
+                for name in MODEL_NAMES:
+                    table[Graph.from_json(_model_bytes_locked(name)).content_hash()] = name
+                _BUNDLED.update(table)
+    return _BUNDLED.get(content_hash)
+
+
 def shared_graph_data(data: dict[str, Any] | str, content_hash: str) -> dict[str, Any]:
     """The graph as stored under its content hash for the workers: no metadata, and a name.
 
-    A bundled model's name (``mt5-base``: public) is kept, so the plan, its summary and its
-    report say it; any other name belongs to the request (another client sending the same
-    content must not read it) and the graph is named ``graph-{hash[:12]}``.  Names are not
-    part of the plan key.
+    A bundled model's name (``mt5-base``: public) is kept only for that model's content: a
+    request naming the bundled model, or sending its graph under any name.  Any other graph is
+    named ``graph-{hash[:12]}``: its name belongs to the request (another client sending the same
+    content must not read it, nor get a bundled model's name for it), and each request's answer
+    shows its own (:func:`request_graph_name`).  Names are not part of the plan key.
     """
-    from autopar.models import MODEL_NAMES
-
     document = graph_data(data)
     shared = {k: v for k, v in document.items() if k != "meta"}
-    name = document.get("name")
-    shared["name"] = name if name in MODEL_NAMES else f"graph-{content_hash[:12]}"
+    if isinstance(data, str):
+        shared["name"] = data  # the bundled model itself
+    else:
+        shared["name"] = bundled_model_of(content_hash) or neutral_graph_name(content_hash)
     return shared
+
+
+def request_graph_name(data: Any, content_hash: str) -> str | None:
+    """The name a request gives its graph, for its own answer; None: the stored name stands (a
+    bundled model's content keeps the model's name; a bundled model's name on other content is
+    not shown; a graph without a name is ``graph-{hash}``)."""
+    from autopar.models import MODEL_NAMES
+
+    if not isinstance(data, dict):
+        return None
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip() or name in MODEL_NAMES:
+        return None
+    if bundled_model_of(content_hash) is not None:
+        return None
+    return name[:MAX_NAME_CHARS]
+
+
+def shown_name(name: str | None) -> str | None:
+    """A name a client asks to see on a plan's answer (``?name=``), or None when it may not be
+    shown: a bundled model's name is its model's alone."""
+    from autopar.models import MODEL_NAMES
+
+    if not name or not name.strip() or name in MODEL_NAMES:
+        return None
+    return name[:MAX_NAME_CHARS]

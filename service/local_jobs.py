@@ -40,6 +40,7 @@ from autopar_cache.base import Store
 from autopar_cache.errors import CacheUnavailable
 from autopar_service.jobs import JobInfo, JobStatus
 from autopar_service.settings import Settings
+from autopar_service.work_pool import FORKSERVER_PRELOAD
 
 __all__ = ["LocalJobManager", "child_main"]
 
@@ -119,15 +120,9 @@ class LocalJobManager:
         self._pumps = ThreadPoolExecutor(
             max_workers=self.settings.local_workers, thread_name_prefix="autopar-pump"
         )
-        self._ctx.set_forkserver_preload(
-            # the search (OR-Tools, numba) too: the planner imports it only when it solves
-            [
-                "autopar_service.tasks",
-                "autopar_solver.planner",
-                "autopar_solver.solve",
-                "autopar_cache.embedded",
-            ]
-        )
+        # the search (OR-Tools, numba) too: the planner imports it only when it solves; one
+        # forkserver serves the request workers too (autopar_service.work_pool), so one list
+        self._ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
 
     async def close(self) -> None:
         self._closed = True
@@ -310,6 +305,7 @@ class LocalJobManager:
         info.started_at = time.time()
         info.phase = "starting"
         info.objective = info.bound = None
+        info.error = None  # a crashed attempt's note: this attempt runs now
         self._changed(entry)
 
         options = entry.payload.get("options") or {}

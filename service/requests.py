@@ -25,6 +25,13 @@ from autopar.hardware.cluster import PRESETS, Cluster
 from autopar.hardware.devices import DeviceSpec
 from autopar.hardware.mesh import Mesh
 from autopar.ir.graph import Graph
+from autopar.ir.plan_key import (
+    KEY_SCHEMA,
+    RESULT_NEUTRAL_OPTIONS,  # noqa: F401  (named in the docstrings; the core owns it)
+    KeyContext,
+    plan_key_dict,
+    record_answers,
+)
 from autopar_service.schemas import GraphField
 from autopar_service.settings import Settings
 from autopar_solver.options import SolverOptions
@@ -39,6 +46,7 @@ __all__ = [
     "answers_within_gap",
     "build_request",
     "cluster_of",
+    "key_context",
     "key_dict_of",
     "least_time_limit_s",
     "payload_of",
@@ -51,9 +59,6 @@ PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
 MAX_STAGES = 4096
 """Most pipeline stages a body may name (the cluster's devices and the graph's blocks bound it
 further: :func:`build_request`)."""
-
-RESULT_NEUTRAL_OPTIONS = frozenset({"log"})
-"""Solver options that cannot change the plan; every other option is part of the plan key."""
 
 
 class SolverOptionsBody(BaseModel):
@@ -294,46 +299,41 @@ def _check_least_time(time_limit_s: float, graph: Graph, settings: Settings) -> 
 
 
 def key_dict_of(request: PlanRequest) -> dict[str, Any]:
-    """The plan key's input: the request's canonical form with *every* option that can change
-    the plan (``use_hint``, ``reductions``, ``max_model_vars`` ...); only
+    """The plan key's input (:func:`autopar.ir.plan_key.plan_key_dict`, which a client's
+    :class:`autopar.client.PlanClient` computes too): the request's canonical form with *every*
+    option that can change the plan (``use_hint``, ``reductions``, ``max_model_vars`` ...); only
     :data:`RESULT_NEUTRAL_OPTIONS` (and ``workers`` outside deterministic mode) stay out."""
-    key = request.to_key_dict()
-    options = {k: v for k, v in asdict(request.options).items() if k not in RESULT_NEUTRAL_OPTIONS}
-    if not request.options.deterministic:
-        options["workers"] = None
-    if request.options.training.is_default:  # keys of K = 1 without checkpointing stay as they were
-        options.pop("micro_batches", None)
-        options.pop("checkpointing", None)
-    stages = options.pop("stages", 1)
-    if stages != 1:  # one stage keeps the keys it had before pipelines
-        options["stages"] = "auto" if stages is None else stages
-        stage_shape = stage_mesh_shape_of(request)
-        if stage_shape is not None:
-            key["stage_mesh_shape"] = list(stage_shape)
-    if not request.options.deterministic:
-        # the key is the problem, not the effort: the time limit and the gap asked for go to
-        # the solve memo (a cached plan answers when its proven gap is within the asked one:
-        # answers_within_gap), so a launcher that changes its limit still hits the cache
-        options.pop("time_limit_s", None)
-        options.pop("relative_gap", None)
-    key["options"] = options
-    return key
+    base = request.to_key_dict()
+    return plan_key_dict(
+        graph_hash=base["graph"],
+        cluster=base["cluster"],
+        mesh_shape=request.mesh_shape,
+        memory_budget_bytes=request.memory_budget_bytes,
+        zero_stage=request.zero_stage,
+        options=asdict(request.options),
+        request_versions=base["versions"],
+        tie_layers=request.tie_layers,
+        stage_mesh_shape=stage_mesh_shape_of(request),
+    )
+
+
+def key_context(settings: Settings, versions: dict[str, str]) -> KeyContext:
+    """What this service folds into a plan key besides the request (``GET /v1/plan-keys``): the
+    code versions, the versions priced in the request, every solver option at its default."""
+    from autopar.hardware.cluster import Cluster
+
+    probe = ServiceRequest(Graph("probe", [], [], []), Cluster.parse("1x1"))
+    request_versions = probe.to_key_dict()["versions"]  # what the planner prices a request with
+    defaults = asdict(_options(SolverOptionsBody(), settings))
+    return KeyContext(KEY_SCHEMA, dict(versions), request_versions, defaults)
 
 
 def answers_within_gap(record: dict[str, Any], request: PlanRequest) -> bool:
-    """Whether a cached plan ``record`` answers ``request``: its proven gap is within the gap
-    the request asks for, or it was solved with at least the time this request allows, so
-    a new solve could do no more (deterministic requests key on the gap and the time limit,
-    so any record under their key answers them).  A plan of a larger gap, asked for again
-    with more time, is improved by a new solve, which starts from it through the solve memo."""
-    if request.options.deterministic:
-        return True
-    solver = record.get("solver") or {}
-    gap = solver.get("gap")
-    if isinstance(gap, (int, float)) and gap <= request.options.relative_gap:
-        return True
-    spent = solver.get("time_limit_s")
-    return isinstance(spent, (int, float)) and spent >= request.options.time_limit_s
+    """Whether a cached plan ``record`` answers ``request`` (:func:`autopar.ir.plan_key.record_answers`:
+    its proven gap is within the asked one, or it was solved with at least this request's time).
+    A plan of a larger gap, asked for again with more time, is improved by a new solve, which
+    starts from it through the solve memo."""
+    return record_answers(record, asdict(request.options))
 
 
 def payload_of(

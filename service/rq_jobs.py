@@ -271,6 +271,7 @@ def _start_attempt(records: JobRecords, job_id: str) -> str | None:
         info.attempts += 1
         info.started_at = time.time()
         info.phase, info.objective, info.bound, info.elapsed_s = "starting", None, None, 0.0
+        info.error = None  # the lost attempt's worker_lost note: this attempt runs now
         info.fence = fence
         return True
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -26,7 +28,7 @@ from rq.worker_registration import get_keys
 from starlette.concurrency import run_in_threadpool
 
 from autopar_cache.errors import CacheUnavailable
-from autopar_cache.redis_store import RedisStore, redact_url
+from autopar_cache.redis_store import RedisStore, connect_async, redact_url
 from autopar_service.jobs import JobInfo, JobStatus
 from autopar_service.rq_jobs import _PREFIX, SOLVE_FUNC, JobRecords, _finish, _requeued
 from autopar_service.settings import Settings
@@ -38,6 +40,31 @@ log = logging.getLogger("autopar.service.rq")
 
 _SEEN_LIMIT = 10_000
 """Terminal jobs one API process remembers having reported (the oldest forgotten first)."""
+RECONCILE_EVERY_S = 2.0
+"""How often a followed job's record is completed with RQ's own view (a thread's work)."""
+
+
+class _Watch:
+    """One job followed for every waiter of :meth:`RQJobManager.wait`."""
+
+    def __init__(self) -> None:
+        self.info: JobInfo | None = None
+        self.error: CacheUnavailable | None = None
+        self.polled = False
+        self.waiters = 0
+        self.changed = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def fire(self) -> None:
+        """Wake every waiter (each then waits on the next event)."""
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+
+def _moved(before: JobInfo | None, after: JobInfo | None) -> bool:
+    if before is None or after is None:
+        return before is not after
+    return (before.version, before.status) != (after.version, after.status)
 
 
 class RQJobManager:
@@ -59,6 +86,13 @@ class RQJobManager:
         self.on_terminal = on_terminal
         self.records = JobRecords(self.client, settings.job_ttl_s)
         self.queue = Queue(settings.queue_name, connection=self.client, serializer=JSONSerializer)
+        self.aclient = connect_async(
+            settings.redis_url,
+            socket_timeout_s=settings.redis_timeout_s,
+            max_connections=settings.redis_max_connections,
+        )
+        """The asyncio client of :meth:`wait` (created here, connected on first use)."""
+        self._watches: dict[str, _Watch] = {}
         self._janitor: asyncio.Task[None] | None = None
         self._seen_terminal: OrderedDict[str, None] = OrderedDict()
         """Terminal jobs this API process already reported to ``on_terminal`` (bounded)."""
@@ -86,6 +120,11 @@ class RQJobManager:
             self._janitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._janitor
+        for watch in list(self._watches.values()):
+            if watch.task is not None:
+                watch.task.cancel()
+        with contextlib.suppress(RedisError, OSError):
+            await self.aclient.aclose()
 
     async def _janitor_loop(self) -> None:
         # after a Redis outage, heartbeats written before it may have expired: give the
@@ -215,17 +254,77 @@ class RQJobManager:
         return self.records.update(job_id, _finish(status, error=error))
 
     async def wait(self, job_id: str, timeout_s: float, after_version: int = -1) -> JobInfo | None:
+        """Return when the version passes ``after_version``, the job ends, or at the timeout.
+
+        Every waiter of a job shares one :class:`_Watch`: one coroutine polls the job's record
+        with the asyncio client (no thread held, between or during its reads; RQ's own view is
+        read every :data:`RECONCILE_EVERY_S`), however many streams and long-polls follow it.
+        """
+        watch = self._watches.get(job_id)
+        if watch is None or watch.task is None or watch.task.done():
+            watch = self._watches[job_id] = _Watch()
+            watch.task = asyncio.create_task(self._follow(job_id, watch), name=f"autopar-watch-{job_id[:12]}")
         deadline = time.monotonic() + max(0.0, timeout_s)
+        watch.waiters += 1
+        try:
+            while True:
+                event = watch.changed
+                if watch.error is not None:
+                    raise watch.error
+                info = watch.info
+                if watch.polled and (info is None or info.terminal or info.version > after_version):
+                    return info
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return info if watch.polled else await self.get(job_id)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining)
+        finally:
+            watch.waiters -= 1
+
+    async def _follow(self, job_id: str, watch: _Watch) -> None:
+        """Poll ``job_id``'s record while ``watch`` has waiters (from every 50 ms, slowing to every
+        0.5 s while nothing changes); stop once the job ends."""
         delay = 0.05
-        while True:
-            info = await self.get(job_id)
-            if info is None or info.terminal or info.version > after_version:
-                return info
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return info
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 1.5, 0.5)
+        reconciled = -math.inf
+        try:
+            while watch.waiters > 0 or not watch.polled:
+                try:
+                    if time.monotonic() - reconciled >= RECONCILE_EVERY_S:
+                        info = await self.get(job_id)  # RQ's view too: a horse that died, a time-out
+                        reconciled = time.monotonic()
+                    else:
+                        info = await self._load_async(job_id)
+                    error = None
+                except CacheUnavailable as exc:
+                    info, error = watch.info, exc
+                moved = not watch.polled or error is not None or _moved(watch.info, info)
+                watch.info, watch.error, watch.polled = info, error, True
+                if moved:
+                    watch.fire()
+                    delay = 0.05
+                else:
+                    delay = min(delay * 1.5, 0.5)
+                if info is None or info.terminal or error is not None:
+                    return
+                await asyncio.sleep(delay)
+        finally:
+            if self._watches.get(job_id) is watch:
+                del self._watches[job_id]
+            watch.fire()
+
+    async def _load_async(self, job_id: str) -> JobInfo | None:
+        """The job's record, read with the asyncio client (a terminal one is reported once)."""
+        try:
+            raw = await self.aclient.get(self.records.key(job_id))
+        except RedisError as exc:
+            raise self._unavailable("a progress read", exc) from None
+        if raw is None:
+            return await self.get(job_id)  # lost, or not written yet: what RQ says
+        info = JobInfo.from_dict(json.loads(raw))
+        if info.terminal:
+            self._observe(info)
+        return info
 
     async def cancel(self, job_id: str) -> JobInfo | None:
         info: JobInfo | None = await self._call("cancel", lambda: self._cancel(job_id))

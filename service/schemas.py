@@ -15,6 +15,7 @@ __all__ = [
     "GraphDoc",
     "GraphField",
     "JobView",
+    "KeyContextView",
     "Liveness",
     "PlanRecordView",
     "Problem",
@@ -122,6 +123,21 @@ class JobView(BaseModel):
     error: dict[str, Any] | None = Field(description="kind, code, message and details when failed.")
     result: dict[str, Any] | None = Field(description="Short result when succeeded.")
     links: dict[str, str]
+
+
+class KeyContextView(BaseModel):
+    """What a plan key folds in besides the request (:class:`autopar.ir.plan_key.KeyContext`)."""
+
+    schema_: int = Field(alias="schema", description="The key's schema (bumped when its inputs change).")
+    versions: dict[str, str] = Field(
+        description="The code versions keyed: autopar, its source digest, OR-Tools."
+    )
+    request_versions: dict[str, str] = Field(
+        description="The versions inside the request's canonical form: autopar, the cost model, OR-Tools."
+    )
+    options: dict[str, Any] = Field(
+        description="Every solver option at this server's default (its time limit and workers included)."
+    )
 
 
 class StageRow(BaseModel):

@@ -71,23 +71,41 @@ class Settings(BaseSettings):
     max_meta_bytes: int = Field(default=64 * 1024, ge=0)
     """Largest ``meta`` of a graph, bytes of JSON (413 ``meta_too_large`` beyond)."""
     max_parse_s: float = Field(default=20.0, gt=0)
-    """Longest time a body may take to parse and validate, seconds (503 beyond; the parse
-    stops at its next phase and frees its slot)."""
+    """Longest time a body may take to parse and validate, seconds (503 beyond; its worker
+    process is stopped and replaced)."""
     max_parses_per_client: int = Field(default=2, ge=1)
-    """Bodies of one client parsed at once (429 ``too_many_parses`` beyond): one client cannot
-    hold every parse slot.  Parses in progress count toward ``max_jobs_per_client`` too."""
+    """Bodies and reports of one client queued or in the worker processes at once (429
+    ``too_many_parses`` beyond): one client cannot hold every worker, and its queue is served in
+    turn with the others'.  Parses in progress count toward ``max_jobs_per_client`` too."""
     max_jobs_per_client: int = Field(default=8, ge=1)
     """Most unfinished jobs one client (API key, else address) may have started (429 beyond)."""
     max_active_jobs: int = Field(default=64, ge=1)
     """Most unfinished jobs overall, queued or running (429 beyond)."""
-    max_concurrent_parses: int = Field(default=4, ge=1)
-    """Request bodies parsed at once, whether or not they start a job; a body waits up to
-    ``max_parse_s`` for a slot (429 beyond)."""
+    max_concurrent_parses: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1, le=64)
+    """Worker processes that parse bodies and render reports (:mod:`autopar_service.work_pool`),
+    so as many run at once, whether or not they start a job; a body waits up to ``max_parse_s``
+    for one (429 beyond).  Default: the cores, at most 4 (more processes than cores only take
+    the API's core from it: a flood of parses slowed another key's hits more with 4 than with
+    2 on 2 cores)."""
+    work_nice: int = Field(default=10, ge=0, le=19)
+    """How much lower than the API's the CPU priority of those processes is (``nice``): a flood
+    of parses and reports does not slow the API's event loop (another key's cache hits)."""
+    max_render_s: float = Field(default=120.0, gt=0)
+    """Longest time a report may take to render, seconds (503 beyond; its worker is stopped)."""
+    max_streams_per_client: int = Field(default=16, ge=1)
+    """Progress streams (``GET /v1/jobs/{id}/events``) one client may hold open (429 beyond)."""
+    max_streams: int = Field(default=512, ge=1)
+    """Progress streams open at once in all (429 beyond)."""
     body_read_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait for the next part of a request body, seconds (408 beyond: a body shorter
     than its Content-Length, or a stalled upload)."""
     max_report_renders: int = Field(default=2, ge=1)
     """Plan reports rendered at once (each takes seconds of CPU on a large model; 429 beyond)."""
+    freeze_gc: bool = True
+    """Once started, move every object the API has built (the app, the solver's and the cost
+    model's modules) out of the garbage collector's reach (``gc.freeze``): a full collection then
+    walks only what requests create, in well under a millisecond, where it walked 145,000
+    objects in 180 ms and stalled every request meanwhile."""
     body_index_size: int = Field(default=10_000, ge=0)
     """Request-body digests remembered per API process for the cache-hit fast path (LRU)."""
 

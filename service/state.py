@@ -1,4 +1,5 @@
-"""What every route shares: settings, store, plan cache, jobs, metrics, admission.
+"""What every route shares: settings, store, plan cache, jobs, metrics, admission, the worker
+processes of requests, the stream slots.
 
 The :class:`Service` is built in the app's lifespan and reached through the
 ``get_service`` dependency (:mod:`autopar_service.deps`).
@@ -6,27 +7,27 @@ The :class:`Service` is built in the app's lifespan and reached through the
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
 
-from autopar_cache import codec
 from autopar_cache.base import Store
 from autopar_cache.plans import PlanCache, PlanRecord
 from autopar_service.admission import Admission
 from autopar_service.jobs import JobInfo, JobManager
 from autopar_service.metrics import Metrics
 from autopar_service.settings import Settings
+from autopar_service.streams import StreamSlots
 from autopar_service.tasks import graph_key
+from autopar_service.work_pool import WorkPool
 
 __all__ = ["BodyIndex", "Service"]
 
 
 class BodyIndex:
-    """Request-body digest -> plan key, for bodies whose plan is cached (bounded LRU, this process).
+    """Request-body digest -> (plan key, the name the body gives its graph), for bodies whose plan
+    is cached (bounded LRU, this process).
 
     A byte-identical body of an earlier cache hit is answered without parsing.
     Only plan hits are indexed, so a client cannot grow it with bodies that never solved.
@@ -34,21 +35,21 @@ class BodyIndex:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._keys: OrderedDict[str, str] = OrderedDict()
+        self._keys: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, digest: str) -> str | None:
+    def get(self, digest: str) -> tuple[str, str | None] | None:
         with self._lock:
-            key = self._keys.get(digest)
-            if key is not None:
+            hit = self._keys.get(digest)
+            if hit is not None:
                 self._keys.move_to_end(digest)
-            return key
+            return hit
 
-    def put(self, digest: str, key: str) -> None:
+    def put(self, digest: str, key: str, name: str | None = None) -> None:
         if self.size == 0:
             return
         with self._lock:
-            self._keys[digest] = key
+            self._keys[digest] = (key, name)
             self._keys.move_to_end(digest)
             while len(self._keys) > self.size:
                 self._keys.popitem(last=False)
@@ -66,8 +67,12 @@ class Service:
         self.versions = versions
         self.bodies = BodyIndex(settings.body_index_size)
         self.admission = Admission(settings)
-        self.parse_slots = asyncio.Semaphore(settings.max_concurrent_parses)
-        """Bodies parsed at once (:func:`autopar_service.routers.common.in_thread_bounded`)."""
+        self.pool = WorkPool(settings, versions, settings.max_concurrent_parses, nice=settings.work_nice)
+        """Worker processes parsing bodies and rendering reports (:mod:`autopar_service.work_pool`)."""
+        self.streams = StreamSlots(
+            settings.max_streams_per_client, settings.max_streams, settings.retry_after_s
+        )
+        """Open progress streams per client and in all (:mod:`autopar_service.streams`)."""
         self.parsing: dict[str, int] = {}
         """Bodies being parsed per client (``max_parses_per_client``; they count toward
         ``max_jobs_per_client`` too)."""
@@ -88,13 +93,18 @@ class Service:
             else:
                 del self.parsing[client]
 
-    def cached_body(self, digest: str) -> PlanRecord | None:
-        """The cached plan of a byte-identical earlier body, if any (sync: call from a thread)."""
-        key = self.bodies.get(digest)
-        return self.plans.get(key) if key is not None else None
+    def cached_body(self, digest: str) -> tuple[PlanRecord, str | None] | None:
+        """The cached plan of a byte-identical earlier body and the name that body gives its
+        graph, if any (sync: call from a thread)."""
+        hit = self.bodies.get(digest)
+        if hit is None:
+            return None
+        record = self.plans.get(hit[0])
+        return (record, hit[1]) if record is not None else None
 
-    def store_graph(self, graph_data: dict[str, Any], content_hash: str) -> None:
-        self.store.put(graph_key(content_hash), codec.encode(graph_data), self.settings.job_ttl_s)
+    def store_graph(self, graph_blob: bytes, content_hash: str) -> None:
+        """Store an encoded graph (:func:`autopar_cache.codec.encode`) for the workers."""
+        self.store.put(graph_key(content_hash), graph_blob, self.settings.job_ttl_s)
 
     def on_terminal(self, info: JobInfo) -> None:
         result = info.result or {}

@@ -29,6 +29,7 @@ from autopar.errors import (
     InfeasibleError,
     PlanError,
     VerificationError,
+    one_line,
 )
 from autopar.infra.progress import Deadline, ProgressFn
 from autopar.infra.store import KeyValueStore
@@ -79,7 +80,19 @@ def graph_key(content_hash: str) -> str:
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
-    """The job ``error`` dict of ``exc``: ``kind`` (family), ``code``, ``message``, details."""
+    """The job ``error`` dict of ``exc``: ``kind`` (family), ``code``, ``message`` (one line of at
+    most :data:`autopar.errors.MAX_LINE` characters: what the explorer, a sweep's table and
+    ``autopar submit`` show), details; a message that had to be shortened is kept whole in
+    ``full_message``."""
+    error = _error_dict(exc)
+    message = str(error.get("message", ""))
+    shown = one_line(message)
+    if shown != message:
+        error = {**error, "message": shown, "full_message": message}
+    return error
+
+
+def _error_dict(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, CacheUnavailable):  # its message names the Redis host: keep it in the log
         log.warning("job failed: %s", exc.message)
         return {

@@ -157,10 +157,10 @@ def test_the_core_imports_no_outer_layer() -> None:
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("autopar.errors", "autopar.version"),
-    ("autopar.infra", "autopar.client"),
+    ("autopar.infra",),
     ("autopar.hardware",),
     ("autopar.ir",),
-    ("autopar.runtimes", "autopar.models"),
+    ("autopar.runtimes", "autopar.models", "autopar.client"),
     ("autopar.rules",),
     ("autopar.cost",),
     ("autopar.pipeline",),

@@ -348,10 +348,18 @@ def _unknown_graph(spec: str) -> ConfigError:
     )
 
 
+def _is_path(path: Path) -> bool:
+    """Whether ``path`` exists; a name the system cannot take (too long, a NUL) is no file."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def graph_json_from_arg(spec: str) -> bytes:
     """Raw JSON of the graph file ``spec``, or of the bundled model ``spec`` built now."""
     path = Path(spec)
-    if path.exists():
+    if _is_path(path):
         return _read(path, "graph file")
     if spec in model_names():
         from autopar.models import build
@@ -367,7 +375,7 @@ def graph_from_arg(spec: str) -> Graph:
     from autopar.rules.check import check_graph_rules
 
     path = Path(spec)
-    if path.exists():
+    if _is_path(path):
         return check_graph_rules(Graph.from_json(_read(path, "graph file")).validate())
     if spec in model_names():
         from autopar.models import build

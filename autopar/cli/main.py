@@ -54,7 +54,7 @@ from autopar.cli.args import (
 )
 from autopar.cli.calibrate import add_calibrate_arguments, cmd_calibrate
 from autopar.cost.iteration import baseline_training
-from autopar.errors import AutoparError, ConfigError, PlanError
+from autopar.errors import MAX_LINE, AutoparError, ConfigError, PlanError
 from autopar.hardware.cluster import Cluster, load_cluster_profile
 from autopar.hardware.mesh import Mesh
 from autopar.ir.batch import batch_shape
@@ -460,10 +460,31 @@ def _interrupted() -> int:
     return 130
 
 
+ERROR_PREFIX = "autopar: error: "
+SHORTENED_HINT = " (autopar -v: all of it)"
+
+
+def error_lines(exc: AutoparError, verbose: bool) -> str:
+    """The error as the user sees it: one line of at most :data:`MAX_LINE` characters, ``autopar:
+    error: [code] message`` (a longer or multi-line message shortened, saying how to see it all);
+    with ``--verbose`` the whole message and its details (JSON) on the lines after."""
+    room = MAX_LINE - len(ERROR_PREFIX)
+    line = exc.line(room)
+    if line != str(exc) and not verbose:
+        line = exc.line(room - len(SHORTENED_HINT)) + SHORTENED_HINT
+    text = ERROR_PREFIX + line + "\n"
+    if verbose and (line != str(exc) or exc.details):
+        text += f"autopar: the whole message: {exc}\n"
+        text += "autopar: details: " + json.dumps(exc.to_dict(), default=str, indent=1) + "\n"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    verbose = False
     try:
         parser, commands = build_parser()
         args = parser.parse_args(argv)
+        verbose = bool(args.verbose)
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -477,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check_writable(path, "--" + option.replace("_", "-"))
         return command.run(args)
     except AutoparError as exc:
-        sys.stderr.write(f"autopar: error: {exc}\n")
+        sys.stderr.write(error_lines(exc, verbose))
         return 2
     except KeyboardInterrupt:
         return _interrupted()

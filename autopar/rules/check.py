@@ -4,7 +4,8 @@
 an op its rule cannot read (a rank-0 tensor where it needs dims, a renamed port, an attr of
 the wrong type) is :class:`GraphError` ``op_unsupported`` naming it, a zero-size tensor of a
 matmul-like op or a zero-size parameter ``bad_shape``, shapes its family's check refuses
-(:mod:`autopar.rules.shapes`: matmul dims, reshape element counts, broadcasts)
+(:mod:`autopar.rules.shapes`: matmul dims, reshape element counts, broadcasts, a ``shape``
+attr its output does not have)
 ``shape_mismatch``, instead of a failure inside a solve or a plan of a graph that cannot run.
 Importing :mod:`autopar.rules` registers it with :func:`autopar.ir.graph.register_validator`,
 so :meth:`Graph.validate` runs it wherever the rules are loaded (every planning path: the
@@ -23,8 +24,8 @@ from typing import Any
 from autopar.errors import GraphError
 from autopar.infra.collector import collector_paused
 from autopar.ir.graph import Graph, Op, TensorSpec, register_validator
-from autopar.rules.registry import CostKind, RuleContext, default_rules, nd_signatures
-from autopar.rules.shapes import shape_problem
+from autopar.rules.registry import CostKind, Rule, RuleContext, default_rules, nd_signatures
+from autopar.rules.shapes import SHAPE_ATTR, shape_attr_problem, shape_problem
 
 __all__ = ["check_graph_rules"]
 
@@ -78,6 +79,20 @@ def _check_shapes(ctx: RuleContext) -> None:
         )
 
 
+def _check_shape_attr(graph: Graph, op: Op) -> None:
+    """``shape_mismatch`` naming the op and its ``shape`` attr when the attr is not its output's
+    shape (:func:`autopar.rules.shapes.shape_attr_problem`): a reshape to ``[8, 32, 4, 16]``
+    whose output tensor is ``[8, 32, 64]`` was planned on the tensor's shape, silently."""
+    problem = shape_attr_problem(op, tuple(graph.output_specs(op)))
+    if problem is not None:
+        raise GraphError(
+            "shape_mismatch",
+            f"op {op.name!r} ({op.type}) {problem}; export the attr and the tensor alike",
+            op=op.name,
+            attr=SHAPE_ATTR,
+        )
+
+
 def _probe_rules(graph: Graph) -> None:
     """Run every op's sharding rule once on a two-device mesh: an op its rule cannot read (a
     rank-0 tensor where it needs dims, a renamed port, an attr of the wrong type) is refused
@@ -89,29 +104,34 @@ def _probe_rules(graph: Graph) -> None:
     seen: set[tuple[Any, ...]] = set()
     for op in graph.ops:
         rule = rules.get(op.type)
-        if rule is None:
-            continue
-        key = _op_signature_key(graph, op)
-        if key in seen:
-            continue
-        seen.add(key)
-        ctx = RuleContext(op, tuple(graph.input_specs(op)), tuple(graph.output_specs(op)), _PROBE_MESH)
-        if rule.cost is CostKind.MATMUL:
-            _check_not_empty(op, (*ctx.inputs, *ctx.outputs), "a matmul-like op")
-        try:
-            nd_signatures(rule, ctx)
-            if rule.flops is not None:
-                rule.flops(ctx)
-        except Exception as exc:  # any failure of a rule on this op is a property of the graph
-            text = f"{type(exc).__name__}: {exc}"
-            raise GraphError(
-                "op_unsupported",
-                f"op {op.name!r} ({op.type}): its sharding rule cannot read it "
-                f"({text if len(text) <= 200 else text[:197] + '...'}); "
-                "check its ports, shapes and attributes against the graph format",
-                op=op.name,
-            ) from None
-        _check_shapes(ctx)
+        if rule is not None:
+            _probe_op(graph, op, rule, seen)
+        _check_shape_attr(graph, op)
+
+
+def _probe_op(graph: Graph, op: Op, rule: Rule, seen: set[tuple[Any, ...]]) -> None:
+    """``op``'s rule and its family's shape check, unless an op alike was probed (``seen``)."""
+    key = _op_signature_key(graph, op)
+    if key in seen:
+        return
+    seen.add(key)
+    ctx = RuleContext(op, tuple(graph.input_specs(op)), tuple(graph.output_specs(op)), _PROBE_MESH)
+    if rule.cost is CostKind.MATMUL:
+        _check_not_empty(op, (*ctx.inputs, *ctx.outputs), "a matmul-like op")
+    try:
+        nd_signatures(rule, ctx)
+        if rule.flops is not None:
+            rule.flops(ctx)
+    except Exception as exc:  # any failure of a rule on this op is a property of the graph
+        text = f"{type(exc).__name__}: {exc}"
+        raise GraphError(
+            "op_unsupported",
+            f"op {op.name!r} ({op.type}): its sharding rule cannot read it "
+            f"({text if len(text) <= 200 else text[:197] + '...'}); "
+            "check its ports, shapes and attributes against the graph format",
+            op=op.name,
+        ) from None
+    _check_shapes(ctx)
 
 
 register_validator(check_graph_rules)

@@ -18,6 +18,9 @@ fused_matmul_bias           ``x[..., k] @ weight[n, k]^T + bias[n]`` is ``[..., 
 reshape, flatten, ...       as many elements out as in
 unary ops, their grads      the output has the input's shape (grads: ``dy`` too)
 broadcast binary ops        the output is the inputs broadcast (numpy rules)
+any op with a ``shape``     its output has that shape (``-1``: a dim left to infer);
+attr (reshape, variable,    graph outputs excepted (:data:`SHAPE_ATTR_EXEMPT`)
+input, constant ...)
 ==========================  =====================================================
 
 Op types not listed are checked by their sharding rule alone.
@@ -28,13 +31,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from autopar.ir.graph import Op, TensorSpec
 from autopar.rules.families._common import port_map
 from autopar.rules.families.elementwise import BROADCAST_OPS, LINEAR_UNARY_OPS, UNARY_GRAD_OPS, UNARY_OPS
 from autopar.rules.families.matmul import MATMUL_OPS
 from autopar.rules.families.views import RESHAPE_OPS
 from autopar.rules.registry import RuleContext
 
-__all__ = ["SHAPE_CHECKS", "broadcast_shape", "shape_problem"]
+__all__ = ["SHAPE_ATTR", "SHAPE_CHECKS", "broadcast_shape", "shape_attr_problem", "shape_problem"]
 
 ShapeCheck = Callable[[RuleContext], str | None]
 """What is wrong with an op's shapes (a sentence naming the dims), or None."""
@@ -140,6 +144,31 @@ SHAPE_CHECKS: dict[str, ShapeCheck] = {
     **dict.fromkeys(BROADCAST_OPS, _broadcast),
 }
 """Op type -> its family's shape check."""
+
+
+SHAPE_ATTR = "shape"
+"""The attr by which an op states the shape of what it produces (a reshape's target, a
+variable's or an input's shape)."""
+SHAPE_ATTR_EXEMPT = frozenset({"output"})
+"""Op types whose ``shape`` attr is not the tensor the op holds: a graph output's is the
+value the job returns (under gradient accumulation, K packed micro-batch values)."""
+
+
+def shape_attr_problem(op: Op, outputs: Sequence[TensorSpec]) -> str | None:
+    """What makes ``op``'s ``shape`` attr disagree with its output tensor, or None: the attr
+    must be a list of dims with the output's rank and dims (``-1``: a dim left to infer)."""
+    if SHAPE_ATTR not in op.attrs or op.type in SHAPE_ATTR_EXEMPT or len(outputs) != 1:
+        return None
+    stated = op.attrs[SHAPE_ATTR]
+    out = outputs[0]
+    if not isinstance(stated, list) or not all(
+        isinstance(d, int | float) and not isinstance(d, bool) and float(d).is_integer() for d in stated
+    ):
+        return f"attr {SHAPE_ATTR!r} is {str(stated)[:80]}, not a list of integer dims"
+    dims = [int(d) for d in stated]
+    if len(dims) != len(out.shape) or any(d not in (-1, n) for d, n in zip(dims, out.shape, strict=True)):
+        return f"attr {SHAPE_ATTR!r} {dims} disagrees with its output {out.name!r} of shape {list(out.shape)}"
+    return None
 
 
 def shape_problem(ctx: RuleContext) -> str | None:

@@ -1,26 +1,28 @@
-"""Response helpers shared by the routers: plans with ETags, jobs, waiting, parsing off the loop."""
+"""Response helpers shared by the routers: plans with ETags (and the caller's graph name), jobs,
+waiting, work in the service's worker processes."""
 
 from __future__ import annotations
 
-import asyncio
+import re
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from autopar_cache.plans import PlanRecord
-from autopar_service.cancel import CancelToken
+from autopar_service.body import Body
 from autopar_service.jobs import DETERMINISTIC_ERRORS, JobInfo, JobStatus
 from autopar_service.problems import ApiError, from_job_error
 from autopar_service.state import Service
 
 __all__ = [
     "etag_matches",
-    "in_thread_bounded",
+    "in_worker",
     "job_response",
     "known_job",
+    "named_record",
     "plan_response",
     "refuse_known_failure",
     "settle",
@@ -59,67 +61,42 @@ def job_response(service: Service, info: JobInfo, status: int = 202) -> Response
     return JSONResponse(info.view(), status_code=status, headers=headers)
 
 
-def _busy(code: str, detail: str, retry_after_s: int) -> ApiError:
-    return ApiError(429, code, detail, headers={"Retry-After": str(retry_after_s)})
+async def in_worker(
+    service: Service,
+    client: str,
+    task: Callable[..., T],
+    *args: Any,
+    body: Body | None = None,
+    parse: bool = True,
+    timeout_s: float | None = None,
+) -> T:
+    """``task(context, *args[, body=body])`` in a worker process of the service's pool
+    (:mod:`autopar_service.work_pool`: a FIFO per client served in turn; 429 ``too_many_parses``
+    past ``max_parses_per_client`` jobs of one client, 429 ``server_busy`` when no worker frees
+    within ``max_parse_s``, 503 ``parse_timeout`` past ``timeout_s``, its worker killed).
 
-
-async def in_thread_bounded(service: Service, fn: Callable[[], T], client: str | None = None) -> T:
-    """``fn()`` in a worker thread, at most ``max_concurrent_parses`` at once, and at most
-    ``max_parses_per_client`` of one ``client`` (429 ``too_many_parses`` at once beyond).
-
-    429 ``server_busy`` when no slot frees within ``max_parse_s``; 503 ``parse_timeout`` when
-    ``fn`` then takes longer than ``max_parse_s``.  A timed-out parse frees its slot at once
-    and is canceled: it stops at its next phase (:func:`autopar_service.cancel.checkpoint`),
-    each phase bounded by the body's pre-parse limits.
+    A body's parse (``parse``) counts toward its client's unfinished jobs while it runs (it may
+    start one); the body is handed to the pool and no longer held here.
     """
-    settings = service.settings
-    if client is not None and service.parsing.get(client, 0) >= settings.max_parses_per_client:
-        raise _busy(
-            "too_many_parses",
-            f"you have {settings.max_parses_per_client} request bodies being parsed, the most one "
-            "client may have; wait for one to be answered",
-            settings.retry_after_s,
-        )
-    with service.parsing_by(client):
-        return await _in_slot(service, fn)
+    run = service.pool.run(client, task, *args, body=body, timeout_s=timeout_s, versions=service.versions)
+    del body  # the pool's job holds it until it is sent, then nothing does
+    with service.parsing_by(client if parse else None):
+        value: T = await run
+        return value
 
 
-async def _in_slot(service: Service, fn: Callable[[], T]) -> T:
-    settings = service.settings
-    slots = service.parse_slots
-    try:
-        await asyncio.wait_for(slots.acquire(), settings.max_parse_s)
-    except asyncio.TimeoutError:
-        raise _busy(
-            "server_busy",
-            f"the server is parsing {settings.max_concurrent_parses} request bodies, its limit; retry later",
-            settings.retry_after_s,
-        ) from None
-    token = CancelToken()
-    work = asyncio.ensure_future(run_in_threadpool(token.run, fn))
+_NEUTRAL_NAME = re.compile(rb'"graph":\{"name":"(graph-[0-9a-f]{12})"')
+"""Where a record names its graph when it is no bundled model's (near the record's start)."""
 
-    def finished(done: asyncio.Future[T]) -> None:
-        if not done.cancelled():
-            done.exception()  # retrieved: a failure after a 503 is not "never retrieved"
 
-    work.add_done_callback(finished)
-    try:
-        return await asyncio.wait_for(asyncio.shield(work), settings.max_parse_s)
-    except asyncio.CancelledError:  # the request itself was dropped: nobody waits for the parse
-        token.cancel()
-        raise
-    except asyncio.TimeoutError:
-        token.cancel()
-        service.metrics.parse_canceled()
-        raise ApiError(
-            503,
-            "parse_timeout",
-            f"parsing and checking the body took more than {settings.max_parse_s:.0f} s; "
-            "send a smaller graph or retry later",
-            headers={"Retry-After": str(settings.retry_after_s)},
-        ) from None
-    finally:
-        slots.release()
+def named_record(record: PlanRecord, name: str | None) -> PlanRecord:
+    """``record`` as the answer to a request that gives its graph ``name``: the shared record's
+    ``graph-{hash}`` written ``name`` (graph, plan, summary); a bundled model's plan keeps its
+    model's name (:func:`autopar_service.graphs.request_graph_name` decides which names show)."""
+    if name is None:
+        return record
+    found = _NEUTRAL_NAME.search(record.body, 0, 4096)
+    return record.renamed(found.group(1).decode(), name) if found is not None else record
 
 
 async def refuse_known_failure(service: Service, key: str) -> None:
@@ -133,8 +110,11 @@ async def refuse_known_failure(service: Service, key: str) -> None:
         raise from_job_error(key, existing.error or {})
 
 
-async def settle(service: Service, key: str, info: JobInfo, deadline: float) -> Response:
-    """200 with the plan, 422 for a deterministic failure, else 202 with the job.
+async def settle(
+    service: Service, key: str, info: JobInfo, deadline: float, name: str | None = None
+) -> Response:
+    """200 with the plan (its graph called ``name``: :func:`named_record`), 422 for a
+    deterministic failure, else 202 with the job.
 
     Waits for the job until ``deadline`` (``time.monotonic()``), never longer.
     """
@@ -144,7 +124,7 @@ async def settle(service: Service, key: str, info: JobInfo, deadline: float) -> 
     if info.status is JobStatus.SUCCEEDED:
         record = await run_in_threadpool(service.plans.get, key)
         if record is not None:
-            return plan_response(record)
+            return plan_response(named_record(record, name))
     if info.status is JobStatus.FAILED and (info.error or {}).get("kind") in DETERMINISTIC_ERRORS:
         raise from_job_error(key, info.error or {})
     return job_response(service, info)

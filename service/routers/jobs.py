@@ -18,6 +18,7 @@ from autopar_service.jobs import JobInfo, JobStatus
 from autopar_service.openapi import problem_responses
 from autopar_service.problems import ApiError
 from autopar_service.routers.common import deadline_after, known_job
+from autopar_service.streams import CountedEventSource
 
 __all__ = ["SSE_PERIOD_S", "router"]
 
@@ -79,12 +80,17 @@ async def get_job(
             "`event: end` with the final job.",
             "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
         },
-        **problem_responses(401, 404, 422, 503),
+        **problem_responses(401, 404, 422, 429, 503),
     },
 )
-async def job_events(job_id: Key, service: ServiceDep, _auth: Auth) -> EventSourceResponse:
-    """Stream progress until the job succeeds, fails or is canceled."""
+async def job_events(job_id: Key, service: ServiceDep, _auth: Auth, client: Client) -> EventSourceResponse:
+    """Stream progress until the job succeeds, fails or is canceled.
+
+    One client may hold ``max_streams_per_client`` streams open, the server ``max_streams``
+    (429 ``too_many_streams`` beyond); a stream waits for changes without holding a thread.
+    """
     first = await known_job(service, job_id)
+    release = service.streams.take(client)
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
         # an event on every change, and at least every SSE_PERIOD_S (elapsed time moves on)
@@ -102,8 +108,12 @@ async def job_events(job_id: Key, service: ServiceDep, _auth: Auth) -> EventSour
                 )
                 return
 
-    return EventSourceResponse(
-        stream(), sep="\n", ping=15, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return CountedEventSource(
+        stream(),
+        sep="\n",
+        ping=15,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        on_close=release,
     )
 
 

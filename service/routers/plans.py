@@ -1,90 +1,33 @@
-"""``POST /v1/plans`` (cache hit or job) and ``GET /v1/plans/{key}``."""
+"""``POST /v1/plans`` (cache hit or job), ``GET /v1/plans/{key}`` and ``GET /v1/plan-keys``."""
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from autopar.ir.graph import Graph
-from autopar_cache.plans import PlanRecord, plan_key
-from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
-from autopar_service.cancel import checkpoint
+from autopar_service import schemas, work_tasks
+from autopar_service.body import BodyRoute, DecodedRequest
 from autopar_service.deps import Auth, Client, Key, PlanReadAuth, ServiceDep
-from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
+from autopar_service.graphs import MAX_NAME_CHARS, shown_name
 from autopar_service.jobs import JobStatus
 from autopar_service.openapi import JOB_LINKS, PLAN_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
 from autopar_service.problems import ApiError
-from autopar_service.requests import (
-    PlanBody,
-    answers_within_gap,
-    build_request,
-    cluster_of,
-    key_dict_of,
-    payload_of,
-)
+from autopar_service.requests import key_context
 from autopar_service.routers.common import (
     deadline_after,
     etag_matches,
-    in_thread_bounded,
+    in_worker,
+    named_record,
     plan_response,
     refuse_known_failure,
     settle,
 )
-from autopar_service.state import Service
 
-__all__ = ["Prepared", "prepare", "router"]
+__all__ = ["router"]
 
 router = APIRouter(route_class=BodyRoute, tags=["plans"])
-
-
-@dataclass
-class Prepared:
-    """A parsed plan request, ready to submit."""
-
-    key: str
-    payload: dict[str, Any]
-    cached: PlanRecord | None
-    """The cached plan, when there is one (and no refresh was asked)."""
-    graph_data: dict[str, Any]
-    """The graph as the workers get it (no request-specific name or metadata)."""
-    graph: Graph
-
-
-def prepare(service: Service, raw: bytes, refresh: bool) -> Prepared:
-    """Parse and validate a plan body; its key, cached plan and job payload (runs in a thread)."""
-    settings = service.settings
-    body = parse_json_model(
-        PlanBody, raw, settings.max_json_depth, graph_object_budget(settings), settings.max_graph_item_bytes
-    )
-    checkpoint()
-    graph = parse_graph(body.graph, settings)
-    checkpoint()
-    cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
-    request = build_request(
-        graph, cluster, body.mesh_shape, body.memory_budget_bytes, body.zero_stage, body.options, settings
-    )
-    key_dict = key_dict_of(request)
-    key = plan_key(key_dict, service.versions)
-    checkpoint()
-    payload = payload_of(request, service.versions, graph_hash=key_dict["graph"])
-    cached = None if refresh else service.plans.get(key)
-    if cached is not None and not answers_within_gap(cached.data(), request):
-        cached = None  # a larger gap than asked: solved again, from it (the solve memo)
-    return Prepared(key, payload, cached, shared_graph_data(body.graph, key_dict["graph"]), graph)
-
-
-async def _check_new(service: Service, key: str, prepared: Prepared, client: str) -> None:
-    """Before a new job: every op's rule must read the graph; then store the graph for the workers."""
-    try:
-        await in_thread_bounded(service, lambda: check_rules(prepared.graph), client)
-    except Exception:
-        service.admission.owners.pop(key, None)  # no job will exist
-        raise
-    await run_in_threadpool(service.store_graph, prepared.graph_data, prepared.payload["graph"])
 
 
 @router.post(
@@ -117,35 +60,46 @@ async def create_plan(
     refresh: Annotated[bool, Query(description="Solve again (warm-started) even if cached.")] = False,
 ) -> Response:
     """Return the cached plan (200) or start / join the job that solves it (202)."""
+    assert isinstance(request, DecodedRequest)
     deadline = deadline_after(wait, service)
-    raw = await request.body()
-    digest = hashlib.blake2b(raw, digest_size=20).hexdigest()
+    service.pool.check_room(client, body_unread=True)  # at its bound: refused before its body is read
+    digest = await request.digest()
     if not refresh:
         hit = await run_in_threadpool(service.cached_body, digest)
         if hit is not None:
             service.metrics.cache(True)
-            return plan_response(hit)
+            return plan_response(named_record(*hit))
     await service.admission.precheck(client, service.jobs, parsing=service.parsing.get(client, 0))
-    prepared = await in_thread_bounded(service, lambda: prepare(service, raw, refresh), client)
+    # parsed in a worker process: the body goes there (in_worker's ``body`` is the last
+    # reference this process keeps, dropped as the body is sent)
+    prepared = await in_worker(
+        service, client, work_tasks.prepare_plan, refresh, body=await request.take_body()
+    )
     key = prepared.key
-    if prepared.cached is not None:
-        service.bodies.put(digest, key)
-        service.metrics.cache(True)
-        return plan_response(prepared.cached)
+    if prepared.cached:
+        record = await run_in_threadpool(service.plans.get, key)
+        if record is not None:
+            service.bodies.put(digest, key, prepared.name)
+            service.metrics.cache(True)
+            return plan_response(named_record(record, prepared.name))
     if not refresh:
         await refuse_known_failure(service, key)
     existing = await service.jobs.get(key)
     new = existing is None or existing.terminal  # a refresh of a running job joins it
     await service.admission.admit(client, key, service.jobs, new=new)
     service.metrics.cache(False)
+    content_hash = prepared.payload["graph"]
     if new:
-        await _check_new(service, key, prepared, client)
+        await run_in_threadpool(service.store_graph, prepared.graph_blob, content_hash)
     info = await service.jobs.submit(key, prepared.payload, refresh=refresh)
     if info.status is JobStatus.SUCCEEDED and not refresh:
+        record = await run_in_threadpool(service.plans.get, key)
+        if record is not None:  # its job ended while this body was parsed
+            return plan_response(named_record(record, prepared.name))
         # the job finished but its plan was evicted: solve again
-        await run_in_threadpool(service.store_graph, prepared.graph_data, prepared.payload["graph"])
+        await run_in_threadpool(service.store_graph, prepared.graph_blob, content_hash)
         info = await service.jobs.submit(key, prepared.payload, refresh=True)
-    return await settle(service, key, info, deadline)
+    return await settle(service, key, info, deadline, prepared.name)
 
 
 @router.get(
@@ -159,11 +113,39 @@ async def create_plan(
         **problem_responses(401, 404, 422, 503),
     },
 )
-async def get_plan(request: Request, key: Key, service: ServiceDep, _auth: PlanReadAuth) -> Response:
+async def get_plan(
+    request: Request,
+    key: Key,
+    service: ServiceDep,
+    _auth: PlanReadAuth,
+    name: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_NAME_CHARS,
+            description="The name to show for the graph (the stored plan is shared and names a graph "
+            "`graph-{hash}`; a bundled model's plan keeps its model's name).",
+        ),
+    ] = None,
+) -> Response:
     """The plan stored under ``key`` (a job id); immutable, with an ETag (weak tags match too)."""
     record = await run_in_threadpool(service.plans.get, key)
     if record is None:
         raise ApiError(404, "plan_not_found", f"no plan is cached under {key}; POST /v1/plans to make one")
+    record = named_record(record, shown_name(name))
     if etag_matches(request.headers.get("if-none-match", ""), record.etag):
         return Response(status_code=304, headers={"ETag": record.etag})
     return plan_response(record)
+
+
+@router.get(
+    "/v1/plan-keys",
+    summary="What a plan key folds in besides the request",
+    operation_id="getPlanKeyContext",
+    response_model=schemas.KeyContextView,
+    responses=problem_responses(401, 503),
+)
+async def plan_key_context(service: ServiceDep, _auth: Auth) -> dict[str, Any]:
+    """The code versions and option defaults this service keys plans with
+    (:class:`autopar.ir.plan_key.KeyContext`): with them a client computes a request's plan key
+    itself and asks for the plan by key (``GET /v1/plans/{key}``) before uploading its graph."""
+    return key_context(service.settings, service.versions).to_dict()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import time
 from typing import Annotated, Any
 
@@ -12,17 +10,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from autopar_cache import codec
-from autopar_cache.plans import plan_key
-from autopar_service import schemas
-from autopar_service.body import BodyRoute, graph_object_budget, parse_json_model
-from autopar_service.cancel import checkpoint
+from autopar_service import schemas, work_tasks
+from autopar_service.body import BodyRoute, DecodedRequest
 from autopar_service.deps import Auth, Client, Key, ServiceDep
-from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
 from autopar_service.jobs import DETERMINISTIC_ERRORS, JobStatus, finite
 from autopar_service.openapi import SWEEP_LINKS, WRITE_ERRORS, json_body, problem_responses, ref
 from autopar_service.problems import ApiError
-from autopar_service.requests import SweepBody, build_request, cluster_of, key_dict_of, payload_of
-from autopar_service.routers.common import deadline_after, in_thread_bounded
+from autopar_service.routers.common import deadline_after, in_worker
 from autopar_service.state import Service
 
 __all__ = ["router", "sweep_table"]
@@ -30,57 +24,6 @@ __all__ = ["router", "sweep_table"]
 router = APIRouter(route_class=BodyRoute, tags=["sweeps"])
 
 _NEVER = 1 << 62
-
-
-def prepare_sweep(service: Service, raw: bytes) -> tuple[str, list[dict[str, Any]]]:
-    """Parse the sweep, store its graph and record; its id and points (runs in a thread)."""
-    settings = service.settings
-    body = parse_json_model(
-        SweepBody, raw, settings.max_json_depth, graph_object_budget(settings), settings.max_graph_item_bytes
-    )
-    if body.options.stages not in (None, 1):
-        raise ApiError(
-            422,
-            "stages_not_supported",
-            f"a sweep plans one stage per point; options.stages {body.options.stages!r} is for "
-            "POST /v1/plans (one request per number of stages), or leave it out",
-        )
-    checkpoint()
-    graph = parse_graph(body.graph, settings)
-    checkpoint()
-    check_rules(graph)
-    checkpoint()
-    cluster = cluster_of(body.cluster, body.preset, settings.max_devices)
-    product = itertools.product(body.mesh_shapes, body.memory_budgets_bytes, body.zero_stages)
-    combos = list(dict.fromkeys((tuple(m) if m else None, b, z) for m, b, z in product))
-    if len(combos) > settings.max_sweep_points:
-        raise ApiError(
-            422,
-            "sweep_too_large",
-            f"the sweep has {len(combos)} points; this server allows at most "
-            f"{settings.max_sweep_points}: split it",
-        )
-    points: list[dict[str, Any]] = []
-    for mesh_shape, budget, zero in combos:
-        shape = list(mesh_shape) if mesh_shape else None
-        request = build_request(graph, cluster, shape, budget, zero, body.options, settings)
-        key_dict = key_dict_of(request)
-        points.append(
-            {
-                "mesh_shape": shape,
-                "memory_budget_bytes": request.memory_budget_bytes,
-                "zero_stage": zero,
-                **request.options.training.to_dict(),
-                "key": plan_key(key_dict, service.versions),
-                "payload": payload_of(request, service.versions, graph_hash=key_dict["graph"]),
-            }
-        )
-    sweep_id = hashlib.sha256("".join(p["key"] for p in points).encode()).hexdigest()
-    content_hash = points[0]["payload"]["graph"]
-    service.store_graph(shared_graph_data(body.graph, content_hash), content_hash)
-    record = [{k: v for k, v in p.items() if k != "payload"} for p in points]
-    service.store.put(f"sweep:{sweep_id}", codec.encode(record), settings.job_ttl_s)
-    return sweep_id, points
 
 
 async def _row(service: Service, p: dict[str, Any]) -> dict[str, Any]:
@@ -189,9 +132,13 @@ async def create_sweep(
 ) -> Response:
     """Plan every (mesh shape, budget, ZeRO stage) combination; returns step time vs memory."""
     deadline = deadline_after(wait, service)
-    raw = await request.body()
+    assert isinstance(request, DecodedRequest)
+    service.pool.check_room(client, body_unread=True)  # at its bound: refused before its body is read
     await service.admission.precheck(client, service.jobs, parsing=service.parsing.get(client, 0))
-    sweep_id, points = await in_thread_bounded(service, lambda: prepare_sweep(service, raw), client)
+    # parsed and checked in a worker process, which stores the graph and the sweep's record
+    sweep_id, points = await in_worker(
+        service, client, work_tasks.prepare_sweep, body=await request.take_body()
+    )
     await _submit_points(service, client, points)
     for p in points:
         remaining = deadline - time.monotonic()

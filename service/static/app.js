@@ -235,8 +235,24 @@ function percent(fraction) {
   return fraction === null || fraction === undefined ? "n/a" : `${(100 * fraction).toFixed(1)} %`;
 }
 
-function escapeHtml(text) {
-  return String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+// DOM building: every value the page shows from the server is written as text, never parsed as
+// HTML (a plan's or a job's strings are the service's, but an error may quote a client's input).
+function el(tag, content, attrs) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (name === "class") node.className = value;
+    else if (name.startsWith("data-")) node.dataset[name.slice(5)] = value;
+    else node.setAttribute(name, value);
+  }
+  for (const part of [].concat(content ?? [])) {
+    node.append(part instanceof Node ? part : document.createTextNode(String(part ?? "")));
+  }
+  return node;
+}
+
+// A table's rows from cells (text, or nodes); the first row is the header.
+function fillTable(table, header, rows) {
+  table.replaceChildren(el("tr", header.map((h) => el("th", h))), ...rows.map((cells) => el("tr", cells)));
 }
 
 // The stages of a pipeline plan (record.stages): blocks, devices, mesh, time and memory per stage.
@@ -248,7 +264,7 @@ function showStages(record) {
   if (!rows || !rows.length) {
     headline.hidden = true;
     table.hidden = true;
-    table.innerHTML = "";
+    table.replaceChildren();
     return;
   }
   headline.textContent = `${rows.length} pipeline stages (1F1B): ` +
@@ -257,14 +273,15 @@ function showStages(record) {
   headline.hidden = false;
   const body = rows.map((r) => {
     const blocks = r.first_block === r.last_block ? r.first_block : `${r.first_block}–${r.last_block}`;
-    return `<tr><td>${r.stage}</td><td class="blocks">${r.blocks}: <code>${escapeHtml(blocks)}</code></td>` +
-      `<td>${r.devices}</td><td>[${(r.mesh_shape || []).join(", ")}]</td>` +
-      `<td>${ms(r.micro_batch_time_s)}</td><td>${ms(r.receive_time_s)}</td>` +
-      `<td>${size(r.memory_per_device_bytes)}</td><td>${r.in_flight}</td></tr>`;
+    return [
+      el("td", r.stage), el("td", [`${r.blocks}: `, el("code", blocks)], { class: "blocks" }),
+      el("td", r.devices), el("td", `[${(r.mesh_shape || []).join(", ")}]`),
+      el("td", ms(r.micro_batch_time_s)), el("td", ms(r.receive_time_s)),
+      el("td", size(r.memory_per_device_bytes)), el("td", r.in_flight),
+    ];
   });
-  table.innerHTML = "<tr><th>stage</th><th>blocks</th><th>devices</th><th>mesh</th>" +
-    "<th>ms / micro-batch</th><th>receives</th><th>memory / device</th>" +
-    "<th>micro-batches in flight</th></tr>" + body.join("");
+  fillTable(table, ["stage", "blocks", "devices", "mesh", "ms / micro-batch", "receives",
+    "memory / device", "micro-batches in flight"], body);
   table.hidden = false;
 }
 
@@ -410,23 +427,23 @@ function drawSweep(view) {
   const rows = view.rows.map((r) => {
     const pareto = onFront.has(rowLabel(r));
     const mem = r.memory_per_device_bytes === null ? "" : (r.memory_per_device_bytes / scale).toFixed(2);
-    return `<tr><td>${rowLabel(r)}</td><td>${r.status}${r.error ? ": " + r.error : ""}</td>` +
-      `<td>${r.micro_batches ?? 1}</td><td>${r.checkpointing ?? "off"}</td>` +
-      `<td>${r.iteration_time_s === null || r.iteration_time_s === undefined ? "" : ms(r.iteration_time_s)}</td>` +
-      `<td>${mem}</td><td class="${pareto ? "pareto" : ""}">${pareto ? "yes" : ""}</td>` +
-      `<td class="links">${sweepLinks(r)}</td></tr>`;
+    const iteration = r.iteration_time_s === null || r.iteration_time_s === undefined ? "" : ms(r.iteration_time_s);
+    return [
+      el("td", rowLabel(r)), el("td", `${r.status}${r.error ? ": " + r.error : ""}`),
+      el("td", r.micro_batches ?? 1), el("td", r.checkpointing ?? "off"), el("td", iteration),
+      el("td", mem), el("td", pareto ? "yes" : "", { class: pareto ? "pareto" : "" }),
+      el("td", sweepLinks(r), { class: "links" }),
+    ];
   });
-  $("sweep-table").innerHTML =
-    `<tr><th>point</th><th>status</th><th>K</th><th>checkpointing</th>` +
-    `<th>iteration (K micro-batches + once per step)</th><th>${unit} / device</th><th>Pareto</th>` +
-    `<th>plan</th></tr>` + rows.join("");
+  fillTable($("sweep-table"), ["point", "status", "K", "checkpointing",
+    "iteration (K micro-batches + once per step)", `${unit} / device`, "Pareto", "plan"], rows);
 }
 
 // A solved point opens its plan (summary, as a solve shows it) or its report here.
 function sweepLinks(r) {
-  if (r.status !== "succeeded" || !r.key) return "";
-  return `<button type="button" class="link" data-key="${r.key}" data-open="plan">plan</button> ` +
-    `<button type="button" class="link" data-key="${r.key}" data-open="report">report</button>`;
+  if (r.status !== "succeeded" || !r.key) return [];
+  const link = (what) => el("button", what, { type: "button", class: "link", "data-key": r.key, "data-open": what });
+  return [link("plan"), " ", link("report")];
 }
 
 async function openSweepPoint(ev) {

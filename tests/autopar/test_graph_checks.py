@@ -227,3 +227,31 @@ def test_attrs_hold_finite_numbers_only(tiny: dict[str, Any], value: Any) -> Non
     with pytest.raises(GraphError) as err:
         graph.validate()
     assert err.value.code == "non_finite_number" and err.value.details["op"] == op["name"]
+
+
+@pytest.mark.parametrize(
+    ("attr", "words"),
+    [
+        ([8, 32, 4, 8], "attr 'shape' [8, 32, 4, 8] disagrees with its output"),
+        ([8, 32, 64], "attr 'shape' [8, 32, 64] disagrees with its output"),
+        ("8x32", "not a list of integer dims"),
+    ],
+)
+def test_a_shape_attr_its_output_lacks_is_refused(tiny: dict[str, Any], attr: Any, words: str) -> None:
+    """Issue 43: a reshape whose ``attrs.shape`` is not its output tensor's shape was planned on the
+    tensor's shape, silently; any op that states its output's shape (a reshape, a variable, an
+    input) is held to it."""
+    data = _copy(tiny)
+    op = _first(data, "reshape")
+    assert op["attrs"]["shape"] == data["tensors"][op["outputs"]["out_0"]]["shape"]
+    op["attrs"]["shape"] = attr
+    err = _refused(data)
+    assert err.code == "shape_mismatch", err
+    assert err.details["op"] == op["name"] and err.details["attr"] == "shape" and words in str(err), str(err)
+
+
+def test_a_shape_attr_may_leave_a_dim_to_infer(tiny: dict[str, Any]) -> None:
+    data = _copy(tiny)
+    op = _first(data, "reshape")
+    op["attrs"]["shape"] = [-1, *op["attrs"]["shape"][1:]]
+    assert Graph.from_json(json.dumps(data)).validate().rules_checked

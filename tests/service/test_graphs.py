@@ -7,7 +7,7 @@ import pytest
 from autopar.errors import GraphError
 from autopar.models import MODEL_NAMES, build
 from autopar_service.body import json_depth
-from autopar_service.graphs import check_rules, parse_graph, shared_graph_data
+from autopar_service.graphs import check_rules, parse_graph, request_graph_name, shared_graph_data
 from autopar_service.settings import Settings
 
 
@@ -22,15 +22,35 @@ def test_every_bundled_model_passes_the_request_checks(name: str, tmp_path) -> N
     assert parse_graph(shared, Settings(cache_dir=tmp_path)).content_hash() == graph.content_hash()
 
 
-@pytest.mark.parametrize("name", [None, "graph", "client-a-private-model"])
-def test_a_graph_not_named_after_a_bundled_model_is_stored_under_its_hash(tmp_path, name) -> None:
+@pytest.mark.parametrize("name", [None, "graph", "client-a-private-model", "mt5-base"])
+def test_a_graph_of_no_bundled_model_is_stored_under_its_hash(tmp_path, name) -> None:
+    """Issue 43: whatever it is called (a bundled model's name included), content that is no
+    bundled model's is stored as ``graph-{hash}``; its own name is its request's alone."""
+    data = build("tiny-gpt").to_dict()
+    data["ops"][5].setdefault("attrs", {})["note"] = "another model"
+    if name is None:
+        del data["name"]
+    else:
+        data["name"] = name
+    graph = parse_graph(data, Settings(cache_dir=tmp_path))
+    content = graph.content_hash()
+    assert shared_graph_data(data, content)["name"] == f"graph-{content[:12]}"
+    shown = request_graph_name(data, content)
+    assert shown == (name if name in ("graph", "client-a-private-model") else None)
+
+
+@pytest.mark.parametrize("name", [None, "my-gpt", "mt5-base"])
+def test_a_bundled_model_keeps_its_name_for_its_content_alone(tmp_path, name) -> None:
+    """tiny-gpt's content under any name is stored as ``tiny-gpt``; a request cannot give it
+    another bundled model's name (``mt5-base``), for itself or for anyone."""
     data = build("tiny-gpt").to_dict()
     if name is None:
         del data["name"]
     else:
         data["name"] = name
     graph = parse_graph(data, Settings(cache_dir=tmp_path))
-    assert shared_graph_data(data, graph.content_hash())["name"] == f"graph-{graph.content_hash()[:12]}"
+    assert shared_graph_data(data, graph.content_hash())["name"] == "tiny-gpt"
+    assert request_graph_name(data, graph.content_hash()) is None
 
 
 def test_a_bundled_model_name_is_its_graph(tmp_path) -> None:

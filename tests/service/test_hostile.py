@@ -124,12 +124,10 @@ def test_case2_wrong_types_in_the_graph_are_422(conn: KeepAlive, tiny_graph: dic
 def test_case3_an_unexpected_error_keeps_the_connection(
     server: LiveServer, conn: KeepAlive, tiny_graph: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autopar_service.routers import plans
+    from autopar_service import work_tasks
+    from tests.service.held_tasks import broken_prepare_plan
 
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a bug")
-
-    monkeypatch.setattr(plans, "prepare", broken)
+    monkeypatch.setattr(work_tasks, "prepare_plan", broken_prepare_plan)  # a bug in a worker process
     status, problem = conn.post("/v1/plans", plan_body(tiny_graph))
     assert status == 500 and problem["code"] == "internal_error"
     assert "a bug" not in problem["detail"]
@@ -146,8 +144,9 @@ def test_case4_graphs_the_solver_would_choke_on_are_refused_up_front(
     gather["inputs"] = {("table_0" if p == "in_0" else p): t for p, t in gather["inputs"].items()}
     with server.client() as c:
         started = metric(c, "autopar_solves_started_total")
-    # a dimension of 10^400 is refused by the graph format itself (bad_shape) before any size check
-    for graph, code in ((huge, "bad_shape"), (renamed, "op_unsupported")):
+    # a dimension of 10^400 is refused by the parser (an integer out of range, issue 43) before the
+    # graph format or any size check reads it
+    for graph, code in ((huge, "number_too_large"), (renamed, "op_unsupported")):
         for _ in range(2):  # refused again, never solved
             status, problem = conn.post("/v1/plans", plan_body(graph))
             assert status == 422, problem
@@ -171,8 +170,12 @@ def test_case5_every_result_changing_option_is_in_the_key(
 def test_case6_graph_name_and_meta_belong_to_the_request(
     server: LiveServer, tiny_graph: dict[str, Any]
 ) -> None:
-    first = {**copy.deepcopy(tiny_graph), "name": "client-a-model", "meta": {"owner": "a"}}
-    second = {**copy.deepcopy(tiny_graph), "name": "client-b-model", "meta": {"owner": "b"}}
+    """Names and meta are the request's: the shared record names the graph ``graph-{hash}``, each
+    client's answer shows its own name (issue 43), and none leaks to another client."""
+    own = copy.deepcopy(tiny_graph)
+    own["ops"][5].setdefault("attrs", {})["note"] = "not a bundled model"  # content of no bundled model
+    first = {**copy.deepcopy(own), "name": "client-a-model", "meta": {"owner": "a"}}
+    second = {**copy.deepcopy(own), "name": "client-b-model", "meta": {"owner": "b"}}
     with server.client() as a, server.client() as b:
         ra = a.post("/v1/plans", json=plan_body(first))
         rb = b.post("/v1/plans", json=plan_body(second))
@@ -183,9 +186,19 @@ def test_case6_graph_name_and_meta_belong_to_the_request(
         assert (rb.json().get("id") or rb.json()["key"]) == key
         wait_status(a, key, {"succeeded"}, timeout_s=120)
         record = a.get(f"/v1/plans/{key}").json()
+        mine_a = a.post("/v1/plans", json=plan_body(first)).json()
+        mine_b = b.post("/v1/plans", json=plan_body(second)).json()
+        named = a.get(f"/v1/plans/{key}", params={"name": "launcher-name"}).json()
+        again = a.get(f"/v1/plans/{key}").json()
     text = json.dumps(record)
     assert "client-a-model" not in text and "client-b-model" not in text and "owner" not in text
     assert record["graph"]["name"] == f"graph-{record['graph']['hash'][:12]}"
+    for answer, name in ((mine_a, "client-a-model"), (mine_b, "client-b-model"), (named, "launcher-name")):
+        assert answer["key"] == key and answer["graph"]["name"] == name
+        assert answer["plan"]["graph"]["name"] == name and answer["summary"].startswith(f"plan for {name} (")
+        other = {"client-a-model", "client-b-model", "launcher-name"} - {name}
+        assert not any(n in json.dumps(answer) for n in other) and "owner" not in json.dumps(answer)
+    assert again == record  # what one client was shown changed nothing stored
 
 
 def test_case8_admission_control(tmp_path, tiny_graph: dict[str, Any]) -> None:

@@ -21,11 +21,13 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.service import held_tasks
 from tests.service.helpers import LiveServer, live_server, make_settings, plan_body, wait_status
 from tests.service.test_hostile import KEY_A, KEY_B, slow
 
@@ -62,32 +64,31 @@ def test_report_needs_the_key_and_is_memoized_per_compare_set(
 
 
 def test_report_renders_are_bounded(
-    keyed: LiveServer, tiny_graph: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    keyed: LiveServer, tiny_graph: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from autopar_service import explorer
+    from autopar_service import work_tasks
 
-    release = threading.Event()
-    entered = threading.Event()
-    real = explorer._render
-
-    def slow_render(*args: Any) -> bytes:
-        entered.set()
-        release.wait(60)
-        return real(*args)
-
+    hold = tmp_path / "hold"
+    hold.mkdir()
     with keyed.client(headers={"X-API-Key": KEY_A}) as a:
         key = a.post("/v1/plans", json=plan_body(tiny_graph)).json()["id"]
         wait_status(a, key, {"succeeded"}, timeout_s=120)
-        monkeypatch.setattr(explorer, "_render", slow_render)
-        results: list[int] = []
-        first = threading.Thread(target=lambda: results.append(a.get(f"/v1/plans/{key}/report").status_code))
-        first.start()
-        assert entered.wait(30)
-        r = a.get(f"/v1/plans/{key}/report", params={"compare": "data-parallel"})
-        assert r.status_code == 429 and r.json()["code"] == "too_many_reports"
-        assert int(r.headers["Retry-After"]) >= 1
-        release.set()
-        first.join(60)
+        monkeypatch.setattr(work_tasks, "render_report", held_tasks.held_render_report)
+        held_tasks.REPORT_HOLD.write_text(str(hold))
+        try:
+            results: list[int] = []
+            first = threading.Thread(
+                target=lambda: results.append(a.get(f"/v1/plans/{key}/report").status_code)
+            )
+            first.start()
+            held_tasks.wait_started(hold)
+            r = a.get(f"/v1/plans/{key}/report", params={"compare": "data-parallel"})
+            assert r.status_code == 429 and r.json()["code"] == "too_many_reports"
+            assert int(r.headers["Retry-After"]) >= 1
+            held_tasks.release(hold)
+            first.join(60)
+        finally:
+            held_tasks.REPORT_HOLD.unlink(missing_ok=True)
         assert results == [200]
         assert a.get(f"/v1/plans/{key}/report", params={"compare": "data-parallel"}).status_code == 200
 
@@ -172,50 +173,65 @@ def test_a_graph_over_the_op_cap_is_refused_before_it_is_built(tmp_path) -> None
         finally:
             tracemalloc.stop()
     assert r.status_code == 413 and r.json()["code"] == "graph_too_large", r.text
-    # reading, copying and scanning the body takes a few times its size; building
-    # 300,000 op dicts would take well over ten times it
+    # reading and copying the body takes a few times its size (the parse runs in a worker process)
+    assert peak < 6 * len(raw), (peak, len(raw))
+    # the parse itself (a worker process's task, run here to trace it): the body is scanned and
+    # refused before anything is built; building 300,000 op dicts would take well over ten times it
+    from autopar_cache.plans import code_versions
+    from autopar_service import work_tasks
+    from autopar_service.problems import ApiError
+    from autopar_service.work_pool import WorkerContext
+
+    context = WorkerContext(settings, code_versions())
+    tracemalloc.start()
+    try:
+        with pytest.raises(ApiError) as refused:
+            work_tasks.prepare_plan(context, False, body=raw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        context.close()
+    assert refused.value.status == 413 and refused.value.code == "graph_too_large"
     assert peak < 6 * len(raw), (peak, len(raw))
 
 
 def test_bodies_that_start_no_job_are_admitted_a_few_at_a_time(
     tmp_path, tiny_graph: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autopar_service.routers import evaluate
+    """One worker; a body in it past ``max_parse_s`` is stopped (503, its worker killed) and the
+    first in line takes the fresh worker and holds it: the bodies behind wait at most
+    ``max_parse_s`` for a worker (429 ``server_busy``), whatever the route."""
+    from autopar_service import work_tasks
 
-    release = threading.Event()
-    entered = threading.Event()
-
-    def held(*args: Any) -> Any:
-        entered.set()
-        release.wait(60)
-        return {}
-
-    monkeypatch.setattr(evaluate, "evaluate_body", held)
-    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=3.0, max_parses_per_client=8)
-    body = {"graph": tiny_graph, "plan": {}}
+    monkeypatch.setattr(work_tasks, "evaluate_plan", held_tasks.held_evaluate_plan)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    settings = make_settings(tmp_path, max_concurrent_parses=1, max_parse_s=6.0, max_parses_per_client=8)
+    held = {"graph": {**tiny_graph, "name": held_tasks.hold_name(hold)}, "plan": {}}
+    queue = None
     with live_server(settings) as server, server.client() as c, ThreadPoolExecutor(4) as pool:
+        queue = server.app.state.service.pool.queue
         try:
-            holder = pool.submit(c.post, "/v1/evaluate", json=body)
-            assert entered.wait(30)
-            entered.clear()
-            queued = pool.submit(c.post, "/v1/evaluate", json=body)  # first in line for the slot
-            while not server.app.state.service.parse_slots._waiters:
+            holder = pool.submit(c.post, "/v1/evaluate", json=held)
+            held_tasks.wait_started(hold)
+            # first in line for the worker; it waits past the holder's stop (at 6 s) and the worker's
+            # replacement (milliseconds; 2.5 s of margin), then holds the new worker 6 s
+            time.sleep(2.5)
+            queued = pool.submit(c.post, "/v1/evaluate", json=held)
+            while len(queue) < 1:
                 time.sleep(0.01)
-            # the holder's 503 frees the slot for the first in line, which holds it past the
-            # deadlines of those behind it: a body waits at most max_parse_s for a slot
             late = [
-                pool.submit(c.post, "/v1/evaluate", json=body),
+                pool.submit(c.post, "/v1/evaluate", json={"graph": tiny_graph, "plan": {}}),
                 pool.submit(c.post, "/v1/plans", json=plan_body(tiny_graph)),
             ]
-            while len(server.app.state.service.parse_slots._waiters or ()) < 3 and not holder.done():
-                time.sleep(0.01)
-            assert holder.result().status_code == 503  # its slot freed at the timeout
-            for answer in late:
+            assert holder.result().status_code == 503  # stopped at max_parse_s, its worker killed
+            for answer in late:  # behind the first in line for max_parse_s: refused, not left waiting
                 r = answer.result()
                 assert r.status_code == 429 and r.json()["code"] == "server_busy", r.text
             assert queued.result().status_code == 503
+            assert len(held_tasks.started(hold)) == 2  # two workers, each killed at its time limit
         finally:
-            release.set()
+            held_tasks.release(hold)
         assert c.post("/v1/plans", json=plan_body(tiny_graph)).status_code == 202
 
 

@@ -3,7 +3,7 @@
 1. every ``/v1`` route needs the key when keys are configured; bundled model graphs are
    built once per process, with room for every model;
 2. parses are accounted per client: one client cannot hold every parse slot, and a
-   timed-out parse frees its slot;
+   timed-out parse frees its slot (issue 43: its worker process is killed);
 3. a body's attrs and meta are bounded before and after the parse (413/422 naming the limit);
 4. graphs whose shapes disagree, non-finite attrs, duplicate keys and time limits below
    the least that loads the graph are refused (the property test is in
@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-import threading
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from autopar_service.cancel import Canceled, checkpoint
+from autopar_service import work_tasks
+from tests.service import held_tasks
 from tests.service.helpers import LiveServer, live_server, make_settings, plan_body
 from tests.service.test_hostile import KEY_A, KEY_B
 
@@ -89,37 +90,16 @@ def test_bundled_graphs_are_built_once_for_every_model(monkeypatch: pytest.Monke
 # ---------------------------------------------------------------- 2. parses per client
 
 
-def _blocking_prepare(
-    monkeypatch: pytest.MonkeyPatch, marker: str
-) -> tuple[threading.Event, threading.Event]:
-    """``prepare`` waits (at checkpoints) for bodies holding ``marker``: (release, canceled)."""
-    from autopar_service.routers import plans
-
-    release, canceled = threading.Event(), threading.Event()
-    real = plans.prepare
-
-    def prepare(service: Any, raw: bytes, refresh: bool) -> Any:
-        if marker.encode() in raw:
-            try:
-                while not release.wait(0.01):
-                    checkpoint()
-            except Canceled:
-                canceled.set()
-                raise
-        return real(service, raw, refresh)
-
-    monkeypatch.setattr(plans, "prepare", prepare)
-    return release, canceled
-
-
 def test_one_client_cannot_hold_every_parse_slot(
     tmp_path, monkeypatch: pytest.MonkeyPatch, tiny_graph: dict[str, Any]
 ) -> None:
     settings = make_settings(
         tmp_path, api_keys=[KEY_A, KEY_B], max_concurrent_parses=2, max_parses_per_client=1, max_parse_s=60
     )
-    release, _ = _blocking_prepare(monkeypatch, "hold-me")
-    held = plan_body({**tiny_graph, "name": "hold-me"})
+    monkeypatch.setattr(work_tasks, "prepare_plan", held_tasks.held_prepare_plan)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    held = plan_body({**tiny_graph, "name": held_tasks.hold_name(hold)})
     with (
         live_server(settings) as server,
         server.client(headers={"X-API-Key": KEY_A}) as a,
@@ -127,33 +107,54 @@ def test_one_client_cannot_hold_every_parse_slot(
         ThreadPoolExecutor(1) as pool,
     ):
         first = pool.submit(a.post, "/v1/plans", json=held)
-        while not server.app.state.service.parsing:
-            time.sleep(0.01)
+        held_tasks.wait_started(hold)
+        assert server.app.state.service.parsing  # A's body counts while a worker parses it
         second = a.post("/v1/plans", json=held)
         assert second.status_code == 429 and second.json()["code"] == "too_many_parses"
         assert second.headers["Retry-After"]
         other = b.post("/v1/plans", json=plan_body(tiny_graph))  # B parses beside A's parse
         assert other.status_code in (200, 202), other.text
-        release.set()
+        held_tasks.release(hold)
         assert first.result().status_code in (200, 202)
 
 
-def test_a_timed_out_parse_frees_its_slot_and_stops(
+def test_a_timed_out_parse_is_stopped_and_frees_its_worker(
     tmp_path, monkeypatch: pytest.MonkeyPatch, tiny_graph: dict[str, Any]
 ) -> None:
-    settings = make_settings(tmp_path, api_keys=[KEY_A, KEY_B], max_concurrent_parses=1, max_parse_s=0.5)
-    _, canceled = _blocking_prepare(monkeypatch, "hold-me")
+    """A parse past ``max_parse_s`` answers 503 and its worker process is killed (it cannot go on
+    burning CPU for nobody); the next body gets a fresh worker."""
+    settings = make_settings(tmp_path, api_keys=[KEY_A, KEY_B], max_concurrent_parses=1, max_parse_s=8)
+    monkeypatch.setattr(work_tasks, "prepare_plan", held_tasks.held_prepare_plan)
+    hold = tmp_path / "hold"
+    hold.mkdir()
     with (
         live_server(settings) as server,
         server.client(headers={"X-API-Key": KEY_A}) as a,
         server.client(headers={"X-API-Key": KEY_B}) as b,
     ):
-        r = a.post("/v1/plans", json=plan_body({**tiny_graph, "name": "hold-me"}))
+        r = a.post("/v1/plans", json=plan_body({**tiny_graph, "name": held_tasks.hold_name(hold)}))
         assert r.status_code == 503 and r.json()["code"] == "parse_timeout"
-        assert canceled.wait(30)  # the parse thread stopped at its next checkpoint
-        other = b.post("/v1/plans", json=plan_body(tiny_graph))  # the one slot is free
+        (pid,) = held_tasks.started(hold)
+        _wait_gone(pid)  # killed, not left running
+        other = b.post("/v1/plans", json=plan_body(tiny_graph))  # the one worker is back
         assert other.status_code in (200, 202), other.text
+        assert pid not in server.app.state.service.pool.pids()
         assert server.app.state.service.parsing == {}
+
+
+def _wait_gone(pid: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
+        assert time.monotonic() < deadline, f"process {pid} is still running"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 # ---------------------------------------------------------------- 3. bounded bodies
