@@ -5,7 +5,7 @@
     autopar serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--workers N]
     autopar worker --redis-url URL [--name NAME] [--burst]
     autopar submit GRAPH --server URL [--cluster 2x4] [--mesh-shape 4,2] [--memory 30GiB]
-                   [--zero 2] [--time-limit 30] [--micro-batches K] [--checkpointing off] [--stages N|auto]
+                   [--zero 2] [--time-limit 30] [--micro-batches K] [--checkpointing auto] [--stages N|auto]
                    [--wait] [--out plan.json]
     autopar submit mt5-base --serve --wait --out plan.json     # one-shot local server
 
@@ -321,7 +321,7 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
     add_mesh_args(s, mesh_default="the fastest shape, searched by the server")
     add_memory_arg(s)
     add_time_limit_arg(s, ", on the server; waiting in its queue is not counted")
-    add_training_args(s, defaults_from=("1", "off"))
+    add_training_args(s, defaults_from=("1", "the server's, auto"))
     s.add_argument(
         "--gap", type=float, default=None, help="relative gap to stop at (default: the server's, 0.01)"
     )
@@ -331,7 +331,8 @@ def _submit_arguments(s: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N|auto",
         help="pipeline stages, sent as options.stages (as autopar plan --stages; --mesh-shape is then "
-        "each stage's mesh; default 1: one stage); the plan written is then autopar.pipeline/v1",
+        "each stage's mesh; default: the server's, auto: one stage on one node, else the best "
+        "number of stages); a pipeline plan is written as autopar.pipeline/v1",
     )
     s.add_argument("--refresh", action="store_true", help="solve again even if cached")
     s.add_argument("--wait", action="store_true", help="follow the job and write the plan")

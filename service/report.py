@@ -41,7 +41,7 @@ from autopar.baselines.plans import baseline_plan
 from autopar.baselines.problem import BASELINES
 from autopar.cost.breakdown import PricingMemo, layer_of, module_of
 from autopar.cost.iteration import baseline_training
-from autopar.errors import ConfigError
+from autopar.errors import ConfigError, PlanError
 from autopar.ir.graph import Graph, Op, Role
 from autopar.ir.plan import Plan
 from autopar.ir.training import micro_batches_text
@@ -390,11 +390,35 @@ def _load_plan_arg(spec: str) -> Plan:
 
 
 def baseline_beside(kind: str, graph: Graph, plan: Plan) -> Plan:
-    """Baseline ``kind`` on ``plan``'s mesh and ZeRO stage, priced at ``plan``'s micro-batches
-    with the checkpointing its real system runs (:func:`autopar.cost.iteration.baseline_training`)."""
-    other = baseline_plan(kind, graph, plan.mesh, plan.zero_stage)
-    other.training = baseline_training(kind, plan.training)
-    return other
+    """Baseline ``kind`` as ``autopar plan --compare`` prices it: at its own best one-stage
+    configuration on ``plan``'s cluster and budget (:func:`autopar.baselines.search.search_baseline`;
+    Megatron-LM with ``pp=1``, since a one-stage report shows one mesh per plan), at ``plan``'s
+    micro-batches with the least recomputation that fits; ``single-device`` on ``plan``'s mesh.
+    The configuration is in ``diagnostics["baseline_configuration"]`` (the report prints it)."""
+    from autopar.baselines.search import configured_plan, search_baseline
+
+    if kind == "single-device":
+        other = baseline_plan(kind, graph, plan.mesh, plan.zero_stage)
+        other.training = baseline_training(kind, plan.training)
+        return other
+    cluster = plan.mesh.cluster
+    budget = plan.memory_budget_bytes or cluster.device.memory_bytes
+    chosen, priced = search_baseline(
+        kind,
+        graph,
+        cluster,
+        plan.training,
+        budget,
+        zero_stage=plan.zero_stage,
+        runtime=plan.runtime,
+        named="pp=1" if kind == "megatron" else None,
+    )
+    found = configured_plan(chosen, priced, budget, False) if chosen.plan is not None else None
+    if not isinstance(found, Plan):
+        raise PlanError(
+            "baseline_failed", f"baseline {kind!r} has no one-stage configuration here: {chosen.error}"
+        )
+    return found
 
 
 def _compare_arg(spec: str, graph: Graph, plan: Plan) -> tuple[str, Plan]:

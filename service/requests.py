@@ -92,15 +92,16 @@ class SolverOptionsBody(BaseModel):
     )
     checkpointing: Literal["off", "full", "auto"] | None = Field(
         default=None,
-        description="Activation checkpointing: off, full (every transformer block) or auto (default off).",
+        description="Activation checkpointing: off, full (every transformer block) or auto (the "
+        "default: what each block recomputes is chosen with the layout, nothing where everything fits).",
     )
     stages: Annotated[int, Field(ge=1, le=MAX_STAGES)] | Literal["auto"] | None = Field(
         default=None,
-        description="Pipeline stages, as `autopar plan --stages`: 1 (default) plans one stage on the "
+        description="Pipeline stages, as `autopar plan --stages`: 1 plans one stage on the "
         "whole mesh; S > 1 a pipeline of S stages of contiguous blocks, each on world / S devices "
         "(whole nodes or an even slice of one node) with `mesh_shape` as each stage's mesh; `auto` "
-        "the best of one stage and every candidate S (up to 8). The plan is then an "
-        "`autopar.pipeline/v1` document (docs/plan-format.md).",
+        "(the default) one stage on one node, else the best of one stage and every candidate S. "
+        "A pipeline plan is an `autopar.pipeline/v1` document (docs/plan-format.md).",
     )
 
 
@@ -205,7 +206,8 @@ def _options(body: SolverOptionsBody, settings: Settings) -> SolverOptions:
             f"time_limit_s {time_limit} exceeds this server's limit of "
             f"{settings.max_time_limit_s} s; ask for less",
         )
-    stages = given.pop("stages", 1)
+    stages = given.pop("stages", "auto")  # as autopar plan: auto, one stage on one node
+    given.setdefault("checkpointing", "auto")
     options = SolverOptions(
         time_limit_s=float(time_limit), stages=None if stages == "auto" else stages, **given
     )

@@ -193,7 +193,7 @@ def compared_rows(
     (:mod:`autopar.baselines.search`; ``--megatron-config`` fixes the keys the user names),
     each plan carrying its configuration and the others tried in
     ``diagnostics["baseline_configuration"]``.  After the plan: outside its time limit."""
-    from autopar.baselines.search import search_baseline
+    from autopar.baselines.search import configured_plan, search_baseline
 
     rows: list[tuple[str, Plan | PipelinePlan]] = [("autopar", result)]
     for kind in BASELINES:
@@ -223,14 +223,7 @@ def compared_rows(
             named=named,
             cache=_cache_dir(),
         )
-        assert chosen.plan is not None
-        chosen.plan.diagnostics["baseline_configuration"] = {
-            **chosen.config.to_dict(),
-            "named_by_user": bool(named),
-            "fits_budget": chosen.fits(budget),
-            "tried": [p.to_dict() for p in priced],
-        }
-        rows.append((kind, chosen.plan))
+        rows.append((kind, configured_plan(chosen, priced, budget, bool(named))))
     return rows
 
 

@@ -38,11 +38,13 @@ from autopar.baselines.walks import WalkMemo
 from autopar.errors import AutoparError, ConfigError
 from autopar.hardware.cluster import Cluster
 from autopar.ir.graph import Graph
+from autopar.ir.plan import Plan
 from autopar.ir.structure import batch_size
 from autopar.ir.training import TrainingConfig
+from autopar.pipeline.plan import PipelinePlan
 from autopar.pipeline.split import ordered_blocks
 
-__all__ = ["baseline_structures", "search_baseline"]
+__all__ = ["baseline_structures", "configured_plan", "search_baseline"]
 
 LADDERS = {
     "megatron": ("none", "selective:layernorm", "selective", "selective:core_attn+layernorm", "full"),
@@ -194,3 +196,19 @@ def _block_count(none_bytes: float, full_bytes: float, budget: float, per_chunk:
         return None
     n = math.ceil(per_chunk * (none_bytes - budget) / (none_bytes - full_bytes))
     return min(max(n, 1), per_chunk - 1)
+
+
+def configured_plan(
+    chosen: PricedConfig, priced: list[PricedConfig], budget: float | None, named: bool
+) -> Plan | PipelinePlan:
+    """``chosen``'s plan carrying its configuration, whether the user named it, whether it fits
+    ``budget`` and every configuration priced, in ``diagnostics["baseline_configuration"]``
+    (what ``--compare``, ``autopar baseline`` and the report print)."""
+    assert chosen.plan is not None
+    chosen.plan.diagnostics["baseline_configuration"] = {
+        **chosen.config.to_dict(),
+        "named_by_user": named,
+        "fits_budget": chosen.fits(budget),
+        "tried": [p.to_dict() for p in priced],
+    }
+    return chosen.plan

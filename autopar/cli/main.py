@@ -180,7 +180,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args.graph)
     mesh = mesh_from_args(args)
-    if getattr(args, "megatron_config", None):
+    if getattr(args, "megatron_config", None) or (args.kind == "megatron" and not args.mesh_shape):
+        # Megatron-LM as its users run it: its best configuration, or the one named
         return _named_megatron(args, graph, mesh.cluster)
     plan = baseline_plan(args.kind, graph, mesh, args.zero, runtime=args.runtime)
     # the iteration the real system runs: K as asked, checkpointing as it uses it by default
@@ -194,10 +195,11 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _named_megatron(args: argparse.Namespace, graph: Graph, cluster: Cluster) -> int:
-    """``autopar baseline megatron --megatron-config ...``: the configuration the user names,
-    the keys left out searched for the fastest that fits the device's memory
-    (:func:`autopar.baselines.search.search_baseline`)."""
-    from autopar.baselines.search import search_baseline
+    """``autopar baseline megatron [--megatron-config ...]``: Megatron-LM at the configuration
+    the user names, the keys left out (all of them without ``--megatron-config``) searched for
+    the fastest that fits the device's memory (:func:`autopar.baselines.search.search_baseline`),
+    as ``autopar plan --compare`` and the report price it."""
+    from autopar.baselines.search import configured_plan, search_baseline
 
     if args.kind != "megatron":
         raise ConfigError("bad_baseline_config", f"--megatron-config is for megatron only, not {args.kind!r}")
@@ -213,20 +215,14 @@ def _named_megatron(args: argparse.Namespace, graph: Graph, cluster: Cluster) ->
         runtime=args.runtime,
         named=args.megatron_config,
     )
-    assert chosen.plan is not None
-    plan = chosen.plan
-    plan.diagnostics["baseline_configuration"] = {
-        **chosen.config.to_dict(),
-        "named_by_user": True,
-        "fits_budget": chosen.fits(budget),
-        "tried": [p.to_dict() for p in priced],
-    }
+    named = bool(args.megatron_config)
+    plan = configured_plan(chosen, priced, budget, named)
     plan.save(args.out)
     sys.stdout.write(plan.summary(batch_shape(graph)) + "\n")
+    how = f"named {args.megatron_config!r}" if named else "its best"
     sys.stdout.write(
         f"configuration  {chosen.config.describe()}, runtime {chosen.config.runtime} "
-        f"(named {args.megatron_config!r}; {len(priced)} priced, the fastest within "
-        f"{budget / 2**30:.0f} GiB)\n"
+        f"({how}; {len(priced)} priced, the fastest within {budget / 2**30:.0f} GiB)\n"
     )
     wrote("plan", args.out)
     return 0
@@ -357,7 +353,9 @@ def _baseline_arguments(p: argparse.ArgumentParser) -> None:
         metavar="tp=T,pp=P,dp=D,vpp=V,sp=on|off,recompute=none|selective[:M+M]|full[:N],optimizer=ddp|distributed|fsdp",
         help="megatron only: the configuration you run, priced as Megatron-LM runs it (its mesh "
         "[dp, tp], ZeRO stage and the megatron-lm runtime replace --mesh-shape, --zero, --runtime); "
-        "keys left out are searched for the fastest that fits the device's memory",
+        "keys left out are searched for the fastest that fits the device's memory.  Without it and "
+        "without --mesh-shape, megatron is Megatron-LM at its best configuration (as --compare "
+        "prices it); with --mesh-shape, Megatron's layout on that mesh under --runtime",
     )
     p.add_argument("--out", required=True, help="plan JSON to write")
 

@@ -309,7 +309,7 @@ async function submitPlan(ev) {
       zero_stage: parseInt($("zero").value, 10),
     });
     const stages = $("stages").value;
-    if (stages !== "1") body.options.stages = stages === "auto" ? "auto" : parseInt(stages, 10);
+    body.options.stages = stages === "auto" ? "auto" : parseInt(stages, 10);
     setStatus("submitting...");
     const { status, data } = await api("POST", "/v1/plans", body);
     if (status === 200) {

@@ -78,7 +78,7 @@ def test_submit_help_gives_each_training_default_its_own_value(tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
     assert "gradient accumulation; default: 1)" in text
-    assert "fits) (default: off)" in text and "default: 1; " not in text
+    assert "(default: the server's, auto)" in text and "default: 1; " not in text
 
 
 def test_missing_required_argument(tmp_path: Path) -> None:
