@@ -205,10 +205,20 @@ def plan_record(
             "memory_per_device_bytes": result.memory_per_device_bytes,
             **stage_fields(result),
             "solver": solver,
-            "summary": result.summary(),
+            "summary": _summary_text(result),
             "plan": result.to_dict(),
         }
     )
+
+
+def _summary_text(result: Plan | PipelinePlan) -> str:
+    """The plan's summary, with every number of stages ``--stages auto`` tried (its row, or
+    why it has no plan), as ``autopar plan`` prints them."""
+    from autopar_solver.planner.stage_search import stage_search_text
+
+    rows = result.diagnostics.get("stage_search")
+    text = result.summary()
+    return text + "\n" + stage_search_text(list(rows)).rstrip("\n") if rows else text
 
 
 def _plan_stages(request: PlanRequest, store: KeyValueStore, progress: ProgressFn) -> Plan | PipelinePlan:

@@ -285,8 +285,40 @@ function showStages(record) {
   table.hidden = false;
 }
 
+// the rows of --stages auto (diagnostics.stage_search): each number of stages with its
+// iteration, bubble, memory and gap, or why it has no plan (proved worse, no time, an error)
+function showStageSearch(record) {
+  const rows = ((record.plan || {}).diagnostics || {}).stage_search;
+  const headline = $("stage-search-headline");
+  const table = $("stage-search-table");
+  if (!rows || !rows.length) {
+    headline.hidden = true;
+    table.hidden = true;
+    table.replaceChildren();
+    return;
+  }
+  const body = rows.map((r) => {
+    const solved = r.iteration_time_s !== undefined;
+    const why = solved ? "" : (r.error || r.outcome || "no plan");
+    const bound = r.stage_count_bound_s !== undefined ? ms(r.stage_count_bound_s) : "";
+    return [
+      el("td", r.stages), el("td", r.outcome || (solved ? "solved" : "no plan")),
+      el("td", solved ? ms(r.iteration_time_s) : ""),
+      el("td", r.bubble_fraction !== undefined ? percent(r.bubble_fraction) : ""),
+      el("td", solved ? size(r.memory_per_device_bytes) : ""),
+      el("td", r.gap !== undefined && r.gap !== null ? percent(r.gap) : ""),
+      el("td", bound), el("td", `${(r.wall_s || 0).toFixed(1)} s`), el("td", why),
+    ];
+  });
+  fillTable(table, ["stages", "outcome", "iteration", "bubble", "memory / device", "gap",
+    "bound over every cut", "time", "why"], body);
+  headline.hidden = false;
+  table.hidden = false;
+}
+
 function showRecord(record) {
   showStages(record);
+  showStageSearch(record);
   $("summary").textContent = `${iterationLine(record)}\n${record.summary || ""}\nplan ${record.key}`;
   const link = `/v1/plans/${record.key}/report?compare=megatron&compare=inferred`;
   $("report-tab").href = link;
@@ -300,6 +332,7 @@ async function submitPlan(ev) {
   $("report-links").hidden = true;
   $("summary").textContent = "";
   showStages({});
+  showStageSearch({});
   progressChart($("stages").value);
   try {
     const body = Object.assign(commonFields(), {

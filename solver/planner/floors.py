@@ -162,7 +162,7 @@ def raise_infeasible(
     raise InfeasibleError(
         None,
         f"no plan on mesh {list(mesh.shape)} fits {human_bytes(budget or 0)} per device; "
-        f"the smallest memory found feasible is {human_bytes(min_bytes)} {how}: {remedies(tables)}",
+        f"the smallest memory found feasible is {human_bytes(min_bytes)} {how}; try {remedies(tables)}",
         min_feasible_bytes=math.ceil(min_bytes) if math.isfinite(min_bytes) else None,
         proven=proven,
         mesh_shape=list(mesh.shape),
@@ -174,16 +174,16 @@ def remedies(tables: CostTables) -> str:
     3); recomputation (``--checkpointing auto`` or ``full``, when the graph has blocks and the
     request recomputes none or only attention cores); pipeline stages (``--stages``, when the
     graph has two blocks or more to cut over several devices); more devices."""
-    ways = ["raise the budget (--memory)"]
+    ways = ["--memory"]
     if tables.zero_stage < 3:
-        ways.append(f"use a higher ZeRO stage (--zero {tables.zero_stage + 1})")
+        ways.append(f"--zero {tables.zero_stage + 1}")
     blocks = candidate_blocks(tables.graph)
     if blocks and training_of(tables).checkpointing in ("off", "selective"):
-        ways.append("recompute activations (--checkpointing auto, or full)")
+        ways.append("--checkpointing auto (or full)")
     cluster = tables.mesh.cluster
     if len(blocks) >= 2 and cluster.world_size > 1:  # --stages auto on one node plans one stage
-        ways.append(f"cut the blocks into pipeline stages (--stages {'auto' if cluster.nodes > 1 else 2})")
-    ways.append("add devices")
+        ways.append(f"--stages {'auto' if cluster.nodes > 1 else 2}")
+    ways.append("more devices")
     return ", ".join(ways[:-1]) + f", or {ways[-1]}"
 
 

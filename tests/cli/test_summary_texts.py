@@ -87,7 +87,7 @@ def test_an_infeasible_budget_names_checkpointing_and_stages(tmp_path: Path) -> 
         "--checkpointing", "off", "--time-limit", "20", "--no-progress", "--out", "p.json", cwd=tmp_path,
     )  # fmt: skip
     message = assert_user_error(result, "infeasible_budget")
-    for remedy in ("--memory", "--zero 1", "--checkpointing auto, or full", "--stages 2", "add devices"):
+    for remedy in ("--memory", "--zero 1", "--checkpointing auto (or full)", "--stages 2", "more devices"):
         assert remedy in message, message
 
 

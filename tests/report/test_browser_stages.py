@@ -59,7 +59,8 @@ def test_the_page_shows_a_two_stage_plan(server: Any, driver: Any, tmp_path: Pat
     )
     options = driver.execute_script("return [...document.getElementById('stages').options].map(o => o.value)")
     assert options == ["1", "2", "4", "8", "auto"]
-    assert not driver.find_element("id", "stages-table").is_displayed()  # one stage: no table
+    assert driver.execute_script("return document.getElementById('stages').value") == "auto"  # the default
+    assert not driver.find_element("id", "stages-table").is_displayed()  # no plan yet: no table
     _type(driver, "cluster", "1x8")
     _type(driver, "mesh", "2,2")
     _type(driver, "micro-batches", "4")
@@ -119,4 +120,40 @@ def test_the_page_shows_a_two_stage_plan(server: Any, driver: Any, tmp_path: Pat
     until_solved(driver, "the one-stage solve")
     assert not driver.find_element("id", "stages-table").is_displayed()
     assert not driver.find_element("id", "pipeline-headline").is_displayed()
+    assert severe(driver) == []
+
+
+def _search_rows(driver: Any) -> list[list[str]]:
+    return list(
+        driver.execute_script(
+            "return [...document.querySelectorAll('#stage-search-table tr')].slice(1)"
+            ".map(tr => [...tr.cells].map(td => td.textContent))"
+        )
+    )
+
+
+def test_the_page_shows_every_number_of_stages_auto_tried(server: Any, driver: Any, tmp_path: Path) -> None:
+    """Issue 43: ``--stages auto`` (the page's default) on two nodes shows a row per number of
+    stages, with its iteration or why it has none, whichever plan it keeps."""
+    driver.get(server.url + "/")
+    until(
+        driver,
+        "the model list",
+        lambda: driver.execute_script("return document.getElementById('model').length"),
+    )
+    _type(driver, "cluster", "2x2")
+    _type(driver, "mesh", "")
+    _type(driver, "micro-batches", "4")
+    _type(driver, "time-limit", "40")
+    driver.find_element("id", "plan-button").click()
+    until_solved(driver, "the stage search")
+    assert driver.find_element("id", "stage-search-table").is_displayed()
+    rows = _search_rows(driver)
+    assert [r[0] for r in rows] == ["1", "2"]  # tiny-gpt's 2 blocks: at most 2 stages
+    for r in rows:
+        assert r[2].endswith(" ms") or r[8], r  # an iteration, or why there is none
+    assert "stage search" in driver.find_element("id", "summary").text
+    shots = Path(os.environ.get("AUTOPAR_SCREENSHOTS") or tmp_path)
+    driver.execute_script("document.getElementById('stage-search-table').scrollIntoView()")
+    driver.save_screenshot(str(shots / "explorer-stage-search.png"))
     assert severe(driver) == []

@@ -95,7 +95,7 @@ def test_impossible_budget_says_how_much_is_needed(graph):
         plan(PlanRequest(graph, CLUSTER, (2, 2), 1 * MIB // 16, 2, OPTIONS))
     assert e.value.code == "infeasible_budget"
     assert e.value.details["min_feasible_bytes"] > MIB // 16
-    assert "raise the budget" in e.value.message
+    assert "try --memory" in e.value.message
 
 
 def test_mesh_search_reports_every_shape(graph):
