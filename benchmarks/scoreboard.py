@@ -10,6 +10,9 @@ Per row:
   (default 120 s), in its own process (wall time is that command's).  The gap is the proven
   one: for a pipeline it includes the bubble; under ``--stages auto`` it is over every number
   of stages (``stage_search_gap``).
+* ``Megatron-LM runs it``: whether ``autopar export megatron`` expresses autopar's plan in
+  Megatron-LM's arguments (a plan that splits weights over the data-parallel axis, as FSDP
+  does for some layers only, runs on OneFlow, not on Megatron-LM), else its first reason.
 * ``megatron``: :func:`autopar.baselines.search.search_baseline`: every tp x pp x dp layout
   Megatron-LM runs, with its options (sequence parallelism, interleaving, the distributed
   optimizer, recomputation none / selective modules / full / full:N), the fastest that fits.
@@ -54,6 +57,8 @@ class Row:
     heads: int | None = None
     batch: int | None = 64
     """Sequences per micro-batch over the whole mesh."""
+    published: str = ""
+    """Megatron-LM's own measurement of this job, when there is one (a check, never fitted)."""
 
     @property
     def memory(self) -> str:
@@ -71,7 +76,8 @@ ROWS = {
         Row("18.4b", "18.4B GPT (40 x 6144)", "eval", "32x8", "a100-80g", 8, layers=40, hidden=6144, heads=48,
             batch=128),
         Row("39.1b", "39.1B GPT (48 x 8192)", "eval", "64x8", "a100-80g", 24, layers=48, hidden=8192,
-            heads=64),
+            heads=64, published="Megatron-LM measured 14,453 ms at tp=8, pp=2 (Narayanan et al. 2021, "
+            "Table 1: 138 TFLOP/s per GPU, batch 1536, eq. 3)"),
         Row("175b", "GPT-3 175B", "eval", "128x8", "a100-80g", 24, layers=96, hidden=12288, heads=96),
         Row("mt5", "MT5-base (the seed job)", "eval", "2x4", "a100-40g", 1, model="mt5-base", batch=None),
     )
@@ -191,8 +197,27 @@ def run_row(key: str, limit: float, work: Path) -> dict[str, Any]:
     layout = f"{len(stages)} stages x [{shape}]" if stages else f"[{shape}]"
     if getattr(plan, "virtual_stages", 1) > 1:
         layout += f", v={plan.virtual_stages}"
-    out["autopar"] = {"gap": mine["gap"], "wall_s": mine["wall_s"], "layout": layout} | where(graph, plan)
+    out["autopar"] = {
+        "gap": mine["gap"],
+        "wall_s": mine["wall_s"],
+        "layout": layout,
+        "megatron_runs_it": _megatron_runs(graph, plan),
+    } | where(graph, plan)
     return out
+
+
+def _megatron_runs(graph: Any, plan: Any) -> str:
+    """``yes`` when ``autopar export megatron`` expresses the plan in Megatron-LM's arguments,
+    else why not (its first reason)."""
+    from autopar.baselines.megatron.export import megatron_arguments
+    from autopar.errors import AutoparError
+
+    try:
+        megatron_arguments(graph, plan)
+    except AutoparError as exc:
+        reasons = exc.details.get("reasons") or [exc.message]
+        return f"no: {reasons[0]}"
+    return "yes"
 
 
 def row_text(r: dict[str, Any]) -> str:
@@ -213,8 +238,11 @@ def row_text(r: dict[str, Any]) -> str:
         )
 
     fits = "" if meg["fits"] else ", none fits"
+    if row.published:
+        fits += f"; {row.published}"
     return (
-        head + f"| {a['iteration_ms']:.0f} ({a['layout']}; gap {gap}; {a['wall_s']:.0f} s) "
+        head + f"| {a['iteration_ms']:.0f} ({a['layout']}; gap {gap}; {a['wall_s']:.0f} s; "
+        f"Megatron-LM runs it: {a['megatron_runs_it']}) "
         f"| {meg['iteration_ms']:.0f} ({meg['config']}; best of {meg['tried']}{fits}) | **{speed:.2f}x** "
         f"| {parts(a)} | {parts(meg)} |"
     )

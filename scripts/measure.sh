@@ -26,7 +26,7 @@ PLAN_ARGS=(--cluster 2x4 --preset a100-40g --mesh-shape 4,2 --memory 40GiB --tim
 
 SECTIONS=(of-mt5 of-eval of-eval-fkv baselines model-truth model-truth-fkv seed-replay cost-tables
   solver-10 solver-30 solver-50k-60 warm plan-memo plan-zero iteration auto-10s checkpointing-auto
-  iteration-fidelity heldout-truth scale scale-suite scale-40-layers pipeline-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
+  iteration-fidelity heldout-truth scale scoreboard scale-suite scale-40-layers pipeline-suite efficiency table-workers table-workers-compose promise problem-size report service service-429)
 
 # run SECTION COMMAND...: the command, its output to $OUT/SECTION.txt and to the terminal
 run() {
@@ -165,6 +165,8 @@ section() {
       timed scale-40-layers-warm $AUTOPAR plan "$OUT/gpt40.json" "${args[@]}" --memo "$OUT/memo-40" --out "$OUT/gpt40-warm.json"
       timed scale-40-layers-32x8 $AUTOPAR plan "$OUT/gpt40.json" "${args[@]}" --mesh-shape 32,8 --out "$OUT/gpt40-32x8.json"
       ;;
+    scoreboard)  # issue 42: autopar's defaults against Megatron-LM's best, both as Megatron-LM runs them
+      run scoreboard $PY -m benchmarks.scoreboard --time-limit 300 --json "$OUT/scoreboard.json" ;;
     pipeline-suite)  # issue 36: pipeline stages against Megatron-LM's best PTD-P (39.1B, 13B, 175B, issue 33's 18.4B)
       run pipeline-suite $PY -m benchmarks.pipeline_suite --time-limit 120 ;;
     efficiency) run efficiency $PY -m benchmarks.efficiency_check ;;  # issue 33: the compute model vs Megatron-LM's runs

@@ -25,10 +25,13 @@ def _key(**options: object) -> dict[str, object]:
     return key_dict_of(request)
 
 
-def test_the_iteration_is_part_of_the_plan_key_and_the_default_key_is_unchanged() -> None:
+def test_the_iteration_is_part_of_the_plan_key() -> None:
+    """K = 1 without checkpointing keeps the key it had before those options; the default
+    checkpointing is ``auto`` (as autopar plan's), its own key."""
+    off = _key(micro_batches=1, checkpointing="off")
+    assert "micro_batches" not in off["options"] and "checkpointing" not in off["options"]
     default = _key()
-    assert "micro_batches" not in default["options"] and "checkpointing" not in default["options"]
-    assert _key(micro_batches=1, checkpointing="off") == default
+    assert default["options"]["checkpointing"] == "auto" and default == _key(checkpointing="auto")
     eight = _key(micro_batches=8)
     assert eight != default and eight["options"]["micro_batches"] == 8
     assert _key(micro_batches=8, checkpointing="full") != eight
@@ -83,7 +86,7 @@ def test_auto_checkpointing_is_accepted_as_its_own_key(
     r = client.post("/v1/plans", json=body)
     assert r.status_code in (200, 202), r.text
     client.delete(f"/v1/jobs/{r.json().get('id') or r.json()['key']}")  # the solve is not the point
-    assert _key(checkpointing="auto") not in (_key(), _key(checkpointing="full"))
+    assert _key(checkpointing="auto") not in (_key(checkpointing="off"), _key(checkpointing="full"))
 
 
 def test_evaluate_re_prices_a_plan_at_another_iteration(
