@@ -167,8 +167,9 @@ class StageRow(BaseModel):
     stash_bytes: float | None = Field(
         description="Activation bytes one micro-batch keeps from its forward to its backward."
     )
-    in_flight: int = Field(
-        description="Micro-batches whose activations the stage holds at once: min(S - s, K)."
+    in_flight: int | float = Field(
+        description="Micro-batches whose activations the stage holds at once: min(S - s, K) under "
+        "1F1B; under interleaved 1F1B a fraction of a device's layers (Megatron-Core's warm-up)."
     )
 
 

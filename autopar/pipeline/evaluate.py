@@ -178,11 +178,17 @@ class PipelineEvaluation:
                     "once_per_step_time_s": s.once_per_step_s,
                     "memory_per_device_bytes": s.memory_bytes,
                     "stash_bytes": s.stash_bytes,
-                    "in_flight": s.in_flight,
+                    "in_flight": _count(s.in_flight),
                 }
                 for s in self.stages
             ],
         }
+
+
+def _count(micro_batches: float) -> int | float:
+    """Micro-batches in flight as written in a plan: a whole number as an ``int`` (``2``, not
+    ``2.0``); interleaved 1F1B's fractions of a device's layers as they are."""
+    return int(micro_batches) if float(micro_batches).is_integer() else micro_batches
 
 
 def stash_bytes(graph: Graph, plan: Plan) -> float:
