@@ -1,15 +1,17 @@
 """Scoreboard: autopar with its defaults against Megatron-LM at its best configuration, both
-priced as Megatron-LM runs them (runtime ``megatron-lm``, ZeRO-1 = the distributed optimizer).
+priced as Megatron-LM runs them (runtime ``megatron-lm``; ZeRO-1, the distributed optimizer, or ZeRO-3, FSDP).
 
     .venv/bin/python -m benchmarks.scoreboard [--time-limit 120] [--rows 6.7b,mt5] [--json out.json]
 
 Per row:
 
 * ``autopar``: ``autopar plan`` with its defaults (no mesh shape, ``--checkpointing auto``,
-  ``--stages auto``), ``--runtime megatron-lm --zero 1``, the row's memory, ``--time-limit``
-  (default 120 s), in its own process (wall time is that command's).  The gap is the proven
-  one: for a pipeline it includes the bubble; under ``--stages auto`` it is over every number
-  of stages (``stage_search_gap``).
+  ``--stages auto``), ``--runtime megatron-lm --zero auto`` (ZeRO-1, the distributed optimizer,
+  and ZeRO-3, as Megatron-FSDP shards, each solved in turn: Megatron-LM's search has both), the
+  row's memory, ``--time-limit`` (default 120 s), in its own process (wall time is that
+  command's).  The gap is the proven one: for a pipeline it includes the bubble; under
+  ``--stages auto`` it is over every number of stages (``stage_search_gap``), under ``--zero
+  auto`` over both ZeRO stages (``zero_search_gap``).
 * ``Megatron-LM runs it``: whether ``autopar export megatron`` expresses autopar's plan in
   Megatron-LM's arguments (a plan that splits weights over the data-parallel axis, as FSDP
   does for some layers only, runs on OneFlow, not on Megatron-LM), else its first reason.
@@ -102,7 +104,7 @@ def _graph(bin_dir: Path, row: Row, work: Path) -> Path:
 def _autopar(bin_dir: Path, graph: Path, row: Row, limit: float, out: Path) -> dict[str, Any]:
     cmd = [
         str(bin_dir / "autopar"), "plan", str(graph), "--cluster", row.cluster, "--preset", row.preset,
-        "--memory", row.memory, "--runtime", "megatron-lm", "--zero", "1",
+        "--memory", row.memory, "--runtime", "megatron-lm", "--zero", "auto",
         "--micro-batches", str(row.micro_batches), "--time-limit", str(limit), "--no-progress",
         "--out", str(out),
     ]  # fmt: skip
@@ -113,7 +115,7 @@ def _autopar(bin_dir: Path, graph: Path, row: Row, limit: float, out: Path) -> d
         return {"error": (run.stderr or run.stdout).strip().splitlines()[-1:], "wall_s": wall}
     data = json.loads(out.read_text())
     solver = data.get("solver") or {}
-    gap = solver.get("stage_search_gap", solver.get("gap"))
+    gap = solver.get("zero_search_gap", solver.get("stage_search_gap", solver.get("gap")))
     return {"plan": str(out), "gap": gap, "wall_s": wall}
 
 
@@ -197,6 +199,7 @@ def run_row(key: str, limit: float, work: Path) -> dict[str, Any]:
     layout = f"{len(stages)} stages x [{shape}]" if stages else f"[{shape}]"
     if getattr(plan, "virtual_stages", 1) > 1:
         layout += f", v={plan.virtual_stages}"
+    layout += f", ZeRO-{first.zero_stage}"
     out["autopar"] = {
         "gap": mine["gap"],
         "wall_s": mine["wall_s"],

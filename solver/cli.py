@@ -227,6 +227,11 @@ def compared_rows(
     return rows
 
 
+def plan_zero_stage(result: Plan | PipelinePlan) -> int:
+    """The ZeRO stage ``result`` runs at (a pipeline's: its first stage's, every stage's alike)."""
+    return (result.stages[0] if isinstance(result, PipelinePlan) else result).zero_stage
+
+
 def compared_record(rows: Sequence[tuple[str, Plan | PipelinePlan]]) -> list[dict[str, Any]]:
     """``diagnostics["compare"]`` of the autopar plan: each baseline's configuration and figures
     (what the API, the report and the page show beside the plan)."""
@@ -272,6 +277,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar_solver.planner import PlanRequest, plan
     from autopar_solver.planner.pipeline_search import cut_search_text
     from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
+    from autopar_solver.planner.zero_search import ZERO_AUTO, plan_zero_stages, zero_search_text
     from autopar_solver.request_file import apply_request_file, request_solver_options
 
     apply_request_file(args)  # --request FILE: its values where no option was given
@@ -297,16 +303,23 @@ def run_plan_command(args: argparse.Namespace) -> int:
         if stages is None and cluster.nodes == 1:
             stages = 1  # auto on one node: one stage (a pipeline pays its bubble to save memory only)
         store = DirectoryStore(args.memo) if args.memo else None
-        result: Plan | PipelinePlan
-        if stages == 1:
-            request = PlanRequest(graph, cluster, shape, budget, args.zero, options)
-            hint = plan_from_arg(args.hint) if args.hint else None
-            result = plan(request, store=store, progress=progress, hint=hint, deadline=deadline)
-        else:  # pipeline stages (autopar_solver.planner.stage_search); --mesh-shape is a stage's
-            request = PlanRequest(graph, cluster, None, budget, args.zero, options)
-            result = plan_stages(
-                request, stages, deadline, store=store, progress=progress, stage_mesh_shape=shape
+        hint = plan_from_arg(args.hint) if args.hint else None
+
+        def solve(zero: int, within: Deadline) -> Plan | PipelinePlan:
+            if stages == 1:
+                request = PlanRequest(graph, cluster, shape, budget, zero, options)
+                return plan(request, store=store, progress=progress, hint=hint, deadline=within)
+            # pipeline stages (autopar_solver.planner.stage_search); --mesh-shape is a stage's
+            request = PlanRequest(graph, cluster, None, budget, zero, options)
+            return plan_stages(
+                request, stages, within, store=store, progress=progress, stage_mesh_shape=shape
             )
+
+        if args.zero == "auto":  # autopar_solver.planner.zero_search
+            result = plan_zero_stages(ZERO_AUTO, solve, deadline)
+        else:
+            result = solve(args.zero, deadline)
+        args.zero = plan_zero_stage(result)  # the baselines of --compare run at the plan's stage
     finally:
         if progress:
             progress.close()
@@ -323,6 +336,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         result.save(args.out)  # the plan carries what it was compared with
         sys.stdout.write(summary_table(rows) + "\n")
         sys.stdout.write(configurations_text(rows) + "\n")
+    if result.diagnostics.get("zero_search"):
+        sys.stdout.write(zero_search_text(list(result.diagnostics["zero_search"])))
     if result.diagnostics.get("mesh_search"):
         sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
     if result.diagnostics.get("stage_search"):
@@ -342,7 +357,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     from autopar_solver.request_file import add_request_argument
 
     p.add_argument("graph", nargs="?", default=None, help=graph_arg_help() + " (or --request's graph)")
-    add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape")
+    add_mesh_args(p, mesh_default="the fastest of every 1-D and 2-D shape", zero_auto=True)
     add_memory_arg(p)
     add_training_args(p, checkpointing="auto")
     add_time_limit_arg(p, ", and loading the graph; --compare comes on top")

@@ -56,6 +56,7 @@ __all__ = [
     "positive_seconds",
     "require_extra",
     "wrote",
+    "zero_stage_or_auto",
 ]
 
 DISTRIBUTION = "autopar"
@@ -199,10 +200,24 @@ MESH_2D_DEFAULT = "2-D (devices/2, 2) on several nodes, else 1-D"
 """What :func:`mesh_from_args` picks without ``--mesh-shape``."""
 
 
+def zero_stage_or_auto(text: str) -> int | str:
+    """``--zero`` of ``autopar plan``: 0, 1, 2, 3, or ``auto`` (the planner tries the stages)."""
+    value = text.strip().lower()
+    if value == "auto":
+        return "auto"
+    if value in {"0", "1", "2", "3"}:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1, 2, 3, auto)")
+
+
 def add_mesh_args(
-    p: argparse.ArgumentParser, mesh_required: bool = False, mesh_default: str = MESH_2D_DEFAULT
+    p: argparse.ArgumentParser,
+    mesh_required: bool = False,
+    mesh_default: str = MESH_2D_DEFAULT,
+    zero_auto: bool = False,
 ) -> None:
-    """``--cluster``, ``--preset`` or ``--cluster-profile``, ``--mesh-shape``, ``--zero``, ``--runtime``."""
+    """``--cluster``, ``--preset`` or ``--cluster-profile``, ``--mesh-shape``, ``--zero`` (with
+    ``zero_auto``, also ``auto``), ``--runtime``."""
     p.add_argument("--cluster", default="2x4", help="NODESxDEVICES (default: %(default)s)")
     devices = p.add_mutually_exclusive_group()
     devices.add_argument("--preset", choices=sorted(PRESETS), help="device preset (default: a100-40g)")
@@ -216,9 +231,19 @@ def add_mesh_args(
         required=mesh_required,
         help=f"logical mesh, e.g. 4,2 (last axis tensor-parallel; default: {mesh_default})",
     )
-    p.add_argument(
-        "--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default: %(default)s)"
-    )
+    if zero_auto:
+        p.add_argument(
+            "--zero",
+            type=zero_stage_or_auto,
+            default=2,
+            metavar="{0,1,2,3,auto}",
+            help="ZeRO stage, or auto: the fastest of ZeRO-1 and ZeRO-3, each solved in turn "
+            "(default: %(default)s)",
+        )
+    else:
+        p.add_argument(
+            "--zero", type=int, default=2, choices=[0, 1, 2, 3], help="ZeRO stage (default: %(default)s)"
+        )
     p.add_argument(
         "--runtime",
         default=DEFAULT_RUNTIME,

@@ -367,6 +367,8 @@ class Diagnostics(TypedDict, total=False):
     mesh_search: list[MeshSearchEntry]
     stage_search: list[dict[str, Any]]
     """Per number of stages tried by ``--stages auto`` (autopar_solver.planner.stage_search)."""
+    zero_search: list[dict[str, Any]]
+    """Per ZeRO stage tried by ``--zero auto`` (autopar_solver.planner.zero_search)."""
     pipeline_search: list[dict[str, Any]]
     """Per cut and schedule of a pipeline priced or predicted (autopar_solver.planner.pipeline_search)."""
     solved_on_mesh: Annotated[list[int], Field(description="the squeezed mesh the solve ran on")]
@@ -409,6 +411,11 @@ class SolverReport(TypedDict, total=False):
         Field(description="--stages auto: the least proven lower bound over every number of stages, seconds"),
     ]
     stage_search_gap: Annotated[float, Field(description="--stages auto: the gap to that bound")]
+    zero_search_bound: Annotated[
+        float,
+        Field(description="--zero auto: the least proven lower bound over the ZeRO stages tried, seconds"),
+    ]
+    zero_search_gap: Annotated[float, Field(description="--zero auto: the gap to that bound")]
     stats: dict[str, JsonValue]
 
 

@@ -38,6 +38,7 @@ def verify(ev: Any, solution: Solution | SolvedObjective, budget: int | None, gr
     objective leaves out the boxing of the siblings after the first (:mod:`.siblings`)."""
     from autopar.runtimes.registry import runtime_profile
     from autopar_solver.planner.siblings import sibling_discount
+
     if not ev.valid:
         raise VerificationError(
             "invalid_plan",

@@ -111,3 +111,30 @@ def test_auto_checkpointing_plans_and_records_the_recomputed_blocks(tmp_path: Pa
     assert plan["recomputed_blocks"] == []
     assert plan["solver"]["objective"] == pytest.approx(plan["predicted"]["iteration_time_s"], rel=1e-6)
     assert "recompute   none" in result.stdout
+
+
+def test_plan_zero_auto_solves_each_stage_and_keeps_the_fastest(tmp_path: Path) -> None:
+    result = run_cli(
+        "plan", "tiny-gpt", "--cluster", "1x4", "--mesh-shape", "2,2", "--runtime", "megatron-lm",
+        "--zero", "auto", "--micro-batches", "2", "--time-limit", "240", "--no-progress", "--out", "p.json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((tmp_path / "p.json").read_text())
+    rows = saved["diagnostics"]["zero_search"]
+    assert [r["zero_stage"] for r in rows] == [1, 3]
+    chosen = [r for r in rows if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["zero_stage"] == saved["zero_stage"]
+    solved = [r for r in rows if r["outcome"] == "solved"]
+    assert chosen[0]["achieved_iteration_time_s"] == min(r["achieved_iteration_time_s"] for r in solved)
+    assert (
+        "zero search (--zero auto" in result.stdout
+        and f"ZeRO-{saved['zero_stage']} (chosen)" in result.stdout
+    )
+
+
+def test_a_bad_zero_stage_is_one_line(tmp_path: Path) -> None:
+    message = assert_user_error(
+        run_cli("plan", "tiny-gpt", "--zero", "5", "--out", "p.json", cwd=tmp_path), "bad_args"
+    )
+    assert "auto" in message
