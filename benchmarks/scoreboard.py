@@ -264,12 +264,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all)")
     ap.add_argument("--json", default=None, help="also write every row's figures here")
+    ap.add_argument("--keep", default=None, metavar="DIR", help="keep the graphs and plans in this folder")
     args = ap.parse_args(argv)
     print(HEADER, flush=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for key in args.rows.split(","):
-            result = run_row(key, args.time_limit, Path(tmp))
+            result = run_row(key, args.time_limit, work)
             results.append(result)
             print(row_text(result), flush=True)
     if args.json:

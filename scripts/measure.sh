@@ -166,7 +166,8 @@ section() {
       timed scale-40-layers-32x8 $AUTOPAR plan "$OUT/gpt40.json" "${args[@]}" --mesh-shape 32,8 --out "$OUT/gpt40-32x8.json"
       ;;
     scoreboard)  # issue 42: autopar's defaults against Megatron-LM's best, both as Megatron-LM runs them
-      run scoreboard $PY -m benchmarks.scoreboard --time-limit 300 --json "$OUT/scoreboard.json" ;;
+      run scoreboard $PY -m benchmarks.scoreboard --time-limit 300 --json "$OUT/scoreboard.json" \
+        --keep "$OUT/scoreboard" ;;
     pipeline-suite)  # issue 36: pipeline stages against Megatron-LM's best PTD-P (39.1B, 13B, 175B, issue 33's 18.4B)
       run pipeline-suite $PY -m benchmarks.pipeline_suite --time-limit 120 ;;
     efficiency) run efficiency $PY -m benchmarks.efficiency_check ;;  # issue 33: the compute model vs Megatron-LM's runs
