@@ -275,9 +275,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from autopar.infra.store import DirectoryStore
     from autopar_solver.options import SolverOptions
     from autopar_solver.planner import PlanRequest, plan
-    from autopar_solver.planner.pipeline_search import cut_search_text
-    from autopar_solver.planner.stage_search import parse_stages, plan_stages, stage_search_text
-    from autopar_solver.planner.zero_search import ZERO_AUTO, plan_zero_stages, zero_search_text
+    from autopar_solver.planner.stage_search import parse_stages, plan_stages
+    from autopar_solver.planner.zero_search import ZERO_AUTO, plan_zero_stages
     from autopar_solver.request_file import apply_request_file, request_solver_options
 
     apply_request_file(args)  # --request FILE: its values where no option was given
@@ -336,21 +335,34 @@ def run_plan_command(args: argparse.Namespace) -> int:
         result.save(args.out)  # the plan carries what it was compared with
         sys.stdout.write(summary_table(rows) + "\n")
         sys.stdout.write(configurations_text(rows) + "\n")
-    if result.diagnostics.get("zero_search"):
-        sys.stdout.write(zero_search_text(list(result.diagnostics["zero_search"])))
-    if result.diagnostics.get("mesh_search"):
-        sys.stdout.write(mesh_search_text(list(result.diagnostics["mesh_search"])))
-    if result.diagnostics.get("stage_search"):
-        sys.stdout.write(stage_search_text(list(result.diagnostics["stage_search"])))
-    elif options.stages == 1 and cluster.nodes > 1:
-        sys.stdout.write(
-            f"hint: one stage over {cluster.nodes} nodes, as --stages 1 asked; --stages auto (the default) "
-            "also plans pipelines of stages across the nodes and keeps the fastest (docs/pipeline.md)\n"
-        )
-    if result.diagnostics.get("pipeline_search"):
-        sys.stdout.write(cut_search_text(list(result.diagnostics["pipeline_search"])))
+    sys.stdout.write(searches_text(result, options.stages == 1 and cluster.nodes > 1, cluster.nodes))
     wrote("plan", args.out)
     return 0
+
+
+def searches_text(result: Plan | PipelinePlan, one_stage_asked_on_nodes: bool, nodes: int) -> str:
+    """What each search tried (ZeRO stages, mesh shapes, numbers of stages, cuts), or the hint
+    that ``--stages 1`` on several nodes left pipelines untried."""
+    from autopar_solver.planner.pipeline_search import cut_search_text
+    from autopar_solver.planner.stage_search import stage_search_text
+    from autopar_solver.planner.zero_search import zero_search_text
+
+    d = result.diagnostics
+    out = []
+    if d.get("zero_search"):
+        out.append(zero_search_text(list(d["zero_search"])))
+    if d.get("mesh_search"):
+        out.append(mesh_search_text(list(d["mesh_search"])))
+    if d.get("stage_search"):
+        out.append(stage_search_text(list(d["stage_search"])))
+    elif one_stage_asked_on_nodes:
+        out.append(
+            f"hint: one stage over {nodes} nodes, as --stages 1 asked; --stages auto (the default) "
+            "also plans pipelines of stages across the nodes and keeps the fastest (docs/pipeline.md)\n"
+        )
+    if d.get("pipeline_search"):
+        out.append(cut_search_text(list(d["pipeline_search"])))
+    return "".join(out)
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:

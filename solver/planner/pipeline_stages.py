@@ -187,7 +187,7 @@ class StagesSolve:
             raise InfeasibleError(
                 "pipeline_memory",
                 f"stage {worst.stage} of {self.stages} needs {format_bytes(worst.memory_bytes)} per device "
-                f"with its {worst.in_flight} micro-batches in flight, over the budget "
+                f"with its {_count(worst.in_flight)} micro-batches in flight, over the budget "
                 f"{format_bytes(budget)} after {MEMORY_ROUNDS} re-plans; use more stages, fewer "
                 "micro-batches, checkpointing, or a larger budget",
             )
@@ -195,8 +195,22 @@ class StagesSolve:
             prev = self.budgets[c.stage]
             assert prev is not None
             # the overshoot, and a margin: the re-plan's stash may grow as its layout changes
-            self.budgets[c.stage] = prev - (c.memory_bytes - budget) * 1.1 - 0.01 * budget
+            smaller = prev - (c.memory_bytes - budget) * 1.1 - 0.01 * budget
+            if smaller <= 0:  # the micro-batches in flight alone take the budget
+                raise InfeasibleError(
+                    "pipeline_memory",
+                    f"stage {c.stage} of {self.stages} needs {format_bytes(c.memory_bytes)} per device with "
+                    f"its {_count(c.in_flight)} micro-batches in flight, and what they stash leaves nothing "
+                    f"of the budget {format_bytes(budget)} for one micro-batch; use more stages, fewer "
+                    "micro-batches, checkpointing, or a larger budget",
+                )
+            self.budgets[c.stage] = smaller
         return [c.stage for c in over]
+
+
+def _count(micro_batches: float) -> str:
+    """Micro-batches in flight as a person reads them: ``2``, or ``1.38`` under interleaving."""
+    return f"{micro_batches:g}" if float(micro_batches).is_integer() else f"{micro_batches:.2f}"
 
 
 def _renamed_hint(

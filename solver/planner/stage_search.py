@@ -28,7 +28,7 @@ import math
 import time
 from typing import Any
 
-from autopar.errors import AutoparError, ConfigError, TimeLimitError
+from autopar.errors import AutoparError, ConfigError, InfeasibleError, TimeLimitError
 from autopar.infra.progress import Deadline, ProgressFn
 from autopar.infra.store import KeyValueStore, MemoryStore
 from autopar.ir.plan import Plan
@@ -147,6 +147,7 @@ def _auto(
     order = sorted(candidates, key=lambda s: (promises[s][0] is None, promises[s][0] or 0.0, s))
     rows: dict[int, dict[str, Any]] = {}
     best: Plan | PipelinePlan | None = None
+    failures: list[AutoparError] = []
     for n, s in enumerate(order):
         bound, proven = promises[s]
         if best is not None and proven and bound is not None and bound >= best.iteration_time_s:
@@ -178,6 +179,7 @@ def _auto(
                 result = solve_pipeline(request, s, Deadline(share), store=store, progress=progress)
         except AutoparError as exc:
             error = f"[{exc.code}] {exc.message}"
+            failures.append(exc)
         rows[s] = _row(s, result, time.perf_counter() - t0, error)
         rows[s]["outcome"] = "solved" if result is not None else "no plan"
         if proven and bound is not None:
@@ -185,6 +187,12 @@ def _auto(
         if result is not None and (best is None or result.iteration_time_s < best.iteration_time_s):
             best = result
     ordered = [rows[s] for s in candidates if s in rows]
+    if best is None and failures and all(isinstance(f, InfeasibleError) for f in failures):
+        first = failures[0]  # the most promising number of stages': its floor and advice
+        tried = ", ".join(str(r["stages"]) for r in ordered if r.get("outcome") == "no plan")
+        raise InfeasibleError(
+            first.code, f"no number of stages tried ({tried}) fits: {first.message}", **first.details
+        )
     if best is None:
         raise TimeLimitError(
             "time_limit",

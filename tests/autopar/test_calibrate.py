@@ -445,8 +445,10 @@ def test_cli_plan_takes_the_profile(tmp_path: Path, capsys):
         "2x4",
         "--mesh-shape",
         "4,2",
+        "--stages",
+        "1",  # the profile's use is checked, not the stage search (which splits the limit)
         "--time-limit",
-        "5",
+        "120",  # a cap far above the solve, so a loaded machine cannot change the verdict
         "--no-progress",
     ]
     assert main([*args, "--cluster-profile", str(profile), "--out", str(tmp_path / "p.json")]) == 0

@@ -138,3 +138,15 @@ def test_a_bad_zero_stage_is_one_line(tmp_path: Path) -> None:
         run_cli("plan", "tiny-gpt", "--zero", "5", "--out", "p.json", cwd=tmp_path), "bad_args"
     )
     assert "auto" in message
+
+
+def test_stages_auto_over_budget_at_every_count_says_infeasible(tmp_path: Path) -> None:
+    """Every number of stages over the budget is the budget's error (its floor and advice), not a
+    time limit."""
+    result = run_cli(
+        "plan", "tiny-gpt", "--cluster", "2x2", "--memory", "1MiB", "--checkpointing", "off",
+        "--time-limit", "240", "--no-progress", "--out", "p.json", cwd=tmp_path,
+    )  # fmt: skip
+    message = assert_user_error(result, "infeasible_budget")
+    assert message.startswith("no number of stages tried (1, 2) fits: ") and "smallest memory" in message
+    assert not (tmp_path / "p.json").exists()

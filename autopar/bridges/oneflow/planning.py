@@ -79,6 +79,8 @@ def request_plan(
             "plan",
             graph_path,
             *common,
+            "--stages",
+            "1",  # one plan over the whole mesh, as apply_plan applies it (pipelines: pipeline_apply)
             "--time-limit",
             str(time_limit_s),
             "--no-progress",
