@@ -35,7 +35,9 @@ def test_the_fastest_as_run_is_kept_and_the_gap_covers_every_stage() -> None:
 
     best = plan_zero_stages(ZERO_AUTO, solve, Deadline(100.0))
     assert best is plans[3]  # slower as modelled, faster as the runtime runs it (hidden gathers)
-    assert shares[0] == pytest.approx(50.0, abs=1.0) and shares[1] == pytest.approx(100.0, abs=1.0)
+    # the first gets half the time left, the last all that is left (whatever the machine's load
+    # took between the two calls)
+    assert shares[0] <= 50.0 < shares[1] <= 100.0
     rows = best.diagnostics["zero_search"]
     assert [(r["zero_stage"], r["chosen"]) for r in rows] == [(1, False), (3, True)]
     assert best.solver is not None
