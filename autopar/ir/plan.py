@@ -344,6 +344,16 @@ class Plan:
                 f"  solver      {s.get('status')}, proven gap {100 * float(s.get('gap') or 0):.2f}% "
                 f"in {float(s.get('wall_s') or 0):.1f} s"
             )
+            stats = s.get("stats")
+            hand = stats.get("hand_layout") if isinstance(stats, dict) else None
+            if isinstance(hand, dict) and hand.get("returned"):
+                searched = hand.get("searched_achieved_iteration_time_s")
+                achieved = float(pred.get("achieved_iteration_time_s", float("nan")))
+                lines.append(
+                    hand_layout_line(
+                        achieved, float(searched) if isinstance(searched, (int, float)) else None
+                    )
+                )
         fb = self.diagnostics.get("fallback_ops") or []
         if fb:
             lines.append(
@@ -351,6 +361,19 @@ class Plan:
                 f"{sorted(set(self.diagnostics.get('fallback_op_types', [])))}"
             )
         return "\n".join(lines)
+
+
+def hand_layout_line(achieved_s: float, searched_s: float | None) -> str:
+    """The summary's line for a plan that is Megatron-LM's layout on its mesh
+    (``solver/planner/hand_layout.py``), ``achieved_s`` seconds as its runtime runs it: what
+    the searched plan achieved, when there was one."""
+    head = f"  layout      Megatron-LM's on this mesh: {1e3 * achieved_s:.2f} ms as the runtime runs it"
+    if searched_s is None:
+        return head + ", no searched plan of lower objective"
+    return (
+        f"{head}, faster than the searched plan's {1e3 * float(searched_s):.2f} ms (the solver prices "
+        "every boxing on its own and hides none)"
+    )
 
 
 def _training(micro_batches: int, checkpointing: str, recomputed: list[str]) -> TrainingConfig:

@@ -31,6 +31,7 @@ from autopar.ir.wire import SolverReport
 from autopar_solver.options import SolverOptions
 from autopar_solver.planner.context import MAX_MEMORY_ROUNDS, PlanContext, evaluate_reserve
 from autopar_solver.planner.floors import MemorySeed, memory_seed, raise_infeasible
+from autopar_solver.planner.hand_layout import faster_as_run, seed_with_hand_layout
 from autopar_solver.planner.incumbent import seed_with_full
 from autopar_solver.planner.recall import MemoRecall, Verified
 from autopar_solver.planner.recompute import recompute_choices
@@ -97,13 +98,15 @@ def solve_mesh(
     state, solve_again = _first_round(job, seed, memo, reserve, ctx)
     if solve_again:
         seed_with_full(job, state, ctx)  # checkpointing auto: never worse than full
+        seed_with_hand_layout(job, state, ctx)  # never worse than Megatron-LM's layout here
     run_rounds(job, state, ctx, MAX_MEMORY_ROUNDS + 1 if solve_again else 0)
     plan_obj, ev, solution = _chosen(job, state, memo, ctx, t_tables)
     solution = with_bound(solution, state.best_bound)
+    if ctx.store is not None:  # the search's own best, whichever plan is returned
+        memo.write(ctx.store, graph, solution, state.kept_positions, without_rows=not state.positions)
+    plan_obj, ev, solution = faster_as_run(state, (plan_obj, ev, solution))
     verify(ev, solution, budget, job.graph)
     attach_evaluation(plan_obj, ev)
-    if ctx.store is not None:
-        memo.write(ctx.store, graph, solution, state.kept_positions, without_rows=not state.positions)
     plan_obj.solver = _solver_report(solution, state, memo, tables, t0, t_tables)
     ctx.relay().report("verified", objective=solution.objective, bound=solution.bound)
     return plan_obj
@@ -194,6 +197,8 @@ def _solver_report(
     stats["memo"] = memo.stats
     if state.full_first is not None:
         stats["full_first"] = state.full_first
+    if state.hand_layout is not None:
+        stats["hand_layout"] = state.hand_layout
     stats["time_cost_tables_s"] = t_tables
     stats["cost_tables"] = {k: v for k, v in tables.stats.items() if k != "fallback_ops"}
     report: SolverReport = {

@@ -50,7 +50,7 @@ from autopar_solver.planner.tied_solve import solve_built, time_for_untied_solve
 from autopar_solver.problem import Solution
 from autopar_solver.problem import evaluate as evaluate_problem
 
-__all__ = ["ROUND_SHARE", "MeshJob", "Rounds", "run_rounds", "shares_time"]
+__all__ = ["ROUND_SHARE", "MeshJob", "Rounds", "plan_of_choices", "run_rounds", "shares_time"]
 
 ROUND_SHARE = 0.5
 """Once memory binds (:func:`shares_time`), each memory round but the last may use this
@@ -107,6 +107,11 @@ class Rounds:
     later round)."""
     log: list[dict[str, Any]] = field(default_factory=list)
     """One entry per round (``solver["stats"]["rounds"]``)."""
+    hand_layout: dict[str, Any] | None = None
+    """Megatron-LM's layout on the mesh, tried first (:mod:`.hand_layout`): its objective,
+    memory and outcome (``solver["stats"]["hand_layout"]``)."""
+    hand_verified: Verified | None = None
+    """That layout, evaluated, when it fits the budget (:func:`.hand_layout.faster_as_run`)."""
     full_first: dict[str, Any] | None = None
     """Under checkpointing ``auto``: the ``full`` plan solved first, the incumbent the rounds
     must beat (its objective, gap and wall time; ``solver["stats"]["full_first"]``)."""
@@ -168,7 +173,7 @@ def _keep_if_it_fits(job: MeshJob, built: BuiltProblem, state: Rounds) -> None:
         objective, _ = evaluate_problem(built.problem, choices)
         if not objective < kept:
             continue
-        candidate, ev = _recomputing_plan(job, built, choices)
+        candidate, ev = plan_of_choices(job, built, choices)
         if job.budget is not None and ev.memory.total > job.budget:
             continue
         bound = min(state.best_bound, objective)
@@ -180,7 +185,7 @@ def _keep_if_it_fits(job: MeshJob, built: BuiltProblem, state: Rounds) -> None:
         return
 
 
-def _recomputing_plan(job: MeshJob, built: BuiltProblem, choices: list[int]) -> tuple[Plan, Any]:
+def plan_of_choices(job: MeshJob, built: BuiltProblem, choices: list[int]) -> tuple[Plan, Any]:
     """The plan of ``choices`` (of ``built``, or with recompute choices ``built`` lacks:
     checkpointing ``auto``) with its evaluation."""
     rc = recompute_choices(job.tables)
@@ -341,7 +346,7 @@ def _constrain_peak(
         # block recomputing (the least activation memory of that layout), and constrain
         # that plan's peak too when it overflows (recomputing moves the peak)
         state.hint = rc.all_recomputing(solution.choices)
-        _, again = _recomputing_plan(job, built, state.hint)
+        _, again = plan_of_choices(job, built, state.hint)
         if again.memory.total > (job.budget or 0) and again.activation_peak_position not in state.positions:
             state.positions.append(again.activation_peak_position)
     ctx.relay().report("memory", detail={"memory_rows": len(state.positions), "peak_bytes": ev.memory.total})

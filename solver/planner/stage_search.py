@@ -184,7 +184,9 @@ def _auto(
         rows[s]["outcome"] = "solved" if result is not None else "no plan"
         if proven and bound is not None:
             rows[s]["stage_count_bound_s"] = bound
-        if result is not None and (best is None or result.iteration_time_s < best.iteration_time_s):
+        if result is not None and (
+            best is None or result.achieved_iteration_time_s < best.achieved_iteration_time_s
+        ):
             best = result
     ordered = [rows[s] for s in candidates if s in rows]
     if best is None and failures and all(isinstance(f, InfeasibleError) for f in failures):
