@@ -18,6 +18,13 @@ the solver's tables were priced with, and:
 
 The rounds do not start from it (it is no hint): what they find is what they found before.
 
+Only where the plan is priced as Megatron-LM runs it (:data:`HAND_LAYOUT_RUNTIMES`): that is
+where this layout runs, and where the scoreboard races it (benchmarks/README.md).  Under the
+OneFlow profiles the seed job's searched plan already beats Megatron-LM's best as Megatron-LM
+runs it at K = 1 and 8 (README, the seed's table), the layout's walk and evaluation would come
+out of 10-30 s limits there, and the figures measured with them were not re-measured with it:
+trying it there too is open.
+
 An op whose hand signature the tables lack (the layout is built with OneFlow's rules: a
 signature only Megatron-LM's rules offer is not in them) takes its cheapest
 signature; an infinite objective (an illegal pair) or a layout the graph cannot take
@@ -45,6 +52,7 @@ from autopar_solver.problem import evaluate as evaluate_problem
 
 __all__ = [
     "HAND_LAYOUT_RESERVES",
+    "HAND_LAYOUT_RUNTIMES",
     "HAND_LAYOUT_SOURCE",
     "faster_as_run",
     "hand_layout_choices",
@@ -53,6 +61,8 @@ __all__ = [
 
 HAND_LAYOUT_SOURCE = "Megatron-LM's layout on this mesh"
 """``solution.stats["source"]`` of a kept hand layout."""
+HAND_LAYOUT_RUNTIMES = frozenset({"megatron-lm"})
+"""Runtime profiles whose solves try the hand layout (module docstring)."""
 HAND_LAYOUT_RESERVES = 2.0
 """Time the hand layout needs, in evaluator re-checks (:func:`.context.evaluate_reserve`): a
 walk over the graph and a problem build, each about one re-check, and one evaluation (the
@@ -93,6 +103,8 @@ def hand_layout_choices(job: MeshJob) -> tuple[list[int], int] | None:
 
 def seed_with_hand_layout(job: MeshJob, state: Rounds, ctx: PlanContext) -> None:
     """Start ``state``'s rounds from Megatron-LM's layout (module docstring)."""
+    if job.tables.runtime.name not in HAND_LAYOUT_RUNTIMES:
+        return
     t0 = time.perf_counter()
     record: dict[str, Any] = {"mesh": list(job.mesh.shape)}
     state.hand_layout = record

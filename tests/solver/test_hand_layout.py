@@ -88,3 +88,13 @@ def test_without_a_hand_layout_that_fits_the_search_stands() -> None:
     searched = _verified(2.0, 3.0, 2.9)
     state = Rounds(positions=[], hint=None, reserve=0.0)
     assert faster_as_run(state, searched) is searched
+
+
+def test_only_plans_priced_as_megatron_lm_runs_them_try_it() -> None:
+    graph = build("tiny-gpt")
+    mesh = Mesh(Cluster.parse("1x4", "a100-40g"), (2, 2))
+    options = SolverOptions(
+        time_limit_s=30, deterministic=True, workers=2, micro_batches=K, runtime="oneflow-0.9"
+    )
+    plan = solve_on_mesh(graph, mesh, None, 1, options)
+    assert plan.solver is not None and "hand_layout" not in plan.solver["stats"]
