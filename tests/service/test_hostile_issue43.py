@@ -280,11 +280,17 @@ def test_a_refused_body_is_freed_at_once(keyed: LiveServer, tiny_graph: dict[str
         for _ in range(2):
             status, problem = _post(keyed, "/v1/plans", body)
             assert status == 413 and problem["code"] == "too_many_values", problem
-        after, peak = tracemalloc.get_traced_memory()
+        # the server's thread may still be unwinding the second request when the client has its
+        # answer (seen once under load: the whole body still held): look again, collecting nothing
+        for _ in range(100):
+            after, peak = tracemalloc.get_traced_memory()
+            if after - before < len(body) // 4:
+                break
+            time.sleep(0.05)
     finally:
         tracemalloc.stop()
     assert peak - before > len(body)  # the body passed through this process ...
-    assert after - before < len(body) // 4, (after - before, len(body))  # ... and was freed at once
+    assert after - before < len(body) // 4, (after - before, len(body))  # ... and was freed, uncollected
 
 
 def test_the_api_freezes_what_it_built_at_start(tmp_path) -> None:
