@@ -44,7 +44,7 @@ from autopar.baselines.plans import baseline_plan
 from autopar.errors import AutoparError
 from autopar.rules.registry import default_rules
 from autopar_solver.planner.context import PlanContext
-from autopar_solver.planner.memory_rows import build_problem, fit_choices
+from autopar_solver.planner.memory_rows import build_problem
 from autopar_solver.planner.recall import Verified
 from autopar_solver.planner.rounds import MeshJob, Rounds, plan_of_choices
 from autopar_solver.problem import Solution
@@ -116,10 +116,11 @@ def seed_with_hand_layout(job: MeshJob, state: Rounds, ctx: PlanContext) -> None
     if found is None:
         record["outcome"] = "the graph cannot take it"
         return
-    whole, missing = found
+    choices, missing = found
     record["ops_from_cheapest"] = missing
+    # without rows no choice is doubled (every block keeps its activations): the choices are
+    # the signatures' indices as they are
     built = build_problem(job.tables, job.budget, [])
-    choices = fit_choices(built, whole)
     objective, _ = evaluate_problem(built.problem, choices)
     record["objective_s"] = objective
     if not math.isfinite(objective):

@@ -102,10 +102,13 @@ def solve_mesh(
     run_rounds(job, state, ctx, MAX_MEMORY_ROUNDS + 1 if solve_again else 0)
     plan_obj, ev, solution = _chosen(job, state, memo, ctx, t_tables)
     solution = with_bound(solution, state.best_bound)
-    if ctx.store is not None:  # the search's own best, whichever plan is returned
-        memo.write(ctx.store, graph, solution, state.kept_positions, without_rows=not state.positions)
-    plan_obj, ev, solution = faster_as_run(state, (plan_obj, ev, solution))
     verify(ev, solution, budget, job.graph)
+    if ctx.store is not None:  # the search's own best, verified, whichever plan is returned
+        memo.write(ctx.store, graph, solution, state.kept_positions, without_rows=not state.positions)
+    returned = faster_as_run(state, (plan_obj, ev, solution))
+    if returned[0] is not plan_obj:  # the hand layout: checked against its own objective
+        plan_obj, ev, solution = returned
+        verify(ev, solution, budget, job.graph)
     attach_evaluation(plan_obj, ev)
     plan_obj.solver = _solver_report(solution, state, memo, tables, t0, t_tables)
     ctx.relay().report("verified", objective=solution.objective, bound=solution.bound)
